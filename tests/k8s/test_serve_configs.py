@@ -1,0 +1,191 @@
+"""The Serve configs (RayService serveConfigV2, serve_config.yaml, serve_config.gpu.yaml) against
+Ray's own schema, the application's typed args, and the graph that build_app really binds."""
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+
+import pydantic
+import pytest
+from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+from ray.serve.deployment import Application, Deployment
+from ray.serve.schema import ServeDeploySchema
+
+from deployments.config import AppArgs
+
+APP_NAME = "lingbot-world"
+IMPORT_PATH = "deployments.app:build_app"
+DEPLOYMENTS = {"WorldIngress", "CausalDiT", "VaeCodec", "TextEncoder"}
+CPU_CORES = 2  # the machine serve_config.yaml is sized for
+
+
+def the_app(cfg: dict) -> dict:
+    (app,) = cfg["applications"]
+    return app
+
+
+def builder(import_path: str):
+    module_name, attr = import_path.split(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def graph(app_cfg: dict) -> dict[str, Deployment]:
+    """The deployments build_app binds for these args, by name.
+
+    Built the way the Serve controller builds it (args validated against the builder's
+    annotation, then the builder called); the bound graph is walked through the handles each
+    deployment receives in its constructor.
+    """
+    root = call_user_app_builder_with_args_if_necessary(
+        builder(app_cfg["import_path"]), app_cfg["args"]
+    )
+    found: dict[str, Deployment] = {}
+    stack = [root]
+    while stack:
+        # Application._bound_deployment: the one place Ray 2.60 keeps the bound deployment.
+        deployment = stack.pop()._bound_deployment
+        found[deployment.name] = deployment
+        bound = (*deployment.init_args, *deployment.init_kwargs.values())
+        stack += [a for a in bound if isinstance(a, Application)]
+    return found
+
+
+def total(deployments: dict[str, Deployment], resource: str) -> float:
+    """What all replicas ask for together (a replica without num_cpus takes 1 CPU)."""
+    default = 1 if resource == "num_cpus" else 0
+    return sum(
+        d.num_replicas * (d.ray_actor_options or {}).get(resource, default)
+        for d in deployments.values()
+    )
+
+
+# ------------------------------------------------------------------------------- schema
+
+
+def test_validates_against_ray_serve_schema(serve_config):
+    _, cfg = serve_config
+    ServeDeploySchema.model_validate(cfg)
+
+
+def test_ray_serve_schema_rejects_a_bad_deployment_value(serve_configs):
+    cfg = copy.deepcopy(serve_configs["serve_config.yaml"])
+    the_app(cfg)["deployments"] = [{"name": "CausalDiT", "num_replicas": "two"}]
+    with pytest.raises(pydantic.ValidationError, match="num_replicas"):
+        ServeDeploySchema.model_validate(cfg)
+
+
+def test_one_application_at_the_root(serve_config):
+    _, cfg = serve_config
+    app = the_app(cfg)
+    assert (app["name"], app["route_prefix"], app["import_path"]) == (APP_NAME, "/", IMPORT_PATH)
+    assert cfg["proxy_location"] == "EveryNode"
+
+
+def test_http_options_keep_websockets_open(serve_config):
+    name, cfg = serve_config
+    http = cfg["http_options"]
+    assert "request_timeout_s" not in http, f"{name}: request_timeout_s closes WebSockets"
+    assert http["port"] == 8000
+    assert http["keep_alive_timeout_s"] > 0
+
+
+def test_no_request_router_in_yaml(serve_config):
+    """The router is attached in code: one named in YAML is imported by the dashboard process."""
+    name, cfg = serve_config
+    for deployment in the_app(cfg).get("deployments", []):
+        assert "request_router_config" not in deployment, f"{name}: {deployment['name']}"
+
+
+# ------------------------------------------------------------------------------- args
+
+
+def test_args_validate_against_app_args(serve_config):
+    _, cfg = serve_config
+    AppArgs.model_validate(the_app(cfg)["args"])
+
+
+def test_app_args_reject_a_misspelled_key(serve_configs):
+    args = copy.deepcopy(the_app(serve_configs["serve_config.yaml"])["args"])
+    args["session"] = args.pop("sessions")
+    with pytest.raises(pydantic.ValidationError, match="session"):
+        AppArgs.model_validate(args)
+
+
+def test_import_path_resolves_to_a_typed_builder():
+    build_app = builder(IMPORT_PATH)
+    (param,) = inspect.signature(build_app).parameters.values()
+    # Serve validates args only when the annotation is the class itself (not a string, as
+    # `from __future__ import annotations` would make it); otherwise build_app gets a dict.
+    assert param.annotation is AppArgs
+
+
+# ------------------------------------------------------------------------------- graph
+
+
+def test_graph_has_the_four_deployments(serve_config):
+    name, cfg = serve_config
+    app = the_app(cfg)
+    bound = graph(app)
+    assert set(bound) == DEPLOYMENTS
+    listed = {d["name"] for d in app.get("deployments", [])}
+    assert listed <= DEPLOYMENTS, f"{name}: unknown deployments {listed - DEPLOYMENTS}"
+
+
+def test_yaml_overrides_agree_with_the_code(serve_config):
+    """A YAML `ray_actor_options` replaces the code's whole: it must keep every option the code
+    sets, with the same CPU / GPU numbers (the args' placement); an autoscaled deployment starts
+    from the replicas the args ask for."""
+    name, cfg = serve_config
+    app = the_app(cfg)
+    bound = graph(app)
+    for over in app.get("deployments", []):
+        code = bound[over["name"]]
+        if "ray_actor_options" in over:
+            code_options = code.ray_actor_options or {}
+            yaml_options = over["ray_actor_options"]
+            assert set(code_options) <= set(yaml_options), f"{name}: {over['name']} drops options"
+            for key in ("num_cpus", "num_gpus"):
+                assert yaml_options.get(key, 0) == code_options.get(key, 0), (name, over["name"], key)
+        if "autoscaling_config" in over:
+            assert over["num_replicas"] == "auto", f"{name}: {over['name']}"
+            assert code.num_replicas == over["autoscaling_config"]["min_replicas"], over["name"]
+
+
+def test_cpu_config_serves_the_tiny_model_on_two_cores(serve_configs):
+    cfg = serve_configs["serve_config.yaml"]
+    app = the_app(cfg)
+    model = AppArgs.model_validate(app["args"]).model
+    assert (model.preset, model.checkpoint, model.dtype, model.device) == (
+        "tiny", None, "float32", "cpu"
+    )
+    assert cfg["http_options"]["host"] == "127.0.0.1"
+    bound = graph(app)
+    # Replicas default to 1 CPU each: all four must fit on 2 cores next to the proxy.
+    assert total(bound, "num_cpus") <= CPU_CORES
+    assert all(0 < (d.ray_actor_options or {}).get("num_cpus", 1) < 1 for d in bound.values())
+    assert total(bound, "num_gpus") == 0
+
+
+def test_gpu_config_shares_one_card(serve_configs):
+    app = the_app(serve_configs["serve_config.gpu.yaml"])
+    args = AppArgs.model_validate(app["args"])
+    assert (args.model.preset, args.model.dtype, args.model.device) == (
+        "lingbot-world-fast", "bfloat16", "cuda"
+    )
+    assert args.model.checkpoint.startswith("/")
+    bound = graph(app)
+    assert total(bound, "num_gpus") <= 1
+    for name in ("CausalDiT", "VaeCodec", "TextEncoder"):
+        assert (bound[name].ray_actor_options or {}).get("num_gpus", 0) > 0, name
+    assert (bound["WorldIngress"].ray_actor_options or {}).get("num_gpus", 0) == 0
+
+
+def test_rayservice_serves_the_released_model_in_bf16(app_args):
+    args = AppArgs.model_validate(app_args)
+    assert (args.model.preset, args.model.dtype, args.model.device) == (
+        "lingbot-world-fast", "bfloat16", "cuda"
+    )
+    # A bounded KV cache: sessions of any length fit in the card.
+    assert args.model.local_attn_size > 0
+    assert args.sessions.max_sessions >= 1
