@@ -1,0 +1,219 @@
+"""Per-session DiT caches: the self-attention KV cache with its rolling window, and the
+cross-attention cache (spec A.5, A.6).
+
+The caches hold post-RoPE keys and raw values, batch 1, shape [capacity, heads, head_dim].
+All indices are python ints (no host syncs). Every DiT call writes its chunk: the 4
+denoising calls of a chunk overwrite the same slot and the t = 0 call writes the clean K/V
+that later chunks read. With a window (`local_attn_size` != -1) a new chunk that does not
+fit evicts the oldest tokens after the sink; without one the capacity grows on demand.
+"""
+from __future__ import annotations
+
+import torch
+
+from model.config import CHUNK_FRAMES, DiTConfig
+
+
+class SelfAttnKVCache:
+    """One layer's self-attention cache."""
+
+    def __init__(
+        self,
+        capacity: int,
+        heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        rolling: bool = False,
+        sink_tokens: int = 0,
+        max_attention_size: int | None = None,
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"KV capacity must be positive, got {capacity}")
+        if rolling and not 0 <= sink_tokens < capacity:
+            raise ValueError(f"sink of {sink_tokens} tokens does not fit a window of {capacity}")
+        if max_attention_size is not None and max_attention_size <= 0:
+            raise ValueError(f"max_attention_size must be positive, got {max_attention_size}")
+        self.rolling = rolling
+        self.sink_tokens = sink_tokens if rolling else 0
+        self.max_attention_size = max_attention_size
+        self.k = torch.zeros(capacity, heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.global_end = 0  # absolute token index after the last write
+        self.local_end = 0  # slot index after the last write
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the chunk's K/V [L, heads, head_dim] at absolute token `start`.
+
+        Returns the K/V that the chunk attends to, [n, heads, head_dim] views of the cache.
+        """
+        n_new = k.shape[0]
+        end = start + n_new
+        advance = end - self.global_end
+        if self.rolling and end > self.global_end and n_new + self.local_end > self.capacity:
+            if n_new > self.capacity - self.sink_tokens:
+                raise ValueError(
+                    f"a chunk of {n_new} tokens does not fit the window of {self.capacity} "
+                    f"tokens with a sink of {self.sink_tokens}"
+                )
+            n_evict = n_new + self.local_end - self.capacity
+            n_roll = self.local_end - n_evict - self.sink_tokens
+            assert n_roll >= 0
+            lo, src = self.sink_tokens, self.sink_tokens + n_evict
+            self.k[lo : lo + n_roll] = self.k[src : src + n_roll].clone()
+            self.v[lo : lo + n_roll] = self.v[src : src + n_roll].clone()
+            local_end = self.local_end + advance - n_evict
+        else:
+            local_end = self.local_end + advance
+            if local_end > self.capacity:
+                if self.rolling:
+                    raise ValueError(f"write to slot {local_end} beyond the window {self.capacity}")
+                self.ensure_capacity(local_end)
+        if local_end - n_new < 0:
+            raise ValueError(
+                f"chunk at token {start} is before the cache's history (global end "
+                f"{self.global_end}); reset the cache to restart a session"
+            )
+        self.k[local_end - n_new : local_end] = k
+        self.v[local_end - n_new : local_end] = v
+        self.global_end, self.local_end = end, local_end
+        lo = 0 if self.max_attention_size is None else max(0, local_end - self.max_attention_size)
+        return self.k[lo:local_end], self.v[lo:local_end]
+
+    def ensure_capacity(self, tokens: int) -> None:
+        """Grow (copying, at least doubling) so that `tokens` slots fit.
+
+        A rolling window never grows (it evicts instead), so this is a no-op for it.
+        """
+        if self.rolling or tokens <= self.capacity:
+            return
+        new_cap = max(tokens, 2 * self.capacity)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros(new_cap, *old.shape[1:])
+            new[: self.local_end] = old[: self.local_end]
+            setattr(self, name, new)
+
+    def reset(self) -> None:
+        """Forget the history; the storage is kept (a slot is always written before it is read)."""
+        self.global_end = 0
+        self.local_end = 0
+
+
+class CrossAttnCache:
+    """One layer's cross-attention K/V of the text, [text_len, heads, head_dim]."""
+
+    def __init__(
+        self, text_len: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        self.k = torch.zeros(text_len, heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.is_init = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k.copy_(k)
+        self.v.copy_(v)
+        self.is_init = True
+
+    def reset(self) -> None:
+        """Forget the text K/V; the next call recomputes them."""
+        self.is_init = False
+
+
+class DiTCaches:
+    """All caches of one session: a self-attention and a cross-attention cache per layer."""
+
+    def __init__(self, self_attn: list[SelfAttnKVCache], cross_attn: list[CrossAttnCache]) -> None:
+        assert len(self_attn) == len(cross_attn)
+        self.self_attn = self_attn
+        self.cross_attn = cross_attn
+
+    @classmethod
+    def allocate(
+        cls,
+        cfg: DiTConfig,
+        frame_seqlen: int,
+        total_latent_frames: int | None,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_attention_size: int | None = None,
+    ) -> "DiTCaches":
+        """Fresh zeroed caches for one session (never shared with another session).
+
+        Capacity: `frame_seqlen * local_attn_size` with a window, else `frame_seqlen *
+        total_latent_frames` (one chunk when the length is unknown; grows on demand).
+        `max_attention_size` (tokens) shrinks the visible window; None = the whole cache.
+        """
+        if frame_seqlen <= 0:
+            raise ValueError(f"frame_seqlen must be positive, got {frame_seqlen}")
+        rolling = cfg.local_attn_size != -1
+        if rolling:
+            frames = cfg.local_attn_size
+        elif total_latent_frames is None:
+            frames = CHUNK_FRAMES
+        elif total_latent_frames <= 0:
+            raise ValueError(f"total_latent_frames must be positive, got {total_latent_frames}")
+        else:
+            frames = total_latent_frames
+        self_attn = [
+            SelfAttnKVCache(
+                frame_seqlen * frames,
+                cfg.num_heads,
+                cfg.head_dim,
+                dtype,
+                device,
+                rolling=rolling,
+                sink_tokens=cfg.sink_size * frame_seqlen,
+                max_attention_size=max_attention_size,
+            )
+            for _ in range(cfg.num_layers)
+        ]
+        cross = [
+            CrossAttnCache(cfg.text_len, cfg.num_heads, cfg.head_dim, dtype, device)
+            for _ in range(cfg.num_layers)
+        ]
+        return cls(self_attn, cross)
+
+    @staticmethod
+    def kv_bytes(cfg: DiTConfig, frame_seqlen: int, kv_frames: int, dtype: torch.dtype) -> int:
+        """Bytes of a session's caches holding `kv_frames` latent frames (admission control)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        per_layer = 2 * (frame_seqlen * kv_frames + cfg.text_len) * cfg.dim * itemsize
+        return cfg.num_layers * per_layer
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.self_attn) + sum(c.nbytes for c in self.cross_attn)
+
+    @property
+    def global_end(self) -> int:
+        return self.self_attn[0].global_end
+
+    @property
+    def local_end(self) -> int:
+        return self.self_attn[0].local_end
+
+    def ensure_capacity(self, tokens: int) -> None:
+        """Grow every layer's self-attention cache to hold `tokens` (no-op when it fits)."""
+        for c in self.self_attn:
+            c.ensure_capacity(tokens)
+
+    def reset(self) -> None:
+        for c in self.self_attn:
+            c.reset()
+        for c in self.cross_attn:
+            c.reset()
