@@ -1,0 +1,206 @@
+"""The three engines a session runs through: text, VAE and DiT.
+
+Each engine holds one model's weights and works on explicit session objects
+(`model/session.py`), so each can live in its own process (a Ray Serve deployment) or all
+three in one (`WorldPipeline`). Tensors returned to callers are CPU float32 / uint8.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from model.camera import CameraTrack
+from model.conditioning import image_condition_mask, make_y, preprocess_image
+from model.config import CHUNK_FRAMES
+from model.dit import CausalDiT
+from model.kv_cache import DiTCaches
+from model.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, run_chunk
+from model.session import DiTSession, DiTSessionSpec, VaeSession
+from model.t5 import TextEncoder
+from model.vae import WanVAE
+
+VAE_TIME_STRIDE = 4
+FIRST_CHUNK_FRAMES = 1 + VAE_TIME_STRIDE * (CHUNK_FRAMES - 1)  # 9 video frames
+CHUNK_VIDEO_FRAMES = VAE_TIME_STRIDE * CHUNK_FRAMES  # 12 video frames
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def to_uint8(video: torch.Tensor) -> np.ndarray:
+    """Decoded video [3, T, h, w] in [-1, 1] -> uint8 frames [T, h, w, 3] (the reference's
+    trunc(((x + 1) / 2) * 255))."""
+    frames = ((video.float().clamp(-1, 1) + 1) / 2 * 255).to(torch.uint8)  # truncates
+    return frames.permute(1, 2, 3, 0).contiguous().cpu().numpy()
+
+
+class TextEngine:
+    """Prompt -> text-encoder context [L, text_dim] (once per session)."""
+
+    def __init__(self, encoder: TextEncoder) -> None:
+        self.encoder = encoder
+
+    @torch.inference_mode()
+    def encode(self, prompt: str) -> torch.Tensor:
+        return self.encoder.encode(prompt).float().cpu()
+
+
+class VaeEngine:
+    """Conditioning encode (y per chunk) and streaming decode, with per-session caches."""
+
+    def __init__(self, vae: WanVAE) -> None:
+        self.vae = vae
+
+    @property
+    def device(self) -> torch.device:
+        return self.vae.device
+
+    def open(self, image: np.ndarray, height: int, width: int) -> VaeSession:
+        """A session for the RGB uint8 image [H0, W0, 3], generating height x width video."""
+        return VaeSession(image=preprocess_image(image, height, width).to(self.device))
+
+    @torch.inference_mode()
+    def condition(self, session: VaeSession) -> torch.Tensor:
+        """y of the session's next chunk -> float32 [20, 3, h/8, w/8].
+
+        Chunk 0 encodes the image followed by 8 zero frames, every later chunk 12 zero
+        frames, through the session's persistent encoder cache: the concatenation equals the
+        reference's whole-video encode of [image, zeros] exactly.
+        """
+        session.check_open()
+        first = session.encoded_chunks == 0
+        h, w = session.height, session.width
+        zeros = torch.zeros(3, FIRST_CHUNK_FRAMES - 1 if first else CHUNK_VIDEO_FRAMES, h, w,
+                            device=self.device, dtype=session.image.dtype)
+        video = torch.cat([session.image[:, None], zeros], dim=1) if first else zeros
+        latent, session.enc_cache = self.vae.encode_chunk(video, session.enc_cache)
+        session.encoded_chunks += 1
+        mask = image_condition_mask(CHUNK_FRAMES, first, latent.shape[2], latent.shape[3])
+        return make_y(mask.to(latent.device), latent).cpu()
+
+    @torch.inference_mode()
+    def decode_float(self, session: VaeSession, latents: torch.Tensor) -> torch.Tensor:
+        """Chunk latents [16, 3, lh, lw] -> video float32 [3, 9 or 12, h, w] in [-1, 1]."""
+        session.check_open()
+        video, session.dec_cache = self.vae.decode_chunk(latents.to(self.device), session.dec_cache)
+        session.decoded_chunks += 1
+        return video
+
+    def decode(self, session: VaeSession, latents: torch.Tensor) -> np.ndarray:
+        """Chunk latents -> uint8 frames [9 or 12, h, w, 3]."""
+        return to_uint8(self.decode_float(session, latents))
+
+    def close(self, session: VaeSession) -> None:
+        session.close()
+
+
+@dataclass
+class ChunkOutput:
+    latents: torch.Tensor  # float32 CPU [16, 3, lh, lw]: the chunk's clean x0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class DiTEngine:
+    """The causal DiT with its 4-step sampler, over many sessions' explicit state."""
+
+    def __init__(
+        self,
+        dit: CausalDiT,
+        shift: float = 10.0,
+        timesteps: tuple[int, ...] = DENOISE_TIMESTEPS,
+        max_attention_size: int | None = None,
+    ) -> None:
+        self.dit = dit
+        self.cfg = dit.cfg
+        self.schedule = FlowSchedule(shift)
+        self.timesteps = timesteps
+        self.max_attention_size = max_attention_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.dit.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.dit.dtype
+
+    def kv_frames(self, total_latent_frames: int | None) -> int:
+        """Latent frames a session's self-attention cache holds (for admission control)."""
+        if self.cfg.local_attn_size != -1:
+            return self.cfg.local_attn_size
+        return total_latent_frames if total_latent_frames is not None else CHUNK_FRAMES
+
+    def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
+        frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
+        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype)
+
+    @torch.inference_mode()
+    def open(self, spec: DiTSessionSpec) -> DiTSession:
+        device = self.device
+        caches = DiTCaches.allocate(
+            self.cfg, spec.frame_seqlen, spec.total_latent_frames, self.dtype, device,
+            max_attention_size=self.max_attention_size,
+        )
+        return DiTSession(
+            spec=spec,
+            caches=caches,
+            text=self.dit.embed_text(spec.context.to(device)),
+            camera=CameraTrack(spec.height, spec.width, spec.intrinsics_resolution,
+                               spec.translation_scale, device=device),
+            noise=NoisePlan(spec.seed, (self.cfg.out_dim, spec.lat_h, spec.lat_w),
+                            spec.total_latent_frames, device=device),
+        )
+
+    def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray,
+             intrinsics: np.ndarray) -> ChunkOutput:
+        """The session's next chunk from its y [20, 3, lh, lw] and N camera poses [N, 4, 4]
+        with intrinsics [N, 4] (PROTOCOL.md `cameras`)."""
+        session.check_open()
+        t0 = time.perf_counter()
+        plucker = session.camera.chunk(poses, intrinsics)  # [1, 384, 3, lh, lw]
+        return self._run(session, y, plucker, t0)
+
+    def step_latent_poses(self, session: DiTSession, y: torch.Tensor, latent_poses: np.ndarray,
+                          k: np.ndarray) -> ChunkOutput:
+        """As `step`, from the chunk's 3 latent-frame poses and one intrinsics row (the
+        offline path, whose poses are interpolated over the whole trajectory)."""
+        session.check_open()
+        t0 = time.perf_counter()
+        plucker = session.camera.chunk_from_latent_poses(latent_poses, k)
+        return self._run(session, y, plucker, t0)
+
+    @torch.inference_mode()
+    def _run(self, session: DiTSession, y: torch.Tensor, plucker: torch.Tensor, t0: float) -> ChunkOutput:
+        device = self.device
+        start = session.start_token
+        session.caches.ensure_capacity(start + CHUNK_FRAMES * session.spec.frame_seqlen)
+        y = y.to(device=device, dtype=torch.float32)
+        cam = self.dit.camera_features(plucker.to(device))
+        x = session.noise.initial(session.chunk_index)
+        trace = session.trace
+        if trace is not None:
+            trace.append({"kind": "chunk", "plucker": plucker.cpu(), "y": y.cpu()})
+
+        def call(x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            before = (session.caches.global_end, session.caches.local_end)
+            out = self.dit(x_in, t, y, session.text, cam, session.caches, start)
+            if trace is not None:
+                trace.append({"kind": "dit", "x": x_in.cpu(), "t": t.cpu(), "out": out.cpu(),
+                              "current_start": start, "kv_before": before,
+                              "kv_after": (session.caches.global_end, session.caches.local_end)})
+            return out
+
+        t1 = time.perf_counter()
+        x0 = run_chunk(call, x, self.schedule, session.noise, self.timesteps)  # 4 steps + cache update
+        latents = x0.float().cpu()  # synchronises
+        t2 = time.perf_counter()
+        session.chunk_index += 1
+        return ChunkOutput(latents, {"camera": t1 - t0, "dit": t2 - t1})
+
+    def close(self, session: DiTSession) -> None:
+        session.close()
