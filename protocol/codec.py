@@ -1,0 +1,137 @@
+"""msgpack frames <-> validated messages.
+
+`decode` is the server's intake: it never raises anything but `ProtocolError(code, message)`.
+`encode` packs any message (replies, and requests on the client side) as one msgpack map,
+numpy arrays as msgpack-numpy maps and bytes as msgpack bin.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import msgpack
+import msgpack_numpy
+import numpy as np
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.limits import DEFAULT_LIMITS, Limits
+from protocol.messages import REQUEST_TYPES, InferRequest, Reply, Request, ResetRequest
+
+_FIELD_CODES = {"cameras": ErrorCode.BAD_CAMERAS, "image": ErrorCode.BAD_IMAGE}
+_REPLY = TypeAdapter(Reply)
+
+
+def _unpack(data: bytes, *, max_bytes: int, max_str_len: int, max_map_len: int) -> object:
+    if not isinstance(data, bytes):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "a message must be a binary frame holding one msgpack map")
+    if len(data) > max_bytes:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"message is {len(data)} bytes; at most {max_bytes}")
+    try:
+        # Declared lengths are bounded by these limits and by len(data) (msgpack's default for
+        # arrays and bins; strings and bins are only read once their bytes are there), so a short
+        # frame cannot make the unpacker allocate for a huge array, map or string.
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=max_str_len,
+                               max_map_len=max_map_len, max_ext_len=0)
+    except msgpack.StackError:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "message is nested too deeply to be a protocol message") from None
+    except ValueError as e:
+        # msgpack reports malformed input, exceeded limits and invalid UTF-8 as ValueError; only
+        # the text tells our limits apart ("N exceeds max_str_len(M)"). A declared length beyond
+        # the frame itself (array longer than len(data), truncated string) is a malformed frame.
+        text = str(e)
+        if "exceeds max_str_len" in text or "exceeds max_map_len" in text:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"a string or map is over its limit ({text})") from None
+        if "exceeds max_ext_len" in text:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "msgpack extension types are not in the protocol") from None
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "message is not one valid msgpack value (truncated, "
+                                                   "lengths beyond the frame, bad UTF-8, trailing bytes)") from None
+
+
+def _protocol_error(err: ValidationError) -> ProtocolError:
+    """Map the first validation failure to its error code."""
+    first = err.errors(include_url=False, include_input=False)[0]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, ProtocolError):
+        return cause
+    loc = first["loc"]
+    field = ".".join(str(p) for p in loc) or "message"
+    if first["type"] == "missing" and isinstance(loc[-1], str):  # an int loc is a short tuple, not a field
+        return ProtocolError(ErrorCode.MISSING_FIELD, f"`{field}` is required")
+    code = _FIELD_CODES.get(loc[0], ErrorCode.BAD_MESSAGE) if loc else ErrorCode.BAD_MESSAGE
+    return ProtocolError(code, f"`{field}`: {first['msg']}")
+
+
+def _request_fields(obj: object) -> tuple[type[InferRequest] | type[ResetRequest], dict]:
+    """Apply the compatibility leniencies; pick the request type by `endpoint`."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "a message must be a msgpack map")
+    if not all(isinstance(k, str) for k in obj):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "message keys must be strings")
+    endpoint = obj.get("endpoint", "infer")  # vllm-omni clients send no endpoint
+    model = REQUEST_TYPES.get(endpoint) if isinstance(endpoint, str) else None
+    if model is None:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`endpoint` must be one of {sorted(REQUEST_TYPES)}")
+    fields = dict(obj)
+    if "camera" in fields:  # vllm-omni alias
+        if "cameras" in fields:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "send `cameras` or its alias `camera`, not both")
+        fields["cameras"] = fields.pop("camera")
+    return model, fields
+
+
+def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
+    """One client frame -> InferRequest | ResetRequest; raises only ProtocolError."""
+    obj = _unpack(data, max_bytes=limits.max_message_bytes, max_map_len=limits.max_map_len,
+                  max_str_len=4 * max(limits.max_prompt_chars, limits.max_session_id_chars))  # UTF-8 <= 4 B/char
+    model, fields = _request_fields(obj)
+    try:
+        return model.model_validate(fields, context={"limits": limits})
+    except ValidationError as e:
+        raise _protocol_error(e) from None
+
+
+def decode_reply(data: bytes, max_bytes: int = 1 << 30) -> Reply:
+    """One server frame -> CameraServerConfig | FrameReply | ResetOk | ErrorReply (client side)."""
+    obj = _unpack(data, max_bytes=max_bytes, max_str_len=max_bytes, max_map_len=1024)
+    try:
+        return _REPLY.validate_python(obj)
+    except ValidationError as e:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"not a server reply: {_protocol_error(e).message}") from None
+
+
+def encode(message: BaseModel) -> bytes:
+    """Any message -> one msgpack map (None fields left out, arrays as msgpack-numpy maps)."""
+    return msgpack.packb(message.model_dump(mode="python", exclude_none=True),
+                         use_bin_type=True, default=msgpack_numpy.encode)
+
+
+def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
+                 image: Optional[bytes | np.ndarray] = None, prompt: Optional[str] = None,
+                 seed: Optional[int] = None, size: Optional[str] = None,
+                 intrinsics_resolution: Optional[tuple[int, int]] = None, num_frames: Optional[int] = None,
+                 translation_scale: Optional[float] = None, client_chunk_id: Optional[int] = None,
+                 limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Client side: validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32).
+
+    Raises ProtocolError with the code the server would answer.
+    """
+    scalars = {"seed": seed, "num_frames": num_frames, "client_chunk_id": client_chunk_id}
+    fields = {
+        "session_id": session_id, "cameras": {"poses": poses, "intrinsics": intrinsics},
+        "image": image, "prompt": prompt, "size": size, "intrinsics_resolution": intrinsics_resolution,
+        "translation_scale": None if translation_scale is None else float(translation_scale),
+        **{k: None if v is None else int(v) for k, v in scalars.items()},
+    }
+    try:
+        req = InferRequest.model_validate(fields, context={"limits": limits})
+    except ValidationError as e:
+        raise _protocol_error(e) from None
+    return encode(req)
+
+
+def encode_reset(session_id: str) -> bytes:
+    """Client side: pack one reset request."""
+    try:
+        return encode(ResetRequest(session_id=session_id))
+    except ValidationError as e:
+        raise _protocol_error(e) from None

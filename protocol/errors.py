@@ -1,0 +1,30 @@
+"""Error codes of the wire contract and the one exception the codec raises."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    """The `code` of an `error` reply (PROTOCOL.md §3)."""
+
+    BAD_MESSAGE = "bad_message"  # not msgpack, not a map, unknown endpoint, wrong field type
+    MISSING_FIELD = "missing_field"  # a required field is absent
+    BAD_CAMERAS = "bad_cameras"  # shapes, N = 0, non-finite, non-rigid pose, focal <= 0
+    BAD_IMAGE = "bad_image"  # undecodable, too many pixels, too small
+    TOO_LARGE = "too_large"  # message or field over its limit
+    SESSION_LOST = "session_lost"  # the server no longer holds the session's state
+    BUSY = "busy"  # no capacity for a new session now (see retry_after_s)
+    UNAUTHORIZED = "unauthorized"  # missing or wrong credentials
+
+
+class ProtocolError(ValueError):
+    """A client message that the server rejects; becomes an `error` reply.
+
+    `message` says what to fix. It never quotes the offending input, so building it
+    cannot fail on hostile values.
+    """
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.value}: {message}")
+        self.code = code
+        self.message = message

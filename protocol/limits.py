@@ -1,0 +1,43 @@
+"""Limits that the codec enforces on client messages (typed settings, one place)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on what one client message may carry.
+
+    The defaults suit the released model (480*832 output, 12-frame chunks). The server
+    announces `max_message_bytes` in its config handshake.
+    """
+
+    max_message_bytes: int = 16 * MIB  # one WebSocket frame; checked before unpacking
+    max_image_bytes: int = 8 * MIB  # encoded PNG/JPEG bytes of `image`
+    # h*w of the image, checked before decoding (~33.5 MP: phone and camera photos; the
+    # reference's example 04 is 5472x3648 = 20 MP). Decoding costs 3 bytes per pixel.
+    max_image_pixels: int = 8192 * 4096
+    min_image_side: int = 16  # min(h, w) of the image in pixels
+    max_prompt_chars: int = 4096
+    max_session_id_chars: int = 128
+    max_poses_per_chunk: int = 48  # N of `cameras` (12 frames per chunk; 4 poses per frame at most)
+    rotation_tolerance: float = 1e-3  # max|R^T R - I| and |det R - 1|; also |last row - (0,0,0,1)|
+    max_output_area: int = 1280 * 720  # H*W of the `size` session option
+    max_num_frames: int = 961  # `num_frames` session option (60 s at 16 fps); sizes the noise plan
+    max_map_len: int = 64  # entries of any msgpack map (messages have ~12 fields)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_message_bytes", "max_image_bytes", "max_image_pixels", "min_image_side",
+            "max_prompt_chars", "max_session_id_chars", "max_poses_per_chunk",
+            "max_output_area", "max_num_frames", "max_map_len",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.rotation_tolerance < 1.0:
+            raise ValueError(f"Limits.rotation_tolerance must be in (0, 1), got {self.rotation_tolerance}")
+
+
+DEFAULT_LIMITS = Limits()

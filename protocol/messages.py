@@ -1,0 +1,295 @@
+"""Wire messages (PROTOCOL.md): client requests, server replies, each tagged by `endpoint`/`type`.
+
+Requests validate everything that needs no server state; limits come from the validation
+context (`Model.model_validate(obj, context={"limits": limits})`, `DEFAULT_LIMITS` otherwise).
+Validators raise `ProtocolError` so that the codec can map each failure to its error code.
+Numeric arrays are float32 numpy arrays inside the models and msgpack-numpy maps on the wire.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Literal, Optional, Union
+
+import numpy as np
+from pydantic import (BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, Strict, ValidationInfo,
+                      WithJsonSchema, field_validator, model_validator)
+
+from protocol.arrays import finite_float32, wire_array
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.image import probe_image, raw_image
+from protocol.limits import DEFAULT_LIMITS, Limits
+
+_SIZE = re.compile(r"([0-9]{1,5})\*([0-9]{1,5})")  # used with fullmatch
+
+StrictInt = Annotated[int, Strict()]
+PositiveInt = Annotated[int, Strict(), Field(ge=1)]
+_BINARY = {"type": "string", "format": "binary", "description": "msgpack bin"}
+_WIRE_ARRAY = ("msgpack-numpy map (nd, type, kind, shape, data), openpi `__ndarray__` map, "
+               "or nested lists of numbers")
+
+
+def _tolist(a: bytes | np.ndarray) -> bytes | list:
+    """JSON view of an array field (bytes stay bytes: base64 in JSON mode)."""
+    return a.tolist() if isinstance(a, np.ndarray) else a
+
+
+def _array_schema(shape: str, inner: dict) -> WithJsonSchema:
+    return WithJsonSchema({"type": "array", "minItems": 1, "items": inner,
+                           "description": f"float32 {shape}; on the wire a {_WIRE_ARRAY}"})
+
+
+_ROW4 = {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4}
+IntrinsicsArray = Annotated[np.ndarray, PlainSerializer(_tolist, when_used="json"),
+                            _array_schema("[N, 4] (fx, fy, cx, cy)", _ROW4)]
+PosesArray = Annotated[np.ndarray, PlainSerializer(_tolist, when_used="json"),
+                       _array_schema("[N, 4, 4] OpenCV camera-to-world",
+                                     {"type": "array", "items": _ROW4, "minItems": 4, "maxItems": 4})]
+ImageField = Annotated[Union[bytes, np.ndarray], PlainSerializer(_tolist, when_used="json"),
+                       WithJsonSchema({"anyOf": [
+                           {**_BINARY, "description": "PNG or JPEG file bytes (msgpack bin)"},
+                           {"type": "array", "description": f"raw RGB uint8 [H, W, 3]; a {_WIRE_ARRAY}"}]})]
+Bin = Annotated[bytes, WithJsonSchema(_BINARY)]
+
+
+def _limits(info: ValidationInfo) -> Limits:
+    return (info.context or {}).get("limits", DEFAULT_LIMITS)
+
+
+class _Message(BaseModel):
+    # JSON mode (logs, docs) writes bytes as base64; the wire itself is msgpack with bin.
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="ignore", ser_json_bytes="base64")
+
+
+class _Request(_Message):
+    session_id: Annotated[str, Strict()] = Field(description="non-empty; at most 128 chars by default")
+
+    @field_validator("session_id")
+    @classmethod
+    def _session_id(cls, v: str, info: ValidationInfo) -> str:
+        limit = _limits(info).max_session_id_chars
+        if not v:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "`session_id` must be a non-empty string")
+        if len(v) > limit:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"`session_id` has {len(v)} chars; at most {limit}")
+        return v
+
+
+class Cameras(_Message):
+    """N camera poses of one chunk, evenly spaced over its 12-frame span (PROTOCOL.md §2)."""
+
+    intrinsics: IntrinsicsArray
+    poses: PosesArray
+
+    @field_validator("intrinsics", mode="before")
+    @classmethod
+    def _intrinsics(cls, v: object, info: ValidationInfo) -> np.ndarray:
+        arr = wire_array(v, field="cameras.intrinsics", code=ErrorCode.BAD_CAMERAS, kinds="iuf")
+        _check_count(arr, "cameras.intrinsics", _limits(info))
+        if arr.ndim != 2 or arr.shape[1] != 4:
+            raise ProtocolError(ErrorCode.BAD_CAMERAS, "`cameras.intrinsics` must be [N, 4] "
+                                                       f"(fx, fy, cx, cy), got shape {list(arr.shape)}")
+        k = finite_float32(arr, field="cameras.intrinsics", code=ErrorCode.BAD_CAMERAS)
+        bad = np.flatnonzero((k[:, 0] <= 0) | (k[:, 1] <= 0))
+        if bad.size:
+            raise ProtocolError(ErrorCode.BAD_CAMERAS, f"`cameras.intrinsics[{bad[0]}]`: focal lengths "
+                                                       "fx, fy must be > 0 (pixels)")
+        return k
+
+    @field_validator("poses", mode="before")
+    @classmethod
+    def _poses(cls, v: object, info: ValidationInfo) -> np.ndarray:
+        limits = _limits(info)
+        arr = wire_array(v, field="cameras.poses", code=ErrorCode.BAD_CAMERAS, kinds="iuf")
+        _check_count(arr, "cameras.poses", limits)
+        if arr.ndim != 3 or arr.shape[1:] != (4, 4):
+            raise ProtocolError(ErrorCode.BAD_CAMERAS, "`cameras.poses` must be [N, 4, 4] camera-to-world "
+                                                       f"matrices, got shape {list(arr.shape)}")
+        poses = finite_float32(arr, field="cameras.poses", code=ErrorCode.BAD_CAMERAS)
+        _check_rigid(poses.astype(np.float64), limits.rotation_tolerance)
+        return poses
+
+    @model_validator(mode="after")
+    def _same_count(self) -> Cameras:
+        if len(self.intrinsics) != len(self.poses):
+            raise ProtocolError(ErrorCode.BAD_CAMERAS, f"`cameras` has {len(self.poses)} poses but "
+                                                       f"{len(self.intrinsics)} intrinsics rows; send one row per pose")
+        return self
+
+
+def _check_count(arr: np.ndarray, field: str, limits: Limits) -> None:
+    """N (the leading dimension) must be in 1..max_poses_per_chunk."""
+    n = arr.shape[0] if arr.ndim else 1
+    if n == 0:
+        raise ProtocolError(ErrorCode.BAD_CAMERAS, f"`{field}` is empty (N = 0); send at least one pose")
+    if n > limits.max_poses_per_chunk:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"`{field}` has N = {n} rows; at most "
+                                                 f"{limits.max_poses_per_chunk} per chunk")
+
+
+def _check_rigid(poses: np.ndarray, tol: float) -> None:
+    """Raise bad_cameras unless every pose [N, 4, 4] is a rotation + translation."""
+    last_row = np.abs(poses[:, 3, :] - np.array([0.0, 0.0, 0.0, 1.0])).max(axis=1)  # [N]
+    rot = poses[:, :3, :3]  # [N, 3, 3]
+    ortho = np.abs(np.swapaxes(rot, 1, 2) @ rot - np.eye(3)).max(axis=(1, 2))  # [N]
+    det = np.linalg.det(rot)  # [N]
+    bad = np.flatnonzero((last_row > tol) | (ortho > tol) | (np.abs(det - 1.0) > tol))
+    if bad.size:
+        i = bad[0]
+        raise ProtocolError(ErrorCode.BAD_CAMERAS, (
+            f"`cameras.poses[{i}]` is not a rigid camera-to-world transform: the rotation must be "
+            f"orthonormal with det 1 and the last row 0 0 0 1 (max|R^T R - I| = {ortho[i]:.2e}, "
+            f"det R = {det[i]:.4f}, last-row error {last_row[i]:.2e}; tolerance {tol:.0e})"))
+
+
+class InferRequest(_Request):
+    """Produce the next chunk. `image`/`prompt` and the session options matter on the first infer."""
+
+    endpoint: Literal["infer"] = "infer"
+    image: Optional[ImageField] = None
+    prompt: Optional[Annotated[str, Strict()]] = None
+    cameras: Cameras
+    seed: Optional[Annotated[int, Strict(), Field(ge=0, le=2**64 - 1)]] = None
+    size: Optional[Annotated[str, Strict()]] = Field(None, description='max output area "H*W", e.g. "480*832"')
+    intrinsics_resolution: Optional[tuple[PositiveInt, PositiveInt]] = Field(
+        None, description="[H, W] that `intrinsics` are expressed in")
+    num_frames: Optional[StrictInt] = Field(None, description="planned total length, 4n+1")
+    translation_scale: Optional[Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]] = None
+    client_chunk_id: Optional[StrictInt] = Field(None, description="echoed in the reply")
+
+    @field_validator("image", mode="before")
+    @classmethod
+    def _image(cls, v: object, info: ValidationInfo) -> bytes | np.ndarray | None:
+        limits = _limits(info)
+        if v is None:
+            return None
+        if isinstance(v, bytes):
+            probe_image(v, limits)  # header only: format, pixel count, min side
+            return v
+        if not isinstance(v, (dict, list, tuple, np.ndarray)):
+            raise ProtocolError(ErrorCode.BAD_IMAGE, "`image` must be PNG/JPEG bytes (msgpack bin) "
+                                                     "or a raw RGB uint8 array [H, W, 3]")
+        return raw_image(wire_array(v, field="image", code=ErrorCode.BAD_IMAGE, kinds="iu"), limits)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | None, info: ValidationInfo) -> str | None:
+        limit = _limits(info).max_prompt_chars
+        if v is not None and len(v) > limit:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"`prompt` has {len(v)} chars; at most {limit}")
+        return v
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        m = _SIZE.fullmatch(v)
+        if m is None or min(int(m[1]), int(m[2])) < 16:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, '`size` must be "H*W" with H, W >= 16, e.g. "480*832"')
+        limit = _limits(info).max_output_area
+        if int(m[1]) * int(m[2]) > limit:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"`size` area {int(m[1]) * int(m[2])} exceeds {limit} pixels")
+        return v
+
+    @field_validator("num_frames")
+    @classmethod
+    def _num_frames(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is None:
+            return None
+        if v < 1 or (v - 1) % 4:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`num_frames` must be 4n+1 (1, 5, 9, ..., 81), got {v}")
+        limit = _limits(info).max_num_frames
+        if v > limit:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"`num_frames` {v} exceeds {limit}")
+        return v
+
+    @property
+    def max_area(self) -> int | None:
+        """H*W of `size`, or None when the session keeps the server default."""
+        return None if self.size is None else math.prod(int(s) for s in self.size.split("*"))
+
+
+def require_session_start(req: InferRequest) -> None:
+    """Raise missing_field unless `req` can open a session (image and prompt present)."""
+    missing = [name for name in ("image", "prompt") if getattr(req, name) is None]
+    if missing:
+        raise ProtocolError(ErrorCode.MISSING_FIELD, f"the first infer of a session needs `{'` and `'.join(missing)}`; "
+                                                     "send them to start the session")
+
+
+class ResetRequest(_Request):
+    """Drop all state of the session; the reply is `reset_ok`."""
+
+    endpoint: Literal["reset"] = "reset"
+
+
+class CameraServerConfig(_Message):
+    """Handshake, sent by the server right after the WebSocket accept."""
+
+    type: Literal["config"] = "config"
+    model: str
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    chunk_latent_frames: int = 3
+    vae_temporal_stride: int = 4
+    chunk_video_frames: int = 12
+    first_chunk_video_frames: int = 9
+    image_resolution: tuple[int, int] = Field((464, 832), description="[H, W] for a 16:9 image at the default size")
+    intrinsics_resolution: tuple[int, int] = (480, 832)
+    fps: int = 16
+    frame_dtype: Literal["uint8"] = "uint8"
+    video_codec: Literal["h264"] = "h264"
+    needs_session_id: bool = True
+    supported_modalities: tuple[str, ...] = ("camera_pose",)
+    coordinate_convention: Literal["opencv_c2w"] = "opencv_c2w"
+    max_message_bytes: int = DEFAULT_LIMITS.max_message_bytes
+    protocol_version: Literal[1] = 1
+
+
+class FrameReply(_Message):
+    """One chunk of video: fMP4 bytes (chunk 0 starts with the init segment)."""
+
+    type: Literal["frame"] = "frame"
+    session_id: str
+    chunk_id: int = Field(ge=0, description="monotonic within the session, from 0")
+    video: Bin
+    num_frames: int = Field(ge=1, description="9 for chunk 0, then 12")
+    resolution: tuple[int, int] = Field(description="[H, W]")
+    fps: int = 16
+    stage_durations: dict[str, float] = Field(
+        default_factory=dict, description="seconds: text_encode, vae_encode, dit, vae_decode, mux, total")
+    client_chunk_id: Optional[int] = None
+    reset: bool = Field(False, description="true when a changed image/prompt started a fresh session")
+    mime_type: Optional[str] = Field(None, description='MSE type, e.g. video/mp4; codecs="avc1.42C01E"')
+    debug: Optional[dict[str, JsonValue]] = Field(None, description="server-side debug fields (replica ids, ...)")
+
+
+class ResetOk(_Message):
+    type: Literal["reset_ok"] = "reset_ok"
+    session_id: str
+
+
+class ErrorReply(_Message):
+    """Non-fatal error; the connection stays open."""
+
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str = Field(description="human-readable; says what to fix")
+    session_id: Optional[str] = None
+    retry_after_s: Optional[float] = Field(None, ge=0, description="with code busy only")
+
+    @model_validator(mode="after")
+    def _retry_only_when_busy(self) -> ErrorReply:
+        if (self.code is ErrorCode.BUSY) != (self.retry_after_s is not None):
+            raise ValueError("retry_after_s is required with code busy and only with it")
+        return self
+
+    @classmethod
+    def from_error(cls, err: ProtocolError, session_id: str | None = None) -> ErrorReply:
+        """The reply for a rejected client message."""
+        return cls(code=err.code, message=err.message, session_id=session_id)
+
+
+Request = Union[InferRequest, ResetRequest]
+Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ErrorReply], Field(discriminator="type")]
+REQUEST_TYPES: dict[str, type[InferRequest] | type[ResetRequest]] = {"infer": InferRequest, "reset": ResetRequest}
