@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with its test extras (idempotent).
+#
+# Torch: on a CPU machine this installs torch==${LWF_TORCH:-2.13.0} (the CPU wheel on this
+# workplace's disk). On a GPU machine install the CUDA torch of your choice into .venv first
+# (or set LWF_TORCH to the version you want); an importable torch is never replaced.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  .venv/bin/pip install -q "torch==${LWF_TORCH:-2.13.0}"
+fi
+.venv/bin/pip install -q -e '.[test]'
