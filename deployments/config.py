@@ -1,0 +1,82 @@
+"""Typed arguments of the application builder (`build_app(args)`): the serving edge.
+
+Every switch of the deployed graph is a field here and so visible in the serve config YAML.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelArgs(_Strict):
+    """What to load and how to run it."""
+
+    preset: Literal["tiny", "lingbot-world-fast"] = "tiny"
+    # Root of the released layout (the "base-cam" directory holding lingbot_world_fast/,
+    # the T5 .pth, google/umt5-xxl/ and Wan2.1_VAE.pth). None with preset "tiny" serves the
+    # embedded tiny default model (seeded random weights built in-process).
+    checkpoint: Optional[str] = None
+    dtype: Literal["float32", "bfloat16"] = "float32"  # DiT and text encoder
+    vae_dtype: Literal["float32", "bfloat16"] = "float32"  # the reference runs the VAE in float32 (spec A.7)
+    device: Literal["cpu", "cuda"] = "cpu"
+    # Rolling KV window in latent frames (-1 = whole session) and sink frames (spec A.5).
+    local_attn_size: int = Field(-1, ge=-1)
+    sink_size: int = Field(0, ge=0)
+    # GPU speed transforms applied from outside the model (see benchmarks/, docs/PERFORMANCE.md).
+    compile: bool = False
+    fp8: bool = False
+    default_size: str = Field("480*832", pattern=r"^\d+\*\d+$")
+    prompt_cache_size: int = Field(64, ge=0)  # text embeddings kept per TextEncoder replica (LRU)
+
+
+class SessionArgs(_Strict):
+    """Admission control and lifetimes of DiT sessions."""
+
+    max_sessions: int = Field(4, ge=1)  # per DiT replica
+    kv_budget_gib: Optional[float] = Field(None, gt=0)  # None: derive from free device memory
+    idle_ttl_s: float = Field(300.0, gt=0)
+    max_chunks: int = Field(341, ge=1)  # 341 chunks * 3 = 1023 latent frames < RoPE table (1024)
+    max_frames: int = Field(4093, ge=9)  # num_frames a session may declare
+    retry_after_s: float = Field(5.0, gt=0)  # hint sent with `busy` when no slot is free
+    max_pending_chunks: int = Field(4, ge=1)  # infers one connection may have in flight (pipelining)
+    routing_stats_period_s: float = Field(2.0, gt=0)  # how often replicas report free slots to routers
+
+
+class ReplicaArgs(_Strict):
+    """Placement of one deployment."""
+
+    num_replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.1, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    max_ongoing_requests: int = Field(16, ge=1)
+
+
+class AuthArgs(_Strict):
+    """Optional API keys; the keys themselves come from an environment variable (a secret)."""
+
+    api_keys_env: Optional[str] = None  # e.g. "LWF_API_KEYS" (comma separated); None = auth off
+    allowed_origins: list[str] = Field(default_factory=list)  # empty = any origin
+
+
+class AppArgs(_Strict):
+    """Arguments of `deployments.app:build_app` (the `args:` block of serve_config.yaml)."""
+
+    model: ModelArgs = ModelArgs()
+    sessions: SessionArgs = SessionArgs()
+    dit: ReplicaArgs = ReplicaArgs()
+    vae: ReplicaArgs = ReplicaArgs()
+    text_encoder: ReplicaArgs = ReplicaArgs()
+    ingress: ReplicaArgs = ReplicaArgs(max_ongoing_requests=256)
+    auth: AuthArgs = AuthArgs()
+    max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    debug_fields: bool = False  # add replica ids to frame replies (tests, diagnosis)
+    # GPUs of one node per DiT replica. 1: CausalDiT on one device. N > 1: one replica spread
+    # over N GPUs with Ulysses sequence parallelism (deployments/sp_dit.py, docs/PARALLEL.md);
+    # N must divide the DiT's head count (40 heads: 2, 4, 5 or 8), and `dit` then gives each
+    # rank's num_cpus / num_gpus (one placement-group bundle per rank).
+    dit_parallel: int = Field(1, ge=1)

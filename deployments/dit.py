@@ -1,0 +1,140 @@
+"""CausalDiT deployment: the DiT weights once per replica, many sessions with their KV caches.
+
+Admission: a new session is admitted only while the replica has a free slot
+(`sessions.max_sessions`) and its caches fit the cache budget (`sessions.kv_budget_gib`, or a
+share of the free device memory measured after loading); otherwise `Busy(retry_after_s)`.
+The replica is authoritative: a step for a session it does not hold raises `SessionLost`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from ray import serve
+
+from deployments.config import ModelArgs, SessionArgs
+from deployments.errors import Busy, ChunkLimit, SessionLost
+from deployments.log import get_log
+from deployments.session_host import SessionHost
+from deployments.session_table import SessionTable
+from model.accel import AccelOptions
+from model.config import CHUNK_FRAMES
+from model.factory import load_dit_engine
+from model.session import DiTSession, DiTSessionSpec
+
+GIB = 1024**3
+FREE_MEMORY_SHARE = 0.8  # of the memory free after loading, when no kv_budget_gib is given
+
+
+@dataclass(slots=True)
+class DiTSlot:
+    session: DiTSession
+    height: int
+    width: int
+    kv_frames: int  # latent frames the reservation covers
+    chunks: int = 0
+
+
+def free_memory_bytes(device: str) -> int:
+    """Free memory of the serving device now (CUDA: the current GPU; CPU: available RAM)."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@serve.deployment
+class CausalDiT(SessionHost[DiTSlot]):
+    """Chunk steps (4 denoising steps + cache update) of many sessions, serialised per replica."""
+
+    async def __init__(self, model: ModelArgs, sessions: SessionArgs) -> None:
+        self._engine = load_dit_engine(
+            model.preset, model.checkpoint, model.dtype, model.device,
+            local_attn_size=model.local_attn_size, sink_size=model.sink_size,
+            options=AccelOptions.for_serving(model.device, compile=model.compile, fp8=model.fp8),
+        )
+        self._max_chunks = sessions.max_chunks
+        budget = (
+            int(sessions.kv_budget_gib * GIB) if sessions.kv_budget_gib is not None
+            else int(free_memory_bytes(model.device) * FREE_MEMORY_SHARE)
+        )
+        table: SessionTable[DiTSlot] = SessionTable(
+            sessions.max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
+        )
+        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"))
+        self._log.info("ready", fields={"budget_gib": f"{budget / GIB:.2f}", "max_sessions": sessions.max_sessions,
+                                        "torch_threads": torch.get_num_threads()})
+
+    async def open(
+        self,
+        key: str,
+        context: np.ndarray,
+        height: int,
+        width: int,
+        seed: int,
+        total_latent_frames: Optional[int],
+        translation_scale: Optional[float],
+        intrinsics_resolution: tuple[int, int],
+    ) -> str:
+        """Admit and open a session (text context float32 [L, text_dim]); returns the replica id."""
+        kv_frames = self._engine.kv_frames(total_latent_frames)
+        nbytes = self._engine.session_bytes(height, width, kv_frames)
+        try:
+            self._table.admit(key, nbytes)
+        except Busy:
+            self._metrics.rejected.inc()
+            self._log.info("session refused (busy)", fields={"session": key, "kv_mib": nbytes >> 20})
+            raise
+        spec = DiTSessionSpec(
+            context=torch.tensor(context, dtype=torch.float32),  # a copy: Ray hands in read-only arrays
+            height=height, width=width, seed=seed, total_latent_frames=total_latent_frames,
+            translation_scale=translation_scale, intrinsics_resolution=tuple(intrinsics_resolution),
+        )
+        try:
+            session = await self._compute(self._engine.open, spec)
+        except BaseException:
+            self._table.pop(key)
+            raise
+        self._table.add(key, DiTSlot(session, height, width, kv_frames))
+        self._metrics.admitted.inc()
+        self._publish()
+        self._log.info("session opened", fields={"session": key, "size": f"{height}x{width}", "kv_mib": nbytes >> 20})
+        return self._replica
+
+    async def step(self, key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
+        """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw]."""
+        try:
+            out = await self._compute_on(key, self._step, y, poses, intrinsics, prepare=self._admit_chunk)
+        except (SessionLost, ChunkLimit):
+            raise
+        except Exception as e:
+            # The caches may be half-written: the session cannot continue. Drop it.
+            self._log.exception("step failed; session dropped", fields={"session": key})
+            await self.close(key)
+            raise SessionLost(f"the server failed this chunk ({type(e).__name__}) and dropped the "
+                              "session; start again with image and prompt") from e
+        self._publish()
+        return out
+
+    def _admit_chunk(self, key: str, slot: DiTSlot) -> None:
+        """Chunk cap, and a growing reservation for sessions of unknown length without a window."""
+        if slot.chunks >= self._max_chunks:
+            raise ChunkLimit(f"the session reached max_chunks ({self._max_chunks}); reset to start a new one")
+        needed = (slot.chunks + 1) * CHUNK_FRAMES  # latent frames the KV cache holds after this chunk
+        if needed <= slot.kv_frames or self._engine.cfg.local_attn_size != -1:
+            return
+        if not self._table.resize(key, self._engine.session_bytes(slot.height, slot.width, needed)):
+            raise ChunkLimit("the replica's KV cache budget is full and this session cannot grow; "
+                             "declare num_frames up front or serve with a local_attn_size window")
+        slot.kv_frames = needed
+
+    def _step(self, slot: DiTSlot, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
+        out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics)  # copy: y arrives read-only
+        slot.chunks += 1
+        return {
+            "latents": out.latents.numpy(),  # float32 [16, 3, lh, lw]
+            "timings": out.timings,
+            "replica": self._replica,
+        }

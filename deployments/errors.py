@@ -1,0 +1,47 @@
+"""Typed errors that replicas raise and the ingress turns into `error` replies.
+
+They cross process boundaries (Ray pickles them inside a `RayTaskError`), so each one
+rebuilds itself from its own fields (`__reduce__`) and carries its wire `code`.
+"""
+from __future__ import annotations
+
+from protocol.errors import ErrorCode
+
+
+class ReplicaError(Exception):
+    """Base class: an error a replica reports about one session."""
+
+    code: ErrorCode
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
+
+
+class SessionLost(ReplicaError):
+    """The replica does not hold this session (never opened here, expired, closed, restarted)."""
+
+    code = ErrorCode.SESSION_LOST
+
+
+class ChunkLimit(ReplicaError):
+    """The session reached its chunk cap (`sessions.max_chunks`)."""
+
+    code = ErrorCode.TOO_LARGE
+
+
+class Busy(ReplicaError):
+    """No capacity for a new session now; `retry_after_s` says when to try again."""
+
+    code = ErrorCode.BUSY
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.retry_after_s))
+

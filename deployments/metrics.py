@@ -1,0 +1,59 @@
+"""Prometheus metrics of the serving graph (exported by Ray as `ray_<name>`).
+
+Ray adds the `application`, `deployment` and `replica` tags. Create the objects inside a
+replica (its constructor), where the Serve context exists.
+"""
+from __future__ import annotations
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+
+
+class IngressMetrics:
+    """Per-chunk stage latencies and error replies, recorded by the ingress."""
+
+    def __init__(self) -> None:
+        self.chunk_stage_seconds = Histogram(
+            "lwf_chunk_stage_seconds",
+            description="Seconds one chunk spent in each stage (tag stage; total = infer to reply).",
+            boundaries=LATENCY_BOUNDARIES_S,
+            tag_keys=("stage",),
+        )
+        self.errors = Counter(
+            "lwf_error_replies",
+            description="Error replies sent to clients, by protocol error code.",
+            tag_keys=("code",),
+        )
+        self.connections = Gauge(
+            "lwf_websocket_connections", description="Open WebSocket connections on this replica."
+        )
+
+    def observe_chunk(self, durations: dict[str, float]) -> None:
+        for stage, seconds in durations.items():
+            self.chunk_stage_seconds.observe(seconds, tags={"stage": stage})
+
+    def count_error(self, code: str) -> None:
+        self.errors.inc(tags={"code": code})
+
+
+class SessionMetrics:
+    """Sessions held by one DiT or VAE replica (the `deployment` tag tells which)."""
+
+    def __init__(self) -> None:
+        self.active = Gauge("lwf_sessions_active", description="Sessions held by this replica.")
+        self.admitted = Counter("lwf_sessions_admitted", description="Sessions admitted.")
+        self.rejected = Counter(
+            "lwf_sessions_rejected", description="New sessions refused with busy (no capacity)."
+        )
+        self.expired = Counter(
+            "lwf_sessions_expired", description="Sessions dropped after idle_ttl_s without a call."
+        )
+        self.cache_bytes = Gauge(
+            "lwf_session_cache_bytes",
+            description="Bytes of per-session caches held (DiT: KV + cross-attention caches).",
+        )
+
+    def update(self, sessions: int, cache_bytes: int) -> None:
+        self.active.set(sessions)
+        self.cache_bytes.set(cache_bytes)

@@ -1,0 +1,125 @@
+"""SessionAffinityRouter: hard session affinity for the stateful DiT and VAE deployments.
+
+Every call that carries a session id (`handle.options(session_id=key)`) goes to the replica
+that holds the session. A session is placed when its `open` call is routed: on the replica
+with the most free session slots, and pinned at once, so that concurrent opens spread. Free
+slots come from the replicas' `record_routing_stats` (capacity and the keys they hold), which
+are up to a stats period old: the router corrects them by its own placements and closes since
+(ties broken at random). Later calls of the session wait for that replica (`[[pinned]]`
+with backoff); they never spill over.
+
+A call for a session without a pin (its replica died or was removed, or the pin expired) goes
+to any replica: the replicas are authoritative and answer `session_lost` for sessions they do
+not hold, so nothing restarts silently. Pins are freed when a `close` call has been routed,
+when their replica leaves, and after `pin_ttl_s` without a call (routers never learn that a
+client went away).
+
+Set in code (`request_router_config` in `build_app`), never in YAML: a router class named in
+YAML is imported by the dashboard outside the application's runtime_env.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from deployments.log import get_log
+
+_SWEEP_PERIOD_S = 1.0
+_CLOSED_MEMORY_S = 60.0  # closes remembered to correct stale stats (>> the stats period)
+
+
+@dataclass(slots=True)
+class _Pin:
+    replica_id: ReplicaID
+    last_used: float
+
+
+class SessionAffinityRouter(RequestRouter):
+    """Places sessions by free capacity and pins every later call of a session."""
+
+    def initialize_state(
+        self, pin_ttl_s: float = 900.0, open_method: str = "open", close_method: str = "close"
+    ) -> None:
+        self._pin_ttl_s = pin_ttl_s
+        self._open_method = open_method
+        self._close_method = close_method
+        self._pins: dict[str, _Pin] = {}
+        self._closed: dict[str, float] = {}  # session -> when this router routed its close
+        self._last_sweep = time.monotonic()
+        self._log = get_log("router", deployment=self._deployment_id.name)
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: List[RunningReplica],
+        pending_request: Optional[PendingRequest] = None,
+    ) -> List[List[RunningReplica]]:
+        if pending_request is None:
+            return [candidate_replicas]
+        # Without backoff the retry loop spins when every chosen replica is full.
+        pending_request.routing_context.should_backoff = True
+        sid = pending_request.metadata.session_id
+        if not sid:
+            return [candidate_replicas]
+        now = time.monotonic()
+        self._sweep(now)
+        pin = self._pins.get(sid)
+        if pin is not None:
+            pin.last_used = now
+            return [[self.curr_replicas[pin.replica_id]]]
+        if pending_request.metadata.call_method != self._open_method:
+            # Unknown session: any replica answers session_lost (it does not hold it).
+            return [candidate_replicas]
+        best = self._most_free(candidate_replicas)
+        self._pins[sid] = _Pin(best.replica_id, now)
+        self._log.info("placed session", fields={"session": sid, "replica": best.replica_id.unique_id})
+        return [[best]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
+        meta = pending_request.metadata
+        if meta.session_id and meta.call_method == self._close_method:
+            self._pins.pop(meta.session_id, None)
+            self._closed[meta.session_id] = time.monotonic()
+
+    def update_replicas(self, replicas: List[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        self._drop_pins_not_in(set(self.curr_replicas))
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._drop_pins_not_in(set(self.curr_replicas))
+
+    def _most_free(self, candidates: List[RunningReplica]) -> RunningReplica:
+        """The replica with the most free session slots (ties at random)."""
+        mine: dict[ReplicaID, set[str]] = {}
+        for sid, pin in self._pins.items():
+            mine.setdefault(pin.replica_id, set()).add(sid)
+
+        def free_slots(r: RunningReplica) -> int:
+            stats = r.routing_stats or {}
+            held = (set(stats.get("keys", ())) - self._closed.keys()) | mine.get(r.replica_id, set())
+            # Before a replica's first stats report (capacity 0) only the order of others counts.
+            return int(stats.get("capacity", 0)) - len(held)
+
+        return max(candidates, key=lambda r: (free_slots(r), random.random()))
+
+    def _drop_pins_not_in(self, live: set) -> None:
+        gone = [sid for sid, p in self._pins.items() if p.replica_id not in live]
+        for sid in gone:
+            self._log.warning(
+                "replica left; session unpinned (its next call gets session_lost)",
+                fields={"session": sid, "replica": self._pins.pop(sid).replica_id.unique_id},
+            )
+
+    def _sweep(self, now: float) -> None:
+        if now - self._last_sweep < _SWEEP_PERIOD_S:
+            return
+        self._last_sweep = now
+        stale = [sid for sid, p in self._pins.items() if now - p.last_used > self._pin_ttl_s]
+        for sid in stale:
+            del self._pins[sid]
+        for sid in [sid for sid, t in self._closed.items() if now - t > _CLOSED_MEMORY_S]:
+            del self._closed[sid]

@@ -1,0 +1,140 @@
+"""The sessions one replica holds: admission, lookup, idle expiry.
+
+Used by the DiT and VAE deployments alike. The table is authoritative: a call for a key
+it does not hold raises `SessionLost`; nothing is ever restarted silently.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Generic, Optional, TypeVar
+
+from deployments.errors import Busy, SessionLost
+
+S = TypeVar("S")
+
+
+@dataclass(slots=True)
+class _Entry(Generic[S]):
+    state: Optional[S]  # None while the session is being opened
+    nbytes: int
+    last_used: float
+    active: int = 0  # calls in progress; a session in use never expires
+
+
+class SessionTable(Generic[S]):
+    """Admission control (count and bytes) plus idle TTL over per-session states."""
+
+    def __init__(
+        self,
+        max_sessions: int,
+        budget_bytes: Optional[int],
+        idle_ttl_s: float,
+        retry_after_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        self.max_sessions = max_sessions
+        self.budget_bytes = budget_bytes
+        self.idle_ttl_s = idle_ttl_s
+        self.retry_after_s = retry_after_s
+        self._clock = clock
+        self._entries: dict[str, _Entry[S]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def keys(self) -> list[str]:
+        """Keys held, reservations of opens in progress included."""
+        return list(self._entries)
+
+    @property
+    def bytes_in_use(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_sessions - len(self._entries)
+
+    def admit(self, key: str, nbytes: int) -> None:
+        """Reserve a slot and `nbytes` for a new session, or raise `Busy`.
+
+        The reservation counts at once, so concurrent opens cannot overbook the replica;
+        `add` fills it in, `pop` gives it back when the open fails.
+        """
+        assert key not in self._entries, f"session {key} is already open"
+        if len(self._entries) >= self.max_sessions:
+            raise Busy(
+                f"all {self.max_sessions} session slots of this replica are taken; "
+                f"retry in {self.retry_after_s:g} s",
+                self.retry_after_s,
+            )
+        if self.budget_bytes is not None and self.bytes_in_use + nbytes > self.budget_bytes:
+            raise Busy(
+                f"the session's caches ({nbytes / 2**20:.1f} MiB) do not fit the free "
+                f"cache budget ({(self.budget_bytes - self.bytes_in_use) / 2**20:.1f} MiB); "
+                f"retry in {self.retry_after_s:g} s or ask for fewer frames",
+                self.retry_after_s,
+            )
+        self._entries[key] = _Entry(None, nbytes, self._clock(), active=1)  # opening: never expires
+
+    def add(self, key: str, state: S) -> None:
+        """Fill in the reservation made by `admit` with the opened session's state."""
+        entry = self._entries[key]
+        assert entry.state is None, f"session {key} is already open"
+        entry.state = state
+        entry.active -= 1
+        entry.last_used = self._clock()
+
+    def resize(self, key: str, nbytes: int) -> bool:
+        """Change a held session's reservation; False (unchanged) when it would exceed the budget."""
+        entry = self._entries[key]
+        if self.budget_bytes is not None and self.bytes_in_use - entry.nbytes + nbytes > self.budget_bytes:
+            return False
+        entry.nbytes = nbytes
+        return True
+
+    def get(self, key: str) -> S:
+        """The state of `key`, or `SessionLost`."""
+        entry = self._entries.get(key)
+        if entry is None or entry.state is None:
+            raise SessionLost(
+                "this replica holds no state for the session (expired, closed or restarted); "
+                "start again with image and prompt"
+            )
+        return entry.state
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        """Mark a call of `key` in progress (it cannot expire meanwhile); refreshes its TTL.
+
+        `SessionLost` when the key is not held. A `pop` during the call still removes it.
+        """
+        self.get(key)
+        entry = self._entries[key]
+        entry.active += 1
+        try:
+            yield
+        finally:
+            entry.active -= 1
+            entry.last_used = self._clock()
+
+    def pop(self, key: str) -> Optional[S]:
+        """Remove `key` (or its reservation); its state (to free) or None when absent or opening."""
+        entry = self._entries.pop(key, None)
+        return None if entry is None else entry.state
+
+    def pop_expired(self) -> list[tuple[str, S]]:
+        """Remove and return the sessions idle for longer than the TTL."""
+        now = self._clock()
+        keys = [
+            k for k, e in self._entries.items()
+            if e.active == 0 and now - e.last_used > self.idle_ttl_s
+        ]
+        return [(k, self._entries.pop(k).state) for k in keys]

@@ -1,0 +1,90 @@
+"""Stream: the connection's view of one session (its lifecycle, identity and chunk counter).
+
+The replicas key a session by `key`, which is unique per session *incarnation* (client id +
+random suffix): two connections that pick the same `session_id`, or a session restarted under
+the same id, never share server-side state, and releasing an old incarnation cannot touch the
+new one.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Optional
+
+import numpy as np
+
+
+class StreamState(Enum):
+    OPEN = auto()  # chunks may be dispatched; the replicas hold (or are opening) the session
+    FAILED = auto()  # the server lost or refused it and released it; restarting needs image + prompt
+    CLOSED = auto()  # released on purpose (reset, replaced by a new session, connection end)
+
+
+class StreamClosed(RuntimeError):
+    """An illegal lifecycle transition (a bug in the connection logic)."""
+
+
+def image_digest(image: bytes | np.ndarray) -> str:
+    """Identity of a session's image as sent (bytes, or raw array with its shape)."""
+    h = hashlib.sha256()
+    if isinstance(image, np.ndarray):
+        h.update(repr((image.dtype.str, image.shape)).encode())
+        h.update(np.ascontiguousarray(image).tobytes())
+    else:
+        h.update(image)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """What a session was opened with (fixed for its life)."""
+
+    session_id: str
+    prompt: str
+    image_digest: str
+    resolution: tuple[int, int]  # output (h, w)
+    seed: int
+    total_latent_frames: Optional[int]  # from `num_frames` (spec B.1); None: per-chunk noise
+    translation_scale: Optional[float]
+    intrinsics_resolution: tuple[int, int]
+
+
+@dataclass(eq=False, slots=True)
+class Stream:
+    """One session incarnation on one connection."""
+
+    spec: StreamSpec
+    key: str = field(init=False)
+    state: StreamState = StreamState.OPEN
+    next_chunk: int = 0
+    chunk_tasks: list[asyncio.Task] = field(default_factory=list)
+    dit_open: Optional[asyncio.Future] = None  # result of the DiT open (carries busy)
+    vae_open: Optional[asyncio.Future] = None
+    release: Optional[asyncio.Task] = None  # frees the replicas' state once the stream ended
+
+    def __post_init__(self) -> None:
+        self.key = f"{self.spec.session_id}~{uuid.uuid4().hex[:12]}"
+
+    def take_chunk_id(self) -> int:
+        if self.state is not StreamState.OPEN:
+            raise StreamClosed(f"session {self.spec.session_id} is {self.state.name}; open a new one")
+        chunk, self.next_chunk = self.next_chunk, self.next_chunk + 1
+        return chunk
+
+    def fail(self) -> bool:
+        """OPEN -> FAILED; True when this call made the transition (the caller releases)."""
+        if self.state is StreamState.OPEN:
+            self.state = StreamState.FAILED
+            return True
+        return False
+
+    def close(self) -> bool:
+        """OPEN/FAILED -> CLOSED; True when the replicas still need a release (was OPEN)."""
+        if self.state is StreamState.CLOSED:
+            raise StreamClosed(f"session {self.spec.session_id} is already closed")
+        was_open = self.state is StreamState.OPEN
+        self.state = StreamState.CLOSED
+        return was_open

@@ -1,0 +1,45 @@
+"""TextEncoder deployment: prompt -> UMT5 embedding [L, text_dim] float32, with an LRU cache."""
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+import numpy as np
+from ray import serve
+
+from deployments.config import ModelArgs
+from deployments.log import get_log
+from model.factory import load_text_engine
+
+
+@serve.deployment
+class TextEncoder:
+    """Stateless; one engine per replica, calls serialised (the encoder is not re-entrant)."""
+
+    def __init__(self, model: ModelArgs) -> None:
+        self._engine = load_text_engine(model.preset, model.checkpoint, model.dtype, model.device)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = model.prompt_cache_size
+        self._lock = asyncio.Lock()
+        self._log = get_log("text_encoder", preset=model.preset)
+
+    async def encode(self, prompt: str) -> np.ndarray:
+        """The prompt's embedding, float32 [L, text_dim] (read-only, possibly shared)."""
+        hit = self._cache.get(prompt)
+        if hit is not None:
+            self._cache.move_to_end(prompt)
+            return hit
+        async with self._lock:
+            tensor = await asyncio.to_thread(self._engine.encode, prompt)
+        emb = tensor.numpy()  # CPU float32
+        emb.setflags(write=False)
+        if self._cache_size:
+            self._cache[prompt] = emb
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        self._log.info("encoded prompt", fields={"tokens": emb.shape[0], "chars": len(prompt)})
+        return emb
+
+    async def stats(self) -> dict[str, int]:
+        """Health probe (/healthz)."""
+        return {"cached_prompts": len(self._cache)}

@@ -1,0 +1,86 @@
+"""VaeCodec deployment: per-session conditioning encode, streaming decode and fMP4 mux.
+
+Each session holds a `VaeSession` (encoder cache for y, decoder cache) and its `Fmp4Muxer`.
+Calls for a session this replica does not hold raise `SessionLost`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from ray import serve
+
+from deployments.config import ModelArgs, SessionArgs
+from deployments.log import get_log
+from deployments.session_host import SessionHost
+from deployments.session_table import SessionTable
+from model.accel import AccelOptions
+from model.factory import load_vae_engine
+from model.session import VaeSession
+from protocol.fmp4 import Fmp4Muxer
+
+FPS = 16
+
+
+@dataclass(slots=True)
+class VaeSlot:
+    session: VaeSession
+    muxer: Fmp4Muxer
+
+
+@serve.deployment
+class VaeCodec(SessionHost[VaeSlot]):
+    """Conditioning encode (y per chunk) and decode + mux (fMP4 per chunk) of many sessions."""
+
+    async def __init__(self, model: ModelArgs, sessions: SessionArgs, max_sessions: int) -> None:
+        self._engine = load_vae_engine(model.preset, model.checkpoint, model.vae_dtype, model.device,
+                                       options=AccelOptions.for_serving(model.device))
+        table: SessionTable[VaeSlot] = SessionTable(
+            max_sessions, None, sessions.idle_ttl_s, sessions.retry_after_s
+        )
+        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"))
+
+    async def open(self, key: str, image: np.ndarray, height: int, width: int) -> str:
+        """Start a session from its RGB uint8 image [H0, W0, 3] at output size (height, width)."""
+        self._table.admit(key, 0)
+
+        def build() -> VaeSlot:
+            writable = np.array(image)  # Ray hands in read-only arrays; torch wants to own a copy
+            return VaeSlot(self._engine.open(writable, height, width), Fmp4Muxer(width, height, FPS))
+
+        try:
+            slot = await self._compute(build)
+        except BaseException:
+            self._table.pop(key)
+            raise
+        self._table.add(key, slot)
+        self._publish()
+        self._log.info("session opened", fields={"session": key, "resolution": f"{height}x{width}"})
+        return self._replica
+
+    async def condition(self, key: str) -> np.ndarray:
+        """The next chunk's conditioning y, float32 [20, 3, lh, lw]."""
+        return await self._compute_on(key, self._condition)
+
+    async def decode(self, key: str, latents: np.ndarray) -> dict[str, Any]:
+        """Decode one chunk of latents [16, 3, lh, lw] and mux it: the chunk's fMP4 bytes."""
+        return await self._compute_on(key, self._decode, latents)
+
+    def _condition(self, slot: VaeSlot) -> np.ndarray:
+        return self._engine.condition(slot.session).numpy()  # CPU float32
+
+    def _decode(self, slot: VaeSlot, latents: np.ndarray) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        frames = self._engine.decode(slot.session, torch.tensor(latents))  # (a copy) -> uint8 [T, h, w, 3]
+        t1 = time.perf_counter()
+        video = slot.muxer.add_chunk(frames)  # init segment + moof/mdat first, then moof/mdat
+        return {
+            "video": video,
+            "num_frames": int(frames.shape[0]),
+            "mime_type": slot.muxer.mime_type,
+            "timings": {"vae_decode": t1 - t0, "mux": time.perf_counter() - t1},
+            "replica": self._replica,
+        }

@@ -1,0 +1,197 @@
+"""One real Ray Serve app for the whole tests/deployments run, and a small WebSocket client.
+
+The app serves the embedded tiny model on CPU with two DiT replicas of two session slots each
+(capacity 4: the affinity and admission tests fill it), a short idle TTL (the expiry test waits
+it out) and debug fields on (replica ids in frame replies). Ray starts once: each start costs
+~15 s on a 2-core machine.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Optional
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+from PIL import Image
+
+from protocol import decode_reply, encode_infer, encode_reset
+from protocol.camera import chunk_cameras, translation_scale
+from protocol.messages import CameraServerConfig, FrameReply, ResetOk
+from protocol.reassembly import Fmp4Assembler
+from support import EXAMPLES
+
+IDLE_TTL_S = 10.0
+TEST_SIZE = "32*64"  # a 16:9 image -> 32 x 48 output: small enough for 1-thread CPU replicas
+CAMERA_PATH = "/v1/realtime/world/camera"
+NUM_FRAMES = 33  # 3 chunks: 9 + 12 + 12 frames
+APP_ARGS = {
+    "model": {"preset": "tiny", "default_size": TEST_SIZE},
+    "sessions": {"max_sessions": 2, "idle_ttl_s": IDLE_TTL_S, "routing_stats_period_s": 0.5},
+    "dit": {"num_replicas": 2, "num_cpus": 0.1},
+    "vae": {"num_cpus": 0.1},
+    "text_encoder": {"num_cpus": 0.1},
+    "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 64},
+    "debug_fields": True,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Server:
+    http: str  # http://127.0.0.1:PORT
+    ws: str  # ws://127.0.0.1:PORT/v1/realtime/world/camera
+
+    def sessions(self) -> dict:
+        """The `sessions` block of /v1/models (capacity, held, idle_ttl_s ...)."""
+        return httpx.get(f"{self.http}/v1/models", timeout=10).json()["data"][0]["sessions"]
+
+    def held(self) -> dict[str, int]:
+        """Sessions the VAE and DiT replicas hold (from /healthz)."""
+        return httpx.get(f"{self.http}/healthz", timeout=10).json()["sessions"]
+
+    def wait_held(self, n: int, timeout: float = 30.0) -> None:
+        """Until the VAE and the DiT replicas each hold exactly n sessions (releases run after
+        replies, and a cancelled call keeps its replica busy until its thread ends)."""
+        deadline = time.monotonic() + timeout
+        while (held := self.held()) != {"vae": n, "dit": n}:
+            assert time.monotonic() < deadline, f"replicas hold {held} sessions, expected {n} each"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+    from deployments.config import AppArgs
+
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(AppArgs.model_validate(APP_ARGS)), name="lwf", route_prefix="/", blocking=False)
+        http = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{http}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("the serve app did not become healthy within 180 s")
+            time.sleep(0.5)
+        yield Server(http=http, ws=f"ws://127.0.0.1:{port}{CAMERA_PATH}")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """Inputs of one example session: image bytes, prompt, poses and intrinsics."""
+
+    image: bytes
+    prompt: str
+    poses: np.ndarray  # [N, 4, 4]
+    intrinsics: np.ndarray  # [N, 4]
+    num_frames: int = NUM_FRAMES
+
+    @property
+    def scale(self) -> float:
+        return translation_scale(self.poses, self.num_frames)
+
+    def chunk(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return chunk_cameras(self.poses[: self.num_frames], self.intrinsics[: self.num_frames], k)
+
+    def image_rgb(self) -> np.ndarray:
+        import io
+
+        return np.asarray(Image.open(io.BytesIO(self.image)).convert("RGB"))
+
+
+@pytest.fixture(scope="session")
+def example() -> Trajectory:
+    ex = EXAMPLES / "00"
+    return Trajectory(
+        image=(ex / "image.jpg").read_bytes(),
+        prompt=(ex / "prompt.txt").read_text(encoding="utf-8"),
+        poses=np.load(ex / "poses.npy"),
+        intrinsics=np.load(ex / "intrinsics.npy"),
+    )
+
+
+@dataclass
+class Client:
+    """A WebSocket client speaking the protocol (replies decoded with the protocol package)."""
+
+    ws: websockets.ClientConnection
+    config: CameraServerConfig
+    videos: dict[str, Fmp4Assembler] = field(default_factory=dict)
+
+    async def send(self, data: bytes) -> None:
+        await self.ws.send(data)
+
+    async def recv(self, timeout: float = 120.0):
+        reply = decode_reply(await asyncio.wait_for(self.ws.recv(), timeout))
+        if isinstance(reply, FrameReply):
+            self.videos.setdefault(reply.session_id, Fmp4Assembler()).append(reply.video)
+        return reply
+
+    async def infer(self, sid: str, traj: Trajectory, k: int, first: bool, **options) -> None:
+        """Send chunk k of `traj` (image, prompt and the offline options on the first infer)."""
+        poses, intrinsics = traj.chunk(k)
+        if first:
+            options = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
+                       "translation_scale": traj.scale, **options}
+        await self.send(encode_infer(sid, poses, intrinsics, client_chunk_id=k, **options))
+
+    async def reset(self, sid: str) -> ResetOk:
+        await self.send(encode_reset(sid))
+        reply = await self.recv()
+        assert isinstance(reply, ResetOk), reply
+        return reply
+
+    async def run_session(self, sid: str, traj: Trajectory, chunks: int = 3, **options) -> list[FrameReply]:
+        """Send every chunk at once (pipelined) and collect the replies in order."""
+        for k in range(chunks):
+            await self.infer(sid, traj, k, first=k == 0, **options)
+        replies = [await self.recv() for _ in range(chunks)]
+        for r in replies:
+            assert isinstance(r, FrameReply), r
+        return replies
+
+
+class Connect:
+    """`async with Connect(url) as client:` opens the socket and reads the handshake."""
+
+    def __init__(self, url: str, headers: Optional[dict] = None) -> None:
+        self._url = url
+        self._headers = headers
+
+    async def __aenter__(self) -> Client:
+        self._ws = await websockets.connect(self._url, max_size=None, additional_headers=self._headers)
+        config = decode_reply(await asyncio.wait_for(self._ws.recv(), 30))
+        assert isinstance(config, CameraServerConfig), config
+        return Client(self._ws, config)
+
+    async def __aexit__(self, *exc) -> None:
+        await self._ws.close()
+
+
+@pytest.fixture(scope="session")
+def connect(server: Server):
+    """`async with connect() as client:` a fresh WebSocket to the test app."""
+    return lambda headers=None: Connect(server.ws, headers)

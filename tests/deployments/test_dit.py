@@ -1,0 +1,41 @@
+"""CausalDiT admission through the running app: a full graph answers busy, a freed slot admits."""
+from __future__ import annotations
+
+import asyncio
+
+from protocol.errors import ErrorCode
+from protocol.messages import ErrorReply, FrameReply
+
+RETRY_AFTER_S = 5.0  # SessionArgs.retry_after_s default
+
+
+def test_a_session_beyond_capacity_is_busy_until_a_slot_frees(server, connect, example):
+    server.wait_held(0)
+
+    async def go():
+        async with connect() as c1, connect() as c2, connect() as c3, connect() as c4, connect() as extra:
+            holders = [c1, c2, c3, c4]
+            for i, c in enumerate(holders):  # 2 replicas x max_sessions 2 = 4 slots
+                await c.infer(f"hold{i}", example, 0, first=True)
+            firsts = [await c.recv() for c in holders]
+            full = server.held()
+            await extra.infer("extra", example, 0, first=True)
+            refused = await extra.recv()
+            await c1.reset("hold0")
+            await extra.infer("extra", example, 0, first=True)
+            admitted = await extra.recv()
+            await extra.infer("extra", example, 1, first=False)
+            second = await extra.recv()
+            await extra.reset("extra")
+            for i, c in enumerate(holders[1:], start=1):
+                await c.reset(f"hold{i}")
+        return firsts, full, refused, admitted, second
+
+    firsts, full, refused, admitted, second = asyncio.run(go())
+    assert all(isinstance(r, FrameReply) for r in firsts), firsts
+    assert full == {"vae": 4, "dit": 4}
+    assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.BUSY, refused
+    assert refused.retry_after_s == RETRY_AFTER_S and refused.session_id == "extra"
+    assert isinstance(admitted, FrameReply) and admitted.chunk_id == 0
+    assert isinstance(second, FrameReply) and second.chunk_id == 1
+    assert server.held() == {"vae": 0, "dit": 0}

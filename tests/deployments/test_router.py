@@ -1,0 +1,151 @@
+"""SessionAffinityRouter: placement, pins, close and departed replicas (in-process, fake replicas),
+then affinity through the running app: four concurrent sessions on two DiT replicas."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+from ray.serve.request_router import PendingRequest, ReplicaID
+
+from deployments.router import SessionAffinityRouter
+from protocol.messages import FrameReply
+
+DEPLOYMENT = DeploymentID(name="CausalDiT", app_name="test")
+
+
+@dataclass
+class FakeReplica:
+    """The parts of RunningReplica the router reads."""
+
+    replica_id: ReplicaID
+    routing_stats: dict[str, Any] = field(default_factory=dict)
+    max_ongoing_requests: int = 8
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return 0
+
+
+def replica(name: str, keys: tuple[str, ...] = (), capacity: int = 2) -> FakeReplica:
+    """A replica whose last stats report says it holds `keys`."""
+    return FakeReplica(ReplicaID(unique_id=name, deployment_id=DEPLOYMENT),
+                       {"sessions": len(keys), "capacity": capacity, "free_slots": capacity - len(keys),
+                        "keys": list(keys)})
+
+
+def request(session_id: str, method: str) -> PendingRequest:
+    meta = RequestMetadata(request_id="r", internal_request_id="i", call_method=method, session_id=session_id)
+    return PendingRequest(args=[], kwargs={}, metadata=meta)
+
+
+def make_router(replicas: list[FakeReplica]) -> SessionAffinityRouter:
+    router = SessionAffinityRouter(deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.REPLICA)
+    router.initialize_state(pin_ttl_s=600.0)
+    router.update_replicas(replicas)
+    return router
+
+
+async def route(router: SessionAffinityRouter, sid: str, method: str) -> list[str]:
+    """Names of the replicas the router offers (flattened ranks); then routed to the first."""
+    pr = request(sid, method)
+    ranks = await router.choose_replicas(list(router.curr_replicas.values()), pr)
+    names = [r.replica_id.unique_id for rank in ranks for r in rank]
+    assert pr.routing_context.should_backoff
+    if names:  # Serve routes to a replica of the first rank
+        router.on_request_routed(pr, ranks[0][0].replica_id, None)
+    return names
+
+
+def test_new_sessions_go_to_the_replica_with_most_free_slots_and_stay():
+    async def go():
+        router = make_router([replica("a", keys=("x",)), replica("b")])
+        assert await route(router, "s1", "open") == ["b"]
+        # b now holds s1 by this router's own count: a and b have one free slot each.
+        second = await route(router, "s2", "open")
+        third = await route(router, "s3", "open")
+        assert sorted(second + third) == ["a", "b"]
+        for method in ("condition", "step", "decode"):
+            assert await route(router, "s1", method) == ["b"]
+
+    asyncio.run(go())
+
+
+def test_concurrent_opens_spread_over_replicas():
+    async def go():
+        router = make_router([replica("a"), replica("b")])
+        placed = [(await route(router, f"s{i}", "open"))[0] for i in range(4)]
+        assert Counter(placed) == Counter({"a": 2, "b": 2})
+
+    asyncio.run(go())
+
+
+def test_closes_correct_stale_stats():
+    async def go():
+        # The last reports (stale): a holds x and y (full), b holds z and w (full).
+        router = make_router([replica("a", keys=("x", "y")), replica("b", keys=("z", "w"))])
+        await route(router, "z", "close")  # z's client reset through this router
+        assert await route(router, "new", "open") == ["b"]  # b's z is gone, a is still full
+
+    asyncio.run(go())
+
+
+def test_close_frees_the_pin_and_unknown_sessions_go_anywhere():
+    async def go():
+        router = make_router([replica("a"), replica("b")])
+        home = (await route(router, "s", "open"))[0]
+        assert await route(router, "s", "close") == [home]
+        # Unpinned and not an open: offered every replica (the holder-less replica answers session_lost).
+        assert sorted(await route(router, "s", "step")) == ["a", "b"]
+        assert sorted(await route(router, "", "stats")) == ["a", "b"]
+
+    asyncio.run(go())
+
+
+def test_departed_replica_drops_its_pins():
+    async def go():
+        a, b = replica("a"), replica("b", keys=("x", "y"))
+        router = make_router([a, b])
+        assert await route(router, "s", "open") == ["a"]
+        router.update_replicas([b, replica("c")])  # a left (scale down / died and replaced)
+        # The session is not re-placed on another replica by a later call.
+        assert sorted(await route(router, "s", "step")) == ["b", "c"]
+        assert await route(router, "t", "open") == ["c"]
+        router.on_replica_actor_died(ReplicaID(unique_id="c", deployment_id=DEPLOYMENT))
+        assert await route(router, "t", "step") == ["b"]
+
+    asyncio.run(go())
+
+
+def test_four_concurrent_sessions_stick_to_their_replicas_and_match_solo_runs(server, connect, example):
+    """Two DiT replicas, four sessions at once: every chunk of a session lands on one replica,
+    the sessions spread 2 + 2, and each video equals the same session run alone."""
+    seeds = [1, 2, 3, 4]
+
+    async def run(sid: str, seed: int) -> list[FrameReply]:
+        async with connect() as c:
+            replies = await c.run_session(sid, example, seed=seed)
+            await c.reset(sid)
+        return replies
+
+    async def solo():
+        return [await run(f"solo{seed}", seed) for seed in seeds]
+
+    async def together():
+        return await asyncio.gather(*(run(f"duo{seed}", seed) for seed in seeds))
+
+    server.wait_held(0)
+    alone = asyncio.run(solo())
+    concurrent = asyncio.run(together())
+    homes = []
+    for replies in concurrent:
+        assert all(isinstance(r, FrameReply) for r in replies)
+        replicas = {r.debug["dit_replica"] for r in replies}
+        assert len(replicas) == 1, f"a session's chunks ran on {replicas}"
+        homes.append(replicas.pop())
+    assert sorted(Counter(homes).values()) == [2, 2]
+    for solo_replies, together_replies in zip(alone, concurrent):
+        assert [r.video for r in together_replies] == [r.video for r in solo_replies]
+    assert len({alone[i][1].video for i in range(4)}) == 4  # the seeds matter
+

@@ -1,0 +1,76 @@
+"""SessionTable: admission by count and bytes, authoritative lookup, idle expiry, resize."""
+from __future__ import annotations
+
+import pytest
+
+from deployments.errors import Busy, SessionLost
+from deployments.session_table import SessionTable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def table(max_sessions: int = 2, budget: int | None = None, ttl: float = 10.0) -> tuple[SessionTable, Clock]:
+    clock = Clock()
+    return SessionTable(max_sessions, budget, ttl, retry_after_s=3.0, clock=clock), clock
+
+
+def test_admission_by_slots_and_by_bytes():
+    t, _ = table(max_sessions=2, budget=100)
+    t.admit("a", 60)
+    t.add("a", "A")
+    with pytest.raises(Busy) as e:
+        t.admit("b", 41)  # 60 + 41 > 100
+    assert e.value.retry_after_s == 3.0 and "budget" in e.value.message
+    t.admit("b", 40)  # counts at once, before the open finishes
+    with pytest.raises(Busy, match="slots"):
+        t.admit("c", 0)
+    with pytest.raises(SessionLost):
+        t.get("b")  # still opening
+    t.add("b", "B")
+    assert (len(t), t.free_slots, t.bytes_in_use) == (2, 0, 100)
+    assert t.pop("a") == "A" and t.pop("a") is None
+    t.admit("c", 60)
+    assert t.pop("c") is None and (len(t), t.bytes_in_use) == (1, 40)  # a failed open gives it back
+
+
+def test_unknown_sessions_are_lost_not_restarted():
+    t, _ = table()
+    with pytest.raises(SessionLost):
+        t.get("nope")
+    with pytest.raises(SessionLost):
+        with t.hold("nope"):
+            pass
+    assert "nope" not in t
+
+
+def test_idle_sessions_expire_but_not_while_a_call_holds_them():
+    t, clock = table(max_sessions=10, ttl=10.0)
+    for k in ("idle", "busy", "fresh", "opening"):
+        t.admit(k, 1)
+    for k in ("idle", "busy", "fresh"):
+        t.add(k, k.upper())
+    clock.now += 11
+    t.admit("new", 1)
+    t.add("new", "NEW")
+    with t.hold("busy"):
+        assert sorted(t.pop_expired()) == [("fresh", "FRESH"), ("idle", "IDLE")]
+        clock.now += 11
+    assert t.pop_expired() == [("new", "NEW")]  # "busy" was refreshed when its call ended
+    clock.now += 10.5
+    assert t.pop_expired() == [("busy", "BUSY")]
+    assert "opening" in t  # a reservation whose open is still running never expires
+
+
+def test_resize_respects_the_budget():
+    t, _ = table(budget=100)
+    for k in ("a", "b"):
+        t.admit(k, 30)
+        t.add(k, k.upper())
+    assert t.resize("a", 70) and t.bytes_in_use == 100
+    assert not t.resize("b", 31) and t.bytes_in_use == 100
