@@ -87,6 +87,9 @@ class CausalDiT(nn.Module):
         self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.num_layers))
         self.head = Head(dim, cfg.patch_features, cfg.eps)
         self.rope = Rope3D(cfg.head_dim)  # plain attribute: not part of the state dict
+        # Math dtype of the rotary tables: float64 reproduces the reference (spec A.7); the GPU
+        # transforms (model/accel) set float32.
+        self.rope_dtype = torch.float64
 
     @property
     def dtype(self) -> torch.dtype:
@@ -166,7 +169,7 @@ class CausalDiT(nn.Module):
         # 2. Time: one embedding broadcast over the tokens
         e, e0 = self.time_embed(t)
         # 3. Rotary table of the chunk, at its absolute frame offset
-        rope = self.rope.chunk_table(start // frame_seqlen, grid, x.device)
+        rope = self.rope.chunk_table(start // frame_seqlen, grid, x.device, self.rope_dtype)
         # 4. Blocks
         for i, block in enumerate(self.blocks):
             h = block(

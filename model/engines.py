@@ -7,6 +7,7 @@ three in one (`WorldPipeline`). Tensors returned to callers are CPU float32 / ui
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,8 +18,8 @@ from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import CHUNK_FRAMES
 from model.dit import CausalDiT
 from model.kv_cache import DiTCaches
-from model.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, run_chunk
-from model.session import DiTSession, DiTSessionSpec, VaeSession
+from model.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
+from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession
 from model.t5 import TextEncoder
 from model.vae import WanVAE
 
@@ -114,12 +115,16 @@ class DiTEngine:
         shift: float = 10.0,
         timesteps: tuple[int, ...] = DENOISE_TIMESTEPS,
         max_attention_size: int | None = None,
+        skip_final_update: bool = False,
     ) -> None:
+        """`skip_final_update`: leave out the t = 0 cache-update call of a session's last
+        planned chunk (with `total_latent_frames` known, no later chunk can read its K/V)."""
         self.dit = dit
         self.cfg = dit.cfg
         self.schedule = FlowSchedule(shift)
         self.timesteps = timesteps
         self.max_attention_size = max_attention_size
+        self.skip_final_update = skip_final_update
 
     @property
     def device(self) -> torch.device:
@@ -186,7 +191,16 @@ class DiTEngine:
         if trace is not None:
             trace.append({"kind": "chunk", "plucker": plucker.cpu(), "y": y.cpu()})
 
+        planned = session.noise.total_latent_frames
+        last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_FRAMES == planned
+        update_call = len(self.timesteps)  # index of the t = 0 call in the chunk
+        calls = 0
+
         def call(x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            nonlocal calls
+            calls += 1
+            if self.skip_final_update and last_planned and calls > update_call:
+                return x_in  # the cache update of the last chunk: its output is discarded
             before = (session.caches.global_end, session.caches.local_end)
             out = self.dit(x_in, t, y, session.text, cam, session.caches, start)
             if trace is not None:
@@ -204,3 +218,32 @@ class DiTEngine:
 
     def close(self, session: DiTSession) -> None:
         session.close()
+
+    @torch.inference_mode()
+    def restore(self, spec: DiTSessionSpec, past: Sequence[PastChunk],
+                noise_state: NoiseState | None) -> DiTSession:
+        """Rebuild a session elsewhere from its finished chunks (session recovery).
+
+        Replays each past chunk's camera and its cache-update call (t = 0 on the stored clean
+        latents, the chunk's y and start token): the very call that wrote the chunk's K/V,
+        rolling-window eviction included (a window rolls on a chunk's first call). Then the
+        noise generator is put where it was after the last chunk: the next `step` continues
+        exactly like the uninterrupted session.
+        """
+        session = self.open(spec)
+        device = self.device
+        planned = session.noise.total_latent_frames
+        for chunk in past:
+            plucker = session.camera.chunk(chunk.poses, chunk.intrinsics)  # [1, 384, 3, lh, lw]
+            last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_FRAMES == planned
+            if not (self.skip_final_update and last_planned):
+                start = session.start_token
+                session.caches.ensure_capacity(start + CHUNK_FRAMES * spec.frame_seqlen)
+                cam = self.dit.camera_features(plucker.to(device))
+                y = chunk.y.to(device=device, dtype=torch.float32)
+                x0 = chunk.latents.to(device=device, dtype=torch.float32)
+                self.dit(x0, timestep_tensor(0.0, device), y, session.text, cam, session.caches, start)
+            session.chunk_index += 1
+        if noise_state is not None:
+            session.noise.set_state(noise_state)
+        return session

@@ -8,7 +8,8 @@ float64 and the result is cast back to the input dtype, as in the reference.
 
 The rotation table of one chunk depends only on (start_frame, grid); `Rope3D` memoises the
 last few so that the 5 DiT calls of a chunk share one table. `RopeTable.dtype` is the math
-dtype: float64 reproduces the reference; a faster float32 table can be built from it.
+dtype: float64 (the default) reproduces the reference; `chunk_table(..., dtype=float32)`
+gives the GPU path's table (the angles are still computed in float64, then rounded).
 """
 from __future__ import annotations
 
@@ -86,9 +87,14 @@ class Rope3D:
         self._reset_memo()
 
     def chunk_table(
-        self, start_frame: int, grid: tuple[int, int, int], device: torch.device | str
+        self,
+        start_frame: int,
+        grid: tuple[int, int, int],
+        device: torch.device | str,
+        dtype: torch.dtype = torch.float64,
     ) -> RopeTable:
-        """Table for a chunk whose tokens are the (f, h, w) raster of `grid`, at `start_frame`."""
+        """Table for a chunk whose tokens are the (f, h, w) raster of `grid`, at `start_frame`,
+        with math dtype `dtype` (float64 = the reference)."""
         f, h, w = grid
         if start_frame < 0 or start_frame + f > self.max_frames:
             raise ValueError(
@@ -98,13 +104,15 @@ class Rope3D:
         if h > self.max_frames or w > self.max_frames:
             raise ValueError(f"patch grid {h}x{w} exceeds the RoPE table of {self.max_frames}")
         device = torch.device(device)
-        key = (start_frame, f, h, w, device)
+        key = (start_frame, f, h, w, device, dtype)
         with self._lock:
             table = self._chunks.get(key)
             if table is not None:
                 self._chunks.move_to_end(key)
                 return table
         table = self._build(start_frame, f, h, w, device)
+        if dtype != table.dtype:
+            table = table.to(dtype)
         with self._lock:
             self._chunks[key] = table
             while len(self._chunks) > _CHUNK_TABLES_KEPT:

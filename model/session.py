@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
+import numpy as np
 import torch
 
 from model.camera import CameraTrack
@@ -119,3 +120,13 @@ class VaeSession:
         self.enc_cache = VaeCache.empty()
         self.dec_cache = VaeCache.empty()
         self.status = SessionStatus.CLOSED
+
+
+@dataclass(frozen=True, slots=True)
+class PastChunk:
+    """One finished chunk of a session, as kept outside the replica to rebuild it (recovery)."""
+
+    poses: np.ndarray  # [N, 4, 4] the chunk's camera poses as received
+    intrinsics: np.ndarray  # [N, 4]
+    y: torch.Tensor  # [20, 3, lh, lw] its conditioning
+    latents: torch.Tensor  # float32 [16, 3, lh, lw] its clean x0

@@ -1,0 +1,1 @@
+"""GPU benchmarks of the model path (`python -m benchmarks.run --help`)."""

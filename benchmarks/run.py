@@ -1,0 +1,365 @@
+"""The model-path benchmark on one device, in one command:
+
+    python -m benchmarks.run --preset lingbot-world-fast --frames 81 --out $OUT/bench.json
+
+Builds the models with random weights directly on the device, then, stage by stage:
+ceilings (bf16 matmul, copy), a float32 reference DiT run (numerics), the plain bf16 path,
+the fast path (flash / cuDNN attention, then compiled regions), the VAE variants against
+float32, the end-to-end chunk loop (T5 -> VAE encode -> DiT -> decode -> fMP4) with the
+time to first chunk, and FP8 GEMMs last (it changes the weights). Every stage's results are
+written to the JSON file as soon as it ends; a stage that fails is recorded and the run goes
+on; stages that would start after --budget-s seconds are skipped. A table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from benchmarks.build import Inputs, make_inputs, random_text_engine
+from benchmarks.measure import GIB, PeakMemory, chunk_flops, copy_tbps, matmul_tflops, module_bytes, timed
+from benchmarks.report import print_report
+from benchmarks.sessions import DiTRun, run_dit, run_end_to_end
+from benchmarks.vae_check import compare, norm_rel_err, run_vae
+from model.accel import AccelOptions, enable_fp8, optimize_dit, optimize_vae
+from model.config import preset as get_preset
+from model.dit_loader import init_dit_random
+from model.engines import DiTEngine, TextEngine, VaeEngine
+from model.vae import init_vae_random
+
+SEED = 1234
+VAE_VARIANTS = {
+    "bf16": AccelOptions(),
+    "bf16_channels_last": AccelOptions(vae_channels_last=True),
+    "bf16_channels_last_compiled": AccelOptions(vae_channels_last=True, vae_compile=True),
+}
+
+
+class Bench:
+    """State shared by the stages, and the results written after each one."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = torch.device(args.device)
+        self.cfg = get_preset(args.preset)
+        h, w = (int(v) for v in args.max_area.split("*"))
+        self.inputs: Inputs = make_inputs(args.frames, h * w)
+        self.t0 = time.perf_counter()
+        self.results: dict = {"config": {
+            "preset": args.preset, "frames": args.frames, "height": self.inputs.height,
+            "width": self.inputs.width, "chunks": self.inputs.chunks, "device": self._device_name(),
+            "torch": torch.__version__, "numerics_chunks": args.numerics_chunks,
+        }, "stages": {}}
+        self.dit: torch.nn.Module | None = None
+        self.reference: DiTRun | None = None
+        self.eager_numerics: DiTRun | None = None
+        self.fast: DiTRun | None = None
+        self.best_fast: str | None = None
+        self.text: TextEngine | None = None
+        self.vae: VaeEngine | None = None
+
+    def _device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+
+    def frame_seqlen(self) -> int:
+        return (self.inputs.height // 16) * (self.inputs.width // 16)
+
+    def stage(self, name: str, fn: Callable[[], dict]) -> None:
+        elapsed = time.perf_counter() - self.t0
+        if elapsed > self.args.budget_s:
+            self.results["stages"][name] = {"skipped": f"budget: {elapsed:.0f} s elapsed"}
+            print(f"[{elapsed:6.1f}s] {name}: skipped (budget)", flush=True)
+            return
+        print(f"[{elapsed:6.1f}s] {name} ...", flush=True)
+        try:
+            out = fn()
+        except Exception:  # a benchmark edge: record the failure, run the other stages
+            out = {"error": traceback.format_exc(limit=8)}
+            print(out["error"], flush=True)
+        out["stage_s"] = time.perf_counter() - self.t0 - elapsed
+        self.results["stages"][name] = out
+        self.save()
+        print(f"[{time.perf_counter() - self.t0:6.1f}s] {name} done: "
+              f"{json.dumps(_brief(out))[:600]}", flush=True)
+
+    def save(self) -> None:
+        path = Path(self.args.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.results, indent=1, default=float))
+
+    # ---- helpers ----
+    def ceiling(self) -> float | None:
+        return self.results["stages"].get("ceilings", {}).get("bf16_matmul_tflops")
+
+    def series(self, run: DiTRun, skip_final: bool) -> dict:
+        """Per-chunk times, totals and MFU against the measured matmul ceiling."""
+        n = len(run.chunk_s)
+        flops = [chunk_flops(self.cfg.dit, self.frame_seqlen(), k,
+                             calls=4 if (skip_final and k == n - 1) else 5) for k in range(n)]
+        ceiling = self.ceiling()
+        out = {"chunk_s": run.chunk_s, "total_s": run.total_s, "mean_chunk_s": run.total_s / n,
+               "tflops_per_s": [f / t / 1e12 for f, t in zip(flops, run.chunk_s)]}
+        if ceiling:
+            out["mfu_vs_measured_matmul"] = sum(flops) / run.total_s / 1e12 / ceiling
+        if run.memory:
+            out["memory_gib"] = run.memory
+        return out
+
+    def numerics(self, engine: DiTEngine) -> dict:
+        """Chunk latents of the numerics session against the float32 reference (and the plain
+        bf16 path), and the first DiT call's output (identical inputs) against float32."""
+        assert self.reference is not None
+        run = run_dit(engine, self.inputs, self.args.numerics_chunks, trace_first=True)
+        errs = [norm_rel_err(a, b) for a, b in zip(run.latents, self.reference.latents)]
+        out = {"rel_err_vs_fp32": errs, "max_rel_err_vs_fp32": max(errs),
+               "first_call_rel_err_vs_fp32": norm_rel_err(run.first_velocity, self.reference.first_velocity),
+               "finite": all(bool(torch.isfinite(t).all()) for t in run.latents)}
+        if self.eager_numerics is None:
+            self.eager_numerics = run
+        else:
+            out["rel_err_vs_eager_bf16"] = [norm_rel_err(a, b) for a, b in
+                                            zip(run.latents, self.eager_numerics.latents)]
+        return out
+
+    def engine(self, skip_final: bool) -> DiTEngine:
+        assert self.dit is not None
+        return DiTEngine(self.dit, skip_final_update=skip_final)
+
+
+def _brief(out: dict) -> dict:
+    return {k: v for k, v in out.items() if k not in ("error",) and not isinstance(v, (list, dict))}
+
+
+# ---- stages ----
+
+def stage_ceilings(b: Bench) -> dict:
+    if b.device.type != "cuda":
+        return {"note": "no ceilings on the CPU"}
+    return {"bf16_matmul_tflops": matmul_tflops(b.device), "copy_tbps": copy_tbps(b.device)}
+
+
+def stage_reference(b: Bench) -> dict:
+    """float32 DiT (weights rounded to bf16 values, so both runs use the same weights) for
+    the numerics chunks, then the same module converted to bf16 for every later stage."""
+    torch.backends.cuda.matmul.allow_tf32 = False  # a true float32 reference
+    torch.backends.cudnn.allow_tf32 = False
+    dit, t_build = timed(lambda: init_dit_random(b.cfg.dit, torch.float32, b.device, SEED), b.device)
+    with torch.no_grad():
+        for p in dit.parameters():
+            p.copy_(p.to(torch.bfloat16))
+    b.reference = run_dit(DiTEngine(dit), b.inputs, b.args.numerics_chunks, trace_first=True)
+    _, t_convert = timed(lambda: dit.to(torch.bfloat16), b.device)
+    b.dit = dit
+    if b.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"fp32_chunk_s": b.reference.chunk_s, "fp32_build_s": t_build, "to_bf16_s": t_convert,
+            "dit_weights_gib_bf16": module_bytes(dit) / GIB,
+            "latent_rms": [t.pow(2).mean().sqrt().item() for t in b.reference.latents]}
+
+
+def stage_eager(b: Bench) -> dict:
+    engine = b.engine(skip_final=False)
+    num = b.numerics(engine)
+    run = run_dit(engine, b.inputs, b.inputs.chunks)
+    return {**b.series(run, skip_final=False), **num}
+
+
+def _fast_stage(b: Bench, options: AccelOptions, label: str, numerics: bool, repeats: int) -> dict:
+    assert b.dit is not None
+    _, t_opt = timed(lambda: optimize_dit(b.dit, options), b.device)
+    engine = b.engine(skip_final=options.skip_final_update)
+    warm, t_warm = timed(lambda: run_dit(engine, b.inputs, 1), b.device)
+    out: dict = {"transform_s": t_opt, "warmup_1chunk_s": t_warm}
+    if numerics:
+        out.update(b.numerics(engine))
+    runs = [run_dit(engine, b.inputs, b.inputs.chunks) for _ in range(repeats)]
+    best = min(runs, key=lambda r: r.total_s)
+    out.update(b.series(best, skip_final=options.skip_final_update))
+    out["repeat_totals_s"] = [r.total_s for r in runs]
+    if b.fast is None or best.total_s < b.fast.total_s:
+        b.fast, b.best_fast = best, label
+    return out
+
+
+def stage_fast_flash(b: Bench) -> dict:
+    return _fast_stage(b, AccelOptions(fast=True, attention="flash", skip_final_update=True), "fast_flash",
+                       numerics=False, repeats=1)
+
+
+def stage_fast_cudnn(b: Bench) -> dict:
+    return _fast_stage(b, AccelOptions(fast=True, attention="cudnn", skip_final_update=True), "fast_cudnn",
+                       numerics=True, repeats=2)
+
+
+def _top_ops(prof: object, device: torch.device, path: Path, rows: int) -> dict:
+    events = prof.key_averages()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    path.write_text(events.table(sort_by=key, row_limit=40))
+    top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:rows]
+    return {"self_time_total_ms": sum(getattr(e, key) for e in events) / 1e3,
+            "top": [{"op": e.key, "ms": getattr(e, key) / 1e3, "calls": e.count} for e in top]}
+
+
+def _profiler() -> object:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    return profile(activities=activities)
+
+
+def profile_vae(engine: VaeEngine, inputs: Inputs, latents: list[torch.Tensor], path: Path) -> dict:
+    """Device time per op of the second chunk's conditioning encode and decode."""
+    session = engine.open(inputs.image, inputs.height, inputs.width)
+    engine.condition(session)
+    engine.decode_float(session, latents[0])
+    with _profiler() as prof:
+        engine.condition(session)
+        engine.decode_float(session, latents[1])
+    engine.close(session)
+    return _top_ops(prof, engine.device, path, 15)
+
+
+def stage_profile(b: Bench) -> dict:
+    """Device time per op over a 2-chunk session of the current fast path (table in profile.txt)."""
+    engine = b.engine(skip_final=True)
+    with _profiler() as prof:
+        run_dit(engine, b.inputs, 2)
+    return _top_ops(prof, b.device, Path(b.args.out).with_name("profile.txt"), 25)
+
+
+def stage_compile(b: Bench) -> dict:
+    eager = AccelOptions(fast=True, attention="cudnn", skip_final_update=True)
+    try:
+        out = _fast_stage(b, AccelOptions(fast=True, attention="cudnn", compile=True, skip_final_update=True),
+                          "fast_cudnn_compile", numerics=True, repeats=2)
+    except Exception:
+        optimize_dit(b.dit, eager)  # the later stages run without the failed compile
+        raise
+    out["kept"] = b.best_fast == "fast_cudnn_compile"
+    if not out["kept"]:  # keep the faster variant for the later stages
+        optimize_dit(b.dit, eager)
+    return out
+
+
+def stage_pipeline(b: Bench) -> dict:
+    """VAE variants against float32, then the end-to-end chunk loop with the fastest one."""
+    assert b.fast is not None
+    dev, args = b.device, b.args
+    (text, t_text) = timed(lambda: random_text_engine(b.cfg.t5, torch.bfloat16, str(dev), SEED + 1), dev)
+    vae32, t_vae = timed(lambda: init_vae_random(b.cfg.vae, torch.float32, dev, SEED + 2), dev)
+    out: dict = {"build_s": {"t5": t_text, "vae": t_vae}, "dit_variant": b.best_fast}
+    latents = b.fast.latents
+    ref = run_vae(VaeEngine(vae32), b.inputs, latents)
+    out["vae_fp32"] = {"encode_s": ref.encode_s, "decode_s": ref.decode_s}
+    variants = {name: options for name, options in VAE_VARIANTS.items() if name in args.vae_variants}
+    best_name, best_engine, best_time = None, None, math.inf
+    for name, options in variants.items():
+        engine = VaeEngine(optimize_vae(copy.deepcopy(vae32).to(torch.bfloat16), options))
+        try:
+            _, t_warm = timed(lambda: run_vae(engine, b.inputs, latents[:3]), dev)  # cuDNN autotuning, compile
+            run = run_vae(engine, b.inputs, latents)
+        except Exception:  # one failing variant must not cost the end-to-end run
+            out[f"vae_{name}"] = {"error": traceback.format_exc(limit=6)}
+            continue
+        per_chunk = (sum(run.encode_s) + sum(run.decode_s)) / len(latents)
+        out[f"vae_{name}"] = {"warmup_3chunks_s": t_warm, "encode_s": run.encode_s, "decode_s": run.decode_s,
+                              "mean_encode_s": sum(run.encode_s) / len(latents),
+                              "mean_decode_s": sum(run.decode_s) / len(latents), **compare(run, ref)}
+        if per_chunk < best_time:
+            best_name, best_engine, best_time = name, engine, per_chunk
+    del vae32, ref
+    out["vae_variant"] = best_name
+    out["vae_profile"] = profile_vae(best_engine, b.inputs, latents[:2], Path(args.out).with_name("vae_profile.txt"))
+    b.text, b.vae = text, best_engine
+    out.update(_end_to_end(b, args.e2e_repeats))
+    out["resident_gib"] = {"t5": module_bytes(text.encoder.model) / GIB,
+                           "vae": module_bytes(best_engine.vae) / GIB, "dit": module_bytes(b.dit) / GIB}
+    return out
+
+
+def _end_to_end(b: Bench, repeats: int) -> dict:
+    dit = b.engine(skip_final=True)
+    run_end_to_end(b.text, b.vae, dit, b.inputs)  # warm-up session
+    with PeakMemory(b.device) as mem:
+        runs = [run_end_to_end(b.text, b.vae, dit, b.inputs) for _ in range(repeats)]
+    e2e = min(runs, key=lambda r: sum(r.chunk_totals()))
+    totals = e2e.chunk_totals()
+    return {"process_peak_gib": mem.peak / GIB, "e2e": {
+        "stages": e2e.stages, "chunk_total_s": totals, "mean_chunk_s": sum(totals) / len(totals),
+        "session_open": e2e.session_open, "time_to_first_chunk_s": e2e.first_chunk_s,
+        "ttfc_repeats_s": [r.first_chunk_s for r in runs], "payload_bytes": e2e.payload_bytes}}
+
+
+def stage_pipeline_compiled(b: Bench) -> dict:
+    """The end-to-end loop again when the compiled DiT was kept."""
+    if b.best_fast != "fast_cudnn_compile" or b.vae is None:
+        return {"note": "compiled DiT not kept; nothing to rerun"}
+    return {"dit_variant": b.best_fast, "vae_variant": b.results["stages"]["pipeline"]["vae_variant"],
+            **_end_to_end(b, 1)}
+
+
+def stage_fp8(b: Bench) -> dict:
+    assert b.dit is not None and b.fast is not None
+    bf16_latents = b.fast.latents
+    _, t_q = timed(lambda: enable_fp8(b.dit), b.device)
+    engine = b.engine(skip_final=True)
+    run_dit(engine, b.inputs, 1)
+    num = b.numerics(engine)
+    run = run_dit(engine, b.inputs, b.inputs.chunks)
+    vs_bf16 = [norm_rel_err(a, c) for a, c in zip(run.latents, bf16_latents)]
+    return {"quantize_s": t_q, **num, **b.series(run, skip_final=True),
+            "rel_err_vs_fast_bf16_per_chunk": vs_bf16}
+
+
+STAGES: dict[str, Callable[[Bench], dict]] = {
+    "ceilings": stage_ceilings,
+    "reference_fp32": stage_reference,
+    "eager_bf16": stage_eager,
+    "fast_flash": stage_fast_flash,
+    "fast_cudnn": stage_fast_cudnn,
+    "profile": stage_profile,
+    "pipeline": stage_pipeline,
+    "compile": stage_compile,
+    "pipeline_compiled": stage_pipeline_compiled,
+    "fp8": stage_fp8,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="lingbot-world-fast", choices=["lingbot-world-fast", "tiny"])
+    p.add_argument("--frames", type=int, default=81, help="video frames (12k - 3)")
+    p.add_argument("--max-area", default="480*832", help="output pixel budget, as h*w")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", default="bench.json")
+    p.add_argument("--numerics-chunks", type=int, default=3)
+    p.add_argument("--e2e-repeats", type=int, default=2)
+    p.add_argument("--budget-s", type=float, default=480.0, help="start no stage after this many seconds")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(STAGES), help="stages to leave out")
+    p.add_argument("--vae-variants", nargs="*", default=list(VAE_VARIANTS), choices=list(VAE_VARIANTS))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device; use --device cpu with --preset tiny")
+    bench = Bench(args)
+    with torch.no_grad():  # the engines enter inference mode themselves
+        for name, fn in STAGES.items():
+            if name not in args.skip:
+                bench.stage(name, lambda fn=fn: fn(bench))
+    bench.results["wall_s"] = time.perf_counter() - bench.t0
+    bench.save()
+    print_report(bench.results)
+
+
+if __name__ == "__main__":
+    main()

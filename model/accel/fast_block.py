@@ -1,0 +1,118 @@
+"""The fast DiT block: the plain block's modules and weights, a faster forward.
+
+`FastDiTBlock` (and its attention classes) are subclasses that `optimize_dit` gives to the
+blocks of a built model in place: the parameters, their names and the block's function stay;
+the forward runs fused GEMMs (`Projection`) and the elementwise regions of `BlockKernels`
+(eager or compiled), with an SDPA backend preference.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.accel.kernels import BlockKernels, attend
+from model.accel.projection import Fp8Projection, Projection
+from model.dit_block import CrossAttention, DiTBlock, SelfAttention
+from model.kv_cache import CrossAttnCache, SelfAttnKVCache
+from model.rope import RopeTable
+
+AnyProjection = Projection | Fp8Projection
+
+
+class FastSelfAttention(SelfAttention):
+    qkv: AnyProjection  # q, k, v fused: [dim] -> [3 * dim]
+    out: AnyProjection
+    kernels: BlockKernels
+
+    def adopt(self, kernels: BlockKernels) -> None:
+        self.qkv = Projection.fuse([self.q, self.k, self.v])
+        self.out = Projection.of(self.o)
+        self.kernels = kernels
+
+    def forward(self, a: Tensor, rope: RopeTable, cache: SelfAttnKVCache, start: int) -> Tensor:
+        kn = self.kernels
+        q, k, v = self.qkv(a).chunk(3, dim=-1)  # [1, S, dim] views of [1, S, 3 * dim]
+        q = kn.qk_norm_rope(q, self.norm_q.weight, rope.cos, rope.sin, self.norm_q.eps, self.num_heads)
+        k = kn.qk_norm_rope(k, self.norm_k.weight, rope.cos, rope.sin, self.norm_k.eps, self.num_heads)
+        v = v.unflatten(-1, (self.num_heads, self.head_dim))  # [1, S, H, D]
+        k_all, v_all = cache.update(k[0], v[0], start)  # [n, H, D] each
+        return self.out(attend(q, k_all[None], v_all[None], kn.attention))
+
+
+class FastCrossAttention(CrossAttention):
+    q_proj: AnyProjection
+    out: AnyProjection
+    kernels: BlockKernels
+
+    def adopt(self, kernels: BlockKernels) -> None:
+        self.q_proj = Projection.of(self.q)
+        self.out = Projection.of(self.o)
+        self.kernels = kernels
+
+    def forward(self, x: Tensor, text: Tensor, cache: CrossAttnCache) -> Tensor:
+        kn = self.kernels
+        q = kn.rms_norm(self.q_proj(x), self.norm_q.weight, self.norm_q.eps)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))  # [1, S, H, D]
+        if not cache.is_init:  # once per session: the plain path
+            kv_shape = (text.shape[1], self.num_heads, self.head_dim)
+            cache.store(self.norm_k(self.k(text[0])).view(kv_shape), self.v(text[0]).view(kv_shape))
+        return self.out(attend(q, cache.k[None], cache.v[None], kn.attention))
+
+
+class FastDiTBlock(DiTBlock):
+    self_attn: FastSelfAttention
+    cross_attn: FastCrossAttention
+    ffn_up: AnyProjection
+    ffn_down: AnyProjection
+    cam_scale_shift: Projection  # cam_scale_layer and cam_shift_layer fused: [dim] -> [2 * dim]
+    kernels: BlockKernels
+
+    def adopt(self, kernels: BlockKernels) -> None:
+        self.__class__ = FastDiTBlock
+        self.self_attn.__class__ = FastSelfAttention
+        self.self_attn.adopt(kernels)
+        self.cross_attn.__class__ = FastCrossAttention
+        self.cross_attn.adopt(kernels)
+        self.ffn_up, self.ffn_down = Projection.of(self.ffn[0]), Projection.of(self.ffn[2])
+        self.cam_scale_shift = Projection.fuse([self.cam_scale_layer, self.cam_shift_layer])
+        self.kernels = kernels
+
+    def set_kernels(self, kernels: BlockKernels) -> None:
+        self.kernels = self.self_attn.kernels = self.cross_attn.kernels = kernels
+
+    def projections(self) -> dict[str, AnyProjection]:
+        """The per-call GEMMs (what FP8 replaces); the camera and text GEMMs run once."""
+        return {"self_attn.qkv": self.self_attn.qkv, "self_attn.out": self.self_attn.out,
+                "cross_attn.q_proj": self.cross_attn.q_proj, "cross_attn.out": self.cross_attn.out,
+                "ffn_up": self.ffn_up, "ffn_down": self.ffn_down}
+
+    def camera_modulation(self, p: Tensor) -> tuple[Tensor, Tensor]:
+        """(1 + scale, shift) as two views of one [1, S, 2 * dim] tensor (no extra copy)."""
+        hs = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(p))) + p
+        scale, shift = self.cam_scale_shift(hs).chunk(2, dim=-1)  # [1, S, dim] each
+        return scale.add_(1.0), shift
+
+    def forward(
+        self,
+        x: Tensor,
+        e0: Tensor,
+        rope: RopeTable,
+        cam_scale: Tensor,
+        cam_shift: Tensor,
+        text: Tensor,
+        kv: SelfAttnKVCache,
+        cross: CrossAttnCache,
+        start: int,
+        dtype: torch.dtype,
+    ) -> Tensor:
+        """As DiTBlock.forward: x [1, S, dim] residual; e0 [1, 1, 6, dim] float32."""
+        kn = self.kernels
+        mod = self.modulation.float() + e0  # [1, 1, 6, dim]
+        shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mod.unbind(2)
+        a = kn.modulated_norm(x, scale_sa, shift_sa, self.eps, dtype)
+        y = self.self_attn(a, rope, kv, start)
+        x, c = kn.attn_camera_norm(x, y, gate_sa, cam_scale, cam_shift, self.norm3.weight,
+                                   self.norm3.bias, self.norm3.eps, dtype)
+        x, h = kn.cross_residual_norm(x, self.cross_attn(c, text, cross), scale_ff, shift_ff, self.eps, dtype)
+        return kn.gated_residual(x, self.ffn_down(F.gelu(self.ffn_up(h), approximate="tanh")), gate_ff)

@@ -1,0 +1,119 @@
+"""The fast DiT block's elementwise regions and attention, as pure functions.
+
+Each function computes what a stretch of `model/dit_block.py` computes, with the same casts
+(so float32 results agree up to rounding), in one place that `torch.compile` can fuse into
+one or two kernels instead of 5-10 eager passes over [1, S, dim]. RoPE math runs in the
+table's dtype (float32 on the fast path).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from model.dit_block import layer_norm
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+SCALE_FLOOR = 1e-12  # amax floor of an all-zero row (its scale must not be 0)
+
+_BACKENDS: dict[str, list[SDPBackend] | None] = {
+    "default": None,
+    "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+}
+
+
+def modulated_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
+    """LN(x) (rounded to x's dtype) * (1 + scale) + shift, cast to the compute dtype."""
+    return (layer_norm(x, eps).float() * (1 + scale) + shift).to(dtype)
+
+
+def rms_norm(t: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the full width in float32, rounded to t's dtype, times weight."""
+    tf = t.float()
+    return (tf * torch.rsqrt(tf.pow(2).mean(dim=-1, keepdim=True) + eps)).type_as(t) * weight
+
+
+def qk_norm_rope(t: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, heads: int) -> Tensor:
+    """q or k [1, S, dim] -> RMSNorm, split into heads, rotate pairs -> [1, S, heads, head_dim].
+
+    cos/sin [S, 1, head_dim/2] in the math dtype; the result has t's dtype.
+    """
+    n = rms_norm(t, weight, eps).unflatten(-1, (heads, -1))  # [1, S, H, D]
+    pairs = n.to(cos.dtype).unflatten(-1, (-1, 2))  # [1, S, H, D/2, 2]
+    a, b = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # [1, S, H, D/2, 2]
+    return rotated.flatten(-2).to(t.dtype)
+
+
+def attn_camera_norm(
+    x: Tensor, attn: Tensor, gate: Tensor, cam_scale: Tensor, cam_shift: Tensor,
+    norm_weight: Tensor, norm_bias: Tensor, eps: float, dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    """Self-attention residual, camera modulation, then norm3 (affine, float32) -> (x, norm3(x))."""
+    x = x + attn * gate
+    x = cam_scale * x + cam_shift
+    normed = F.layer_norm(x.float(), (x.shape[-1],), norm_weight.float(), norm_bias.float(), eps)
+    return x, normed.type_as(x).to(dtype)
+
+
+def cross_residual_norm(
+    x: Tensor, cross: Tensor, scale: Tensor, shift: Tensor, eps: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """Cross-attention residual, then the FFN's modulated norm -> (x, FFN input)."""
+    x = x + cross
+    return x, modulated_norm(x, scale, shift, eps, dtype)
+
+
+def gated_residual(x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
+    return x + y * gate
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [M, K] -> (float8_e4m3fn [M, K], float32 scales [M, 1]) with x ~= q * scale."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_FLOOR) / E4M3_MAX
+    q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, attention: str) -> Tensor:
+    """Unmasked SDPA with a backend preference: [1, S, H, D] x [1, n, H, D] -> [1, S, H*D]."""
+    backends = _BACKENDS[attention]
+    args = (q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2))
+    if backends is None:
+        out = F.scaled_dot_product_attention(*args)
+    else:
+        with sdpa_kernel(backends, set_priority=True):
+            out = F.scaled_dot_product_attention(*args)  # [1, H, S, D]
+    return out.transpose(1, 2).flatten(2)  # [1, S, H*D]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKernels:
+    """The region functions one fast model uses: eager, or compiled once for all blocks."""
+
+    modulated_norm: Callable[..., Tensor]
+    rms_norm: Callable[..., Tensor]
+    qk_norm_rope: Callable[..., Tensor]
+    attn_camera_norm: Callable[..., tuple[Tensor, Tensor]]
+    cross_residual_norm: Callable[..., tuple[Tensor, Tensor]]
+    gated_residual: Callable[..., Tensor]
+    quantize_rows: Callable[..., tuple[Tensor, Tensor]]
+    attention: str
+    compiled: bool
+
+    @classmethod
+    def build(cls, attention: str, compile: bool) -> "BlockKernels":
+        fns = (modulated_norm, rms_norm, qk_norm_rope, attn_camera_norm, cross_residual_norm,
+               gated_residual, quantize_rows)
+        if compile:
+            # static shapes: a chunk's token count is fixed per session size; a new size
+            # compiles once more (dynamo's per-function cache)
+            fns = tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in fns)
+        return cls(*fns, attention=attention, compiled=compile)

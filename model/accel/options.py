@@ -1,0 +1,63 @@
+"""Typed options of the model-side speed transforms (applied from outside the model).
+
+All off (the default) is the plain path: on the CPU in float32 it reproduces the reference's
+recorded outputs bit for bit. `AccelOptions.for_serving` maps the serving flags (`compile`,
+`fp8` of `deployments.config.ModelArgs`) to the options of a device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Attention = Literal["default", "cudnn", "flash"]
+ATTENTION_BACKENDS: tuple[str, ...] = ("default", "cudnn", "flash")
+
+
+@dataclass(frozen=True, slots=True)
+class AccelOptions:
+    """What `optimize_dit` / `optimize_vae` / `enable_fp8` do.
+
+    fast: the fast DiT block (fused q/k/v and camera scale/shift GEMMs, float32 RoPE, fused
+      elementwise regions); same function as the plain block up to rounding.
+    attention: SDPA backend preference of the fast block ("default" = PyTorch's choice).
+    compile: torch.compile the fast block's elementwise regions (needs `fast`).
+    fp8: FP8 e4m3 GEMMs with per-row/per-column scales (needs `fast`; Hopper or a CPU torch
+      with `_scaled_mm`); changes the numerics (reported by the benchmark), off by default.
+    skip_final_update: skip the t = 0 cache-update call of a session's last planned chunk (its
+      K/V are never read: the noise plan ends there).
+    vae_channels_last: channels-last weights for the VAE convolutions (CUDA).
+    vae_compile: one torch.compile'd kernel for each VAE RMSNorm + SiLU pair (dynamic shapes).
+    """
+
+    fast: bool = False
+    attention: Attention = "default"
+    compile: bool = False
+    fp8: bool = False
+    skip_final_update: bool = False
+    vae_channels_last: bool = False
+    vae_compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
+        if (self.compile or self.fp8 or self.attention != "default") and not self.fast:
+            raise ValueError("compile, fp8 and the attention backend apply to the fast block: set fast=True")
+
+    @property
+    def any(self) -> bool:
+        return self.fast or self.skip_final_update or self.vae_channels_last or self.vae_compile
+
+    @classmethod
+    def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False) -> "AccelOptions":
+        """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
+        attention and channels-last VAE convolutions (the same function in bf16), plus the
+        opt-in flags (`compile` also compiles the VAE's norms); on the CPU the plain path
+        unless `compile` or `fp8` is asked for."""
+        if torch.device(device).type == "cuda":
+            return cls(fast=True, attention="cudnn", compile=compile, fp8=fp8, skip_final_update=True,
+                       vae_channels_last=True, vae_compile=compile)
+        if compile or fp8:
+            return cls(fast=True, compile=compile, fp8=fp8)
+        return cls()

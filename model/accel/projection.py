@@ -1,0 +1,81 @@
+"""The fast block's GEMMs: y = x W^T + b, in the weights' dtype or in FP8 e4m3.
+
+A `Projection` can stand for several Linears fused along the output features (q/k/v; camera
+scale/shift): the Linears' parameters become views of the fused weight, so the state dict and
+the memory stay as they were. `Fp8Projection` quantizes W per output row (column scales of
+W^T) once and x per token at every call, and multiplies with `torch._scaled_mm`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.accel.kernels import quantize_rows
+
+
+class Projection:
+    """y = x W^T + b with W [N, K] (not a module: the owning Linears keep the parameters)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> "Projection":
+        return cls(linear.weight, linear.bias)
+
+    @classmethod
+    def fuse(cls, linears: list[nn.Linear]) -> "Projection":
+        """One GEMM for Linears sharing their input; their parameters become views of it."""
+        assert len({lin.in_features for lin in linears}) == 1, "fused Linears must share the input"
+        assert all(lin.bias is not None for lin in linears)
+        weight = torch.cat([lin.weight for lin in linears])  # [sum N, K]
+        bias = torch.cat([lin.bias for lin in linears])  # [sum N]
+        lo = 0
+        for lin in linears:
+            hi = lo + lin.out_features
+            lin.weight = nn.Parameter(weight[lo:hi], requires_grad=False)
+            lin.bias = nn.Parameter(bias[lo:hi], requires_grad=False)
+            lo = hi
+        return cls(weight, bias)
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Fp8Projection:
+    """y ~= x W^T + b with W and x in float8_e4m3fn: W per output row, x per token."""
+
+    def __init__(self, weight: Tensor, scale: Tensor, bias: Tensor | None, out_dtype: torch.dtype,
+                 quantize: Callable[[Tensor], tuple[Tensor, Tensor]] = quantize_rows) -> None:
+        assert weight.dtype == torch.float8_e4m3fn and scale.shape == (1, weight.shape[0])
+        self.weight, self.scale, self.bias = weight, scale, bias
+        self.out_dtype, self.quantize = out_dtype, quantize
+
+    @classmethod
+    def of(cls, proj: Projection, quantize: Callable[[Tensor], tuple[Tensor, Tensor]] = quantize_rows
+           ) -> "Fp8Projection":
+        q, scale = quantize_rows(proj.weight)  # [N, K], [N, 1]
+        return cls(q, scale.t().contiguous(), proj.bias, proj.weight.dtype, quantize)
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + self.scale.nbytes
+
+    def __call__(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        xq, xs = self.quantize(x.reshape(-1, x.shape[-1]))  # [M, K], [M, 1]
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale, out_dtype=self.out_dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*lead, self.out_features)

@@ -1,0 +1,106 @@
+"""Speed transforms applied from outside to built models (the model files never mention them).
+
+    dit = init_dit_random(cfg, torch.bfloat16, "cuda", seed)      # or load_dit(...)
+    optimize_dit(dit, AccelOptions(fast=True, attention="cudnn", compile=False))
+    enable_fp8(dit)                                                # opt-in, after optimize_dit
+    optimize_vae(vae, AccelOptions(vae_channels_last=True))
+
+Apply them after the model is on its device and in its dtype (the fused weights are
+concatenations made there). `optimize_dit` may be called again to change the attention
+backend or the compile setting; the fusion happens once.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model.accel.fast_block import FastDiTBlock
+from model.accel.kernels import BlockKernels
+from model.accel.options import AccelOptions
+from model.accel.projection import Fp8Projection, Projection
+from model.accel.vae_fast import compiled_norm_silu, fuse_norm_silu, native_upsampling
+from model.dit import CausalDiT
+from model.vae import WanVAE
+
+FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: e4m3 tensor cores
+
+
+@torch.no_grad()
+def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
+    """Give `dit` the fast blocks (in place) per `options`; returns it. No-op unless fast."""
+    if not options.fast:
+        return dit
+    kernels = BlockKernels.build(options.attention, options.compile)
+    dit.rope_dtype = torch.float32
+    for block in dit.blocks:
+        if isinstance(block, FastDiTBlock):
+            block.set_kernels(kernels)
+        else:
+            FastDiTBlock.adopt(block, kernels)
+    if options.fp8:
+        enable_fp8(dit)
+    return dit
+
+
+def fp8_supported(device: torch.device | str) -> bool:
+    """Whether `torch._scaled_mm` with e4m3 operands and row/column scales runs on `device`."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
+    try:
+        a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1, device=device),
+                         scale_b=torch.ones(1, 16, device=device), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+@torch.no_grad()
+def enable_fp8(dit: CausalDiT) -> CausalDiT:
+    """Run the per-call GEMMs of every fast block in FP8 e4m3 (in place); returns `dit`.
+
+    The bf16 copies of the quantized weights are released (their parameters move to the meta
+    device): the model then serves inference only and its state dict no longer holds them.
+    """
+    device = next(dit.parameters()).device
+    if not fp8_supported(device):
+        raise ValueError(
+            f"FP8 GEMMs need torch._scaled_mm with e4m3 on {device} (a GPU of compute capability "
+            f">= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}); run without fp8"
+        )
+    if not all(isinstance(b, FastDiTBlock) for b in dit.blocks):
+        raise ValueError("enable_fp8 works on the fast blocks: apply optimize_dit(dit, AccelOptions(fast=True)) first")
+    for block in dit.blocks:
+        quantize = block.kernels.quantize_rows
+        replaced = {name: proj for name, proj in block.projections().items() if isinstance(proj, Projection)}
+        for name, proj in replaced.items():
+            owner, attr = _owner(block, name)
+            setattr(owner, attr, Fp8Projection.of(proj, quantize))
+        for lin in (block.self_attn.q, block.self_attn.k, block.self_attn.v, block.self_attn.o,
+                    block.cross_attn.q, block.cross_attn.o, block.ffn[0], block.ffn[2]):
+            lin.weight = nn.Parameter(torch.empty_like(lin.weight, device="meta"), requires_grad=False)
+    return dit
+
+
+def _owner(block: FastDiTBlock, name: str) -> tuple[object, str]:
+    *path, attr = name.split(".")
+    return (block.get_submodule(".".join(path)) if path else block), attr
+
+
+@torch.no_grad()
+def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
+    """cuDNN autotuning and native-dtype upsampling on CUDA, channels-last conv weights and a
+    compiled RMSNorm + SiLU when asked (in place)."""
+    if vae.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        native_upsampling(vae)
+    if options.vae_compile:
+        fuse_norm_silu(vae, compiled_norm_silu())
+    if options.vae_channels_last:
+        for module in vae.modules():
+            if isinstance(module, nn.Conv3d):
+                module.weight.data = module.weight.data.to(memory_format=torch.channels_last_3d)
+            elif isinstance(module, nn.Conv2d):
+                module.weight.data = module.weight.data.to(memory_format=torch.channels_last)
+    return vae

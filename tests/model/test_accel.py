@@ -1,0 +1,220 @@
+"""model/accel: the speed transforms keep the model's function (CPU, tiny configs)."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.accel import AccelOptions, enable_fp8, fp8_supported, optimize_dit, optimize_vae
+from model.accel.fast_block import FastDiTBlock
+from model.accel.kernels import E4M3_MAX, quantize_rows
+from model.accel.projection import Fp8Projection, Projection
+from model.accel.vae_fast import fuse_norm_silu
+from model.checkpoint import CheckpointLayout
+from model.config import PRESETS, VAEConfig
+from model.dit_loader import init_dit_random, load_dit
+from model.engines import DiTEngine
+from model.factory import load_dit_engine
+from model.kv_cache import DiTCaches
+from model.rope import Rope3D
+from model.session import DiTSessionSpec
+from model.vae import init_vae_random
+from model.vae_blocks import ResidualBlock
+from model.vae_cache import VaeCache
+from support import GOLDEN_FILES, load_golden, rel_err
+
+FAST = AccelOptions(fast=True, attention="cudnn", skip_final_update=True)
+
+
+def norm_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def fast_tiny_dit(tiny_ckpt):
+    return optimize_dit(load_dit(CheckpointLayout.discover(tiny_ckpt), torch.float32, "cpu"), FAST)
+
+
+@pytest.mark.parametrize("golden_file", GOLDEN_FILES, ids=lambda p: p.stem)
+def test_fast_dit_matches_goldens_in_float32(fast_tiny_dit, golden_file):
+    """Every DiT call of the reference's runs (windowed ones too), through the fast blocks."""
+    dit, g = fast_tiny_dit, load_golden(golden_file.name)
+    m = g["meta"]
+    cfg = dit.cfg.with_window(m["local_attn_size"], m["sink_size"])
+    caches = DiTCaches.allocate(cfg, m["frame_seqlen"], m["lat_f"], torch.float32, "cpu")
+    text = dit.embed_text(g["t5"]["context"])
+    errors = []
+    for ch in g["chunks"]:
+        cam = dit.camera_features(ch["plucker"])
+        for call in ch["steps"] + [ch["cache_update"]]:
+            out = dit(call["x"], call["t"], ch["y"], text, cam, caches, call["current_start"])
+            errors.append(rel_err(out, call["out"]))
+            assert [c.global_end for c in caches.self_attn] == call["kv_global_end_after"]
+            assert [c.local_end for c in caches.self_attn] == call["kv_local_end_after"]
+    assert all(isinstance(b, FastDiTBlock) for b in dit.blocks)
+    assert max(errors) < 1e-4
+
+
+def test_optimize_keeps_parameters_and_fuses_into_views():
+    dit = init_dit_random(PRESETS["tiny"].dit, torch.float32, "cpu", 3)
+    before = {k: v.clone() for k, v in dit.state_dict().items()}
+    optimize_dit(dit, FAST)
+    after = dit.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    attn = dit.blocks[0].self_attn
+    fused = attn.qkv.weight  # [3 * dim, dim]
+    assert attn.q.weight.data_ptr() == fused.data_ptr()
+    assert attn.v.weight.data_ptr() == fused[2 * dit.cfg.dim:].data_ptr()
+    assert dit.rope_dtype == torch.float32
+    optimize_dit(dit, AccelOptions(fast=True, attention="flash"))  # re-application: new kernels only
+    assert dit.blocks[0].self_attn.qkv.weight is fused
+    assert dit.blocks[1].cross_attn.kernels.attention == "flash"
+
+
+def test_fused_projection_equals_separate_linears():
+    torch.manual_seed(0)
+    linears = [nn.Linear(32, n) for n in (32, 32, 16)]
+    x = torch.randn(2, 7, 32)
+    separate = torch.cat([lin(x) for lin in linears], dim=-1)
+    proj = Projection.fuse(linears)
+    assert proj.out_features == 80
+    assert norm_rel(proj(x), separate) < 1e-6
+    assert torch.equal(torch.cat([lin(x) for lin in linears], dim=-1), separate)  # Linears still work
+    with torch.no_grad():
+        proj.weight[40, 3] = 7.0  # the Linears' parameters are views of the fused weight
+    assert linears[1].weight[8, 3].item() == 7.0
+
+
+def test_plain_default_path_is_untouched():
+    dit = init_dit_random(PRESETS["tiny"].dit, torch.float32, "cpu", 3)
+    assert optimize_dit(dit, AccelOptions()) is dit
+    assert not any(isinstance(b, FastDiTBlock) for b in dit.blocks) and dit.rope_dtype == torch.float64
+
+
+def test_rope_float32_table_is_the_rounded_float64_table():
+    rope = Rope3D(64)
+    t64 = rope.chunk_table(5, (3, 4, 6), "cpu")
+    t32 = rope.chunk_table(5, (3, 4, 6), "cpu", torch.float32)
+    assert t64.dtype == torch.float64 and t32.dtype == torch.float32
+    assert torch.equal(t32.cos, t64.cos.float()) and torch.equal(t32.sin, t64.sin.float())
+    assert rope.chunk_table(5, (3, 4, 6), "cpu", torch.float32) is t32
+
+
+def test_quantize_rows_bounds_the_error():
+    torch.manual_seed(1)
+    x = torch.randn(6, 64) * torch.logspace(-3, 3, 6)[:, None]
+    x[2] = 0.0
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (6, 1)
+    back = q.float() * scale
+    assert torch.equal(back[2], torch.zeros(64))
+    # e4m3: 3 mantissa bits -> half an ulp is 1/16 of the value; subnormals step 2^-9 of the scale
+    bound = x.abs() / 16 + scale * 2.0**-9
+    assert bool(((back - x).abs() <= bound * 1.0001).all())
+    assert float(q.float().abs().max()) <= E4M3_MAX
+
+
+def test_fp8_projection_is_close_to_the_exact_product():
+    if not fp8_supported("cpu"):
+        dit = optimize_dit(init_dit_random(PRESETS["tiny"].dit, torch.bfloat16, "cpu", 3), FAST)
+        with pytest.raises(ValueError, match="FP8"):
+            enable_fp8(dit)
+        return
+    torch.manual_seed(2)
+    lin = nn.Linear(128, 96).to(torch.bfloat16)
+    nn.init.normal_(lin.bias)
+    x = torch.randn(3, 50, 128, dtype=torch.bfloat16)
+    exact = F.linear(x.double(), lin.weight.double(), lin.bias.double())
+    fp8 = Fp8Projection.of(Projection.of(lin))(x)
+    bf16 = lin(x)
+    assert fp8.shape == exact.shape and fp8.dtype == torch.bfloat16
+    err_fp8, err_bf16 = norm_rel(fp8, exact), norm_rel(bf16, exact)
+    assert err_bf16 < err_fp8 < 0.05  # it does quantize, and stays close
+
+
+def test_enable_fp8_runs_the_fast_dit_close_to_bf16():
+    cfg = PRESETS["tiny"].dit
+    plain = init_dit_random(cfg, torch.bfloat16, "cpu", 4)
+    with pytest.raises(ValueError, match="optimize_dit"):
+        enable_fp8(copy.deepcopy(plain))
+    if not fp8_supported("cpu"):
+        pytest.skip("this torch has no CPU torch._scaled_mm for e4m3 (refusal covered above)")
+    fast = optimize_dit(copy.deepcopy(plain), FAST)
+    fp8 = enable_fp8(optimize_dit(copy.deepcopy(plain), FAST))
+    assert fp8.blocks[0].self_attn.q.weight.device.type == "meta"  # bf16 copy released
+    assert isinstance(fp8.blocks[0].ffn_down, Fp8Projection)
+    spec = DiTSessionSpec(context=torch.randn(5, cfg.text_dim), height=64, width=64, total_latent_frames=6)
+    outs = []
+    for dit in (fast, fp8):
+        engine = DiTEngine(dit)
+        session = engine.open(spec)
+        poses = np.tile(np.eye(4), (12, 1, 1))
+        poses[:, 2, 3] = np.linspace(0, 1, 12)
+        y = torch.randn(20, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+        outs.append(torch.cat([engine.step(session, y, poses[6 * k:6 * k + 6], np.array([[50, 50, 32, 32.0]])).latents
+                               for k in range(2)], dim=1))
+    assert bool(torch.isfinite(outs[1]).all())
+    assert 0 < norm_rel(outs[1], outs[0]) < 0.1
+
+
+def _two_chunk_run(options: AccelOptions):
+    engine = load_dit_engine("tiny", None, "float32", "cpu", options=options)
+    spec = DiTSessionSpec(context=torch.randn(4, engine.cfg.text_dim, generator=torch.Generator().manual_seed(1)),
+                          height=32, width=48, seed=7, total_latent_frames=6)
+    session = engine.open(spec)
+    session.trace = []
+    poses = np.tile(np.eye(4), (12, 1, 1))
+    poses[:, 0, 3] = np.linspace(0, 0.5, 12)
+    latents = [engine.step(session, torch.zeros(20, 3, 4, 6), poses, np.array([[40, 40, 24, 16.0]])).latents
+               for _ in range(2)]
+    calls = sum(e["kind"] == "dit" for e in session.trace)
+    return engine, torch.cat(latents, dim=1), calls
+
+
+def test_skip_final_update_leaves_out_only_the_last_cache_write():
+    plain_engine, plain, plain_calls = _two_chunk_run(AccelOptions())
+    _, skipped, skipped_calls = _two_chunk_run(AccelOptions(skip_final_update=True))
+    fast_engine, fast, _ = _two_chunk_run(FAST)
+    assert (plain_calls, skipped_calls) == (10, 9)
+    assert torch.equal(skipped, plain)
+    assert isinstance(fast_engine.dit.blocks[0], FastDiTBlock) and fast_engine.skip_final_update
+    assert not isinstance(plain_engine.dit.blocks[0], FastDiTBlock)
+    assert norm_rel(fast, plain) < 1e-5
+
+
+def test_options_are_checked_and_mapped_for_serving():
+    with pytest.raises(ValueError, match="fast=True"):
+        AccelOptions(compile=True)
+    with pytest.raises(ValueError, match="attention"):
+        AccelOptions(fast=True, attention="sparse")
+    assert AccelOptions.for_serving("cpu") == AccelOptions()
+    gpu = AccelOptions.for_serving("cuda", compile=True)
+    assert gpu.fast and gpu.attention == "cudnn" and gpu.compile and not gpu.fp8 and gpu.skip_final_update
+    assert gpu.vae_channels_last and gpu.vae_compile
+    assert AccelOptions.for_serving("cpu", fp8=True).fp8
+
+
+def test_vae_transforms_keep_the_streams():
+    vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
+    fused = copy.deepcopy(vae)
+    blocks = sum(isinstance(m, ResidualBlock) for m in vae.modules())
+    assert fuse_norm_silu(fused) == 2 * blocks + 2  # two per residual block, one per head
+    channels_last = optimize_vae(copy.deepcopy(vae), AccelOptions(vae_channels_last=True))
+    assert channels_last.encoder.conv1.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    gen = torch.Generator().manual_seed(0)
+    videos = [torch.rand(3, n, 16, 32, generator=gen) * 2 - 1 for n in (5, 8)]
+    results = []
+    for model in (vae, fused, channels_last):
+        enc, dec, out = VaeCache.empty(), VaeCache.empty(), []
+        for video in videos:
+            z, enc = model.encode_chunk(video, enc)
+            x, dec = model.decode_chunk(z, dec)
+            out += [z, x]
+        results.append(out)
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+    assert max(norm_rel(b, a) for a, b in zip(results[0], results[2])) < 1e-5
