@@ -45,15 +45,35 @@ class SessionArgs(_Strict):
     retry_after_s: float = Field(5.0, gt=0)  # hint sent with `busy` when no slot is free
     max_pending_chunks: int = Field(4, ge=1)  # infers one connection may have in flight (pipelining)
     routing_stats_period_s: float = Field(2.0, gt=0)  # how often replicas report free slots to routers
+    # Session recovery: the ingress journals each session (camera payloads, clean latents, y,
+    # noise state; ~1.3 MB per chunk at 480p) and rebuilds it on a healthy replica when a replica
+    # died or dropped it. A session whose journal outgrows journal_max_mib cannot be recovered.
+    recovery: bool = True
+    journal_max_mib: float = Field(512.0, gt=0)
+    recovery_timeout_s: float = Field(120.0, gt=0)  # how long a rebuild waits for a replica with room
 
 
 class ReplicaArgs(_Strict):
-    """Placement of one deployment."""
+    """Placement and lifecycle of one deployment."""
 
     num_replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.1, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(16, ge=1)
+    health_check_period_s: float = Field(10.0, gt=0)
+    health_check_timeout_s: float = Field(30.0, gt=0)
+    # A replica being replaced (upgrade, scale-down) finishes the calls in flight for this long.
+    graceful_shutdown_timeout_s: float = Field(30.0, ge=0)
+
+
+class ConnectionArgs(_Strict):
+    """Per-WebSocket limits against abusive or broken clients (violations close the socket, 1008)."""
+
+    max_messages_per_s: float = Field(50.0, gt=0)  # sustained client frames per second
+    message_burst: int = Field(200, ge=1)  # frames allowed at once above the sustained rate
+    first_message_timeout_s: float = Field(30.0, gt=0)  # accept -> first complete frame
+    idle_timeout_s: float = Field(600.0, gt=0)  # no frame while no chunk is in flight
+    max_unsent_replies: int = Field(64, ge=1)  # replies queued for a client that does not read them
 
 
 class AuthArgs(_Strict):
@@ -61,6 +81,9 @@ class AuthArgs(_Strict):
 
     api_keys_env: Optional[str] = None  # e.g. "LWF_API_KEYS" (comma separated); None = auth off
     allowed_origins: list[str] = Field(default_factory=list)  # empty = any origin
+    # Quotas per API key, counted per ingress replica (None: unlimited; they need api_keys_env).
+    chunks_per_minute: Optional[int] = Field(None, ge=1)
+    max_sessions_per_key: Optional[int] = Field(None, ge=1)
 
 
 class AppArgs(_Strict):
@@ -73,6 +96,7 @@ class AppArgs(_Strict):
     text_encoder: ReplicaArgs = ReplicaArgs()
     ingress: ReplicaArgs = ReplicaArgs(max_ongoing_requests=256)
     auth: AuthArgs = AuthArgs()
+    connection: ConnectionArgs = ConnectionArgs()
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     debug_fields: bool = False  # add replica ids to frame replies (tests, diagnosis)
     # GPUs of one node per DiT replica. 1: CausalDiT on one device. N > 1: one replica spread

@@ -1,0 +1,52 @@
+"""SPDiTEngine: the DiTEngine of one rank of a sequence-parallel replica.
+
+Every rank runs the same engine calls in the same order (rank 0 forwards each call to the
+others): the sampler, noise plan and camera track are replicated and deterministic (a CPU
+generator with the session's seed), and each DiT call returns the whole velocity on every
+rank, so all ranks hold bit-identical latents without broadcasting them. Only the KV
+caches differ per rank (H/N heads each).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from model.camera import CameraTrack
+from model.engines import DiTEngine
+from model.parallel.caches import allocate_sp_caches, sp_cache_bytes
+from model.parallel.ulysses import UlyssesDiT
+from model.sampler import NoisePlan
+from model.session import DiTSession, DiTSessionSpec
+
+
+class SPDiTEngine(DiTEngine):
+    """DiTEngine over a UlyssesDiT: per-rank caches; everything else is DiTEngine's."""
+
+    def __init__(self, dit: UlyssesDiT, **options: Any) -> None:
+        """`options`: DiTEngine's (shift, timesteps, max_attention_size, skip_final_update)."""
+        super().__init__(dit, **options)
+        self.world = dit.world
+        self.rank = dit.rank
+
+    def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
+        """Bytes of one session's caches on ONE rank (every rank holds the same amount)."""
+        frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
+        return sp_cache_bytes(self.cfg, self.world, frame_seqlen, kv_frames, self.dtype)
+
+    @torch.inference_mode()
+    def open(self, spec: DiTSessionSpec) -> DiTSession:
+        device = self.device
+        caches = allocate_sp_caches(
+            self.cfg, self.world, spec.frame_seqlen, spec.total_latent_frames, self.dtype, device,
+            max_attention_size=self.max_attention_size,
+        )
+        return DiTSession(
+            spec=spec,
+            caches=caches,
+            text=self.dit.embed_text(spec.context.to(device)),
+            camera=CameraTrack(spec.height, spec.width, spec.intrinsics_resolution,
+                               spec.translation_scale, device=device),
+            noise=NoisePlan(spec.seed, (self.cfg.out_dim, spec.lat_h, spec.lat_w),
+                            spec.total_latent_frames, device=device),
+        )
