@@ -1,0 +1,123 @@
+"""WorldClient: one WebSocket to `/v1/realtime/world/camera`, one method per protocol action.
+
+Requests are validated and packed by `protocol` (the same models the server decodes with),
+so a bad input fails here with the code the server would answer.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Optional
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import websockets
+
+from client.errors import ServerError
+from client.streaming import StreamResult, stream_session
+from protocol.codec import decode_reply, encode_infer, encode_reset
+from protocol.errors import ErrorCode
+from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Reply, ResetOk
+
+CAMERA_PATH = "/v1/realtime/world/camera"
+DEFAULT_URL = f"ws://127.0.0.1:8000{CAMERA_PATH}"
+HANDSHAKE_TIMEOUT_S = 30.0
+RESET_TIMEOUT_S = 5.0
+
+
+def camera_url(url: str) -> str:
+    """Normalise a server address: http(s) -> ws(s); a bare host gets the camera path."""
+    parts = urlsplit(url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss"):
+        raise ValueError(f"--url must be ws://, wss://, http:// or https://, got {url!r}")
+    path = parts.path if parts.path not in ("", "/") else CAMERA_PATH
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+class WorldClient:
+    """Async client of one connection. Use `await WorldClient.connect(url)` or `async with`."""
+
+    def __init__(self, ws: websockets.ClientConnection, config: CameraServerConfig) -> None:
+        self._ws = ws
+        self.config = config  # the server's handshake
+
+    @classmethod
+    async def connect(cls, url: str = DEFAULT_URL, api_key: Optional[str] = None,
+                      open_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> WorldClient:
+        """Open the socket and read the handshake; `ServerError` when the server refuses."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        ws = await websockets.connect(camera_url(url), max_size=None, additional_headers=headers,
+                                      open_timeout=open_timeout_s)
+        try:
+            first = decode_reply(await asyncio.wait_for(ws.recv(), open_timeout_s))
+        except BaseException:
+            await ws.close()
+            raise
+        if isinstance(first, ErrorReply):  # e.g. unauthorized, then the server closes
+            await ws.close()
+            raise ServerError.from_reply(first)
+        if not isinstance(first, CameraServerConfig):
+            await ws.close()
+            raise ServerError(ErrorCode.BAD_MESSAGE, f"expected the config handshake, got `{first.type}`")
+        return cls(ws, first)
+
+    async def __aenter__(self) -> WorldClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def send(self, data: bytes) -> None:
+        """Send one packed request (see `send_infer` / `send_reset`)."""
+        await self._ws.send(data)
+
+    async def receive(self, timeout_s: Optional[float] = None) -> Reply:
+        """The next reply in order: FrameReply, ResetOk or ErrorReply (errors are not raised)."""
+        data = await asyncio.wait_for(self._ws.recv(), timeout_s)
+        if not isinstance(data, bytes):
+            raise ServerError(ErrorCode.BAD_MESSAGE, "the server sent a text frame; replies are binary msgpack")
+        return decode_reply(data)
+
+    async def send_infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, **options) -> None:
+        """Queue one chunk without waiting (pipelining); options as `protocol.encode_infer`."""
+        await self.send(encode_infer(session_id, poses, intrinsics, **options))
+
+    async def infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray,
+                    timeout_s: Optional[float] = None, **options) -> FrameReply:
+        """Request the next chunk and wait for it; `ServerError` on an error reply.
+
+        Replies come in request order: call this only when no other request is in flight.
+        """
+        await self.send_infer(session_id, poses, intrinsics, **options)
+        return _expect(await self.receive(timeout_s), FrameReply)
+
+    async def stream(self, messages: Sequence[bytes], *, pipeline: int = 1, **options) -> StreamResult:
+        """Send a session's packed infers (e.g. `SessionPlan.messages`) with up to `pipeline` in
+        flight; the reassembled video and per-chunk stats. Options as `stream_session`."""
+        return await stream_session(self, messages, pipeline=pipeline, **options)
+
+    async def send_reset(self, session_id: str) -> None:
+        await self.send(encode_reset(session_id))
+
+    async def reset(self, session_id: str, timeout_s: Optional[float] = RESET_TIMEOUT_S) -> ResetOk:
+        """Drop the session on the server. Replies of chunks still in flight are discarded."""
+        await self.send_reset(session_id)
+        return await asyncio.wait_for(self._until_reset_ok(), timeout_s)
+
+    async def _until_reset_ok(self) -> ResetOk:
+        while True:
+            reply = await self.receive()
+            if isinstance(reply, (ResetOk, ErrorReply)):
+                return _expect(reply, ResetOk)
+
+    async def close(self) -> None:
+        await self._ws.close()
+
+
+def _expect(reply: Reply, kind: type) -> Reply:
+    if isinstance(reply, ErrorReply):
+        raise ServerError.from_reply(reply)
+    if not isinstance(reply, kind):
+        raise ServerError(ErrorCode.BAD_MESSAGE, f"expected `{kind.__name__}`, got `{reply.type}`")
+    return reply

@@ -1,0 +1,77 @@
+"""Per-chunk timing of a streamed session and its summary (what a realtime user feels)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from protocol.camera import CHUNK_VIDEO_FRAMES
+
+REALTIME_FPS = 16
+STAGE_ORDER = ("text_encode", "vae_encode", "dit", "vae_decode", "mux", "queue_wait", "total")
+ONCE_STAGES = ("text_encode",)  # run for the first chunk only: reported from it, not averaged
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkStat:
+    """One answered chunk; times are seconds on the client's monotonic clock."""
+
+    index: int
+    num_frames: int
+    sent_at: float  # when its request was sent (the last send, after busy retries)
+    received_at: float  # when its frame reply arrived
+    stage_durations: dict[str, float]  # the server's per-stage seconds
+
+    @property
+    def latency_s(self) -> float:
+        return self.received_at - self.sent_at
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSummary:
+    """Time to first chunk, chunk interval percentiles, achieved fps and mean stage durations."""
+
+    chunks: int
+    frames: int
+    time_to_first_chunk_s: float  # from the start of the session to the first frame reply
+    interval_p50_s: Optional[float]  # between consecutive frame replies (None for one chunk)
+    interval_p95_s: Optional[float]
+    fps: float  # frames per second of wall time once streaming (after the first chunk)
+    stage_means_s: dict[str, float]  # mean per chunk (ONCE_STAGES: the first chunk's value)
+
+    @classmethod
+    def of(cls, stats: Sequence[ChunkStat], started_at: float) -> StreamSummary:
+        if not stats:
+            raise ValueError("no chunk was answered; nothing to summarise")
+        received = np.array([s.received_at for s in stats])
+        intervals = np.diff(received)  # [chunks - 1]
+        ttfc = float(received[0] - started_at)
+        if len(stats) > 1:
+            fps = sum(s.num_frames for s in stats[1:]) / max(float(received[-1] - received[0]), 1e-9)
+            p50, p95 = (float(v) for v in np.percentile(intervals, [50, 95]))
+        else:
+            fps, p50, p95 = stats[0].num_frames / max(ttfc, 1e-9), None, None
+        order = {k: i for i, k in enumerate(STAGE_ORDER)}
+        stages = sorted({k for s in stats for k in s.stage_durations}, key=lambda k: (order.get(k, len(order)), k))
+        means = {k: stats[0].stage_durations.get(k, 0.0) if k in ONCE_STAGES
+                 else float(np.mean([s.stage_durations.get(k, 0.0) for s in stats])) for k in stages}
+        return cls(len(stats), sum(s.num_frames for s in stats), ttfc, p50, p95, fps, means)
+
+    def format(self) -> str:
+        """Human-readable multi-line summary."""
+        def ms(v: Optional[float]) -> str:
+            return "n/a" if v is None else f"{1000 * v:.0f} ms"
+
+        realtime = "realtime" if self.fps >= REALTIME_FPS else f"{self.fps / REALTIME_FPS:.2f}x realtime"
+        lines = [
+            f"chunks: {self.chunks}, frames: {self.frames}",
+            f"time to first chunk: {ms(self.time_to_first_chunk_s)}",
+            f"chunk interval: p50 {ms(self.interval_p50_s)}, p95 {ms(self.interval_p95_s)} "
+            f"(realtime needs <= {ms(CHUNK_VIDEO_FRAMES / REALTIME_FPS)})",
+            f"achieved: {self.fps:.1f} fps vs {REALTIME_FPS} fps ({realtime})",
+            "stages (mean per chunk): " + ", ".join(
+                f"{k} {ms(v)}" + (" (first chunk)" if k in ONCE_STAGES else "") for k, v in self.stage_means_s.items()),
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,161 @@
+// The page: start-image picker, session form, keyboard/mouse input, status and statistics.
+// URL query parameters prefill the form: ?prompt=…&size=480*832&seed=7&api_key=…
+
+import { LiveStream } from "./stream.js";
+import { CONTROL_CODES } from "./camera.js";
+import { MsePlayer } from "./player.js";
+import { SCENES, drawScene, canvasPng } from "./scenes.js";
+
+const $ = (id) => document.getElementById(id);
+const UPLOAD = "upload";
+const PASSTHROUGH_TYPES = new Set(["image/png", "image/jpeg"]);
+
+const ui = {
+  video: $("video"), viewport: $("viewport"), overlay: $("overlay"), status: $("status"),
+  connection: $("connection"), form: $("setup"), scene: $("scene"), upload: $("upload"),
+  preview: $("preview"), prompt: $("prompt"), size: $("size"), seed: $("seed"), apiKey: $("api-key"),
+  start: $("start"), reset: $("reset"), errors: $("errors"),
+};
+let uploaded = null; // {bytes, type} of the chosen file
+
+function setStatus(text, level = "info") {
+  ui.status.textContent = text;
+  ui.status.dataset.level = level;
+  const showOnVideo = level !== "info" || stream.state !== "streaming";
+  ui.overlay.textContent = showOnVideo ? text : "";
+  ui.overlay.dataset.level = level;
+}
+
+function logError(code, message) {
+  const li = document.createElement("li");
+  li.textContent = `${new Date().toLocaleTimeString()} [${code}] ${message}`;
+  li.dataset.code = code;
+  ui.errors.prepend(li);
+}
+
+const ms = (s) => (s === null || s === undefined ? "–" : `${Math.round(s * 1000)} ms`);
+
+function showStats(s) {
+  $("stat-ttfc").textContent = ms(s.ttfc);
+  $("stat-interval").textContent = s.lastInterval === null ? "–"
+    : `${ms(s.lastInterval)} (p50 ${ms(s.p50)}, p95 ${ms(s.p95)}; realtime ≤ 750 ms)`;
+  $("stat-queue").textContent = `${s.inFlight} in flight, ${s.bufferedS.toFixed(2)} s of video buffered`;
+  const chunks = $("stat-chunks");
+  chunks.textContent = `${s.chunks} / ${s.frames}`;
+  chunks.dataset.chunks = String(s.chunks);
+  $("stat-fps").textContent = s.fps === null ? "–" : `${s.fps.toFixed(1)} fps (last chunk; realtime is 16)`;
+  $("stat-stages").textContent = s.stages === null ? "–"
+    : Object.entries(s.stages).map(([k, v]) => `${k} ${ms(v)}`).join(", ");
+}
+
+// ---- start image ----
+
+for (const [value, label] of [...Object.entries(SCENES), [UPLOAD, "Upload an image…"]]) {
+  ui.scene.add(new Option(label, value));
+}
+
+async function showUpload(file) {
+  const bitmap = await createImageBitmap(file);
+  ui.preview.width = bitmap.width;
+  ui.preview.height = bitmap.height;
+  ui.preview.getContext("2d").drawImage(bitmap, 0, 0);
+  uploaded = { bytes: new Uint8Array(await file.arrayBuffer()), type: file.type };
+}
+
+ui.scene.addEventListener("change", () => {
+  if (ui.scene.value === UPLOAD) ui.upload.click();
+  else { uploaded = null; drawScene(ui.preview, ui.scene.value); }
+});
+ui.upload.addEventListener("change", async () => {
+  const file = ui.upload.files[0];
+  if (!file) return;
+  try {
+    await showUpload(file);
+    ui.scene.value = UPLOAD;
+  } catch (e) {
+    setStatus(`Cannot read that image: ${e.message}`, "error");
+  }
+});
+
+/** PNG/JPEG bytes of the chosen start image (other formats are re-encoded as PNG). */
+async function startImage() {
+  if (uploaded !== null && PASSTHROUGH_TYPES.has(uploaded.type)) return uploaded.bytes;
+  return canvasPng(ui.preview);
+}
+
+// ---- session ----
+
+const stream = new LiveStream(ui.video);
+stream.addEventListener("status", (e) => setStatus(e.detail.text, e.detail.level));
+stream.addEventListener("stats", (e) => showStats(e.detail));
+stream.addEventListener("error", (e) => logError(e.detail.code, e.detail.message));
+stream.addEventListener("state", (e) => {
+  const state = e.detail.state;
+  ui.connection.textContent = state;
+  ui.connection.dataset.state = state;
+  ui.reset.disabled = !(state === "starting" || state === "streaming");
+  ui.start.disabled = state === "connecting" || state === "starting";
+});
+
+ui.form.addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const seed = ui.seed.value.trim();
+  const size = ui.size.value.trim();
+  try {
+    const options = { image: await startImage(), prompt: ui.prompt.value,
+                      seed: seed === "" ? undefined : Number(seed), size: size === "" ? undefined : size };
+    await stream.start(options, ui.apiKey.value.trim());
+    ui.viewport.focus();
+  } catch (err) {
+    setStatus(`Cannot start: ${err.message}`, "error");
+    logError(err.code || "client", err.message);
+  }
+});
+ui.reset.addEventListener("click", () => stream.reset());
+
+// ---- input ----
+
+const typing = (el) => el instanceof HTMLInputElement || el instanceof HTMLTextAreaElement || el instanceof HTMLSelectElement;
+window.addEventListener("keydown", (e) => {
+  if (typing(e.target) || !CONTROL_CODES.has(e.code)) return;
+  e.preventDefault();
+  stream.rig.keyDown(e.code);
+});
+window.addEventListener("keyup", (e) => {
+  if (CONTROL_CODES.has(e.code)) stream.rig.keyUp(e.code);
+});
+window.addEventListener("blur", () => stream.rig.releaseAll());
+
+let dragging = null;
+ui.viewport.addEventListener("pointerdown", (e) => {
+  dragging = { x: e.clientX, y: e.clientY };
+  ui.viewport.setPointerCapture(e.pointerId);
+  ui.viewport.classList.add("dragging");
+  ui.viewport.focus();
+});
+ui.viewport.addEventListener("pointermove", (e) => {
+  if (dragging === null) return;
+  stream.rig.drag(e.clientX - dragging.x, e.clientY - dragging.y);
+  dragging = { x: e.clientX, y: e.clientY };
+});
+const endDrag = () => { dragging = null; ui.viewport.classList.remove("dragging"); };
+ui.viewport.addEventListener("pointerup", endDrag);
+ui.viewport.addEventListener("pointercancel", endDrag);
+ui.video.addEventListener("click", () => { if (ui.video.paused) ui.video.play().catch(() => {}); });
+
+// ---- boot ----
+
+const params = new URLSearchParams(window.location.search);
+for (const [param, input] of [["prompt", ui.prompt], ["size", ui.size], ["seed", ui.seed], ["api_key", ui.apiKey]]) {
+  if (params.has(param)) input.value = params.get(param);
+}
+drawScene(ui.preview, ui.scene.value);
+if (!MsePlayer.supported()) {
+  ui.start.disabled = true;
+  setStatus("This browser cannot play H.264 through Media Source Extensions; use a recent Chrome, Edge, Firefox or Safari.", "error");
+} else {
+  stream.connect(ui.apiKey.value.trim()).catch((err) => {
+    setStatus(`${err.message}. Press Start to try again.`, "error");
+    logError(err.code || "connection", err.message);
+  });
+}

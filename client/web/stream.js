@@ -1,0 +1,230 @@
+// One WebSocket to /v1/realtime/world/camera and the live session on it (PROTOCOL.md).
+//
+// Pacing: the next chunk is requested while the current one plays, so that about one chunk of
+// video is always waiting (one request in flight at most; its poses are what the user is doing
+// now). Events (EventTarget): "status" {text, level}, "stats", "error" {code, message} and
+// "state" (this.state changed).
+
+import { encode, decode } from "./msgpack.js";
+import { CameraRig, CHUNK_FRAMES, TRANSLATION_SCALE, intrinsicsRows } from "./camera.js";
+import { MsePlayer, codecFromInit } from "./player.js";
+
+export const CAMERA_PATH = "v1/realtime/world/camera";
+const FPS = 16;
+const AHEAD_S = CHUNK_FRAMES / FPS; // request the next chunk once less than this is left to play
+const TICK_MS = 100;
+
+/** ws(s):// URL of the camera endpoint next to this page (keeps a route prefix). */
+export function cameraUrl(apiKey) {
+  const url = new URL(CAMERA_PATH, window.location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  if (apiKey) url.searchParams.set("api_key", apiKey);
+  return url.toString();
+}
+
+function percentile(values, q) {
+  if (!values.length) return null;
+  const s = [...values].sort((a, b) => a - b);
+  const pos = (s.length - 1) * q, lo = Math.floor(pos), hi = Math.ceil(pos);
+  return s[lo] + (s[hi] - s[lo]) * (pos - lo);
+}
+
+export class LiveStream extends EventTarget {
+  constructor(video) {
+    super();
+    this.player = new MsePlayer(video);
+    this.player.onerror = (e) => this.fail("player", e.message);
+    this.rig = new CameraRig();
+    this.ws = null;
+    this.config = null;
+    this.state = "disconnected"; // disconnected | connecting | idle | starting | streaming | stopped
+    this.timer = null;
+    this.replies = Promise.resolve(); // replies are handled one after the other, in order
+    this.resetStats();
+  }
+
+  resetStats() {
+    this.stats = { chunks: 0, frames: 0, inFlight: 0, ttfc: null, intervals: [], lastAt: null,
+                   sentAt: null, lastFps: null, resolution: null };
+  }
+
+  setState(state) {
+    this.state = state;
+    this.dispatchEvent(new CustomEvent("state", { detail: { state } }));
+  }
+
+  status(text, level = "info") {
+    this.dispatchEvent(new CustomEvent("status", { detail: { text, level } }));
+  }
+
+  /** Open the socket and wait for the handshake. */
+  connect(apiKey) {
+    this.setState("connecting");
+    this.status("Connecting…");
+    return new Promise((resolve, reject) => {
+      const ws = new WebSocket(cameraUrl(apiKey));
+      ws.binaryType = "arraybuffer";
+      this.ws = ws;
+      let opened = false;
+      ws.onmessage = (ev) => {
+        let msg;
+        try {
+          msg = decode(new Uint8Array(ev.data));
+        } catch (e) {
+          this.fail("bad_message", `undecodable reply from the server: ${e.message}`);
+          return;
+        }
+        if (!opened && msg.type === "config") {
+          opened = true;
+          this.config = msg;
+          this.setState("idle");
+          this.status(`Connected to ${msg.model}. Press Start.`);
+          resolve(msg);
+        } else if (!opened && msg.type === "error") {
+          reject(Object.assign(new Error(msg.message), { code: msg.code }));
+        } else {
+          this.replies = this.replies.then(() => this.onReply(msg)).catch((e) => this.fail("client", e.message));
+        }
+      };
+      ws.onclose = (ev) => {
+        this.ws = null;
+        this.stopTimer();
+        const was = this.state;
+        this.setState("disconnected");
+        const why = `code ${ev.code}${ev.reason ? `: ${ev.reason}` : ""}`;
+        if (!opened) reject(Object.assign(new Error(`cannot connect to the server (${why})`), { code: "connection" }));
+        else if (was !== "disconnected") this.fail("connection", `connection lost (${why}); press Start to reconnect`);
+      };
+    });
+  }
+
+  /** Start a new session: {image: Uint8Array, prompt, seed?, size?}. */
+  async start(options, apiKey) {
+    if (this.ws === null || this.ws.readyState !== WebSocket.OPEN) await this.connect(apiKey);
+    this.options = options;
+    this.sessionId = `web-${Math.random().toString(36).slice(2, 10)}`;
+    this.rig.reset();
+    this.player.close();
+    this.resetStats();
+    this.nextChunk = 0;
+    this.setState("starting");
+    this.status("Starting the session…");
+    this.sendChunk();
+    this.stopTimer();
+    this.timer = setInterval(() => this.tick(), TICK_MS);
+  }
+
+  /** Build and send the next infer (image, prompt and options on the first one). */
+  sendChunk() {
+    const poses = this.rig.nextChunk();
+    const intrinsicsHw = (this.config && this.config.intrinsics_resolution) || [480, 832];
+    const msg = { endpoint: "infer", session_id: this.sessionId, client_chunk_id: this.nextChunk,
+                  cameras: { poses, intrinsics: intrinsicsRows(intrinsicsHw, poses.length) } };
+    if (this.nextChunk === 0) {
+      const o = this.options;
+      Object.assign(msg, { image: o.image, prompt: o.prompt, seed: o.seed, size: o.size,
+                           translation_scale: TRANSLATION_SCALE });
+    }
+    this.stats.sentAt = performance.now();
+    this.nextChunk += 1;
+    this.stats.inFlight += 1;
+    this.ws.send(encode(msg));
+    this.emitStats();
+  }
+
+  tick() {
+    this.player.pump();
+    this.emitStats();
+    if (this.state !== "streaming" || this.stats.inFlight > 0) return;
+    if (this.player.bufferedAhead() <= AHEAD_S) this.sendChunk();
+  }
+
+  onReply(msg) {
+    if (msg.type === "frame") return this.onFrame(msg);
+    if (msg.type === "reset_ok") return;
+    if (msg.type === "error") return this.onError(msg);
+  }
+
+  async onFrame(msg) {
+    if (msg.session_id !== this.sessionId || this.state === "stopped") return; // a reset session
+    const now = performance.now();
+    const s = this.stats;
+    s.inFlight = Math.max(0, s.inFlight - 1);
+    s.lastFps = msg.num_frames / ((now - s.sentAt) / 1000); // frames per second of waiting for this chunk
+    if (s.chunks === 0) {
+      s.ttfc = (now - s.sentAt) / 1000;
+      s.resolution = msg.resolution;
+      const mime = msg.mime_type || `video/mp4; codecs="${codecFromInit(msg.video) || "avc1.42E01E"}"`;
+      this.setState("streaming");
+      try {
+        await this.player.open(mime);
+      } catch (e) {
+        this.fail("player", e.message);
+        return;
+      }
+      this.status(`Streaming ${msg.resolution[0]}×${msg.resolution[1]} — drive with WASD, Q/E, arrows/IJKL or drag.`);
+    } else {
+      s.intervals.push((now - s.lastAt) / 1000);
+    }
+    s.lastAt = now;
+    s.chunks += 1;
+    s.frames += msg.num_frames;
+    s.lastStages = msg.stage_durations;
+    this.player.append(msg.video);
+    this.tick();
+  }
+
+  onError(msg) {
+    const stale = msg.session_id && msg.session_id !== this.sessionId;
+    if (stale || this.state === "stopped") return; // about a session that was reset or replaced
+    this.stats.inFlight = Math.max(0, this.stats.inFlight - 1);
+    if (msg.code === "busy" && this.state === "starting") {
+      const wait = msg.retry_after_s || 1;
+      this.status(`Server busy: ${msg.message}. Retrying in ${wait} s…`, "warn");
+      this.dispatchEvent(new CustomEvent("error", { detail: { code: msg.code, message: msg.message } }));
+      setTimeout(() => {
+        if (this.state !== "starting" || this.ws === null) return;
+        this.nextChunk = 0;
+        this.rig.reset();
+        this.sendChunk();
+      }, wait * 1000);
+      return;
+    }
+    const hint = msg.code === "session_lost" ? " Press Start to begin again." : "";
+    this.fail(msg.code, msg.message + hint);
+  }
+
+  fail(code, message) {
+    this.stopTimer();
+    if (this.state === "starting" || this.state === "streaming") this.setState("stopped");
+    this.status(`Error (${code}): ${message}`, "error");
+    this.dispatchEvent(new CustomEvent("error", { detail: { code, message } }));
+  }
+
+  /** Stop the session: send reset (the server drops its state); the video stays on screen. */
+  reset() {
+    this.stopTimer();
+    if (this.ws !== null && this.ws.readyState === WebSocket.OPEN && this.sessionId) {
+      this.ws.send(encode({ endpoint: "reset", session_id: this.sessionId }));
+    }
+    if (this.state !== "disconnected") this.setState("stopped");
+    this.stats.inFlight = 0;
+    this.status("Session reset. Press Start for a new one.");
+    this.emitStats();
+  }
+
+  stopTimer() {
+    if (this.timer !== null) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  emitStats() {
+    const s = this.stats;
+    this.dispatchEvent(new CustomEvent("stats", { detail: {
+      chunks: s.chunks, frames: s.frames, inFlight: s.inFlight, ttfc: s.ttfc,
+      lastInterval: s.intervals.length ? s.intervals[s.intervals.length - 1] : null,
+      p50: percentile(s.intervals, 0.5), p95: percentile(s.intervals, 0.95), fps: s.lastFps,
+      bufferedS: this.player.bufferedAhead(), resolution: s.resolution, stages: s.lastStages || null,
+    } }));
+  }
+}

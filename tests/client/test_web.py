@@ -1,0 +1,169 @@
+"""The web page in a real headless Chromium against the served app.
+
+The page loads from the ingress, streams a session through Media Source Extensions (the video
+element plays past 30 frames), turns a key press into different poses (checked on the
+WebSocket frames it sent, decoded with the server's own codec), resets, and degrades with a
+message when the server is busy or the socket drops. A screenshot goes to artifacts/.
+"""
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from protocol.codec import decode, decode_reply, encode
+from protocol.errors import ErrorCode
+from protocol.messages import ErrorReply, FrameReply, InferRequest, ResetRequest
+from support import REPO
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package (scripts/browser_deps.sh); no browser download
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run"]
+ARTIFACTS = REPO / "artifacts"
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url: str, on_socket=None):
+    """The page, connected (handshake read), and the list its script errors go to."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    if on_socket is not None:
+        page.on("websocket", on_socket)
+    page.goto(url)
+    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    return page, errors
+
+
+def chunks_shown(page, n: int) -> None:
+    page.wait_for_function(f"Number(document.querySelector('#stat-chunks').dataset.chunks) >= {n}",
+                           timeout=TIMEOUT_MS)
+
+
+def test_live_session_plays_and_follows_the_keyboard(browser, served):
+    sent: list[bytes] = []
+    received: list[bytes] = []
+
+    def on_socket(ws) -> None:
+        ws.on("framesent", lambda payload: sent.append(payload))
+        ws.on("framereceived", lambda payload: received.append(payload))
+
+    page, errors = open_page(browser, served.http + "/", on_socket)
+    assert "Connected to tiny" in page.text_content("#status")
+
+    page.click("#start")
+    chunks_shown(page, 1)
+    page.keyboard.down("KeyW")  # walk forward while the next chunks are requested
+    chunks_shown(page, 3)
+    page.keyboard.up("KeyW")
+    page.wait_for_function("document.querySelector('video').currentTime > 30 / 16", timeout=TIMEOUT_MS)
+    quality = page.evaluate("document.querySelector('video').getVideoPlaybackQuality().totalVideoFrames")
+    assert quality > 30
+    assert page.get_attribute("#connection", "data-state") == "streaming"
+    assert page.text_content("#stat-ttfc").endswith("ms")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "web_client.png"))
+    page.click("#reset")
+    page.wait_for_function("document.querySelector('#status').textContent.startsWith('Session reset')",
+                           timeout=TIMEOUT_MS)
+    assert errors == []
+
+    requests_ = [decode(m) for m in sent]  # the server's intake: every frame is a valid request
+    infers = [r for r in requests_ if isinstance(r, InferRequest)]
+    assert isinstance(requests_[-1], ResetRequest) and requests_[-1].session_id == infers[0].session_id
+    first = infers[0]
+    assert first.image[:8] == b"\x89PNG\r\n\x1a\n" and first.prompt and first.translation_scale > 0
+    assert [r.client_chunk_id for r in infers] == list(range(len(infers))) and len(infers) >= 3
+    z = np.stack([r.cameras.poses[:, 2, 3] for r in infers])  # forward position of every pose [chunks, 12]
+    np.testing.assert_array_equal(z[0], 0.0)  # no key held yet: the camera stands still
+    moved = z[-1] - z[0]
+    assert (np.diff(z.ravel()) >= 0).all() and moved.max() > 0.5  # W walks forward along +z
+    frames = [r for r in map(decode_reply, received) if isinstance(r, FrameReply)]
+    assert [f.chunk_id for f in frames[:3]] == [0, 1, 2] and [f.num_frames for f in frames[:3]] == [9, 12, 12]
+    page.close()
+
+
+def test_busy_and_dropped_socket_show_messages(browser, served):
+    """Through a routed socket: the first infer is answered `busy` (the page retries after
+    retry_after_s), then the socket drops after the second frame."""
+    state = {"busy_sent": False, "frames": 0}
+
+    def route(ws) -> None:
+        server = ws.connect_to_server()
+
+        def to_server(message) -> None:
+            req = decode(message) if isinstance(message, bytes) else None
+            if isinstance(req, InferRequest) and req.image is not None and not state["busy_sent"]:
+                state["busy_sent"] = True
+                ws.send(encode(ErrorReply(code=ErrorCode.BUSY, session_id=req.session_id, retry_after_s=0.5,
+                                          message="all 2 session slots of this replica are taken")))
+                return
+            server.send(message)
+
+        def to_page(message) -> None:
+            ws.send(message)
+            if isinstance(decode_reply(message), FrameReply):
+                state["frames"] += 1
+                if state["frames"] == 2:
+                    ws.close(code=4000, reason="server going away")
+
+        ws.on_message(to_server)
+        server.on_message(to_page)
+
+    page = browser.new_page()
+    page.route_web_socket("**/v1/realtime/world/camera*", route)
+    page.goto(served.http + "/")
+    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    page.click("#start")
+    page.wait_for_function("document.querySelector('#status').textContent.startsWith('Server busy')",
+                           timeout=TIMEOUT_MS)
+    page.wait_for_selector("#errors li[data-code=busy]", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#connection[data-state=disconnected]", timeout=TIMEOUT_MS)
+    status = page.text_content("#status")
+    assert "connection lost (code 4000: server going away); press Start to reconnect" in status
+    assert page.text_content("#overlay") == status  # shown on the video, not a blank page
+    assert "[busy] all 2 session slots of this replica are taken" in page.text_content("#errors li[data-code=busy]")
+    assert state["frames"] == 2  # the retried session streamed before the drop
+    assert page.evaluate("document.querySelector('video').readyState") >= 2  # the played video stays
+    assert not page.is_disabled("#start")
+    page.close()
+
+
+MSGPACK_VALUE = {  # every size class of the types the page sends and receives
+    "fix": 7, "u8": 200, "u16": 65535, "u32": 2**32 - 1, "u64": 2**40, "nfix": -5, "i8": -100, "i16": -32768,
+    "i32": -(2**31), "i64": -(2**40), "f": 0.1, "t": True, "n": None, "s5": "hello", "s8": "x" * 40,
+    "s16": "é" * 200, "a16": list(range(20)), "nested": {"poses": [[1.5, 0, -2.25]], "ok": False},
+}
+
+
+def test_js_msgpack_matches_python(browser, served):
+    page, _ = open_page(browser, served.http + "/")
+    encoded = page.evaluate("""async (value) => {
+        const m = await import('./static/msgpack.js');
+        value.bin = new Uint8Array(70000).map((_, i) => i % 251);
+        return Array.from(m.encode(value));
+    }""", MSGPACK_VALUE)
+    expected = {**MSGPACK_VALUE, "bin": bytes(i % 251 for i in range(70000))}
+    assert bytes(encoded) == msgpack.packb(expected, use_bin_type=True)
+
+    packed = msgpack.packb({**expected, "f32": 0.5}, use_bin_type=True, use_single_float=True)
+    decoded = page.evaluate("""async (bytes) => {
+        const m = await import('./static/msgpack.js');
+        const v = m.decode(new Uint8Array(bytes));
+        v.bin = Array.from(v.bin);
+        return v;
+    }""", list(packed))
+    assert bytes(decoded.pop("bin")) == expected.pop("bin")
+    assert decoded.pop("f32") == 0.5 and decoded.pop("f") == pytest.approx(0.1)  # sent as float32 here
+    assert decoded == {k: v for k, v in expected.items() if k != "f"}
+    page.close()
