@@ -35,6 +35,8 @@ def preprocess_image(image: np.ndarray, h: int, w: int) -> torch.Tensor:
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise ValueError(f"image must be RGB uint8 [H, W, 3], got {image.dtype} {image.shape}")
+    if not image.flags.writeable:  # e.g. a zero-copy array from Ray's object store
+        image = image.copy()
     x = torch.from_numpy(image).permute(2, 0, 1).float().div(255)  # [3, H0, W0] in [0, 1]
     x = x * 2 - 1
     return F.interpolate(x[None], size=(h, w), mode="bicubic", align_corners=False)[0]
