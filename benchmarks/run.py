@@ -56,6 +56,7 @@ class Bench:
             "preset": args.preset, "frames": args.frames, "height": self.inputs.height,
             "width": self.inputs.width, "chunks": self.inputs.chunks, "device": self._device_name(),
             "torch": torch.__version__, "numerics_chunks": args.numerics_chunks,
+            "residual_init": args.residual_init,
         }, "stages": {}}
         self.dit: torch.nn.Module | None = None
         self.reference: DiTRun | None = None
@@ -150,7 +151,8 @@ def stage_reference(b: Bench) -> dict:
     the numerics chunks, then the same module converted to bf16 for every later stage."""
     torch.backends.cuda.matmul.allow_tf32 = False  # a true float32 reference
     torch.backends.cudnn.allow_tf32 = False
-    dit, t_build = timed(lambda: init_dit_random(b.cfg.dit, torch.float32, b.device, SEED), b.device)
+    dit, t_build = timed(lambda: init_dit_random(b.cfg.dit, torch.float32, b.device, SEED,
+                                                   residual_scaled=b.args.residual_init), b.device)
     with torch.no_grad():
         for p in dit.parameters():
             p.copy_(p.to(torch.bfloat16))
@@ -340,6 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="bench.json")
     p.add_argument("--numerics-chunks", type=int, default=3)
+    p.add_argument("--residual-init", action="store_true",
+                   help="DiT output projections at std 0.02/sqrt(2 layers) (docs/PERFORMANCE.md, Numerics)")
     p.add_argument("--e2e-repeats", type=int, default=2)
     p.add_argument("--budget-s", type=float, default=480.0, help="start no stage after this many seconds")
     p.add_argument("--skip", nargs="*", default=[], choices=list(STAGES), help="stages to leave out")

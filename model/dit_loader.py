@@ -5,6 +5,7 @@ the target device, so host memory never holds the model twice (18.5 B parameters
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -16,6 +17,9 @@ from model.dit import CausalDiT
 
 TEXT_DIM_KEY = "text_embedding.0.weight"  # [dim, text_dim]: text_dim is not in config.json
 INIT_STD = 0.02
+# Per-block weights whose output is added to (or multiplies) the residual stream.
+RESIDUAL_OUTPUTS = ("self_attn.o.weight", "cross_attn.o.weight", "ffn.2.weight",
+                    "cam_scale_layer.weight", "cam_shift_layer.weight")
 
 
 def load_dit(
@@ -48,13 +52,21 @@ def load_dit(
 
 
 def init_dit_random(
-    cfg: DiTConfig, dtype: torch.dtype, device: torch.device | str, seed: int
+    cfg: DiTConfig,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int,
+    residual_scaled: bool = False,
 ) -> CausalDiT:
     """A CausalDiT with seeded random weights created directly on `device`.
 
     Linear/Conv weights ~ N(0, 0.02), biases 0, norm weights 1, modulations ~ N(0, 1/sqrt(dim)).
+    `residual_scaled`: the layers that write into the residual stream (RESIDUAL_OUTPUTS) get
+    std 0.02 / sqrt(2 * num_layers) instead (GPT-2 style), so the 40 camera factors (1 + scale)
+    stay near 1 as in a trained model; see docs/PERFORMANCE.md "Numerics". Same random stream.
     """
     device = torch.device(device)
+    residual_std = INIT_STD / math.sqrt(2 * cfg.num_layers)
     with torch.device("meta"):
         dit = CausalDiT(cfg)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -66,6 +78,8 @@ def init_dit_random(
             value.fill_(1.0)
         elif name.endswith("bias"):
             value.zero_()
+        elif residual_scaled and name.startswith("blocks.") and name.endswith(RESIDUAL_OUTPUTS):
+            value.normal_(0.0, residual_std, generator=gen)
         else:
             value.normal_(0.0, INIT_STD, generator=gen)
         *path, leaf = name.split(".")

@@ -193,14 +193,8 @@ class DiTEngine:
 
         planned = session.noise.total_latent_frames
         last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_FRAMES == planned
-        update_call = len(self.timesteps)  # index of the t = 0 call in the chunk
-        calls = 0
 
         def call(x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            nonlocal calls
-            calls += 1
-            if self.skip_final_update and last_planned and calls > update_call:
-                return x_in  # the cache update of the last chunk: its output is discarded
             before = (session.caches.global_end, session.caches.local_end)
             out = self.dit(x_in, t, y, session.text, cam, session.caches, start)
             if trace is not None:
@@ -210,7 +204,8 @@ class DiTEngine:
             return out
 
         t1 = time.perf_counter()
-        x0 = run_chunk(call, x, self.schedule, session.noise, self.timesteps)  # 4 steps + cache update
+        update = not (self.skip_final_update and last_planned)  # the last chunk's K/V are never read
+        x0 = run_chunk(call, x, self.schedule, session.noise, self.timesteps, update)  # 4 steps (+ cache update)
         latents = x0.float().cpu()  # synchronises
         t2 = time.perf_counter()
         session.chunk_index += 1

@@ -171,10 +171,13 @@ def run_chunk(
     schedule: FlowSchedule,
     plan: NoisePlan,
     timesteps: Sequence[int] = DENOISE_TIMESTEPS,
+    update: bool = True,
 ) -> torch.Tensor:
     """Denoise one chunk from its initial noise and write its clean K/V: returns x0.
 
     `dit_call(x, t)` runs the DiT with the chunk's conditioning and caches bound.
+    `update=False` leaves out the t = 0 cache-update call (for a chunk whose K/V are never
+    read: the last one of a planned session); x0 is the same.
     """
     x = x0 = x_noise
     for k, t in enumerate(timesteps):
@@ -182,5 +185,6 @@ def run_chunk(
         x0, x_next = denoise_step(schedule, plan, x, v, k, timesteps)
         if x_next is not None:
             x = x_next
-    dit_call(x0, timestep_tensor(0.0, x0.device))  # cache update; output discarded
+    if update:
+        dit_call(x0, timestep_tensor(0.0, x0.device))  # cache update; output discarded
     return x0
