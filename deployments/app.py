@@ -6,6 +6,10 @@
 
 No `from __future__ import annotations` here: Serve validates the YAML `args` against the
 builder's parameter annotation only when it is the class itself, not a string.
+
+The ingress is bound without the placement blocks (it never reads them): rescaling or moving
+the model deployments then leaves the ingress replicas, their WebSockets and the sessions'
+journals alone, and the sessions of a replaced DiT or VAE replica are rebuilt (recovery).
 """
 from typing import Any
 
@@ -20,6 +24,7 @@ from deployments.text_encoder import TextEncoder
 from deployments.vae import VaeCodec
 
 PIN_TTL_MARGIN_S = 60.0  # a pin outlives its replica session's idle TTL by this much
+PLACEMENT_FIELDS = ("dit", "vae", "text_encoder", "ingress", "dit_parallel")  # read by build_app only
 
 
 def replica_options(r: ReplicaArgs) -> dict[str, Any]:
@@ -28,6 +33,9 @@ def replica_options(r: ReplicaArgs) -> dict[str, Any]:
         "num_replicas": r.num_replicas,
         "max_ongoing_requests": r.max_ongoing_requests,
         "ray_actor_options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus},
+        "health_check_period_s": r.health_check_period_s,
+        "health_check_timeout_s": r.health_check_timeout_s,
+        "graceful_shutdown_timeout_s": r.graceful_shutdown_timeout_s,
     }
 
 
@@ -42,10 +50,19 @@ def session_router(args: AppArgs) -> RequestRouterConfig:
 
 def build_app(args: AppArgs) -> Application:
     router = session_router(args)
-    # A VAE replica may have to hold every session of every DiT replica.
-    vae_capacity = args.sessions.max_sessions * args.dit.num_replicas
+    # A VAE replica may have to hold every session of every DiT replica, and briefly a second
+    # incarnation of each: a session replaced while chunks are in flight frees its VAE state
+    # once they are answered, after its successor opened (its DiT state goes first).
+    vae_capacity = 2 * args.sessions.max_sessions * args.dit.num_replicas
     text = TextEncoder.options(**replica_options(args.text_encoder)).bind(args.model)
     vae = VaeCodec.options(**replica_options(args.vae), request_router_config=router).bind(
         args.model, args.sessions, vae_capacity)
     dit = bind_dit(args, {**replica_options(args.dit), "request_router_config": router})  # 1 or N GPUs
-    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, args)
+    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, ingress_args(args))
+
+
+def ingress_args(args: AppArgs) -> AppArgs:
+    """`args` with the placement blocks at their defaults: a change of placement alone then
+    does not change the ingress's init args, so Serve keeps its replicas (and WebSockets)."""
+    defaults = AppArgs()
+    return args.model_copy(update={name: getattr(defaults, name) for name in PLACEMENT_FIELDS})

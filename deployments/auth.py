@@ -1,17 +1,40 @@
 """Optional API keys and origin allow-list for the WebSocket (AppArgs.auth).
 
 Keys come from the environment variable named by `api_keys_env` (comma separated, a secret
-in Kubernetes). A client presents one as `Authorization: Bearer <key>` or, where it cannot
-set headers (browsers), as the `api_key` query parameter.
+in Kubernetes), never from the repository or the serve config. A client presents one as
+
+* `Authorization: Bearer <key>` (programs), or
+* the WebSocket subprotocol `lwf.bearer.<key>` (browsers cannot set headers:
+  `new WebSocket(url, ["lwf.bearer." + key])`); the server accepts the socket with that
+  subprotocol, as browsers require when they offered one, or
+* the `api_key` query parameter (kept for older web clients; URLs end up in logs, prefer
+  the subprotocol).
+
+Keys are compared in constant time (`hmac.compare_digest`, against every key). A connection is
+identified to the quotas and logs by the key's position (`key0`, `key1`, ...), not the key.
 """
 from __future__ import annotations
 
 import hmac
 import os
+from typing import Optional
 
 from starlette.requests import HTTPConnection
 
 from deployments.config import AuthArgs
+
+BEARER_SUBPROTOCOL = "lwf.bearer."
+ANONYMOUS = None  # the key id of connections when auth is off
+
+
+def offered_subprotocols(conn: HTTPConnection) -> list[str]:
+    """The subprotocols the client offered (`Sec-WebSocket-Protocol`, comma separated)."""
+    return [p.strip() for p in conn.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+
+
+def bearer_subprotocol(conn: HTTPConnection) -> Optional[str]:
+    """The first offered `lwf.bearer.<key>` subprotocol (to echo when accepting), if any."""
+    return next((p for p in offered_subprotocols(conn) if p.startswith(BEARER_SUBPROTOCOL)), None)
 
 
 class Auth:
@@ -19,21 +42,39 @@ class Auth:
 
     def __init__(self, args: AuthArgs) -> None:
         self._origins = frozenset(args.allowed_origins)
-        self._keys: tuple[str, ...] = ()
+        self._keys: tuple[bytes, ...] = ()
         if args.api_keys_env is not None:
             raw = os.environ.get(args.api_keys_env, "")
-            self._keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+            self._keys = tuple(k.strip().encode() for k in raw.split(",") if k.strip())
             if not self._keys:
                 raise ValueError(f"auth.api_keys_env is {args.api_keys_env!r} but that environment variable "
                                  "holds no keys; set it (comma separated) or leave api_keys_env null")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
 
     def origin_allowed(self, conn: HTTPConnection) -> bool:
         origin = conn.headers.get("origin")
         return not self._origins or origin is None or origin in self._origins
 
-    def key_accepted(self, conn: HTTPConnection) -> bool:
+    def authenticate(self, conn: HTTPConnection) -> tuple[bool, Optional[str]]:
+        """(accepted, key id): the id of the presented key, None when auth is off."""
         if not self._keys:
-            return True
-        header = conn.headers.get("authorization", "")
-        given = header[7:] if header.lower().startswith("bearer ") else conn.query_params.get("api_key", "")
-        return any(hmac.compare_digest(given.encode(), k.encode()) for k in self._keys)
+            return True, ANONYMOUS
+        given = presented_key(conn).encode()
+        matches = [hmac.compare_digest(given, k) for k in self._keys]  # every key: no early exit
+        if not any(matches):
+            return False, None
+        return True, f"key{matches.index(True)}"
+
+
+def presented_key(conn: HTTPConnection) -> str:
+    """The key the client presented: Bearer header, else bearer subprotocol, else query parameter."""
+    header = conn.headers.get("authorization", "")
+    if header[:7].lower() == "bearer ":
+        return header[7:].strip()
+    sub = bearer_subprotocol(conn)
+    if sub is not None:
+        return sub[len(BEARER_SUBPROTOCOL):]
+    return conn.query_params.get("api_key", "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -46,7 +46,7 @@ class SessionArgs(_Strict):
     max_pending_chunks: int = Field(4, ge=1)  # infers one connection may have in flight (pipelining)
     routing_stats_period_s: float = Field(2.0, gt=0)  # how often replicas report free slots to routers
     # Session recovery: the ingress journals each session (camera payloads, clean latents, y,
-    # noise state; ~1.3 MB per chunk at 480p) and rebuilds it on a healthy replica when a replica
+    # noise state; ~1.2 MB per chunk at 480p) and rebuilds it on a healthy replica when a replica
     # died or dropped it. A session whose journal outgrows journal_max_mib cannot be recovered.
     recovery: bool = True
     journal_max_mib: float = Field(512.0, gt=0)
@@ -84,6 +84,13 @@ class AuthArgs(_Strict):
     # Quotas per API key, counted per ingress replica (None: unlimited; they need api_keys_env).
     chunks_per_minute: Optional[int] = Field(None, ge=1)
     max_sessions_per_key: Optional[int] = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _quotas_need_keys(self) -> "AuthArgs":
+        if self.api_keys_env is None and (self.chunks_per_minute or self.max_sessions_per_key):
+            raise ValueError("auth.chunks_per_minute and auth.max_sessions_per_key are per API key: "
+                             "set auth.api_keys_env too")
+        return self
 
 
 class AppArgs(_Strict):

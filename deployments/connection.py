@@ -11,15 +11,23 @@ calls, queued at once on the connection's two lanes (one per stateful deployment
 the DiT can run chunk k+1 while the VAE decodes chunk k. Replies leave through one ordered
 outbox: in request order, whatever finishes first. Every call carries the session's key as
 Serve session id (`handle.options(session_id=key)`), which the affinity router pins.
+
+Each session keeps a journal (journal.py). A call that finds its replica dead or the session
+gone rebuilds the session from it on a healthy replica (recovery.py), inside the same lane
+job, and is made again: the client sees a slower chunk, not an error.
+
+Abuse limits (`ClientPolicy`, AppArgs.connection) close the socket with 1008 (policy) and a
+reason; per-key quotas (quotas.py) answer `busy`.
 """
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
@@ -27,11 +35,15 @@ from pydantic import BaseModel
 from ray.serve.handle import DeploymentHandle
 from starlette.websockets import WebSocketState
 
+from deployments.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.errors import ReplicaError
+from deployments.journal import SessionJournal
 from deployments.lanes import Lane
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
+from deployments.quotas import KeyQuota
+from deployments.recovery import Recovery, needs_recovery
 from deployments.stream import Stream, StreamSpec, StreamState, image_digest
 from protocol.camera import (CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, frame_plan, output_size,
                              parse_size)
@@ -44,9 +56,11 @@ from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, Infer
 
 DEFAULT_SEED = 42  # the reference's base_seed
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
-MAX_UNSENT_REPLIES = 64  # a client that stops reading replies is disconnected (policy)
 POLICY_VIOLATION = 1008
 INTERNAL_ERROR = 1011
+MIB = 1024 * 1024
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,14 +76,18 @@ class Connection:
     """Serves one accepted WebSocket until the client leaves; releases its sessions after."""
 
     def __init__(self, ws: WebSocket, backends: Backends, args: AppArgs, limits: Limits,
-                 handshake: CameraServerConfig, metrics: IngressMetrics) -> None:
+                 handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None) -> None:
+        """`quota`: the per-API-key quota this connection counts against (None: unlimited)."""
         self._ws = ws
         self._b = backends
         self._args = args
         self._limits = limits
         self._handshake = handshake
         self._metrics = metrics
+        self._quota = quota
         self._log = get_log("connection", conn=uuid.uuid4().hex[:8])
+        self._recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
+        self._policy = ClientPolicy(args.connection)
         self._stream: Optional[Stream] = None
         self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
@@ -84,11 +102,15 @@ class Connection:
         self._reply_now(self._handshake)
         try:
             while True:
-                msg = await self._ws.receive()
+                msg = await self._next_message()
+                if msg is None:
+                    await self._close_socket(POLICY_VIOLATION, self._policy.silence_reason())
+                    break
                 if msg["type"] == "websocket.disconnect":
                     break
-                if self._outbox.qsize() >= MAX_UNSENT_REPLIES:
-                    await self._close_socket(POLICY_VIOLATION, "too many unread replies; read the replies")
+                violation = self._policy.on_frame(unsent_replies=self._outbox.qsize())
+                if violation is not None:
+                    await self._close_socket(POLICY_VIOLATION, violation)
                     break
                 self._dispatch(msg.get("bytes"), time.perf_counter())
         except WebSocketDisconnect:
@@ -100,6 +122,18 @@ class Connection:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)  # a send may have failed: client gone
             await self._release_all()
+
+    async def _next_message(self) -> Optional[dict[str, Any]]:
+        """The next ASGI message; None when the client stayed silent too long (ClientPolicy)."""
+        receive = asyncio.ensure_future(self._ws.receive())
+        try:
+            while (wait := self._policy.wait_s(busy=bool(self._inflight))) is not None:
+                done, _ = await asyncio.wait({receive}, timeout=wait)
+                if done:
+                    return receive.result()
+            return None
+        finally:
+            receive.cancel()  # no-op once done
 
     # ---- dispatch (synchronous: fixes the order of every call and reply) ----
 
@@ -116,6 +150,8 @@ class Connection:
                 self._on_infer(req, t0)
         except ProtocolError as e:
             self._reply_now(self._error(e.code, e.message, session_id))
+        except ReplicaError as e:  # a quota of the API key (busy)
+            self._reply_now(self._error(e.code, e.message, session_id, getattr(e, "retry_after_s", None)))
 
     def _on_reset(self, req: ResetRequest) -> None:
         cur = self._stream
@@ -131,6 +167,8 @@ class Connection:
                 ErrorCode.BUSY, f"{len(self._inflight)} infers of this connection are in flight (the most "
                 "it may have); wait for a reply, then send this chunk again", req.session_id, PIPELINE_RETRY_S))
             return
+        if self._quota is not None:
+            self._quota.take_chunk()
         stream, reset = self._stream_for(req)
         total = stream.spec.total_latent_frames
         if total is not None and stream.next_chunk >= total // CHUNK_LATENT_FRAMES:
@@ -139,7 +177,6 @@ class Connection:
                                                      "reset to start a new session")
         chunk_id = stream.take_chunk_id()
         timings: dict[str, float] = {}
-        key = stream.key
         y = self._vae_lane.submit(partial(self._condition, stream, timings))
         step = self._dit_lane.submit(partial(self._step, stream, y, req.cameras.poses, req.cameras.intrinsics))
         task = asyncio.create_task(self._finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id, reset, t0))
@@ -147,7 +184,7 @@ class Connection:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         self._outbox.put_nowait(task)
-        self._log.debug("chunk queued", fields={"session": key, "chunk": chunk_id})
+        self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
 
     def _stream_for(self, req: InferRequest) -> tuple[Stream, bool]:
         """The stream this infer continues, or a new one; True when a change reset the session."""
@@ -169,16 +206,23 @@ class Connection:
         require_session_start(req)
         image = decode_image(req.image, self._limits)  # RGB uint8 [H0, W0, 3]
         spec = self._stream_spec(req, image.shape[:2])
-        if self._stream is not None and self._stream.state is not StreamState.CLOSED:
-            self._close(self._stream)
-        stream = self._stream = Stream(spec)
+        sessions = self._args.sessions
+        stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None))
+        cur = self._stream
+        open_now = cur is not None and cur.state is StreamState.OPEN
+        if self._quota is not None:
+            self._quota.start_session(stream.key, replacing=cur.key if open_now else None)
+        if cur is not None and cur.state is not StreamState.CLOSED:
+            self._close(cur)
+        self._stream = stream
         self._held[stream.key] = stream
         h, w = spec.resolution
-        key = stream.key
+        key = stream.vae_key
         stream.vae_open = self._vae_lane.submit(
             lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w))
         stream.dit_open = self._dit_lane.submit(partial(self._open_dit, stream))
-        self._log.info("session started", fields={"session": req.session_id, "key": key, "resolution": f"{h}x{w}"})
+        self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
+                                                  "resolution": f"{h}x{w}"})
         return stream
 
     def _stream_spec(self, req: InferRequest, image_hw: tuple[int, int]) -> StreamSpec:
@@ -198,36 +242,66 @@ class Connection:
 
     # ---- lane jobs (each one call to one deployment) ----
 
-    async def _open_dit(self, stream: Stream) -> float:
-        """DiT lane: encode the prompt, then open the session on a DiT replica (may be busy).
-        Returns the text-encode seconds."""
+    async def _open_dit(self, stream: Stream) -> None:
+        """DiT lane: encode the prompt, then open the session on a DiT replica (may be busy)."""
         t = time.perf_counter()
         context = await self._b.text.encode.remote(stream.spec.prompt)
-        text_s = time.perf_counter() - t
+        stream.text_encode_s = time.perf_counter() - t
+        stream.journal.set_context(context)
         h, w = stream.spec.resolution
-        replica = await self._b.dit.options(session_id=stream.key).open.remote(
-            stream.key, context, h, w, stream.spec.seed, stream.spec.total_latent_frames,
+        key = stream.dit_key
+        replica = await self._b.dit.options(session_id=key).open.remote(
+            key, context, h, w, stream.spec.seed, stream.spec.total_latent_frames,
             stream.spec.translation_scale, stream.spec.intrinsics_resolution)
-        self._log.info("session opened", fields={"session": stream.key, "dit_replica": replica})
-        return text_s
+        self._log.info("session opened", fields={"session": key, "dit_replica": replica})
 
     async def _condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
         """VAE lane: the chunk's conditioning y."""
-        await stream.vae_open  # re-raises the open's failure
         t = time.perf_counter()
-        y = await self._b.vae.options(session_id=stream.key).condition.remote(stream.key)
+        y = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).condition.remote(key))
+        stream.journal.conditioned += 1
         timings["vae_encode"] = time.perf_counter() - t
         return y
 
     async def _step(self, stream: Stream, y_fut: asyncio.Future, poses: np.ndarray,
                     intrinsics: np.ndarray) -> tuple[dict[str, Any], asyncio.Future]:
-        """DiT lane: one chunk step; queues the chunk's decode on the VAE lane when done."""
-        _, y = await asyncio.gather(stream.dit_open, y_fut)
-        out = await self._b.dit.options(session_id=stream.key).step.remote(stream.key, y, poses, intrinsics)
-        key = stream.key
-        decoded = self._vae_lane.submit(
-            lambda: self._b.vae.options(session_id=key).decode.remote(key, out["latents"]))
+        """DiT lane: one chunk step (rebuilding the session first when it was lost); queues the
+        chunk's decode on the VAE lane when done."""
+        y = await y_fut
+
+        def step(key: str) -> Awaitable[dict[str, Any]]:
+            return self._b.dit.options(session_id=key).step.remote(key, y, poses, intrinsics)
+
+        try:
+            await stream.dit_open  # re-raises the open's failure
+            out = await step(stream.dit_key)
+        except Exception as e:
+            if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
+                raise
+            await self._recovery.dit(stream, e)
+            stream.dit_open = _done()
+            out = await step(stream.dit_key)
+        stream.journal.add_chunk(poses, intrinsics, y, out["latents"], out["noise"])
+        decoded = self._vae_lane.submit(partial(self._decode, stream, out["latents"]))
         return out, decoded
+
+    async def _decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:
+        """VAE lane: decode and mux one chunk."""
+        out = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).decode.remote(key, latents))
+        stream.journal.decoded += 1
+        return out
+
+    async def _on_vae(self, stream: Stream, call: Callable[[str], Awaitable[T]]) -> T:
+        """`call(vae_key)` inside a VAE lane job; the session is rebuilt once when it was lost."""
+        try:
+            await stream.vae_open  # re-raises the open's failure
+            return await call(stream.vae_key)
+        except Exception as e:
+            if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
+                raise
+            await self._recovery.vae(stream, e)
+            stream.vae_open = _done()
+            return await call(stream.vae_key)
 
     # ---- replies ----
 
@@ -246,7 +320,7 @@ class Connection:
             return self._error(ErrorCode.SESSION_LOST, f"the server lost this session ({type(e).__name__}); "
                                                        "send image and prompt to start again", sid)
         durations = {
-            "text_encode": stream.dit_open.result() if chunk_id == 0 else 0.0,
+            "text_encode": stream.text_encode_s if chunk_id == 0 else 0.0,
             "vae_encode": timings["vae_encode"],
             "dit": sum(out["timings"].values()),
             "vae_decode": dec["timings"]["vae_decode"],
@@ -255,7 +329,9 @@ class Connection:
         durations["total"] = time.perf_counter() - t0
         durations["queue_wait"] = max(0.0, durations["total"] - sum(v for k, v in durations.items() if k != "total"))
         self._metrics.observe_chunk(durations)
-        debug = {"dit_replica": out["replica"], "vae_replica": dec["replica"]} if self._args.debug_fields else None
+        debug = None
+        if self._args.debug_fields:
+            debug = {"dit_replica": out["replica"], "vae_replica": dec["replica"], "recoveries": stream.recoveries}
         return FrameReply(
             session_id=sid, chunk_id=chunk_id, video=dec["video"], num_frames=dec["num_frames"],
             resolution=stream.spec.resolution, fps=self._handshake.fps, stage_durations=durations,
@@ -282,37 +358,56 @@ class Connection:
         while True:
             reply = await (await self._outbox.get())
             await self._ws.send_bytes(encode(reply))
+            self._policy.on_reply()
 
     # ---- session release ----
 
     def _fail(self, stream: Stream) -> None:
         if stream.fail():
+            self._ended(stream)
             stream.release = self._release_later(stream)
 
     def _close(self, stream: Stream) -> Optional[asyncio.Task]:
         """Close a stream; its release task (started now if it was open)."""
         if stream.close():
+            self._ended(stream)
             stream.release = self._release_later(stream)
         return stream.release
 
+    def _ended(self, stream: Stream) -> None:
+        if self._quota is not None:
+            self._quota.end_session(stream.key)
+
     def _release_later(self, stream: Stream) -> asyncio.Task:
-        task = asyncio.create_task(self._release(stream))
+        """Free the stream on both replicas, each close queued on its lane behind the stream's
+        own calls and, where possible, before the open of any session started after it (which
+        then never finds the replica full of its own predecessor). Every DiT call of the stream
+        is queued already (steps are queued at infer time): its close goes now. VAE decodes are
+        queued as steps finish: its close goes now when no chunk is in flight, else after them."""
+        dit_close = self._dit_lane.submit(lambda: self._b.dit.options(session_id=stream.dit_key).close.remote(
+            stream.dit_key))  # the key is read when the close runs: a rebuild may change it until then
+        pending = [t for t in stream.chunk_tasks if not t.done()]
+        vae_close = None if pending else self._vae_lane.submit(self._vae_close_job(stream))
+        task = asyncio.create_task(self._release(stream, pending, dit_close, vae_close))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
 
-    async def _release(self, stream: Stream) -> None:
-        """After the stream's requested chunks are answered, free it on both replicas."""
-        await asyncio.gather(*stream.chunk_tasks, return_exceptions=True)
-        key = stream.key
-        results = await asyncio.gather(
-            self._dit_lane.submit(lambda: self._b.dit.options(session_id=key).close.remote(key)),
-            self._vae_lane.submit(lambda: self._b.vae.options(session_id=key).close.remote(key)),
-            return_exceptions=True)
+    def _vae_close_job(self, stream: Stream) -> Callable[[], Awaitable[bool]]:
+        return lambda: self._b.vae.options(session_id=stream.vae_key).close.remote(stream.vae_key)
+
+    async def _release(self, stream: Stream, pending: list[asyncio.Task], dit_close: asyncio.Future,
+                       vae_close: Optional[asyncio.Future]) -> None:
+        """Wait for the closes (the VAE's once the chunks in flight are answered)."""
+        await asyncio.gather(*pending, return_exceptions=True)
+        if vae_close is None:
+            vae_close = self._vae_lane.submit(self._vae_close_job(stream))
+        results = await asyncio.gather(dit_close, vae_close, return_exceptions=True)
         for r in results:
             if isinstance(r, Exception):
-                self._log.warning("close failed; the replica's TTL frees it", fields={"session": key, "error": repr(r)})
-        self._held.pop(key, None)
+                self._log.warning("close failed; the replica's TTL frees it",
+                                  fields={"session": stream.key, "error": repr(r)})
+        self._held.pop(stream.key, None)
 
     async def _release_all(self) -> None:
         """Connection end: stop all work, then close every session still held (one call at a time)."""
@@ -320,8 +415,9 @@ class Connection:
             t.cancel()
         await self._dit_lane.stop()
         await self._vae_lane.stop()
-        for key in list(self._held):
-            for handle in (self._b.dit, self._b.vae):
+        for stream in list(self._held.values()):
+            self._ended(stream)
+            for handle, key in ((self._b.dit, stream.dit_key), (self._b.vae, stream.vae_key)):
                 try:
                     await handle.options(session_id=key).close.remote(key)
                 except Exception as e:  # noqa: BLE001 - best effort; the replica TTL is the backstop
@@ -332,3 +428,10 @@ class Connection:
         if self._ws.application_state is WebSocketState.CONNECTED:
             await self._ws.close(code=code, reason=reason)
 
+
+
+def _done() -> asyncio.Future:
+    """A resolved future: the open that a rebuild superseded."""
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut

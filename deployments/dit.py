@@ -4,10 +4,13 @@ Admission: a new session is admitted only while the replica has a free slot
 (`sessions.max_sessions`) and its caches fit the cache budget (`sessions.kv_budget_gib`, or a
 share of the free device memory measured after loading); otherwise `Busy(retry_after_s)`.
 The replica is authoritative: a step for a session it does not hold raises `SessionLost`.
+`restore` admits a session like `open` and rebuilds it from the ingress's journal (one
+cache-update call per past chunk), so that it continues bit for bit where it stopped.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -17,13 +20,18 @@ from ray import serve
 
 from deployments.config import ModelArgs, SessionArgs
 from deployments.errors import Busy, ChunkLimit, SessionLost
+from deployments.journal import WireNoise
 from deployments.log import get_log
 from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
 from model.accel import AccelOptions
 from model.config import CHUNK_FRAMES
 from model.factory import load_dit_engine
-from model.session import DiTSession, DiTSessionSpec
+from model.sampler import NoiseState
+from model.session import DiTSession, DiTSessionSpec, PastChunk
+
+# A past chunk as the ingress journals it: poses [N, 4, 4], intrinsics [N, 4], y, latents.
+WirePastChunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 GIB = 1024**3
 FREE_MEMORY_SHARE = 0.8  # of the memory free after loading, when no kv_budget_gib is given
@@ -63,7 +71,7 @@ class CausalDiT(SessionHost[DiTSlot]):
         table: SessionTable[DiTSlot] = SessionTable(
             sessions.max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
         )
-        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"))
+        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"), model.device)
         self._log.info("ready", fields={"budget_gib": f"{budget / GIB:.2f}", "max_sessions": sessions.max_sessions,
                                         "torch_threads": torch.get_num_threads()})
 
@@ -79,29 +87,66 @@ class CausalDiT(SessionHost[DiTSlot]):
         intrinsics_resolution: tuple[int, int],
     ) -> str:
         """Admit and open a session (text context float32 [L, text_dim]); returns the replica id."""
-        kv_frames = self._engine.kv_frames(total_latent_frames)
-        nbytes = self._engine.session_bytes(height, width, kv_frames)
-        try:
-            self._table.admit(key, nbytes)
-        except Busy:
-            self._metrics.rejected.inc()
-            self._log.info("session refused (busy)", fields={"session": key, "kv_mib": nbytes >> 20})
-            raise
-        spec = DiTSessionSpec(
+        spec = self._spec(context, height, width, seed, total_latent_frames, translation_scale, intrinsics_resolution)
+        await self._admit(key, spec, 0, lambda: self._engine.open(spec))
+        self._log.info("session opened", fields={"session": key, "size": f"{height}x{width}"})
+        return self._replica
+
+    async def restore(
+        self,
+        key: str,
+        context: np.ndarray,
+        height: int,
+        width: int,
+        seed: int,
+        total_latent_frames: Optional[int],
+        translation_scale: Optional[float],
+        intrinsics_resolution: tuple[int, int],
+        past: list[WirePastChunk],
+        noise: Optional[WireNoise],
+    ) -> str:
+        """Admit a session like `open` and rebuild it from its journal: `past` chunks in order,
+        `noise` the generator state after the last one. Returns the replica id."""
+        if not hasattr(self._engine, "restore"):
+            raise SessionLost("this DiT deployment cannot rebuild sessions; start again with image and prompt")
+        if len(past) > self._max_chunks:
+            raise ChunkLimit(f"the session has {len(past)} chunks, more than max_chunks ({self._max_chunks})")
+        spec = self._spec(context, height, width, seed, total_latent_frames, translation_scale, intrinsics_resolution)
+        tensors: dict[int, torch.Tensor] = {}  # equal y arrive as one shared array: keep one tensor
+
+        def tensor(a: np.ndarray) -> torch.Tensor:
+            if id(a) not in tensors:
+                tensors[id(a)] = torch.tensor(a)  # a copy: Ray hands in read-only arrays
+            return tensors[id(a)]
+
+        chunks = [PastChunk(poses, intrinsics, tensor(y), tensor(lat)) for poses, intrinsics, y, lat in past]
+        state = None if noise is None else NoiseState(torch.from_numpy(noise[0].copy()), noise[1])
+        await self._admit(key, spec, len(past), lambda: self._engine.restore(spec, chunks, state))
+        self._log.info("session restored", fields={"session": key, "chunks": len(past)})
+        return self._replica
+
+    @staticmethod
+    def _spec(context: np.ndarray, height: int, width: int, seed: int, total_latent_frames: Optional[int],
+              translation_scale: Optional[float], intrinsics_resolution: tuple[int, int]) -> DiTSessionSpec:
+        return DiTSessionSpec(
             context=torch.tensor(context, dtype=torch.float32),  # a copy: Ray hands in read-only arrays
             height=height, width=width, seed=seed, total_latent_frames=total_latent_frames,
             translation_scale=translation_scale, intrinsics_resolution=tuple(intrinsics_resolution),
         )
+
+    async def _admit(self, key: str, spec: DiTSessionSpec, chunks: int, build: Callable[[], DiTSession]) -> None:
+        """Reserve the session's caches (`Busy` when they do not fit), then build it."""
+        kv_frames = self._engine.kv_frames(spec.total_latent_frames)
+        if self._engine.cfg.local_attn_size == -1:
+            kv_frames = max(kv_frames, chunks * CHUNK_FRAMES)  # a rebuilt session holds its past
+        nbytes = self._engine.session_bytes(spec.height, spec.width, kv_frames)
         try:
-            session = await self._compute(self._engine.open, spec)
-        except BaseException:
-            self._table.pop(key)
+            await self._open_slot(key, nbytes, lambda: DiTSlot(build(), spec.height, spec.width, kv_frames, chunks))
+        except Busy:
+            self._metrics.rejected.inc()
+            self._log.info("session refused (busy)", fields={"session": key, "kv_mib": nbytes >> 20})
             raise
-        self._table.add(key, DiTSlot(session, height, width, kv_frames))
         self._metrics.admitted.inc()
-        self._publish()
-        self._log.info("session opened", fields={"session": key, "size": f"{height}x{width}", "kv_mib": nbytes >> 20})
-        return self._replica
 
     async def step(self, key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
         """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw]."""
@@ -133,8 +178,10 @@ class CausalDiT(SessionHost[DiTSlot]):
     def _step(self, slot: DiTSlot, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
         out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics)  # copy: y arrives read-only
         slot.chunks += 1
+        noise = slot.session.noise.state()
         return {
             "latents": out.latents.numpy(),  # float32 [16, 3, lh, lw]
+            "noise": (noise.rng.numpy(), noise.whole_drawn),  # for the ingress's journal
             "timings": out.timings,
             "replica": self._replica,
         }

@@ -13,10 +13,11 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.auth import Auth
+from deployments.auth import Auth, bearer_subprotocol
 from deployments.config import AppArgs
 from deployments.connection import POLICY_VIOLATION, Backends, Connection
 from deployments.metrics import IngressMetrics
+from deployments.quotas import Quotas
 from deployments.videos import mount_videos
 from deployments.web import mount_web
 from protocol.camera import output_size, parse_size
@@ -49,6 +50,7 @@ class WorldIngress:
             max_message_bytes=args.max_message_bytes,
         )
         self._auth = Auth(args.auth)
+        self._quotas = Quotas(args.auth)
         self._metrics = IngressMetrics()
         self._open_connections = 0
 
@@ -57,23 +59,29 @@ class WorldIngress:
         if not self._auth.origin_allowed(ws):
             await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")  # before accept: HTTP 403
             return
-        await ws.accept()
-        if not self._auth.key_accepted(ws):
+        subprotocol = bearer_subprotocol(ws)  # a browser that offered one fails unless it is echoed
+        await (ws.accept(subprotocol=subprotocol) if subprotocol else ws.accept())
+        accepted, key_id = self._auth.authenticate(ws)
+        if not accepted:
+            self._metrics.count_error(ErrorCode.UNAUTHORIZED.value)
             await ws.send_bytes(encode(ErrorReply(code=ErrorCode.UNAUTHORIZED, message=(
-                "missing or wrong API key: send `Authorization: Bearer <key>` or the `api_key` query parameter"))))
+                "missing or wrong API key: send `Authorization: Bearer <key>`, the WebSocket subprotocol "
+                "`lwf.bearer.<key>` or the `api_key` query parameter"))))
             await ws.close(code=POLICY_VIOLATION, reason="unauthorized")
             return
         self._open_connections += 1
         self._metrics.connections.set(self._open_connections)
         try:
-            await Connection(ws, self._backends, self._args, self._limits, self._handshake, self._metrics).run()
+            await Connection(ws, self._backends, self._args, self._limits, self._handshake, self._metrics,
+                             self._quotas.for_key(key_id)).run()
         finally:
             self._open_connections -= 1
             self._metrics.connections.set(self._open_connections)
 
     @app.get("/healthz")
     async def healthz(self) -> JSONResponse:
-        """200 when every replica of every deployment answers, else 503; replica and session counts."""
+        """200 when every replica of every deployment answers, else 503; replica, session and
+        (this replica's) WebSocket counts."""
         try:
             stats = await asyncio.wait_for(self._replica_stats(), HEALTH_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - any failure means unhealthy
@@ -82,6 +90,7 @@ class WorldIngress:
             "status": "ok",
             "replicas": {name: len(s) for name, s in stats.items()},
             "sessions": {name: sum(r["sessions"] for r in stats[name]) for name in ("vae", "dit")},
+            "connections": self._open_connections,  # WebSockets open on the ingress replica that answered
         })
 
     @app.get("/v1/models")

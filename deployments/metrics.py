@@ -28,6 +28,12 @@ class IngressMetrics:
         self.connections = Gauge(
             "lwf_websocket_connections", description="Open WebSocket connections on this replica."
         )
+        self.recoveries = Counter(
+            "lwf_session_recoveries",
+            description="Sessions rebuilt from the ingress's journal after their replica was lost "
+            "(tag component: dit or vae; outcome: rebuilt or lost).",
+            tag_keys=("component", "outcome"),
+        )
 
     def observe_chunk(self, durations: dict[str, float]) -> None:
         for stage, seconds in durations.items():
@@ -35,6 +41,9 @@ class IngressMetrics:
 
     def count_error(self, code: str) -> None:
         self.errors.inc(tags={"code": code})
+
+    def count_recovery(self, component: str, rebuilt: bool) -> None:
+        self.recoveries.inc(tags={"component": component, "outcome": "rebuilt" if rebuilt else "lost"})
 
 
 class SessionMetrics:

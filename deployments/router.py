@@ -1,7 +1,8 @@
 """SessionAffinityRouter: hard session affinity for the stateful DiT and VAE deployments.
 
 Every call that carries a session id (`handle.options(session_id=key)`) goes to the replica
-that holds the session. A session is placed when its `open` call is routed: on the replica
+that holds the session. A session is placed when its `open` (or `restore`: a session rebuilt
+after its replica was lost) call is routed: on the replica
 with the most free session slots, and pinned at once, so that concurrent opens spread. Free
 slots come from the replicas' `record_routing_stats` (capacity and the keys they hold), which
 are up to a stats period old: the router corrects them by its own placements and closes since
@@ -42,10 +43,11 @@ class SessionAffinityRouter(RequestRouter):
     """Places sessions by free capacity and pins every later call of a session."""
 
     def initialize_state(
-        self, pin_ttl_s: float = 900.0, open_method: str = "open", close_method: str = "close"
+        self, pin_ttl_s: float = 900.0, open_methods: tuple[str, ...] = ("open", "restore"),
+        close_method: str = "close",
     ) -> None:
         self._pin_ttl_s = pin_ttl_s
-        self._open_method = open_method
+        self._open_methods = frozenset(open_methods)
         self._close_method = close_method
         self._pins: dict[str, _Pin] = {}
         self._closed: dict[str, float] = {}  # session -> when this router routed its close
@@ -67,10 +69,13 @@ class SessionAffinityRouter(RequestRouter):
         now = time.monotonic()
         self._sweep(now)
         pin = self._pins.get(sid)
+        if pin is not None and pin.replica_id not in self.curr_replicas:  # left before we were told
+            self._drop_pins_not_in(set(self.curr_replicas))
+            pin = None
         if pin is not None:
             pin.last_used = now
             return [[self.curr_replicas[pin.replica_id]]]
-        if pending_request.metadata.call_method != self._open_method:
+        if pending_request.metadata.call_method not in self._open_methods:
             # Unknown session: any replica answers session_lost (it does not hold it).
             return [candidate_replicas]
         best = self._most_free(candidate_replicas)
@@ -110,7 +115,7 @@ class SessionAffinityRouter(RequestRouter):
         gone = [sid for sid, p in self._pins.items() if p.replica_id not in live]
         for sid in gone:
             self._log.warning(
-                "replica left; session unpinned (its next call gets session_lost)",
+                "replica left; session unpinned (its next call gets session_lost, then a rebuild)",
                 fields={"session": sid, "replica": self._pins.pop(sid).replica_id.unique_id},
             )
 

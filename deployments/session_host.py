@@ -3,13 +3,18 @@
 A replica holds many sessions in a `SessionTable`. Model work runs in a worker thread under
 one per-replica lock (`_compute`), so the replica's event loop stays free for health checks,
 routing stats and calls of other sessions. A background task expires idle sessions.
+`check_health` (Serve's health check) runs a tiny op on the serving device: a replica whose
+GPU is unusable fails it and Serve replaces the replica (its sessions are then rebuilt
+elsewhere by the ingress, see journal.py).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any, Generic, Optional, TypeVar
 
+import torch
 from ray import serve
 
 from deployments.log import KeyValueLog
@@ -26,9 +31,11 @@ SWEEP_PERIOD_MAX_S = 10.0
 class SessionHost(Generic[S]):
     """Base class of a deployment that keeps per-session state (subclasses call `_start_host`)."""
 
-    def _start_host(self, table: SessionTable[S], release: Callable[[S], None], log: KeyValueLog) -> None:
+    def _start_host(self, table: SessionTable[S], release: Callable[[S], None], log: KeyValueLog,
+                    device: str) -> None:
         """`release(state)` frees one session's memory (called in the worker thread)."""
         self._table = table
+        self._device = device
         self._release = release
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._log = log.bind(replica=self._replica)
@@ -55,16 +62,36 @@ class SessionHost(Generic[S]):
                     prepare(key, state)
                 return await _in_thread(fn, state, *args)
 
-    async def close(self, key: str) -> bool:
-        """Free a session at once; False when it was not held (closing is idempotent)."""
-        async with self._lock:
-            state = self._table.pop(key)
-            if state is not None:
-                await _in_thread(self._release, state)
+    async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S]) -> S:
+        """Admit `key` (`Busy` when full), build its state in the worker thread, hold it."""
+        self._table.admit(key, nbytes)
+        try:
+            state = await self._compute(build)
+        except BaseException:
+            self._table.pop(key)
+            raise
+        self._table.add(key, state)
         self._publish()
-        if state is not None:
+        return state
+
+    async def close(self, key: str) -> bool:
+        """End a session; False when it was not held (closing is idempotent).
+
+        Its slot is free at once, so that a router that saw this close routed can place the
+        next session here; its memory is freed (and its bytes stop counting) once the call
+        that may be running for it has ended.
+        """
+        retired = self._table.retire(key)
+        if retired is not None:
+            state, nbytes = retired
+            try:
+                async with self._lock:
+                    await _in_thread(self._release, state)
+            finally:
+                self._table.released(nbytes)
             self._log.info("session closed", fields={"session": key})
-        return state is not None
+        self._publish()
+        return retired is not None
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Read by SessionAffinityRouter to place new sessions."""
@@ -80,7 +107,11 @@ class SessionHost(Generic[S]):
         """Health probe and capacity report (/healthz, /v1/models)."""
         stats = self.record_routing_stats()
         del stats["keys"]
-        return {**stats, "cache_bytes": self._table.bytes_in_use}
+        return {**stats, "cache_bytes": self._table.bytes_in_use, "rss_bytes": resident_bytes()}
+
+    async def check_health(self) -> None:
+        """Serve's periodic health check: raises when the serving device cannot compute."""
+        await asyncio.to_thread(device_probe, self._device)
 
     def _publish(self) -> None:
         self._metrics.update(len(self._table), self._table.bytes_in_use)
@@ -97,6 +128,22 @@ class SessionHost(Generic[S]):
                 self._log.info("session expired (idle)", fields={"session": key, "ttl_s": self._table.idle_ttl_s})
             if expired:
                 self._publish()
+
+
+def device_probe(device: str) -> None:
+    """A tiny op on `device`, waited for: raises when a GPU is unusable (a sticky CUDA error,
+    a lost device); hangs when it is stuck, which Serve's health-check timeout catches."""
+    if device != "cuda":
+        return
+    x = torch.ones(8, device=device)
+    if float((x * 2).sum()) != 16.0:  # float() synchronises
+        raise RuntimeError("the GPU returned a wrong result for a tiny op")
+
+
+def resident_bytes() -> int:
+    """Resident memory of this process (Linux /proc)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:

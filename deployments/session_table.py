@@ -43,6 +43,7 @@ class SessionTable(Generic[S]):
         self.retry_after_s = retry_after_s
         self._clock = clock
         self._entries: dict[str, _Entry[S]] = {}
+        self._retiring_bytes = 0  # of sessions closed whose state is not released yet
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -56,7 +57,7 @@ class SessionTable(Generic[S]):
 
     @property
     def bytes_in_use(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        return sum(e.nbytes for e in self._entries.values()) + self._retiring_bytes
 
     @property
     def free_slots(self) -> int:
@@ -129,6 +130,21 @@ class SessionTable(Generic[S]):
         """Remove `key` (or its reservation); its state (to free) or None when absent or opening."""
         entry = self._entries.pop(key, None)
         return None if entry is None else entry.state
+
+    def retire(self, key: str) -> Optional[tuple[S, int]]:
+        """Remove a held session at once (its slot is free for the next open) while its bytes
+        stay counted until `released(nbytes)`: a call in progress may still use its state.
+        (state, nbytes); None when absent (or opening: the reservation is simply given back)."""
+        entry = self._entries.pop(key, None)
+        if entry is None or entry.state is None:
+            return None
+        self._retiring_bytes += entry.nbytes
+        return entry.state, entry.nbytes
+
+    def released(self, nbytes: int) -> None:
+        """A retired session's state has been freed: its bytes no longer count."""
+        assert 0 <= nbytes <= self._retiring_bytes, "released more than was retired"
+        self._retiring_bytes -= nbytes
 
     def pop_expired(self) -> list[tuple[str, S]]:
         """Remove and return the sessions idle for longer than the TTL."""

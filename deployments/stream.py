@@ -1,9 +1,10 @@
-"""Stream: the connection's view of one session (its lifecycle, identity and chunk counter).
+"""Stream: the connection's view of one session (its lifecycle, identity, chunk counter, journal).
 
-The replicas key a session by `key`, which is unique per session *incarnation* (client id +
-random suffix): two connections that pick the same `session_id`, or a session restarted under
-the same id, never share server-side state, and releasing an old incarnation cannot touch the
-new one.
+The replicas key a session by a key unique per *incarnation* (client id + random suffix): two
+connections that pick the same `session_id`, or a session restarted under the same id, never
+share server-side state, and releasing an old incarnation cannot touch the new one. A session
+rebuilt on another replica after a failure (recovery) gets a fresh key on that deployment
+(`dit_key`, `vae_key`), so stale pins and late calls of the lost incarnation cannot reach it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Optional
 
 import numpy as np
 
+from deployments.journal import SessionJournal
 
 class StreamState(Enum):
     OPEN = auto()  # chunks may be dispatched; the replicas hold (or are opening) the session
@@ -25,6 +27,11 @@ class StreamState(Enum):
 
 class StreamClosed(RuntimeError):
     """An illegal lifecycle transition (a bug in the connection logic)."""
+
+
+def incarnation_key(session_id: str) -> str:
+    """`<session_id>~<random>`: the replicas' key of one incarnation of a session."""
+    return f"{session_id}~{uuid.uuid4().hex[:12]}"
 
 
 def image_digest(image: bytes | np.ndarray) -> str:
@@ -57,16 +64,21 @@ class Stream:
     """One session incarnation on one connection."""
 
     spec: StreamSpec
-    key: str = field(init=False)
+    journal: SessionJournal
+    key: str = field(init=False)  # the stream's identity on the connection
+    dit_key: str = field(init=False)  # the session's key on the DiT deployment (new after a recovery)
+    vae_key: str = field(init=False)  # ... and on the VAE deployment
     state: StreamState = StreamState.OPEN
     next_chunk: int = 0
     chunk_tasks: list[asyncio.Task] = field(default_factory=list)
     dit_open: Optional[asyncio.Future] = None  # result of the DiT open (carries busy)
     vae_open: Optional[asyncio.Future] = None
+    text_encode_s: float = 0.0
+    recoveries: int = 0  # times the session was rebuilt on another replica
     release: Optional[asyncio.Task] = None  # frees the replicas' state once the stream ended
 
     def __post_init__(self) -> None:
-        self.key = f"{self.spec.session_id}~{uuid.uuid4().hex[:12]}"
+        self.key = self.dit_key = self.vae_key = incarnation_key(self.spec.session_id)
 
     def take_chunk_id(self) -> int:
         if self.state is not StreamState.OPEN:

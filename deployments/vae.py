@@ -1,7 +1,10 @@
 """VaeCodec deployment: per-session conditioning encode, streaming decode and fMP4 mux.
 
 Each session holds a `VaeSession` (encoder cache for y, decoder cache) and its `Fmp4Muxer`.
-Calls for a session this replica does not hold raise `SessionLost`.
+Calls for a session this replica does not hold raise `SessionLost`. `restore` rebuilds a
+session from the ingress's journal by replaying its conditions and decodes, muxing the
+decoded frames again (output dropped), so that the caches and the H.264 encoder's state are
+those of the uninterrupted session and its next fragment is byte-identical.
 """
 from __future__ import annotations
 
@@ -41,25 +44,35 @@ class VaeCodec(SessionHost[VaeSlot]):
         table: SessionTable[VaeSlot] = SessionTable(
             max_sessions, None, sessions.idle_ttl_s, sessions.retry_after_s
         )
-        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"))
+        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"), model.device)
 
     async def open(self, key: str, image: np.ndarray, height: int, width: int) -> str:
         """Start a session from its RGB uint8 image [H0, W0, 3] at output size (height, width)."""
-        self._table.admit(key, 0)
-
-        def build() -> VaeSlot:
-            writable = np.array(image)  # Ray hands in read-only arrays; torch wants to own a copy
-            return VaeSlot(self._engine.open(writable, height, width), Fmp4Muxer(width, height, FPS))
-
-        try:
-            slot = await self._compute(build)
-        except BaseException:
-            self._table.pop(key)
-            raise
-        self._table.add(key, slot)
-        self._publish()
+        await self._open_slot(key, 0, lambda: self._new_slot(image, height, width))
         self._log.info("session opened", fields={"session": key, "resolution": f"{height}x{width}"})
         return self._replica
+
+    async def restore(self, key: str, image: np.ndarray, height: int, width: int, conditioned: int,
+                      decoded: list[np.ndarray]) -> str:
+        """Rebuild a session: `conditioned` conditions done, then the chunks `decoded` (latents
+        [16, 3, lh, lw] each, in order) decoded and muxed."""
+
+        def build() -> VaeSlot:
+            slot = self._new_slot(image, height, width)
+            for _ in range(conditioned):
+                self._engine.condition(slot.session)
+            for latents in decoded:
+                slot.muxer.add_chunk(self._engine.decode(slot.session, torch.tensor(latents)))
+            return slot
+
+        await self._open_slot(key, 0, build)
+        self._log.info("session restored", fields={"session": key, "conditioned": conditioned,
+                                                   "decoded": len(decoded)})
+        return self._replica
+
+    def _new_slot(self, image: np.ndarray, height: int, width: int) -> VaeSlot:
+        writable = np.array(image)  # Ray hands in read-only arrays; torch wants to own a copy
+        return VaeSlot(self._engine.open(writable, height, width), Fmp4Muxer(width, height, FPS))
 
     async def condition(self, key: str) -> np.ndarray:
         """The next chunk's conditioning y, float32 [20, 3, lh, lw]."""

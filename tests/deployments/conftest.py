@@ -2,12 +2,15 @@
 
 The app serves the embedded tiny model on CPU with two DiT replicas of two session slots each
 (capacity 4: the affinity and admission tests fill it), a short idle TTL (the expiry test waits
-it out) and debug fields on (replica ids in frame replies). Ray starts once: each start costs
-~15 s on a 2-core machine.
+it out) and debug fields on (replica ids and recoveries in frame replies). Ray starts once:
+each start costs ~15 s on a 2-core machine. A second app in the same Ray instance
+(`strict_server`, route prefix /strict, started on first use) has API keys, quotas, tight
+connection limits, a 2-chunk cap and recovery out of reach (tiny journal budget).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -30,6 +33,7 @@ IDLE_TTL_S = 10.0
 TEST_SIZE = "32*64"  # a 16:9 image -> 32 x 48 output: small enough for 1-thread CPU replicas
 CAMERA_PATH = "/v1/realtime/world/camera"
 NUM_FRAMES = 33  # 3 chunks: 9 + 12 + 12 frames
+MESSAGES_PER_S = 400  # per connection; the fuzzer stays below it, the flood test far above
 APP_ARGS = {
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
     "sessions": {"max_sessions": 2, "idle_ttl_s": IDLE_TTL_S, "routing_stats_period_s": 0.5},
@@ -37,6 +41,28 @@ APP_ARGS = {
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},
     "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 64},
+    "connection": {"max_messages_per_s": MESSAGES_PER_S, "message_burst": MESSAGES_PER_S},
+    "debug_fields": True,
+}
+API_KEYS_ENV = "LWF_TEST_API_KEYS"  # set before Ray starts: the replicas inherit it (a secret in production)
+API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps")  # a key per test group: quotas
+STRICT_PREFIX = "/strict"
+STRICT_ORIGIN = "https://app.example"
+STRICT_LIMITS = {"max_messages_per_s": 20, "message_burst": 40, "first_message_timeout_s": 2.0, "idle_timeout_s": 4.0}
+STRICT_MAX_MESSAGE_BYTES = 256 * 1024
+STRICT_ARGS = {
+    "model": {"preset": "tiny", "default_size": TEST_SIZE},
+    # A 2-chunk cap, a 1 s TTL, and a journal budget below one decoded image: never recoverable.
+    "sessions": {"max_sessions": 4, "idle_ttl_s": 1.0, "routing_stats_period_s": 0.5, "max_chunks": 2,
+                 "journal_max_mib": 1.0},
+    "dit": {"num_cpus": 0.1},
+    "vae": {"num_cpus": 0.1},
+    "text_encoder": {"num_cpus": 0.1},
+    "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 32},
+    "auth": {"api_keys_env": API_KEYS_ENV, "allowed_origins": [STRICT_ORIGIN], "chunks_per_minute": 8,
+             "max_sessions_per_key": 2},
+    "connection": STRICT_LIMITS,
+    "max_message_bytes": STRICT_MAX_MESSAGE_BYTES,
     "debug_fields": True,
 }
 
@@ -69,34 +95,57 @@ class Server:
             time.sleep(0.2)
 
 
+def _wait_healthy(http: str) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{http}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"the serve app at {http} did not become healthy within 180 s")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
+def ray_port() -> Iterator[int]:
+    """Ray and Serve's HTTP proxy, once per test run."""
     import ray
+    from ray import serve
+
+    os.environ[API_KEYS_ENV] = ",".join(API_KEYS)
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield port
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _run_app(port: int, args: dict, name: str, prefix: str) -> Server:
     from ray import serve
 
     from deployments.app import build_app
     from deployments.config import AppArgs
 
-    port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(AppArgs.model_validate(APP_ARGS)), name="lwf", route_prefix="/", blocking=False)
-        http = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{http}/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("the serve app did not become healthy within 180 s")
-            time.sleep(0.5)
-        yield Server(http=http, ws=f"ws://127.0.0.1:{port}{CAMERA_PATH}")
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    serve.run(build_app(AppArgs.model_validate(args)), name=name, route_prefix=prefix, blocking=False)
+    base = f"127.0.0.1:{port}{prefix.rstrip('/')}"
+    _wait_healthy(f"http://{base}")
+    return Server(http=f"http://{base}", ws=f"ws://{base}{CAMERA_PATH}")
+
+
+@pytest.fixture(scope="session")
+def server(ray_port: int) -> Server:
+    return _run_app(ray_port, APP_ARGS, "lwf", "/")
+
+
+@pytest.fixture(scope="session")
+def strict_server(ray_port: int, server: Server) -> Server:
+    """The second app: API keys, quotas, tight connection limits, 2-chunk cap, no recovery."""
+    return _run_app(ray_port, STRICT_ARGS, "strict", STRICT_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -177,12 +226,14 @@ class Client:
 class Connect:
     """`async with Connect(url) as client:` opens the socket and reads the handshake."""
 
-    def __init__(self, url: str, headers: Optional[dict] = None) -> None:
+    def __init__(self, url: str, headers: Optional[dict] = None, subprotocols: Optional[list[str]] = None) -> None:
         self._url = url
         self._headers = headers
+        self._subprotocols = subprotocols
 
     async def __aenter__(self) -> Client:
-        self._ws = await websockets.connect(self._url, max_size=None, additional_headers=self._headers)
+        self._ws = await websockets.connect(self._url, max_size=None, additional_headers=self._headers,
+                                            subprotocols=self._subprotocols)
         config = decode_reply(await asyncio.wait_for(self._ws.recv(), 30))
         assert isinstance(config, CameraServerConfig), config
         return Client(self._ws, config)
@@ -195,3 +246,65 @@ class Connect:
 def connect(server: Server):
     """`async with connect() as client:` a fresh WebSocket to the test app."""
     return lambda headers=None: Connect(server.ws, headers)
+
+
+@pytest.fixture(scope="session")
+def strict_connect(strict_server: Server):
+    """`async with strict_connect(key) as client:` a WebSocket to the strict app with
+    `Authorization: Bearer <key>` (key None: no header)."""
+    def connect(key: Optional[str] = API_KEYS[0], headers: Optional[dict] = None,
+                subprotocols: Optional[list[str]] = None) -> Connect:
+        auth = {} if key is None else {"Authorization": f"Bearer {key}"}
+        return Connect(strict_server.ws, {**auth, **(headers or {})}, subprotocols)
+
+    return connect
+
+
+@pytest.fixture(scope="session")
+def api_keys() -> tuple[str, ...]:
+    return API_KEYS
+
+
+def kill_replica(app: str, deployment: str, replica_id: str) -> None:
+    """`ray.kill` the Serve replica actor `replica_id` (the unique id frame replies carry in
+    `debug`) of `app`'s `deployment`; the controller then starts a replacement."""
+    import ray
+
+    suffix = f"{app}#{deployment}#{replica_id}"
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(suffix)]
+    assert len(names) == 1, f"no single replica actor named *{suffix}: {names}"
+    ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
+
+
+@pytest.fixture(scope="session")
+def replica_killer():
+    return kill_replica
+
+
+def replica_stats(app: str, deployment: str) -> list[dict]:
+    """`stats()` of every replica of `app`'s `deployment` (sessions, cache_bytes, rss_bytes ...)."""
+    from ray import serve
+
+    return serve.get_deployment_handle(deployment, app_name=app).broadcast("stats").results()
+
+
+@pytest.fixture(scope="session")
+def stats_of(server: Server):
+    return replica_stats
+
+
+@pytest.fixture(scope="session")
+def redeploy(server: Server):
+    """`redeploy(dit_replicas)`: update the shared app in place with another DiT replica count
+    (Serve drains the replicas it removes); returns once the app is running again."""
+    from ray import serve
+
+    from deployments.app import build_app
+    from deployments.config import AppArgs
+
+    def run(dit_replicas: int) -> None:
+        args = {**APP_ARGS, "dit": {**APP_ARGS["dit"], "num_replicas": dit_replicas}}
+        serve.run(build_app(AppArgs.model_validate(args)), name="lwf", route_prefix="/", blocking=False)
+        _wait_healthy(server.http)
+
+    return run

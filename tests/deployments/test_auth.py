@@ -1,11 +1,20 @@
-"""Auth: API keys from the named environment variable, Bearer header or query parameter, origins."""
+"""Auth: API keys from the named environment variable (Bearer header, bearer subprotocol or query
+parameter), origins; the per-key quotas and the token bucket."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import websockets
 from starlette.requests import HTTPConnection
 
-from deployments.auth import Auth
+from deployments.auth import Auth, bearer_subprotocol
 from deployments.config import AuthArgs
+from deployments.errors import Busy
+from deployments.quotas import KeyQuota, TokenBucket
+from protocol import decode_reply, encode_infer
+from protocol.errors import ErrorCode
+from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
 
 
 def conn(headers: dict[str, str] | None = None, query: str = "") -> HTTPConnection:
@@ -16,15 +25,25 @@ def conn(headers: dict[str, str] | None = None, query: str = "") -> HTTPConnecti
 def test_keys_from_the_environment(monkeypatch):
     monkeypatch.setenv("TEST_LWF_KEYS", " k1 , k2 ")
     auth = Auth(AuthArgs(api_keys_env="TEST_LWF_KEYS"))
-    assert auth.key_accepted(conn({"Authorization": "Bearer k2"}))
-    assert auth.key_accepted(conn(query="api_key=k1"))
-    assert not auth.key_accepted(conn({"Authorization": "Bearer k3"}))
-    assert not auth.key_accepted(conn({"Authorization": "k1"}))  # not a bearer token
-    assert not auth.key_accepted(conn())
+    assert auth.authenticate(conn({"Authorization": "Bearer k2"})) == (True, "key1")
+    assert auth.authenticate(conn({"Authorization": "bearer  k1"})) == (True, "key0")
+    assert auth.authenticate(conn(query="api_key=k1")) == (True, "key0")
+    assert auth.authenticate(conn({"Sec-WebSocket-Protocol": "lwf.v1, lwf.bearer.k2"})) == (True, "key1")
+    assert not auth.authenticate(conn({"Authorization": "Bearer k3"}))[0]
+    assert not auth.authenticate(conn({"Authorization": "k1"}))[0]  # not a bearer token
+    assert not auth.authenticate(conn({"Sec-WebSocket-Protocol": "lwf.bearer.k"}))[0]  # a prefix of a key
+    assert not auth.authenticate(conn({"Sec-WebSocket-Protocol": "k1"}))[0]  # not the bearer subprotocol
+    assert not auth.authenticate(conn())[0]
+
+
+def test_the_bearer_subprotocol_is_the_one_to_echo():
+    assert bearer_subprotocol(conn({"Sec-WebSocket-Protocol": "lwf.v1, lwf.bearer.abc"})) == "lwf.bearer.abc"
+    assert bearer_subprotocol(conn({"Sec-WebSocket-Protocol": "lwf.v1"})) is None
+    assert bearer_subprotocol(conn()) is None
 
 
 def test_auth_off_and_a_missing_secret(monkeypatch):
-    assert Auth(AuthArgs()).key_accepted(conn())
+    assert Auth(AuthArgs()).authenticate(conn()) == (True, None)
     monkeypatch.delenv("TEST_LWF_KEYS", raising=False)
     with pytest.raises(ValueError, match="TEST_LWF_KEYS"):
         Auth(AuthArgs(api_keys_env="TEST_LWF_KEYS"))
@@ -36,3 +55,147 @@ def test_origins():
     assert not auth.origin_allowed(conn({"Origin": "https://evil.example"}))
     assert auth.origin_allowed(conn())  # non-browser clients send no Origin
     assert Auth(AuthArgs()).origin_allowed(conn({"Origin": "https://any.example"}))
+
+
+def test_token_bucket_refills_at_its_rate():
+    now = [0.0]
+    bucket = TokenBucket(rate_per_s=2.0, burst=3, clock=lambda: now[0])
+    assert [bucket.take() for _ in range(3)] == [0.0, 0.0, 0.0]  # the burst
+    assert bucket.take() == pytest.approx(0.5)  # one token every 0.5 s
+    now[0] = 0.5
+    assert bucket.take() == 0.0 and bucket.take() == pytest.approx(0.5)
+    now[0] = 100.0  # saved up to the burst only
+    assert [bucket.take() for _ in range(4)][-1] == pytest.approx(0.5)
+
+
+def test_key_quota_caps_chunks_per_minute_and_concurrent_sessions():
+    now = [0.0]
+    quota = KeyQuota(chunks_per_minute=2, max_sessions=2, clock=lambda: now[0])
+    quota.take_chunk()
+    quota.take_chunk()
+    with pytest.raises(Busy) as e:
+        quota.take_chunk()
+    assert e.value.retry_after_s == pytest.approx(30.0)  # 2 per minute: the next in 30 s
+    now[0] = 30.0
+    quota.take_chunk()
+    quota.start_session("a")
+    quota.start_session("b")
+    with pytest.raises(Busy):
+        quota.start_session("c")
+    quota.start_session("c", replacing="b")  # a connection replacing its own session
+    quota.end_session("a")
+    quota.start_session("d")
+    with pytest.raises(Busy):
+        quota.start_session("e")
+
+
+def test_quotas_need_api_keys():
+    with pytest.raises(ValueError, match="api_keys_env"):
+        AuthArgs(max_sessions_per_key=1)
+
+
+# ---- through the strict app (API keys, origins, quotas) ----
+
+def _refused(strict_server, headers: dict | None = None, subprotocols: list[str] | None = None):
+    """Connect, read what the server says, then its close."""
+    async def go():
+        ws = await websockets.connect(strict_server.ws, additional_headers=headers, subprotocols=subprotocols)
+        reply = decode_reply(await asyncio.wait_for(ws.recv(), 30))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 30)
+        return reply, closed.value.rcvd
+
+    return asyncio.run(go())
+
+
+def test_no_key_and_a_wrong_key_are_refused(strict_server, api_keys):
+    for headers, subprotocols in [(None, None), ({"Authorization": f"Bearer {api_keys[0]}x"}, None),
+                                  (None, [f"lwf.bearer.{api_keys[0][:-1]}"])]:
+        reply, close = _refused(strict_server, headers, subprotocols)
+        assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.UNAUTHORIZED, reply
+        assert close.code == 1008 and close.reason == "unauthorized"
+
+
+def test_a_key_as_bearer_header_or_browser_subprotocol_is_accepted(strict_connect, api_keys):
+    async def go():
+        async with strict_connect(api_keys[0]) as c:
+            header = c.config
+        async with strict_connect(None, subprotocols=["lwf.v1", f"lwf.bearer.{api_keys[1]}"]) as c:
+            return header, c.config, c.ws.subprotocol
+
+    header, config, subprotocol = asyncio.run(go())
+    assert isinstance(header, CameraServerConfig) and isinstance(config, CameraServerConfig)
+    assert subprotocol == f"lwf.bearer.{api_keys[1]}"  # echoed, as browsers require
+
+
+def test_an_origin_outside_the_allow_list_is_refused_before_the_upgrade(strict_server, strict_connect, api_keys):
+    async def go():
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(strict_server.ws, origin="https://evil.example",
+                                     additional_headers={"Authorization": f"Bearer {api_keys[0]}"})
+        async with strict_connect(api_keys[0], headers={"Origin": "https://app.example"}) as c:
+            return refused.value.response.status_code, c.config
+
+    status, config = asyncio.run(go())
+    assert status == 403 and isinstance(config, CameraServerConfig)
+
+
+def test_another_connection_cannot_read_drive_or_reset_a_session(strict_connect, api_keys, example):
+    """Two connections of the same key name the same session id: the second cannot continue,
+    reset or read the first's session; its own session under that id is independent."""
+    async def go():
+        async with strict_connect(api_keys[0]) as owner, strict_connect(api_keys[0]) as other:
+            reference = await owner.run_session("ref", example, chunks=2)
+            await owner.reset("ref")
+            await owner.infer("mine", example, 0, first=True)
+            first = await owner.recv()
+            await other.infer("mine", example, 1, first=False)  # drive it: no such session here
+            drive = await other.recv()
+            reset = await other.reset("mine")  # harmless: resets nothing of the owner's
+            await owner.infer("mine", example, 1, first=False)
+            second = await owner.recv()
+            await other.infer("mine", example, 0, first=True)  # its own session under the same id
+            own = await other.recv()
+            await owner.reset("mine")
+            await other.reset("mine")
+        return reference, first, drive, reset, second, own, other.videos
+
+    reference, first, drive, reset, second, own, other_videos = asyncio.run(go())
+    assert isinstance(drive, ErrorReply) and drive.code is ErrorCode.MISSING_FIELD, drive
+    assert reset.session_id == "mine"
+    assert [first.video, second.video] == [r.video for r in reference]  # untouched by the other socket
+    assert isinstance(own, FrameReply) and own.chunk_id == 0 and own.debug["dit_replica"]
+    assert list(other_videos) == ["mine"] and other_videos["mine"].decode_frames().shape[0] == 9  # its own only
+
+
+def test_per_key_quotas_answer_busy(strict_server, strict_connect, api_keys, example):
+    """8 chunks per minute (cheap infers count too), and at most 2 sessions per key."""
+    poses, intrinsics = example.chunk(0)
+
+    async def chunks():
+        async with strict_connect(api_keys[1]) as c:
+            for _ in range(9):
+                await c.send(encode_infer("q", poses, intrinsics))  # no image: missing_field, but counted
+            return [await c.recv() for _ in range(9)]
+
+    async def sessions():
+        async with strict_connect(api_keys[2]) as a, strict_connect(api_keys[2]) as b, \
+                strict_connect(api_keys[2]) as c:
+            for client, sid in ((a, "s1"), (b, "s2"), (c, "s3")):
+                await client.infer(sid, example, 0, first=True)
+            replies = [await a.recv(), await b.recv(), await c.recv()]
+            await a.reset("s1")
+            await c.infer("s3", example, 0, first=True)
+            replies.append(await c.recv())
+            await b.reset("s2")
+            await c.reset("s3")
+        return replies
+
+    per_minute = asyncio.run(chunks())
+    assert all(r.code is ErrorCode.MISSING_FIELD for r in per_minute[:8])
+    assert per_minute[8].code is ErrorCode.BUSY and 0 < per_minute[8].retry_after_s <= 7.5, per_minute[8]
+    s1, s2, s3, s3_again = asyncio.run(sessions())
+    assert isinstance(s1, FrameReply) and isinstance(s2, FrameReply)
+    assert isinstance(s3, ErrorReply) and s3.code is ErrorCode.BUSY and s3.retry_after_s > 0, s3
+    assert isinstance(s3_again, FrameReply)  # s1's reset freed one of the key's 2 sessions
+    strict_server.wait_held(0)

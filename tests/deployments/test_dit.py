@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+import torch
+
+from deployments.session_host import device_probe
+from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply
 
@@ -39,3 +44,34 @@ def test_a_session_beyond_capacity_is_busy_until_a_slot_frees(server, connect, e
     assert isinstance(admitted, FrameReply) and admitted.chunk_id == 0
     assert isinstance(second, FrameReply) and second.chunk_id == 1
     assert server.held() == {"vae": 0, "dit": 0}
+
+
+def test_a_session_is_capped_at_max_chunks(strict_server, strict_connect, api_keys, example):
+    """sessions.max_chunks (2 in the strict app; 341 by default, the RoPE table's 1024 latent
+    frames): the chunk beyond it is too_large with a clear message, the session is released."""
+    async def go():
+        async with strict_connect(api_keys[4]) as c:
+            replies = []
+            for k in range(3):  # open-ended session (no num_frames): only the cap stops it
+                extra = {"image": example.image, "prompt": example.prompt} if k == 0 else {}
+                await c.send(encode_infer("capped", *example.chunk(k), client_chunk_id=k, **extra))
+                replies.append(await c.recv())
+        return replies
+
+    replies = asyncio.run(go())
+    assert [type(r) for r in replies] == [FrameReply, FrameReply, ErrorReply], replies
+    assert replies[2].code is ErrorCode.TOO_LARGE and "max_chunks (2)" in replies[2].message
+    strict_server.wait_held(0)
+
+
+def test_the_health_check_fails_when_the_gpu_is_unusable(monkeypatch):
+    """check_health runs a tiny op on the serving device: nothing to do on CPU; a CUDA error
+    (sticky after an illegal access, a lost device) fails it and Serve replaces the replica."""
+    device_probe("cpu")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch, "ones", broken)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        device_probe("cuda")

@@ -118,6 +118,20 @@ def test_departed_replica_drops_its_pins():
     asyncio.run(go())
 
 
+def test_a_rebuilt_session_is_placed_like_a_new_one_and_stale_pins_go():
+    async def go():
+        a, b = replica("a", keys=("x",)), replica("b")
+        router = make_router([a, b])
+        assert await route(router, "s", "open") == ["b"]
+        # b died: Serve dropped it from the routable set before telling this router.
+        del router.curr_replicas[b.replica_id]
+        assert await route(router, "s", "step") == ["a"]  # the stale pin is dropped, not followed
+        assert await route(router, "s~2", "restore") == ["a"]  # a rebuild is placed and pinned
+        assert await route(router, "s~2", "step") == ["a"]
+
+    asyncio.run(go())
+
+
 def test_four_concurrent_sessions_stick_to_their_replicas_and_match_solo_runs(server, connect, example):
     """Two DiT replicas, four sessions at once: every chunk of a session lands on one replica,
     the sessions spread 2 + 2, and each video equals the same session run alone."""

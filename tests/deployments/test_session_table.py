@@ -74,3 +74,18 @@ def test_resize_respects_the_budget():
         t.add(k, k.upper())
     assert t.resize("a", 70) and t.bytes_in_use == 100
     assert not t.resize("b", 31) and t.bytes_in_use == 100
+
+
+def test_a_retired_session_frees_its_slot_at_once_and_its_bytes_once_released():
+    t, _ = table(max_sessions=1, budget=100)
+    t.admit("a", 70)
+    t.add("a", "A")
+    assert t.retire("a") == ("A", 70) and t.retire("a") is None
+    assert (len(t), t.free_slots, t.bytes_in_use) == (0, 1, 70)  # its step may still run
+    with pytest.raises(SessionLost):
+        t.get("a")  # queued calls of the closed session find nothing
+    with pytest.raises(Busy, match="budget"):
+        t.admit("b", 40)  # the slot is free, the memory not yet
+    t.admit("b", 30)
+    t.released(70)
+    assert t.bytes_in_use == 30

@@ -1,0 +1,82 @@
+"""SessionJournal: what the ingress keeps of one session to rebuild it on another replica.
+
+A session's replica state (DiT KV caches, VAE causal caches, muxer) is large and lives in one
+replica; what produced it is small and is kept here, beside the connection: the image and
+text context, and per finished chunk the camera payload as received, its conditioning y and
+its clean latents, plus the noise generator's state after the last chunk. When a replica dies
+or drops the session, the DiT replays one cache-update call per past chunk and the VAE
+replays its conditions and decodes (`CausalDiT.restore`, `VaeCodec.restore`); the session then
+continues exactly as if nothing had happened.
+
+Consecutive chunks' y converge to one value (zero frames through the causal encoder), so
+equal y are stored once. A journal that outgrows its byte budget drops its contents: the
+session can no longer be recovered and a lost replica then means `session_lost`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+WireNoise = tuple[np.ndarray, bool]  # (CPU generator state bytes, whole-video noise drawn)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalChunk:
+    """One finished chunk."""
+
+    poses: np.ndarray  # [N, 4, 4] as received
+    intrinsics: np.ndarray  # [N, 4]
+    y: np.ndarray  # [20, 3, lh, lw] (shared with the previous chunk's when equal)
+    latents: np.ndarray  # float32 [16, 3, lh, lw] clean x0
+
+
+class SessionJournal:
+    """Inputs and results of one session so far; `recoverable` while within its budget."""
+
+    def __init__(self, image: np.ndarray, max_bytes: Optional[int]) -> None:
+        """`image`: RGB uint8 [H0, W0, 3]; `max_bytes` None turns recovery off."""
+        self.image: Optional[np.ndarray] = image
+        self.context: Optional[np.ndarray] = None  # [L, text_dim] once the prompt is encoded
+        self.chunks: list[JournalChunk] = []
+        self.noise: Optional[WireNoise] = None  # after the last chunk
+        self.conditioned = 0  # condition calls the VAE answered (its encoder position)
+        self.decoded = 0  # decode calls the VAE answered (its decoder and muxer position)
+        self._max_bytes = max_bytes
+        self._enabled = max_bytes is not None
+        self.nbytes = image.nbytes
+        if not self._enabled:
+            self.image = None
+
+    @property
+    def recoverable(self) -> bool:
+        return self._enabled
+
+    def set_context(self, context: np.ndarray) -> None:
+        self._keep(context.nbytes)
+        if self._enabled:
+            self.context = context
+
+    def add_chunk(self, poses: np.ndarray, intrinsics: np.ndarray, y: np.ndarray, latents: np.ndarray,
+                  noise: WireNoise) -> None:
+        """Record a finished chunk (in chunk order)."""
+        previous = self.chunks[-1].y if self.chunks else None
+        if previous is not None and previous.shape == y.shape and np.array_equal(previous, y):
+            y = previous
+        new_bytes = poses.nbytes + intrinsics.nbytes + latents.nbytes + (0 if y is previous else y.nbytes)
+        self._keep(new_bytes)
+        if self._enabled:
+            self.chunks.append(JournalChunk(poses, intrinsics, y, latents))
+            self.noise = noise
+
+    def decoded_latents(self) -> list[np.ndarray]:
+        """Latents of the chunks the VAE has decoded, in order (to rebuild its decoder)."""
+        assert self.decoded <= len(self.chunks), "a chunk was decoded before the journal saw it"
+        return [c.latents for c in self.chunks[: self.decoded]]
+
+    def _keep(self, nbytes: int) -> None:
+        self.nbytes += nbytes
+        if self._enabled and self.nbytes > self._max_bytes:
+            self._enabled = False  # over budget: free everything, the session is no longer recoverable
+            self.image, self.context, self.chunks, self.noise = None, None, [], None
