@@ -144,16 +144,19 @@ class DiTEngine:
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
         return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype)
 
+    def allocate_caches(self, spec: DiTSessionSpec) -> DiTCaches:
+        """A new session's KV and cross-attention caches (sharded engines override this)."""
+        return DiTCaches.allocate(
+            self.cfg, spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
+            max_attention_size=self.max_attention_size,
+        )
+
     @torch.inference_mode()
     def open(self, spec: DiTSessionSpec) -> DiTSession:
         device = self.device
-        caches = DiTCaches.allocate(
-            self.cfg, spec.frame_seqlen, spec.total_latent_frames, self.dtype, device,
-            max_attention_size=self.max_attention_size,
-        )
         return DiTSession(
             spec=spec,
-            caches=caches,
+            caches=self.allocate_caches(spec),
             text=self.dit.embed_text(spec.context.to(device)),
             camera=CameraTrack(spec.height, spec.width, spec.intrinsics_resolution,
                                spec.translation_scale, device=device),

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from model.camera import CameraTrack
 from model.engines import DiTEngine
 from model.parallel.caches import allocate_sp_caches, sp_cache_bytes
 from model.parallel.ulysses import UlyssesDiT
-from model.sampler import NoisePlan
-from model.session import DiTSession, DiTSessionSpec
+from model.kv_cache import DiTCaches
+from model.session import DiTSessionSpec
 
 
 class SPDiTEngine(DiTEngine):
@@ -34,19 +31,9 @@ class SPDiTEngine(DiTEngine):
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
         return sp_cache_bytes(self.cfg, self.world, frame_seqlen, kv_frames, self.dtype)
 
-    @torch.inference_mode()
-    def open(self, spec: DiTSessionSpec) -> DiTSession:
-        device = self.device
-        caches = allocate_sp_caches(
-            self.cfg, self.world, spec.frame_seqlen, spec.total_latent_frames, self.dtype, device,
+    def allocate_caches(self, spec: DiTSessionSpec) -> DiTCaches:
+        """This rank's caches: heads / world per layer."""
+        return allocate_sp_caches(
+            self.cfg, self.world, spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
             max_attention_size=self.max_attention_size,
-        )
-        return DiTSession(
-            spec=spec,
-            caches=caches,
-            text=self.dit.embed_text(spec.context.to(device)),
-            camera=CameraTrack(spec.height, spec.width, spec.intrinsics_resolution,
-                               spec.translation_scale, device=device),
-            noise=NoisePlan(spec.seed, (self.cfg.out_dim, spec.lat_h, spec.lat_w),
-                            spec.total_latent_frames, device=device),
         )
