@@ -178,9 +178,14 @@ class CausalDiT(nn.Module):
             )
         # 5. Head: [1, S, dim] -> [1, S, pt*ph*pw*16] (channel-minor patches)
         out = self.head(h, e)
-        # 6. Unpatchify: 'f h w p q r c -> c (f p) (h q) (w r)'
-        out = out.view(*grid, pt, ph, pw, cfg.out_dim).permute(6, 0, 3, 1, 4, 2, 5)
-        return out.reshape(cfg.out_dim, grid[0] * pt, grid[1] * ph, grid[2] * pw)
+        # 6. Unpatchify
+        return self.unpatchify(out, grid)
+
+    def unpatchify(self, out: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        """Head output [1, S, pt*ph*pw*16] -> [16, f, H, W] ('f h w p q r c -> c (f p) (h q) (w r)')."""
+        pt, ph, pw = self.cfg.patch
+        out = out.view(*grid, pt, ph, pw, self.cfg.out_dim).permute(6, 0, 3, 1, 4, 2, 5)
+        return out.reshape(self.cfg.out_dim, grid[0] * pt, grid[1] * ph, grid[2] * pw)
 
     def _check_inputs(
         self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, text: torch.Tensor, caches: DiTCaches

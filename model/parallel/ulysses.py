@@ -185,9 +185,8 @@ class UlyssesDiT(nn.Module):
             )
         # 5. Head on the shard, then every rank gathers the whole sequence: [1, S, 64]
         out = gather_tokens(dit.head(h, e), self.group)[:, : shard.tokens]
-        # 6. Unpatchify: 'f h w p q r c -> c (f p) (h q) (w r)'
-        out = out.view(*grid, pt, ph, pw, cfg.out_dim).permute(6, 0, 3, 1, 4, 2, 5)
-        return out.reshape(cfg.out_dim, grid[0] * pt, grid[1] * ph, grid[2] * pw)
+        # 6. Unpatchify
+        return dit.unpatchify(out, grid)
 
 
 def apply_ulysses(dit: CausalDiT, group: ProcessGroup) -> UlyssesDiT:
