@@ -9,6 +9,9 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+PROXY_MAX_FRAME_BYTES = 16 * 1024 * 1024  # uvicorn's ws_max_size in Serve's proxy (not configurable)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -72,8 +75,26 @@ class ConnectionArgs(_Strict):
     max_messages_per_s: float = Field(50.0, gt=0)  # sustained client frames per second
     message_burst: int = Field(200, ge=1)  # frames allowed at once above the sustained rate
     first_message_timeout_s: float = Field(30.0, gt=0)  # accept -> first complete frame
-    idle_timeout_s: float = Field(600.0, gt=0)  # no frame while no chunk is in flight
+    # No infer (resets do not count) and no reply for this long while no chunk is in flight.
+    idle_timeout_s: float = Field(300.0, gt=0)
     max_unsent_replies: int = Field(64, ge=1)  # replies queued for a client that does not read them
+    # When a socket ends, the call in flight on each lane may finish for this long (it is never
+    # cancelled) before the sessions are closed on the replicas; bounds a handler's life too.
+    release_timeout_s: float = Field(30.0, gt=0)
+    # Bytes a socket may send: `max_bytes_per_s` sustained with bursts of `bytes_burst` (None:
+    # 2 x max_message_bytes, room for two largest frames at once). Beyond it the socket is
+    # closed (1008): a flood of large frames cannot fill the proxy's or the ingress's memory.
+    max_bytes_per_s: float = Field(1024 * 1024, gt=0)
+    bytes_burst: Optional[int] = Field(None, ge=1024)
+    max_refused_frames: int = Field(8, ge=1)  # frames answered too_large/bad_message in a row -> close
+    # WebSockets one ingress replica holds: None = ingress.max_ongoing_requests - 8, which keeps
+    # room for /healthz, /v1/models and the offline endpoint (each open socket is one ongoing
+    # request for its whole life). Beyond a cap the socket gets `busy` and is closed (1013).
+    max_connections: Optional[int] = Field(None, ge=1)
+    max_connections_per_client: int = Field(16, ge=1)  # per client address
+    # Take the client address from the first X-Forwarded-For entry (set true behind a trusted
+    # load balancer or Kubernetes ingress; never when clients reach the proxy directly).
+    trust_forwarded_for: bool = False
 
 
 class AuthArgs(_Strict):
@@ -84,6 +105,7 @@ class AuthArgs(_Strict):
     # Quotas per API key, counted per ingress replica (None: unlimited; they need api_keys_env).
     chunks_per_minute: Optional[int] = Field(None, ge=1)
     max_sessions_per_key: Optional[int] = Field(None, ge=1)
+    max_connections_per_key: int = Field(16, ge=1)  # WebSockets of one key at once (auth on)
 
     @model_validator(mode="after")
     def _quotas_need_keys(self) -> "AuthArgs":
@@ -104,10 +126,20 @@ class AppArgs(_Strict):
     ingress: ReplicaArgs = ReplicaArgs(max_ongoing_requests=256)
     auth: AuthArgs = AuthArgs()
     connection: ConnectionArgs = ConnectionArgs()
-    max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # The largest client frame. Ray 2.60's HTTP proxy closes a socket on a frame above 16 MiB
+    # (1009) as soon as it reads the frame's header; a larger value could never be reached.
+    max_message_bytes: int = Field(PROXY_MAX_FRAME_BYTES, ge=1024, le=PROXY_MAX_FRAME_BYTES)
     debug_fields: bool = False  # add replica ids to frame replies (tests, diagnosis)
     # GPUs of one node per DiT replica. 1: CausalDiT on one device. N > 1: one replica spread
     # over N GPUs with Ulysses sequence parallelism (deployments/sp_dit.py, docs/PARALLEL.md);
     # N must divide the DiT's head count (40 heads: 2, 4, 5 or 8), and `dit` then gives each
     # rank's num_cpus / num_gpus (one placement-group bundle per rank).
     dit_parallel: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _a_largest_frame_fits_the_byte_burst(self) -> "AppArgs":
+        burst = self.connection.bytes_burst
+        if burst is not None and burst < self.max_message_bytes:
+            raise ValueError(f"connection.bytes_burst ({burst}) must be at least max_message_bytes "
+                             f"({self.max_message_bytes}), or no frame of the largest size could be sent")
+        return self

@@ -37,6 +37,7 @@ from starlette.websockets import WebSocketState
 
 from deployments.client_policy import ClientPolicy
 from deployments.config import AppArgs
+from deployments.detached import detach, settle
 from deployments.errors import ReplicaError
 from deployments.journal import SessionJournal
 from deployments.lanes import Lane
@@ -58,6 +59,7 @@ DEFAULT_SEED = 42  # the reference's base_seed
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
 INTERNAL_ERROR = 1011
+FLUSH_BEFORE_CLOSE_S = 1.0  # a policy close first sends the replies already queued, this long at most
 MIB = 1024 * 1024
 
 T = TypeVar("T")
@@ -85,9 +87,10 @@ class Connection:
         self._handshake = handshake
         self._metrics = metrics
         self._quota = quota
-        self._log = get_log("connection", conn=uuid.uuid4().hex[:8])
+        self._id = uuid.uuid4().hex[:8]
+        self._log = get_log("connection", conn=self._id)
         self._recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
-        self._policy = ClientPolicy(args.connection)
+        self._policy = ClientPolicy(args.connection, limits.max_message_bytes)
         self._stream: Optional[Stream] = None
         self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
@@ -108,20 +111,29 @@ class Connection:
                     break
                 if msg["type"] == "websocket.disconnect":
                     break
-                violation = self._policy.on_frame(unsent_replies=self._outbox.qsize())
+                data = msg.get("bytes")
+                violation = self._policy.on_frame(self._outbox.qsize(), len(data) if data else len(msg.get("text") or ""))
+                if violation is None:
+                    refused, infer = self._dispatch(data, time.perf_counter())
+                    violation = self._policy.on_outcome(refused, infer)
+                del msg, data  # a large frame is not kept alive while waiting for the next
                 if violation is not None:
+                    await self._flush_replies(FLUSH_BEFORE_CLOSE_S)  # e.g. the last refusal's error
                     await self._close_socket(POLICY_VIOLATION, violation)
                     break
-                self._dispatch(msg.get("bytes"), time.perf_counter())
         except WebSocketDisconnect:
             pass
         except Exception:  # noqa: BLE001 - the connection edge: state unknown, close the socket
             self._log.exception("fatal error; closing the connection")
             await self._close_socket(INTERNAL_ERROR, "internal server error")
         finally:
+            # Releasing must finish even if Serve cancels this handler: it runs detached, and
+            # the handler waits for it (bounded) so that the connection is counted until then.
             sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)  # a send may have failed: client gone
-            await self._release_all()
+            if sender.done() and not sender.cancelled():
+                sender.exception()  # a send failed: the client is gone (retrieved, not logged)
+            teardown = detach(self._teardown(), name=f"teardown-{self._id}")
+            await asyncio.wait({teardown}, timeout=self._args.connection.release_timeout_s + 5.0)
 
     async def _next_message(self) -> Optional[dict[str, Any]]:
         """The next ASGI message; None when the client stayed silent too long (ClientPolicy)."""
@@ -137,7 +149,8 @@ class Connection:
 
     # ---- dispatch (synchronous: fixes the order of every call and reply) ----
 
-    def _dispatch(self, data: Optional[bytes], t0: float) -> None:
+    def _dispatch(self, data: Optional[bytes], t0: float) -> tuple[bool, bool]:
+        """Handle one frame: (refused: answered with an error, infer: an accepted infer)."""
         session_id = None
         try:
             if data is None:
@@ -146,12 +159,15 @@ class Connection:
             session_id = req.session_id
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
-            else:
-                self._on_infer(req, t0)
+                return False, False
+            self._on_infer(req, t0)
+            return False, True
         except ProtocolError as e:
-            self._reply_now(self._error(e.code, e.message, session_id))
+            self._reply_now(self._error(e.code, e.message, session_id or e.session_id))
         except ReplicaError as e:  # a quota of the API key (busy)
             self._reply_now(self._error(e.code, e.message, session_id, getattr(e, "retry_after_s", None)))
+            return False, False  # a busy answer is not the client's fault
+        return True, False
 
     def _on_reset(self, req: ResetRequest) -> None:
         cur = self._stream
@@ -167,14 +183,14 @@ class Connection:
                 ErrorCode.BUSY, f"{len(self._inflight)} infers of this connection are in flight (the most "
                 "it may have); wait for a reply, then send this chunk again", req.session_id, PIPELINE_RETRY_S))
             return
-        if self._quota is not None:
-            self._quota.take_chunk()
-        stream, reset = self._stream_for(req)
+        stream, reset = self._stream_for(req)  # validates first: a refused infer spends no quota
         total = stream.spec.total_latent_frames
         if total is not None and stream.next_chunk >= total // CHUNK_LATENT_FRAMES:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"the session declared num_frames for "
                                                      f"{total // CHUNK_LATENT_FRAMES} chunks and all were sent; "
                                                      "reset to start a new session")
+        if self._quota is not None:
+            self._quota.take_chunk()
         chunk_id = stream.take_chunk_id()
         timings: dict[str, float] = {}
         y = self._vae_lane.submit(partial(self._condition, stream, timings))
@@ -195,19 +211,28 @@ class Connection:
                     req.image is not None and image_digest(req.image) != cur.spec.image_digest)
                 if not changed:
                     return cur, False
-                return self._replace(req), True
+                # Implicit reset: what the infer does not repeat is the current session's.
+                return self._replace(req, inherit=cur), True
             if req.image is None or req.prompt is None:
                 raise ProtocolError(ErrorCode.SESSION_LOST, "the server no longer holds this session; "
                                                             "send image and prompt to start it again")
         return self._replace(req), False
 
-    def _replace(self, req: InferRequest) -> Stream:
-        """Open a new stream for `req` (validated first), then release the current one."""
-        require_session_start(req)
-        image = decode_image(req.image, self._limits)  # RGB uint8 [H0, W0, 3]
-        spec = self._stream_spec(req, image.shape[:2])
+    def _replace(self, req: InferRequest, inherit: Optional[Stream] = None) -> Stream:
+        """Open a new stream for `req` (validated first), then release the current one.
+        `inherit`: the session an implicit reset replaces; its image or prompt stands in for
+        the one `req` does not carry."""
+        if inherit is not None and (req.image is None) != (req.prompt is None):
+            prompt = req.prompt if req.prompt is not None else inherit.spec.prompt
+            image, digest = (inherit.image, inherit.spec.image_digest) if req.image is None else (
+                decode_image(req.image, self._limits), image_digest(req.image))
+        else:
+            require_session_start(req)
+            prompt, image, digest = req.prompt, decode_image(req.image, self._limits), image_digest(req.image)
+        spec = self._stream_spec(req, image.shape[:2], prompt, digest)
         sessions = self._args.sessions
-        stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None))
+        stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
+                        image)
         cur = self._stream
         open_now = cur is not None and cur.state is StreamState.OPEN
         if self._quota is not None:
@@ -225,7 +250,7 @@ class Connection:
                                                   "resolution": f"{h}x{w}"})
         return stream
 
-    def _stream_spec(self, req: InferRequest, image_hw: tuple[int, int]) -> StreamSpec:
+    def _stream_spec(self, req: InferRequest, image_hw: tuple[int, int], prompt: str, digest: str) -> StreamSpec:
         """Session options of a first infer -> StreamSpec; ProtocolError for unusable values."""
         max_area = req.max_area or parse_size(self._args.model.default_size)
         try:
@@ -234,7 +259,7 @@ class Connection:
         except ValueError as e:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None
         return StreamSpec(
-            session_id=req.session_id, prompt=req.prompt, image_digest=image_digest(req.image),
+            session_id=req.session_id, prompt=prompt, image_digest=digest,
             resolution=resolution, seed=DEFAULT_SEED if req.seed is None else req.seed,
             total_latent_frames=total, translation_scale=req.translation_scale,
             intrinsics_resolution=tuple(req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION),
@@ -358,7 +383,12 @@ class Connection:
         while True:
             reply = await (await self._outbox.get())
             await self._ws.send_bytes(encode(reply))
+            self._outbox.task_done()
             self._policy.on_reply()
+
+    async def _flush_replies(self, timeout_s: float) -> None:
+        """Wait (bounded) until the replies queued so far are sent."""
+        await asyncio.wait({asyncio.ensure_future(self._outbox.join())}, timeout=timeout_s)
 
     # ---- session release ----
 
@@ -409,20 +439,57 @@ class Connection:
                                   fields={"session": stream.key, "error": repr(r)})
         self._held.pop(stream.key, None)
 
-    async def _release_all(self) -> None:
-        """Connection end: stop all work, then close every session still held (one call at a time)."""
+    async def _teardown(self) -> None:
+        """Connection end (any way it ends): drop the work not started, close every session
+        still held on both deployments at once (a replica frees a session's slot at once and
+        its memory when the call running for it ends; it refuses an open that arrives after the
+        close, and frees a session closed while being opened), let the calls in flight finish
+        (never cancelled: see lanes.py), and close again what a rebuild running meanwhile
+        opened under a new key. Bounded by `connection.release_timeout_s`; the replicas' idle
+        TTL frees whatever a replica could not be told in time."""
+        timeout = self._args.connection.release_timeout_s
         for t in [*self._inflight, *self._background]:
-            t.cancel()
-        await self._dit_lane.stop()
-        await self._vae_lane.stop()
-        for stream in list(self._held.values()):
-            self._ended(stream)
-            for handle, key in ((self._b.dit, stream.dit_key), (self._b.vae, stream.vae_key)):
-                try:
-                    await handle.options(session_id=key).close.remote(key)
-                except Exception as e:  # noqa: BLE001 - best effort; the replica TTL is the backstop
-                    self._log.warning("close failed", fields={"session": key, "error": repr(e)})
+            t.cancel()  # local tasks waiting on lane futures; no Serve call is cancelled
+        self._dit_lane.close()
+        self._vae_lane.close()
+        streams = list(self._held.values())
         self._held.clear()
+        for stream in streams:
+            self._ended(stream)
+        closed: set[str] = set()  # "dit:<key>", "vae:<key>"
+        await asyncio.gather(*(self._close_on_replicas(s, closed, timeout, opened_only=True) for s in streams))
+        idle = await asyncio.gather(self._dit_lane.drain(timeout), self._vae_lane.drain(timeout))
+        if not all(idle):
+            self._log.warning("a call was still running at the release deadline",
+                              fields={"timeout_s": timeout})
+        # Opens that were in flight, and sessions a rebuild opened under a new key meanwhile.
+        await asyncio.gather(*(self._close_on_replicas(s, closed, timeout) for s in streams))
+        self._metrics.connection_released()
+
+    async def _close_on_replicas(self, stream: Stream, closed: set[str], timeout_s: float,
+                                 opened_only: bool = False) -> None:
+        """Close the stream's current keys on both deployments (each once: `closed`).
+
+        `opened_only`: skip a key whose open is still on its way. A close is routed to the
+        replica the session is pinned to; before its open was routed there is no pin, and the
+        close would reach any replica while the open lands on another, where nothing would
+        ever close it. Such keys are closed once the lanes are drained."""
+        def settled(open_call: Optional[asyncio.Future]) -> bool:
+            return not opened_only or open_call is None or open_call.done()
+
+        calls = [(h, k) for h, k, o in ((self._b.dit, f"dit:{stream.dit_key}", stream.dit_open),
+                                       (self._b.vae, f"vae:{stream.vae_key}", stream.vae_open))
+                 if k not in closed and settled(o)]
+        closed.update(k for _, k in calls)
+
+        async def close(handle: DeploymentHandle, tagged: str) -> None:
+            key = tagged.split(":", 1)[1]
+            ended, result = await settle(handle.options(session_id=key).close.remote(key), timeout_s)
+            if not ended or isinstance(result, BaseException):
+                self._log.warning("close failed; the replica's idle TTL frees the session",
+                                  fields={"session": key, "error": repr(result) if ended else "timeout"})
+
+        await asyncio.gather(*(close(h, k) for h, k in calls))
 
     async def _close_socket(self, code: int, reason: str) -> None:
         if self._ws.application_state is WebSocketState.CONNECTED:

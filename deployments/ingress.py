@@ -5,17 +5,22 @@ the route methods that `serve.ingress` rewrites, or it treats `ws` as a query pa
 """
 
 import asyncio
+from urllib.parse import quote
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import FastAPI, WebSocket
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, HTTPException, Request, WebSocket
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.auth import Auth, bearer_subprotocol
 from deployments.config import AppArgs
 from deployments.connection import POLICY_VIOLATION, Backends, Connection
+from deployments.connection_caps import ConnectionCaps, client_address
+from deployments.detached import running as detached_running
+from deployments.health import PathProbe
 from deployments.metrics import IngressMetrics
 from deployments.quotas import Quotas
 from deployments.videos import mount_videos
@@ -29,8 +34,22 @@ from protocol.messages import CameraServerConfig, ErrorReply
 CAMERA_ROUTE = "/v1/realtime/world/camera"
 HEALTH_TIMEOUT_S = 10.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
+TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at a connection cap
+INGRESS_HTTP_HEADROOM = 8  # ongoing requests of an ingress replica kept free of WebSockets (health, HTTP)
 
-app = FastAPI(title="lingbot-world-serve")
+
+def own_max_ongoing_requests() -> int:
+    """This replica's `max_ongoing_requests` (each open WebSocket is one ongoing request).
+    Read from the replica context (the ingress is bound without its placement block, see
+    app.ingress_args); the AppArgs default where Serve does not expose it."""
+    try:
+        return int(serve.get_replica_context()._deployment_config.max_ongoing_requests)
+    except Exception:  # noqa: BLE001 - private field of Ray 2.60; fall back to the configured default
+        return AppArgs().ingress.max_ongoing_requests
+
+
+# The API docs are served by the ingress itself (below), behind the API key when auth is on.
+app = FastAPI(title="lingbot-world-serve", docs_url=None, redoc_url=None, openapi_url=None)
 mount_web(app)  # the browser client at / (client/web)
 mount_videos(app)  # POST /v1/videos: a whole trajectory through the camera handler (deployments/videos.py)
 
@@ -52,11 +71,16 @@ class WorldIngress:
         self._auth = Auth(args.auth)
         self._quotas = Quotas(args.auth)
         self._metrics = IngressMetrics()
-        self._open_connections = 0
+        c = args.connection
+        total = c.max_connections or max(1, own_max_ongoing_requests() - INGRESS_HTTP_HEADROOM)
+        self._caps = ConnectionCaps(total, c.max_connections_per_client,
+                                    args.auth.max_connections_per_key if self._auth.enabled else None)
+        self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
 
     @app.websocket(CAMERA_ROUTE)
     async def camera(self, ws: WebSocket) -> None:
         if not self._auth.origin_allowed(ws):
+            self._metrics.refuse_connection("origin")
             await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")  # before accept: HTTP 403
             return
         subprotocol = bearer_subprotocol(ws)  # a browser that offered one fails unless it is echoed
@@ -64,38 +88,68 @@ class WorldIngress:
         accepted, key_id = self._auth.authenticate(ws)
         if not accepted:
             self._metrics.count_error(ErrorCode.UNAUTHORIZED.value)
+            self._metrics.refuse_connection("unauthorized")
             await ws.send_bytes(encode(ErrorReply(code=ErrorCode.UNAUTHORIZED, message=(
                 "missing or wrong API key: send `Authorization: Bearer <key>`, the WebSocket subprotocol "
                 "`lwf.bearer.<key>` or the `api_key` query parameter"))))
             await ws.close(code=POLICY_VIOLATION, reason="unauthorized")
             return
-        self._open_connections += 1
-        self._metrics.connections.set(self._open_connections)
+        client = client_address(ws, self._args.connection.trust_forwarded_for)
+        refusal = self._caps.admit(client, key_id)
+        if refusal is not None:
+            reason, message = refusal
+            self._metrics.count_error(ErrorCode.BUSY.value)
+            self._metrics.refuse_connection(reason)
+            await ws.send_bytes(encode(ErrorReply(code=ErrorCode.BUSY, message=message,
+                                                  retry_after_s=self._args.sessions.retry_after_s)))
+            await ws.close(code=TRY_AGAIN_LATER, reason=reason)
+            return
+        self._metrics.connections.set(self._caps.open)
         try:
             await Connection(ws, self._backends, self._args, self._limits, self._handshake, self._metrics,
                              self._quotas.for_key(key_id)).run()
         finally:
-            self._open_connections -= 1
-            self._metrics.connections.set(self._open_connections)
+            self._caps.release(client, key_id)
+            self._metrics.connections.set(self._caps.open)
 
     @app.get("/healthz")
-    async def healthz(self) -> JSONResponse:
-        """200 when every replica of every deployment answers, else 503; replica, session and
-        (this replica's) WebSocket counts."""
+    async def healthz(self, request: Request) -> JSONResponse:
+        """200 when a session could be served: every replica answers its stats, and one call
+        routed to each deployment the way a session's calls go (through the session-affinity
+        router) comes back within the deadline; else 503. With auth on, the counts (replicas,
+        sessions, connections) only for a valid key."""
         try:
-            stats = await asyncio.wait_for(self._replica_stats(), HEALTH_TIMEOUT_S)
+            stats, probe = await asyncio.wait_for(
+                asyncio.gather(self._replica_stats(), self._probe.run()), HEALTH_TIMEOUT_S + 1.0)
         except Exception as e:  # noqa: BLE001 - any failure means unhealthy
             return JSONResponse({"status": "unavailable", "error": f"{type(e).__name__}: {e}"}, status_code=503)
-        return JSONResponse({
-            "status": "ok",
-            "replicas": {name: len(s) for name, s in stats.items()},
-            "sessions": {name: sum(r["sessions"] for r in stats[name]) for name in ("vae", "dit")},
-            "connections": self._open_connections,  # WebSockets open on the ingress replica that answered
-        })
+        body: dict[str, Any] = {"status": "ok"}
+        if self._auth.authenticate(request)[0]:
+            body.update({
+                "replicas": {name: len(s) for name, s in stats.items()},
+                "sessions": {name: sum(r["sessions"] for r in stats[name]) for name in ("vae", "dit")},
+                "connections": self._caps.open,  # WebSockets open on the ingress replica that answered
+                "releasing": detached_running(),  # connection teardowns (and closes) still running
+                "probe_s": probe,
+            })
+        return JSONResponse(body)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(self, request: Request) -> JSONResponse:
+        self._require_key(request)
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(self, request: Request) -> HTMLResponse:
+        self._require_key(request)
+        key = request.query_params.get("api_key")
+        spec = "openapi.json" + (f"?api_key={quote(key, safe='')}" if key else "")  # relative: any prefix
+        return get_swagger_ui_html(openapi_url=spec, title="lingbot-world-serve API")
 
     @app.get("/v1/models")
-    async def models(self) -> dict[str, Any]:
+    async def models(self, request: Request) -> dict[str, Any]:
         """What is served: model, precision, video geometry, limits and session capacity."""
+        self._require_key(request)
         dit = (await self._replica_stats())["dit"]
         m = self._args.model
         return {"object": "list", "data": [{
@@ -123,8 +177,14 @@ class WorldIngress:
             },
         }]}
 
+    def _require_key(self, request: Request) -> None:
+        if not self._auth.authenticate(request)[0]:
+            raise HTTPException(status_code=401, detail="missing or wrong API key",
+                                headers={"WWW-Authenticate": "Bearer"})
+
     async def _replica_stats(self) -> dict[str, list[dict[str, Any]]]:
         names = ("text_encoder", "vae", "dit")
         handles = (self._backends.text, self._backends.vae, self._backends.dit)
         results = await asyncio.gather(*(h.broadcast("stats").results_async() for h in handles))
         return dict(zip(names, results))
+

@@ -1,20 +1,33 @@
 """Lane: a serial FIFO of calls from one connection to one deployment.
 
-Calls a replica makes downstream carry its request's `internal_request_id`; concurrent calls
-of one WebSocket request to the same custom-routed deployment were seen to hang in Serve's
-router (RAY_SERVE_NOTES §4.1). Every call a connection makes to a deployment therefore goes
-through that deployment's lane: at most one in flight, in submission order. The order is
-fixed when `submit` is called (synchronously), which is what keeps chunks in order.
+Every call a connection makes to a deployment goes through that deployment's lane: at most
+one in flight, in submission order. The order is fixed when `submit` is called
+(synchronously), which is what keeps chunks in order.
+
+Two rules make a lane safe against clients that vanish at any moment:
+
+* **Its own request identity.** Serve gives a call made inside a request the request's
+  `internal_request_id`, routes and counts concurrent calls of one id together, and cancels
+  them all when the parent request is cancelled (RAY_SERVE_NOTES §4.1). A lane's worker runs
+  in a fresh `contextvars.Context`, outside the WebSocket request's context: each of its calls
+  gets its own id, and the end of the socket does not reach into calls on their way.
+* **Never cancelled mid-call.** A Serve call cancelled while it is being routed or run can
+  leave the replica's session half-opened or its request slot taken. `drain` drops the jobs
+  that have not started and waits for the running one (bounded); it never cancels it. A job
+  still running at the deadline finishes on its own; the lane's worker then ends.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 T = TypeVar("T")
 
 Job = Callable[[], Awaitable[Any]]
+
+_STOP = None  # queue sentinel: the worker ends once it reads it
 
 
 class Lane:
@@ -22,40 +35,62 @@ class Lane:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._queue: asyncio.Queue[tuple[Job, asyncio.Future]] = asyncio.Queue()
-        self._worker = asyncio.get_running_loop().create_task(self._run(), name=f"lane-{name}")
+        self._closing = False
+        self._queue: asyncio.Queue[Optional[tuple[Job, asyncio.Future]]] = asyncio.Queue()
+        self._worker = asyncio.get_running_loop().create_task(
+            self._run(), name=f"lane-{name}", context=contextvars.Context())
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def submit(self, job: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
-        """Queue `job`; the future gets its result or exception."""
-        if self._worker.done():
-            raise RuntimeError(f"lane {self.name} is stopped; submit before stop()")
+        """Queue `job`; the future gets its result or exception (cancelled once draining)."""
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((job, fut))
+        if self._closing:
+            fut.cancel()
+        else:
+            self._queue.put_nowait((job, fut))
         return fut
 
-    async def stop(self) -> None:
-        """Cancel the running job and drop the queued ones (their futures are cancelled)."""
-        self._worker.cancel()
-        try:
-            await self._worker
-        except asyncio.CancelledError:
-            pass
+    def close(self) -> None:
+        """Take no more jobs and drop the queued ones (their futures are cancelled); the running
+        one goes on (never cancelled), then the worker ends."""
+        if self._closing:
+            return
+        self._closing = True
         while not self._queue.empty():
-            self._queue.get_nowait()[1].cancel()
+            item = self._queue.get_nowait()
+            if item is not _STOP:
+                item[1].cancel()
+        self._queue.put_nowait(_STOP)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """`close`, then wait up to `timeout_s` for the running job. True when the lane is idle."""
+        self.close()
+        done, _ = await asyncio.wait({self._worker}, timeout=timeout_s)
+        return bool(done)
 
     async def _run(self) -> None:
-        while True:
-            job, fut = await self._queue.get()
+        while (item := await self._queue.get()) is not _STOP:
+            job, fut = item
             if fut.cancelled():
                 continue
             try:
                 result = await job()
             except asyncio.CancelledError:
-                fut.cancel()
-                raise
+                if _cancelling():  # the worker itself is cancelled (event loop shutdown)
+                    fut.cancel()
+                    raise
+                fut.cancel()  # the job awaited something that was cancelled
             except Exception as e:  # noqa: BLE001 - handed to whoever awaits the future
                 if not fut.cancelled():
                     fut.set_exception(e)
             else:
                 if not fut.cancelled():
                     fut.set_result(result)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -4,8 +4,20 @@ Loggers hang under "ray.serve" so Serve writes them into the replica's log files
 """
 from __future__ import annotations
 
+import json
 import logging
+import re
 from typing import Any
+
+# A value printed bare: no spaces, quotes, '=', control characters or other line breaks. Anything
+# else is printed as a JSON string (ASCII, escaped), so that a client's `session_id` holding
+# "\n" or terminal escapes cannot forge a log line or a field.
+_BARE = re.compile(r"[!#-<>-~]*")  # printable ASCII less space, '"' and '='
+
+
+def _value(v: Any) -> str:
+    text = str(v)
+    return text if _BARE.fullmatch(text) else json.dumps(text, ensure_ascii=True)
 
 
 class KeyValueLog(logging.LoggerAdapter):
@@ -13,7 +25,7 @@ class KeyValueLog(logging.LoggerAdapter):
 
     def process(self, msg: Any, kwargs: Any):
         fields = {**self.extra, **kwargs.pop("fields", {})}
-        tail = " ".join(f"{k}={v}" for k, v in fields.items())
+        tail = " ".join(f"{k}={_value(v)}" for k, v in fields.items())
         return (f"{msg} {tail}" if tail else msg), kwargs
 
     def bind(self, **fields: Any) -> "KeyValueLog":
@@ -24,3 +36,29 @@ class KeyValueLog(logging.LoggerAdapter):
 def get_log(component: str, **fields: Any) -> KeyValueLog:
     """The structured logger of one component (`ray.serve.lwf.<component>`)."""
     return KeyValueLog(logging.getLogger(f"ray.serve.lwf.{component}"), fields)
+
+
+class _TypedErrorsAsInfo(logging.Filter):
+    """Serve logs every exception a replica method raises as ERROR with a traceback ("Request
+    failed."). A typed `ReplicaError` (busy, session lost, chunk cap) is an answer to the
+    client, not a fault: log it as one INFO line with its code."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        from deployments.errors import ReplicaError  # here: errors imports the protocol package
+
+        if isinstance(exc, ReplicaError):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = f"request answered with {exc.code.value}: {exc.message}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_TYPED_ERRORS_FILTER = _TypedErrorsAsInfo()
+
+
+def log_typed_errors_as_info() -> None:
+    """Install the filter on Serve's logger of this process (idempotent)."""
+    logger = logging.getLogger("ray.serve")
+    if _TYPED_ERRORS_FILTER not in logger.filters:
+        logger.addFilter(_TYPED_ERRORS_FILTER)

@@ -35,6 +35,22 @@ class IngressMetrics:
             tag_keys=("component", "outcome"),
         )
 
+        self.releases = Counter(
+            "lwf_connection_releases",
+            description="Connections whose sessions were all released after the socket ended.",
+        )
+        self.refused_connections = Counter(
+            "lwf_refused_connections",
+            description="WebSockets refused at the handshake (tag reason: connection caps, auth, origin).",
+            tag_keys=("reason",),
+        )
+
+    def connection_released(self) -> None:
+        self.releases.inc()
+
+    def refuse_connection(self, reason: str) -> None:
+        self.refused_connections.inc(tags={"reason": reason})
+
     def observe_chunk(self, durations: dict[str, float]) -> None:
         for stage, seconds in durations.items():
             self.chunk_stage_seconds.observe(seconds, tags={"stage": stage})

@@ -30,15 +30,16 @@ class TokenBucket:
         self._tokens = float(burst)
         self._at = clock()
 
-    def take(self) -> float:
-        """Spend a token: 0.0 when there was one, else the seconds until there is (none spent)."""
+    def take(self, n: float = 1.0) -> float:
+        """Spend `n` tokens: 0.0 when there were, else the seconds until there are (none spent).
+        More than `burst` at once is never possible: a wait of inf."""
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate_per_s)
         self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
+        if self._tokens >= n:
+            self._tokens -= n
             return 0.0
-        return (1.0 - self._tokens) / self.rate_per_s
+        return float("inf") if n > self.burst else (n - self._tokens) / self.rate_per_s
 
 
 class KeyQuota:

@@ -17,7 +17,8 @@ from typing import Any, Generic, Optional, TypeVar
 import torch
 from ray import serve
 
-from deployments.log import KeyValueLog
+from deployments.errors import SessionLost
+from deployments.log import KeyValueLog, log_typed_errors_as_info
 from deployments.metrics import SessionMetrics
 from deployments.session_table import SessionTable
 
@@ -34,6 +35,7 @@ class SessionHost(Generic[S]):
     def _start_host(self, table: SessionTable[S], release: Callable[[S], None], log: KeyValueLog,
                     device: str) -> None:
         """`release(state)` frees one session's memory (called in the worker thread)."""
+        log_typed_errors_as_info()
         self._table = table
         self._device = device
         self._release = release
@@ -41,6 +43,7 @@ class SessionHost(Generic[S]):
         self._log = log.bind(replica=self._replica)
         self._lock = asyncio.Lock()
         self._metrics = SessionMetrics()
+        self._expired_total = 0  # sessions freed by the idle TTL (not by a close)
         period = min(max(table.idle_ttl_s / 4, SWEEP_PERIOD_MIN_S), SWEEP_PERIOD_MAX_S)
         self._sweeper = asyncio.get_running_loop().create_task(self._expire_forever(period))
 
@@ -66,11 +69,19 @@ class SessionHost(Generic[S]):
         """Admit `key` (`Busy` when full), build its state in the worker thread, hold it."""
         self._table.admit(key, nbytes)
         try:
-            state = await self._compute(build)
+            async with self._lock:
+                if not self._table.start_building(key):  # closed while it waited for its turn
+                    raise SessionLost("the session was closed before it was opened; start a new one")
+                state = await _in_thread(build)
         except BaseException:
             self._table.pop(key)
             raise
-        self._table.add(key, state)
+        if not self._table.add(key, state):  # closed meanwhile: nobody will close it again
+            async with self._lock:
+                await _in_thread(self._release, state)
+            self._publish()
+            self._log.info("session closed while opening; freed", fields={"session": key})
+            raise SessionLost("the session was closed while it was being opened; start a new one")
         self._publish()
         return state
 
@@ -103,11 +114,17 @@ class SessionHost(Generic[S]):
             "keys": self._table.keys(),  # lets a router correct these stale numbers by its own opens/closes
         }
 
+    async def probe(self) -> bool:
+        """Reachability probe (deployments/health.py): answered on the event loop, never behind
+        the compute lock, so that it measures the path and not the work queued on it."""
+        return True
+
     async def stats(self) -> dict[str, Any]:
         """Health probe and capacity report (/healthz, /v1/models)."""
         stats = self.record_routing_stats()
         del stats["keys"]
-        return {**stats, "cache_bytes": self._table.bytes_in_use, "rss_bytes": resident_bytes()}
+        return {**stats, "cache_bytes": self._table.bytes_in_use, "rss_bytes": resident_bytes(),
+                "expired": self._expired_total}
 
     async def check_health(self) -> None:
         """Serve's periodic health check: raises when the serving device cannot compute."""
@@ -123,6 +140,7 @@ class SessionHost(Generic[S]):
                 expired = self._table.pop_expired()
                 for _, state in expired:
                     await _in_thread(self._release, state)
+            self._expired_total += len(expired)
             for key, _ in expired:
                 self._metrics.expired.inc()
                 self._log.info("session expired (idle)", fields={"session": key, "ttl_s": self._table.idle_ttl_s})

@@ -15,6 +15,9 @@ from deployments.errors import Busy, SessionLost
 
 S = TypeVar("S")
 
+CLOSED_MEMORY_S = 900.0  # closed keys remembered (a late open of one is refused), at least the pin TTL
+CLOSED_MEMORY_MAX = 65536  # ... and at most this many (the oldest are forgotten first)
+
 
 @dataclass(slots=True)
 class _Entry(Generic[S]):
@@ -22,6 +25,8 @@ class _Entry(Generic[S]):
     nbytes: int
     last_used: float
     active: int = 0  # calls in progress; a session in use never expires
+    building: bool = False  # the open is building the state (it left the queue for the lock)
+    closing: bool = False  # closed while it was being built: the open frees what it built
 
 
 class SessionTable(Generic[S]):
@@ -44,6 +49,10 @@ class SessionTable(Generic[S]):
         self._clock = clock
         self._entries: dict[str, _Entry[S]] = {}
         self._retiring_bytes = 0  # of sessions closed whose state is not released yet
+        # Keys closed on this replica -> when. Keys are unique per incarnation and never reused,
+        # so an open that arrives after its session's close (the client left while the open was
+        # still on its way) is refused instead of holding a slot nobody will ever close.
+        self._closed: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,6 +79,9 @@ class SessionTable(Generic[S]):
         `add` fills it in, `pop` gives it back when the open fails.
         """
         assert key not in self._entries, f"session {key} is already open"
+        self._forget_closed()
+        if key in self._closed:
+            raise SessionLost("this session was closed (its client left or reset it); start a new one")
         if len(self._entries) >= self.max_sessions:
             raise Busy(
                 f"all {self.max_sessions} session slots of this replica are taken; "
@@ -85,13 +97,29 @@ class SessionTable(Generic[S]):
             )
         self._entries[key] = _Entry(None, nbytes, self._clock(), active=1)  # opening: never expires
 
-    def add(self, key: str, state: S) -> None:
-        """Fill in the reservation made by `admit` with the opened session's state."""
-        entry = self._entries[key]
+    def start_building(self, key: str) -> bool:
+        """The open of `key` got its turn; False when it was closed while it queued (the
+        reservation is already given back: build nothing)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.state is not None:
+            return False
+        entry.building = True
+        return True
+
+    def add(self, key: str, state: S) -> bool:
+        """Fill in the reservation made by `admit` with the opened session's state.
+
+        False when the session was closed while it was being opened: the reservation is given
+        back and the caller frees `state` (nobody will ever close it again)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.closing:
+            self._entries.pop(key, None)
+            return False
         assert entry.state is None, f"session {key} is already open"
         entry.state = state
         entry.active -= 1
         entry.last_used = self._clock()
+        return True
 
     def resize(self, key: str, nbytes: int) -> bool:
         """Change a held session's reservation; False (unchanged) when it would exceed the budget."""
@@ -134,12 +162,31 @@ class SessionTable(Generic[S]):
     def retire(self, key: str) -> Optional[tuple[S, int]]:
         """Remove a held session at once (its slot is free for the next open) while its bytes
         stay counted until `released(nbytes)`: a call in progress may still use its state.
-        (state, nbytes); None when absent (or opening: the reservation is simply given back)."""
-        entry = self._entries.pop(key, None)
-        if entry is None or entry.state is None:
+
+        (state, nbytes); None when there is nothing to free now: the key is absent (its open,
+        should it still arrive, is then refused) or being opened (the open gives the
+        reservation back and frees what it built when it ends)."""
+        self._closed[key] = self._clock()
+        entry = self._entries.get(key)
+        if entry is None:
             return None
+        if entry.state is None:
+            if entry.building:
+                entry.closing = True  # its memory is being allocated: counted until the open frees it
+            else:
+                del self._entries[key]  # still queued: the slot is free at once, nothing was built
+            return None
+        del self._entries[key]
         self._retiring_bytes += entry.nbytes
         return entry.state, entry.nbytes
+
+    def _forget_closed(self) -> None:
+        horizon = self._clock() - CLOSED_MEMORY_S
+        while self._closed:
+            key, at = next(iter(self._closed.items()))  # insertion order = closing order
+            if at > horizon and len(self._closed) <= CLOSED_MEMORY_MAX:
+                break
+            del self._closed[key]
 
     def released(self, nbytes: int) -> None:
         """A retired session's state has been freed: its bytes no longer count."""

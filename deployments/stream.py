@@ -65,6 +65,7 @@ class Stream:
 
     spec: StreamSpec
     journal: SessionJournal
+    image: np.ndarray  # RGB uint8 [H0, W0, 3]: an implicit reset that changes only the prompt reuses it
     key: str = field(init=False)  # the stream's identity on the connection
     dit_key: str = field(init=False)  # the session's key on the DiT deployment (new after a recovery)
     vae_key: str = field(init=False)  # ... and on the VAE deployment

@@ -40,6 +40,10 @@ class TextEncoder:
         self._log.info("encoded prompt", fields={"tokens": emb.shape[0], "chars": len(prompt)})
         return emb
 
+    async def probe(self) -> bool:
+        """Reachability probe (deployments/health.py)."""
+        return True
+
     async def stats(self) -> dict[str, int]:
         """Health probe (/healthz)."""
         return {"cached_prompts": len(self._cache)}

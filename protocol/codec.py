@@ -6,6 +6,7 @@ numpy arrays as msgpack-numpy maps and bytes as msgpack bin.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import msgpack
@@ -21,7 +22,24 @@ _FIELD_CODES = {"cameras": ErrorCode.BAD_CAMERAS, "image": ErrorCode.BAD_IMAGE}
 _REPLY = TypeAdapter(Reply)
 
 
-def _unpack(data: bytes, *, max_bytes: int, max_str_len: int, max_map_len: int) -> object:
+class _ElementBudget:
+    """msgpack `list_hook`: counts the elements of every array unpacked from one frame and
+    stops at `limit`, so that a frame of small numbers cannot become a huge Python list (a
+    16 MiB frame holds 16 M one-byte integers: over 128 MB of list)."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def __call__(self, items: list) -> list:
+        self.left -= len(items)
+        if self.left < 0:
+            raise ProtocolError(ErrorCode.TOO_LARGE, "the message holds too many array elements; send "
+                                                     "large arrays as msgpack-numpy or openpi binary maps")
+        return items
+
+
+def _unpack(data: bytes, *, max_bytes: int, max_str_len: int, max_map_len: int,
+            max_array_len: int = 1 << 31, max_elements: int = 1 << 62) -> object:
     if not isinstance(data, bytes):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "a message must be a binary frame holding one msgpack map")
     if len(data) > max_bytes:
@@ -31,7 +49,10 @@ def _unpack(data: bytes, *, max_bytes: int, max_str_len: int, max_map_len: int) 
         # arrays and bins; strings and bins are only read once their bytes are there), so a short
         # frame cannot make the unpacker allocate for a huge array, map or string.
         return msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=max_str_len,
-                               max_map_len=max_map_len, max_ext_len=0)
+                               max_map_len=max_map_len, max_array_len=min(max_array_len, len(data)),
+                               max_ext_len=0, list_hook=_ElementBudget(max_elements))
+    except ProtocolError:  # from the list hook (a ValueError too)
+        raise
     except msgpack.StackError:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "message is nested too deeply to be a protocol message") from None
     except ValueError as e:
@@ -39,7 +60,11 @@ def _unpack(data: bytes, *, max_bytes: int, max_str_len: int, max_map_len: int) 
         # the text tells our limits apart ("N exceeds max_str_len(M)"). A declared length beyond
         # the frame itself (array longer than len(data), truncated string) is a malformed frame.
         text = str(e)
-        if "exceeds max_str_len" in text or "exceeds max_map_len" in text:
+        declared = re.match(r"(\d+) exceeds max_array_len", text)
+        if declared and int(declared.group(1)) > len(data):  # more elements than the frame has bytes
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "message is not one valid msgpack value (an array "
+                                                       "longer than the frame)") from None
+        if any(f"exceeds max_{kind}_len" in text for kind in ("str", "map", "array")):
             raise ProtocolError(ErrorCode.TOO_LARGE, f"a string or map is over its limit ({text})") from None
         if "exceeds max_ext_len" in text:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "msgpack extension types are not in the protocol") from None
@@ -82,12 +107,22 @@ def _request_fields(obj: object) -> tuple[type[InferRequest] | type[ResetRequest
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     """One client frame -> InferRequest | ResetRequest; raises only ProtocolError."""
     obj = _unpack(data, max_bytes=limits.max_message_bytes, max_map_len=limits.max_map_len,
-                  max_str_len=4 * max(limits.max_prompt_chars, limits.max_session_id_chars))  # UTF-8 <= 4 B/char
-    model, fields = _request_fields(obj)
+                  max_str_len=4 * max(limits.max_prompt_chars, limits.max_session_id_chars),  # UTF-8 <= 4 B/char
+                  max_array_len=limits.max_array_len, max_elements=limits.max_array_elements)
     try:
-        return model.model_validate(fields, context={"limits": limits})
-    except ValidationError as e:
-        raise _protocol_error(e) from None
+        model, fields = _request_fields(obj)
+        try:
+            return model.model_validate(fields, context={"limits": limits})
+        except ValidationError as e:
+            raise _protocol_error(e) from None
+    except ProtocolError as e:
+        e.session_id = _valid_session_id(obj, limits)  # the error reply names the session when it can
+        raise
+
+
+def _valid_session_id(obj: object, limits: Limits) -> Optional[str]:
+    sid = obj.get("session_id") if isinstance(obj, dict) else None
+    return sid if isinstance(sid, str) and 0 < len(sid) <= limits.max_session_id_chars else None
 
 
 def decode_reply(data: bytes, max_bytes: int = 1 << 30) -> Reply:

@@ -24,7 +24,8 @@ class ProtocolError(ValueError):
     cannot fail on hostile values.
     """
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, session_id: str | None = None) -> None:
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
+        self.session_id = session_id  # of the refused request, when it carried a valid one

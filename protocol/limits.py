@@ -24,15 +24,25 @@ class Limits:
     max_session_id_chars: int = 128
     max_poses_per_chunk: int = 48  # N of `cameras` (12 frames per chunk; 4 poses per frame at most)
     rotation_tolerance: float = 1e-3  # max|R^T R - I| and |det R - 1|; also |last row - (0,0,0,1)|
+    # `translation_scale` divides relative translations (float32 on the server): outside this
+    # range it underflows to 0 or blows the camera features up, and the video is NaN or black.
+    translation_scale_range: tuple[float, float] = (1e-6, 1e6)
+    max_translation: float = 1e6  # |t| of any pose, in scene units
     max_output_area: int = 1280 * 720  # H*W of the `size` session option
     max_num_frames: int = 961  # `num_frames` session option (60 s at 16 fps); sizes the noise plan
     max_map_len: int = 64  # entries of any msgpack map (messages have ~12 fields)
+    # Nested-list arrays (the third wire encoding): entries of one msgpack array (an image row
+    # of at most 8192 pixels) and elements of all arrays of one message together (a raw
+    # 1280x720 RGB image as nested lists is 2.8 M). Binary maps (msgpack-numpy, openpi) are
+    # bounded by max_message_bytes alone.
+    max_array_len: int = 8192
+    max_array_elements: int = 4 * MIB
 
     def __post_init__(self) -> None:
         for name in (
             "max_message_bytes", "max_image_bytes", "max_image_pixels", "min_image_side",
             "max_prompt_chars", "max_session_id_chars", "max_poses_per_chunk",
-            "max_output_area", "max_num_frames", "max_map_len",
+            "max_output_area", "max_num_frames", "max_map_len", "max_array_len", "max_array_elements",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")

@@ -107,6 +107,10 @@ class Cameras(_Message):
                                                        f"matrices, got shape {list(arr.shape)}")
         poses = finite_float32(arr, field="cameras.poses", code=ErrorCode.BAD_CAMERAS)
         _check_rigid(poses.astype(np.float64), limits.rotation_tolerance)
+        far = np.flatnonzero(np.abs(poses[:, :3, 3]).max(axis=1) > limits.max_translation)
+        if far.size:
+            raise ProtocolError(ErrorCode.BAD_CAMERAS, f"`cameras.poses[{far[0]}]`: translation beyond "
+                                                       f"{limits.max_translation:g} scene units")
         return poses
 
     @model_validator(mode="after")
@@ -190,6 +194,15 @@ class InferRequest(_Request):
         limit = _limits(info).max_output_area
         if int(m[1]) * int(m[2]) > limit:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"`size` area {int(m[1]) * int(m[2])} exceeds {limit} pixels")
+        return v
+
+    @field_validator("translation_scale")
+    @classmethod
+    def _translation_scale(cls, v: float | None, info: ValidationInfo) -> float | None:
+        lo, hi = _limits(info).translation_scale_range
+        if v is not None and not lo <= v <= hi:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`translation_scale` must be in [{lo:g}, {hi:g}] (the "
+                                                       "largest relative translation of the trajectory), got {v:.3g}")
         return v
 
     @field_validator("num_frames")

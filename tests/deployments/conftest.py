@@ -28,6 +28,7 @@ from protocol.camera import chunk_cameras, translation_scale
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
 from protocol.reassembly import Fmp4Assembler
 from support import EXAMPLES
+from deployments.memory import MALLOC_ENV
 
 IDLE_TTL_S = 10.0
 TEST_SIZE = "32*64"  # a 16:9 image -> 32 x 48 output: small enough for 1-thread CPU replicas
@@ -41,14 +42,19 @@ APP_ARGS = {
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},
     "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 64},
-    "connection": {"max_messages_per_s": MESSAGES_PER_S, "message_burst": MESSAGES_PER_S},
+    # The fuzzer sends thousands of malformed frames on few sockets: no refused-frames close here.
+    "connection": {"max_messages_per_s": MESSAGES_PER_S, "message_burst": MESSAGES_PER_S,
+                   "max_refused_frames": 1_000_000},
     "debug_fields": True,
 }
 API_KEYS_ENV = "LWF_TEST_API_KEYS"  # set before Ray starts: the replicas inherit it (a secret in production)
-API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps")  # a key per test group: quotas
+API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps", "key-hostile", "key-hostile-2")
+# a key per test group: quotas and connection caps count per key
 STRICT_PREFIX = "/strict"
 STRICT_ORIGIN = "https://app.example"
-STRICT_LIMITS = {"max_messages_per_s": 20, "message_burst": 40, "first_message_timeout_s": 2.0, "idle_timeout_s": 4.0}
+STRICT_LIMITS = {"max_messages_per_s": 20, "message_burst": 40, "first_message_timeout_s": 2.0, "idle_timeout_s": 4.0,
+                 "max_connections_per_client": 6}
+STRICT_CONNECTIONS_PER_KEY = 3
 STRICT_MAX_MESSAGE_BYTES = 256 * 1024
 STRICT_ARGS = {
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
@@ -60,7 +66,7 @@ STRICT_ARGS = {
     "text_encoder": {"num_cpus": 0.1},
     "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 32},
     "auth": {"api_keys_env": API_KEYS_ENV, "allowed_origins": [STRICT_ORIGIN], "chunks_per_minute": 8,
-             "max_sessions_per_key": 2},
+             "max_sessions_per_key": 2, "max_connections_per_key": STRICT_CONNECTIONS_PER_KEY},
     "connection": STRICT_LIMITS,
     "max_message_bytes": STRICT_MAX_MESSAGE_BYTES,
     "debug_fields": True,
@@ -77,14 +83,15 @@ def _free_port() -> int:
 class Server:
     http: str  # http://127.0.0.1:PORT
     ws: str  # ws://127.0.0.1:PORT/v1/realtime/world/camera
+    headers: dict = field(default_factory=dict)  # an API key where the app needs one (HTTP too)
 
     def sessions(self) -> dict:
         """The `sessions` block of /v1/models (capacity, held, idle_ttl_s ...)."""
-        return httpx.get(f"{self.http}/v1/models", timeout=10).json()["data"][0]["sessions"]
+        return httpx.get(f"{self.http}/v1/models", headers=self.headers, timeout=10).json()["data"][0]["sessions"]
 
     def held(self) -> dict[str, int]:
         """Sessions the VAE and DiT replicas hold (from /healthz)."""
-        return httpx.get(f"{self.http}/healthz", timeout=10).json()["sessions"]
+        return httpx.get(f"{self.http}/healthz", headers=self.headers, timeout=10).json()["sessions"]
 
     def wait_held(self, n: int, timeout: float = 30.0) -> None:
         """Until the VAE and the DiT replicas each hold exactly n sessions (releases run after
@@ -116,6 +123,7 @@ def ray_port() -> Iterator[int]:
 
     os.environ[API_KEYS_ENV] = ",".join(API_KEYS)
     port = _free_port()
+    os.environ.update(MALLOC_ENV)  # as the shipped configs run the Ray processes (see MALLOC_ENV)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -125,7 +133,7 @@ def ray_port() -> Iterator[int]:
         ray.shutdown()
 
 
-def _run_app(port: int, args: dict, name: str, prefix: str) -> Server:
+def _run_app(port: int, args: dict, name: str, prefix: str, headers: Optional[dict] = None) -> Server:
     from ray import serve
 
     from deployments.app import build_app
@@ -134,7 +142,7 @@ def _run_app(port: int, args: dict, name: str, prefix: str) -> Server:
     serve.run(build_app(AppArgs.model_validate(args)), name=name, route_prefix=prefix, blocking=False)
     base = f"127.0.0.1:{port}{prefix.rstrip('/')}"
     _wait_healthy(f"http://{base}")
-    return Server(http=f"http://{base}", ws=f"ws://{base}{CAMERA_PATH}")
+    return Server(http=f"http://{base}", ws=f"ws://{base}{CAMERA_PATH}", headers=headers or {})
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +153,7 @@ def server(ray_port: int) -> Server:
 @pytest.fixture(scope="session")
 def strict_server(ray_port: int, server: Server) -> Server:
     """The second app: API keys, quotas, tight connection limits, 2-chunk cap, no recovery."""
-    return _run_app(ray_port, STRICT_ARGS, "strict", STRICT_PREFIX)
+    return _run_app(ray_port, STRICT_ARGS, "strict", STRICT_PREFIX, {"Authorization": f"Bearer {API_KEYS[0]}"})
 
 
 @dataclass(frozen=True)
@@ -263,6 +271,12 @@ def strict_connect(strict_server: Server):
 @pytest.fixture(scope="session")
 def api_keys() -> tuple[str, ...]:
     return API_KEYS
+
+
+@pytest.fixture(scope="session")
+def strict_caps() -> tuple[int, int]:
+    """The strict app's connection caps: (per client address, per API key)."""
+    return STRICT_LIMITS["max_connections_per_client"], STRICT_CONNECTIONS_PER_KEY
 
 
 def kill_replica(app: str, deployment: str, replica_id: str) -> None:

@@ -299,6 +299,7 @@ def test_a_flood_of_tiny_frames_is_closed_by_policy_while_others_stream(strict_s
     """10 000 frames as fast as possible: the connection is closed with 1008 after its burst,
     while a session on another connection streams on unharmed."""
     flood_frames = 10_000
+    reset = encode_reset("nothing-open")
 
     async def go():
         async with strict_connect(api_keys[3]) as good:
@@ -307,7 +308,7 @@ def test_a_flood_of_tiny_frames_is_closed_by_policy_while_others_stream(strict_s
                 t0 = time.monotonic()
                 for _ in range(flood_frames):
                     try:
-                        await flood.ws.send(b"\x90")  # an empty msgpack array: bad_message
+                        await flood.ws.send(reset)  # a valid frame: only the rate limit closes
                     except websockets.ConnectionClosed:
                         break
                 sent_s = time.monotonic() - t0

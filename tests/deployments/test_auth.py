@@ -169,14 +169,21 @@ def test_another_connection_cannot_read_drive_or_reset_a_session(strict_connect,
 
 
 def test_per_key_quotas_answer_busy(strict_server, strict_connect, api_keys, example):
-    """8 chunks per minute (cheap infers count too), and at most 2 sessions per key."""
+    """8 chunks per minute (refused infers do not count), and at most 2 sessions per key."""
     poses, intrinsics = example.chunk(0)
 
     async def chunks():
         async with strict_connect(api_keys[1]) as c:
-            for _ in range(9):
-                await c.send(encode_infer("q", poses, intrinsics))  # no image: missing_field, but counted
-            return [await c.recv() for _ in range(9)]
+            for _ in range(7):
+                await c.send(encode_infer("q", poses, intrinsics))  # no image: missing_field, not counted
+            refused = [await c.recv() for _ in range(7)]
+            answers = []
+            for s in range(5):  # 2 chunks a session (the strict app's cap): 10 valid infers
+                for k in range(2):
+                    await c.infer(f"q{s}", example, k, first=k == 0)
+                    answers.append(await c.recv())
+                await c.reset(f"q{s}")
+            return refused, answers
 
     async def sessions():
         async with strict_connect(api_keys[2]) as a, strict_connect(api_keys[2]) as b, \
@@ -191,9 +198,10 @@ def test_per_key_quotas_answer_busy(strict_server, strict_connect, api_keys, exa
             await c.reset("s3")
         return replies
 
-    per_minute = asyncio.run(chunks())
-    assert all(r.code is ErrorCode.MISSING_FIELD for r in per_minute[:8])
-    assert per_minute[8].code is ErrorCode.BUSY and 0 < per_minute[8].retry_after_s <= 7.5, per_minute[8]
+    refused, answers = asyncio.run(chunks())
+    assert all(r.code is ErrorCode.MISSING_FIELD for r in refused)  # refused infers spend no quota
+    assert all(isinstance(r, FrameReply) for r in answers[:8]), answers[:8]
+    assert answers[8].code is ErrorCode.BUSY and 0 < answers[8].retry_after_s <= 7.5, answers[8]
     s1, s2, s3, s3_again = asyncio.run(sessions())
     assert isinstance(s1, FrameReply) and isinstance(s2, FrameReply)
     assert isinstance(s3, ErrorReply) and s3.code is ErrorCode.BUSY and s3.retry_after_s > 0, s3

@@ -306,6 +306,9 @@ class FakeMetrics:
     def count_recovery(self, deployment, rebuilt) -> None:
         pass
 
+    def connection_released(self) -> None:
+        pass
+
 
 def test_lanes_overlap_dit_and_vae_and_keep_one_call_in_flight_per_deployment(example):
     log: list[str] = []

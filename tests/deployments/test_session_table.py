@@ -89,3 +89,36 @@ def test_a_retired_session_frees_its_slot_at_once_and_its_bytes_once_released():
     t.admit("b", 30)
     t.released(70)
     assert t.bytes_in_use == 30
+
+
+def test_a_close_of_an_open_still_queued_frees_its_slot_at_once():
+    t, _ = table(max_sessions=1, budget=100)
+    t.admit("a", 60)  # reserved; waiting for the replica's lock
+    assert t.retire("a") is None
+    assert (len(t), t.bytes_in_use, t.free_slots) == (0, 0, 1)
+    assert t.start_building("a") is False  # its turn comes: it builds nothing
+
+
+def test_a_close_during_the_open_makes_the_open_give_everything_back():
+    t, _ = table(max_sessions=1, budget=100)
+    t.admit("a", 60)
+    assert t.start_building("a")
+    assert t.retire("a") is None  # the client left while its open was being built
+    assert (len(t), t.bytes_in_use) == (1, 60)  # the state being built still counts
+    assert t.add("a", "A") is False  # the open learns it was closed: it frees its state
+    assert (len(t), t.bytes_in_use, t.free_slots) == (0, 0, 1)
+    with pytest.raises(SessionLost):
+        t.get("a")
+
+
+def test_an_open_that_arrives_after_its_close_is_refused_and_holds_nothing():
+    t, clock = table(max_sessions=1)
+    assert t.retire("late") is None  # the close overtook the open on its way
+    with pytest.raises(SessionLost, match="closed"):
+        t.admit("late", 10)
+    assert (len(t), t.bytes_in_use, t.free_slots) == (0, 0, 1)
+    t.admit("other", 10)  # other keys are unaffected
+    assert t.add("other", "O")
+    clock.now += 10_000  # closed keys are forgotten after a while (keys are never reused)
+    t.pop("other")
+    t.admit("late", 10)

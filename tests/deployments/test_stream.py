@@ -13,7 +13,7 @@ IMAGE = np.zeros((16, 16, 3), np.uint8)
 
 
 def stream() -> Stream:
-    return Stream(SPEC, SessionJournal(IMAGE, max_bytes=1 << 20))
+    return Stream(SPEC, SessionJournal(IMAGE, max_bytes=1 << 20), IMAGE)
 
 
 def test_lifecycle():

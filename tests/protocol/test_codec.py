@@ -469,3 +469,35 @@ def test_reference_examples_travel_intact(shared_dir, example):
             assert req.translation_scale == scale and req.prompt == prompt
             with Image.open(folder / "image.jpg") as im:
                 assert decode_image(req.image).shape == (im.height, im.width, 3)
+
+
+def test_a_frame_of_millions_of_small_numbers_is_refused_before_it_becomes_a_list():
+    n = 5_000_000  # one-byte ints: a 5 MB frame, under the message cap, that would be a 40 MB list
+    flat = b"\xdd" + struct.pack(">I", n) + b"\x00" * n
+    assert code(pack_raw_value("cameras.poses", flat)) is ErrorCode.TOO_LARGE  # one array over max_array_len
+    rows = b"\xdc" + struct.pack(">H", 2048) + (b"\xdc" + struct.pack(">H", 2048) + b"\x00" * 2048) * 2048
+    assert code(pack_raw_value("image", rows)) is ErrorCode.TOO_LARGE  # 4 M elements over all arrays
+    small = Limits(max_array_elements=47)  # a chunk's 12 poses as nested lists hold 12*4 + 12*4*4 = 240
+    nested = {"poses": POSES.tolist(), "intrinsics": INTRINSICS.tolist()}
+    assert code(pack({**fields(), "cameras": nested}), small) is ErrorCode.TOO_LARGE
+    assert isinstance(outcome(pack({**fields(), "cameras": nested})), InferRequest)  # the defaults take it
+
+
+def test_an_error_reply_keeps_the_valid_session_id_of_a_refused_request():
+    err = outcome(pack({**fields(), "seed": "not a number"}))
+    assert isinstance(err, ProtocolError) and err.session_id == fields()["session_id"]
+    err = outcome(pack({**fields(), "session_id": 7}))
+    assert isinstance(err, ProtocolError) and err.session_id is None  # not a valid id: nothing echoed
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-7, 0.0, 1e7, 1e300])
+def test_translation_scale_outside_the_float32_safe_range_is_bad_message(scale):
+    got = outcome(pack({**fields(), "translation_scale": scale}))
+    assert isinstance(got, ProtocolError) and got.code is ErrorCode.BAD_MESSAGE, got
+
+
+def test_pose_translations_beyond_the_bound_are_bad_cameras():
+    poses = np.repeat(np.eye(4, dtype=np.float32)[None], 12, axis=0)
+    poses[5, 0, 3] = 2e6
+    cams = {"poses": poses.tolist(), "intrinsics": [[500.0, 500.0, 416.0, 240.0]] * 12}
+    assert code(pack({**fields(), "cameras": cams})) is ErrorCode.BAD_CAMERAS
