@@ -28,7 +28,7 @@ from protocol.camera import chunk_cameras, translation_scale
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
 from protocol.reassembly import Fmp4Assembler
 from support import EXAMPLES
-from deployments.memory import MALLOC_ENV
+from deployments.allocator import MALLOC_ENV
 
 IDLE_TTL_S = 10.0
 TEST_SIZE = "32*64"  # a 16:9 image -> 32 x 48 output: small enough for 1-thread CPU replicas
