@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from ray.serve.handle import DeploymentHandle
 from starlette.websockets import WebSocketState
 
+from camera import CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, frame_plan, output_size, parse_size
 from deployments.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.errors import ReplicaError
@@ -45,8 +46,6 @@ from deployments.metrics import IngressMetrics
 from deployments.quotas import KeyQuota
 from deployments.recovery import Recovery, needs_recovery
 from deployments.stream import Stream, StreamSpec, StreamState, image_digest
-from protocol.camera import (CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, frame_plan, output_size,
-                             parse_size)
 from protocol.codec import decode, encode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from ray import serve
 
+from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
 from deployments.errors import Busy, ChunkLimit, SessionLost
 from deployments.journal import WireNoise
@@ -25,7 +26,6 @@ from deployments.log import get_log
 from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
 from model.accel import AccelOptions
-from model.config import CHUNK_FRAMES
 from model.factory import load_dit_engine
 from model.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
@@ -138,7 +138,7 @@ class CausalDiT(SessionHost[DiTSlot]):
         """Reserve the session's caches (`Busy` when they do not fit), then build it."""
         kv_frames = self._engine.kv_frames(spec.total_latent_frames)
         if self._engine.cfg.local_attn_size == -1:
-            kv_frames = max(kv_frames, chunks * CHUNK_FRAMES)  # a rebuilt session holds its past
+            kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
         nbytes = self._engine.session_bytes(spec.height, spec.width, kv_frames)
         try:
             await self._open_slot(key, nbytes, lambda: DiTSlot(build(), spec.height, spec.width, kv_frames, chunks))
@@ -167,7 +167,7 @@ class CausalDiT(SessionHost[DiTSlot]):
         """Chunk cap, and a growing reservation for sessions of unknown length without a window."""
         if slot.chunks >= self._max_chunks:
             raise ChunkLimit(f"the session reached max_chunks ({self._max_chunks}); reset to start a new one")
-        needed = (slot.chunks + 1) * CHUNK_FRAMES  # latent frames the KV cache holds after this chunk
+        needed = (slot.chunks + 1) * CHUNK_LATENT_FRAMES  # latent frames the KV cache holds after this chunk
         if needed <= slot.kv_frames or self._engine.cfg.local_attn_size != -1:
             return
         if not self._table.resize(key, self._engine.session_bytes(slot.height, slot.width, needed)):

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from camera import output_size, parse_size
 from deployments.auth import Auth, bearer_subprotocol
 from deployments.config import AppArgs
 from deployments.connection import POLICY_VIOLATION, Backends, Connection
@@ -20,7 +21,6 @@ from deployments.metrics import IngressMetrics
 from deployments.quotas import Quotas
 from deployments.videos import mount_videos
 from deployments.web import mount_web
-from protocol.camera import output_size, parse_size
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
@@ -31,7 +31,7 @@ HEALTH_TIMEOUT_S = 10.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
 
 app = FastAPI(title="lingbot-world-serve")
-mount_web(app)  # the browser client at / (client/web)
+mount_web(app)  # the browser client at / (the `web` package's files)
 mount_videos(app)  # POST /v1/videos: a whole trajectory through the camera handler (deployments/videos.py)
 
 

@@ -16,16 +16,15 @@ import numpy as np
 import torch
 from ray import serve
 
+from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
 from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
+from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.factory import load_vae_engine
 from model.session import VaeSession
-from protocol.fmp4 import Fmp4Muxer
-
-FPS = 16
 
 
 @dataclass(slots=True)

@@ -32,10 +32,10 @@ from ray import serve
 from starlette.datastructures import Headers, QueryParams
 from starlette.websockets import WebSocketState
 
+from camera import DEFAULT_INTRINSICS_RESOLUTION
 from client.errors import ServerError
 from client.streaming import stream_session
 from client.trajectory import Trajectory, plan_session
-from protocol.camera import DEFAULT_INTRINSICS_RESOLUTION
 from protocol.codec import decode, decode_reply
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS
@@ -127,7 +127,7 @@ def parse_request(body: Any) -> VideoSpec:
     except ValueError as e:  # too few frames or poses for one chunk: the WebSocket's bad_message
         raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None
     sid = f"video-{uuid.uuid4().hex[:12]}"
-    return VideoSpec(plan.messages(traj, sid, seed=req.seed, size=req.size), plan.num_frames, plan.num_chunks)
+    return VideoSpec(traj.messages(plan, sid, seed=req.seed, size=req.size), plan.num_frames, plan.num_chunks)
 
 
 # ---- an in-process WebSocket for the ingress's camera handler ----

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from camera.frames import MAX_NUM_FRAMES
+
 MIB = 1024 * 1024
 
 
@@ -25,7 +27,9 @@ class Limits:
     max_poses_per_chunk: int = 48  # N of `cameras` (12 frames per chunk; 4 poses per frame at most)
     rotation_tolerance: float = 1e-3  # max|R^T R - I| and |det R - 1|; also |last row - (0,0,0,1)|
     max_output_area: int = 1280 * 720  # H*W of the `size` session option
-    max_num_frames: int = 961  # `num_frames` session option (60 s at 16 fps); sizes the noise plan
+    # `num_frames` session option; sizes the noise plan. The default is the model's bound (the
+    # frames of MAX_CHUNKS chunks); the server passes its `sessions.max_frames`.
+    max_num_frames: int = MAX_NUM_FRAMES
     max_map_len: int = 64  # entries of any msgpack map (messages have ~12 fields)
 
     def __post_init__(self) -> None:
