@@ -31,7 +31,7 @@ class ModelArgs(_Strict):
     compile: bool = False
     fp8: bool = False
     default_size: str = Field("480*832", pattern=r"^\d+\*\d+$")
-    prompt_cache_size: int = Field(64, ge=0)  # text embeddings kept per TextEncoder replica (LRU)
+    prompt_cache_size: int = Field(64, ge=0)  # text embeddings kept per TextEncoderDeployment replica (LRU)
 
 
 class SessionArgs(_Strict):
@@ -106,7 +106,7 @@ class AppArgs(_Strict):
     connection: ConnectionArgs = ConnectionArgs()
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     debug_fields: bool = False  # add replica ids to frame replies (tests, diagnosis)
-    # GPUs of one node per DiT replica. 1: CausalDiT on one device. N > 1: one replica spread
+    # GPUs of one node per DiT replica. 1: DiTDeployment on one device. N > 1: one replica spread
     # over N GPUs with Ulysses sequence parallelism (deployments/sp_dit.py, docs/PARALLEL.md);
     # N must divide the DiT's head count (40 heads: 2, 4, 5 or 8), and `dit` then gives each
     # rank's num_cpus / num_gpus (one placement-group bundle per rank).

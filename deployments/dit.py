@@ -1,4 +1,4 @@
-"""CausalDiT deployment: the DiT weights once per replica, many sessions with their KV caches.
+"""DiTDeployment: the DiT weights once per replica, many sessions with their KV caches.
 
 Admission: a new session is admitted only while the replica has a free slot
 (`sessions.max_sessions`) and its caches fit the cache budget (`sessions.kv_budget_gib`, or a
@@ -54,7 +54,7 @@ def free_memory_bytes(device: str) -> int:
 
 
 @serve.deployment
-class CausalDiT(SessionHost[DiTSlot]):
+class DiTDeployment(SessionHost[DiTSlot]):
     """Chunk steps (4 denoising steps + cache update) of many sessions, serialised per replica."""
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs) -> None:

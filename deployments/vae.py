@@ -1,4 +1,4 @@
-"""VaeCodec deployment: per-session conditioning encode, streaming decode and fMP4 mux.
+"""VaeDeployment deployment: per-session conditioning encode, streaming decode and fMP4 mux.
 
 Each session holds a `VaeSession` (encoder cache for y, decoder cache) and its `Fmp4Muxer`.
 Calls for a session this replica does not hold raise `SessionLost`. `restore` rebuilds a
@@ -34,7 +34,7 @@ class VaeSlot:
 
 
 @serve.deployment
-class VaeCodec(SessionHost[VaeSlot]):
+class VaeDeployment(SessionHost[VaeSlot]):
     """Conditioning encode (y per chunk) and decode + mux (fMP4 per chunk) of many sessions."""
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, max_sessions: int) -> None:
