@@ -1,25 +1,31 @@
 """WorldIngress: the FastAPI app of the graph (WebSocket, health, model card, web page, videos).
 
+The camera route and `POST /v1/videos` both serve a `Connection` (`_serve`): over the
+WebSocket, or over an in-process transport driven by the videos' session runner.
+
 No `from __future__ import annotations`: FastAPI must see the real `WebSocket` annotation of
 the route methods that `serve.ingress` rewrites, or it treats `ws` as a query parameter.
 """
 
 import asyncio
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Optional
 
-from fastapi import FastAPI, WebSocket
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from camera import output_size, parse_size
-from deployments.auth import Auth, bearer_subprotocol
+from deployments.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
 from deployments.config import AppArgs
 from deployments.connection import POLICY_VIOLATION, Backends, Connection
 from deployments.metrics import IngressMetrics
 from deployments.quotas import Quotas
-from deployments.videos import mount_videos
+from deployments.transport import Transport
+from deployments.videos import ROUTE as VIDEOS_ROUTE
+from deployments.videos import VideoEndpoint
+from deployments.videos.runner import SessionRunner
 from deployments.web import mount_web
 from protocol.codec import encode
 from protocol.errors import ErrorCode
@@ -29,10 +35,10 @@ from protocol.messages import CameraServerConfig, ErrorReply
 CAMERA_ROUTE = "/v1/realtime/world/camera"
 HEALTH_TIMEOUT_S = 10.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
+VIDEO_PIPELINE = 2  # a video's chunk k+1 DiT step overlaps chunk k's decode
 
 app = FastAPI(title="lingbot-world-serve")
 mount_web(app)  # the browser client at / (the `web` package's files)
-mount_videos(app)  # POST /v1/videos: a whole trajectory through the camera handler (deployments/videos.py)
 
 
 @serve.deployment
@@ -53,6 +59,9 @@ class WorldIngress:
         self._quotas = Quotas(args.auth)
         self._metrics = IngressMetrics()
         self._open_connections = 0
+        runner = SessionRunner(self._serve, min(VIDEO_PIPELINE, args.sessions.max_pending_chunks),
+                               args.videos.busy_timeout_s)
+        self._videos = VideoEndpoint(args.videos, self._auth, self._limits, runner, args.sessions.retry_after_s)
 
     @app.websocket(CAMERA_ROUTE)
     async def camera(self, ws: WebSocket) -> None:
@@ -64,19 +73,34 @@ class WorldIngress:
         accepted, key_id = self._auth.authenticate(ws)
         if not accepted:
             self._metrics.count_error(ErrorCode.UNAUTHORIZED.value)
-            await ws.send_bytes(encode(ErrorReply(code=ErrorCode.UNAUTHORIZED, message=(
-                "missing or wrong API key: send `Authorization: Bearer <key>`, the WebSocket subprotocol "
-                "`lwf.bearer.<key>` or the `api_key` query parameter"))))
+            await ws.send_bytes(encode(ErrorReply(code=ErrorCode.UNAUTHORIZED, message=UNAUTHORIZED_MESSAGE)))
             await ws.close(code=POLICY_VIOLATION, reason="unauthorized")
             return
+        await self._serve(ws, key_id)
+
+    async def _serve(self, transport: Transport, key_id: Optional[str]) -> None:
+        """One `Connection` on an accepted transport, counting against `key_id`'s quotas."""
         self._open_connections += 1
         self._metrics.connections.set(self._open_connections)
         try:
-            await Connection(ws, self._backends, self._args, self._limits, self._handshake, self._metrics,
+            await Connection(transport, self._backends, self._args, self._limits, self._handshake, self._metrics,
                              self._quotas.for_key(key_id)).run()
         finally:
             self._open_connections -= 1
             self._metrics.connections.set(self._open_connections)
+
+    @app.post(VIDEOS_ROUTE, response_class=Response)
+    async def create_video(self, request: Request) -> Response:
+        """A whole trajectory -> one MP4, or a job with `?async=true` (deployments/videos)."""
+        return await self._videos.create(request)
+
+    @app.get(VIDEOS_ROUTE + "/{job_id}")
+    async def video_status(self, job_id: str, request: Request) -> JSONResponse:
+        return self._videos.status(job_id, request)
+
+    @app.get(VIDEOS_ROUTE + "/{job_id}/content", response_class=Response)
+    async def video_content(self, job_id: str) -> Response:
+        return self._videos.content(job_id)
 
     @app.get("/healthz")
     async def healthz(self) -> JSONResponse:

@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-WireNoise = tuple[np.ndarray, bool]  # (CPU generator state bytes, whole-video noise drawn)
+from deployments.wire import WireNoise
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,11 @@ from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve.deployment import Application
 from ray.serve.schema import ServeDeploySchema
 
+from camera import DEFAULT_INTRINSICS_RESOLUTION
 from deployments.app import build_app, replica_options
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs
 from deployments.sp_dit import SPDiTDeployment, bind_dit, sp_placement
+from deployments.wire import DiTOpenSpec
 from model.config import PRESETS
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
@@ -216,7 +218,8 @@ def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
 
     handle = serve.run(bind_dit(args, replica_options(args.dit)), name="sp-dit-test", route_prefix=None)
     try:
-        handle.open.remote("s", context.numpy(), height, width, seed, None, None, (480, 832)).result()
+        spec = DiTOpenSpec(context.numpy(), height, width, seed, None, None, DEFAULT_INTRINSICS_RESOLUTION)
+        handle.open.remote("s", spec).result()
         outs = [handle.step.remote("s", ys[c].numpy(), *cams[c]).result() for c in range(2)]
         stats = handle.stats.remote().result()
         assert handle.close.remote("s").result() is True
