@@ -10,13 +10,13 @@ import numpy as np
 import torch
 from transformers import UMT5EncoderModel
 
+from camera import DEFAULT_INTRINSICS_RESOLUTION, chunk_cameras, frame_plan, output_size, translation_scale
 from model.config import T5Config
 from model.engines import TextEngine
 from model.t5 import TextEncoder, umt5_config
 from model.tiny import tiny_tokenizer
-from protocol.camera import chunk_cameras, frame_plan, output_size, translation_scale
 
-SOURCE_SIZE = (480, 832)  # the conditioning image's size and the intrinsics' resolution
+SOURCE_SIZE = DEFAULT_INTRINSICS_RESOLUTION  # the conditioning image's size and the intrinsics' resolution
 FOCAL = 500.0  # pixels at SOURCE_SIZE
 PROMPT = "A first-person walk along a sunlit street with trees, shops and parked bicycles."
 

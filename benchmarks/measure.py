@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import torch
 
+from camera.frames import CHUNK_LATENT_FRAMES
 from model.config import DiTConfig
 
 GIB = 1024**3
-CHUNK_LATENT_FRAMES = 3
 DENOISE_CALLS = 4  # + 1 cache-update call per chunk
 
 

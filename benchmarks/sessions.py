@@ -9,11 +9,11 @@ import torch
 
 from benchmarks.build import Inputs
 from benchmarks.measure import PeakMemory, camera_feature_bytes, module_bytes, sync, timed
+from camera.frames import FPS
+from media.fmp4 import Fmp4Muxer
 from model.engines import DiTEngine, TextEngine, VaeEngine
 from model.session import DiTSessionSpec
-from protocol.fmp4 import Fmp4Muxer
 
-FPS = 16
 CONTEXT_SEED = 11
 Y_SEED = 12
 

@@ -81,7 +81,7 @@ async def play(args: argparse.Namespace, traj: Trajectory) -> None:
     """Stream `traj`, show progress, write the MP4 and print the summary."""
     plan = plan_session(traj, args.frames)
     sid = args.session_id or f"lwf-client-{uuid.uuid4().hex[:8]}"
-    messages = plan.messages(traj, sid, seed=args.seed, size=args.size)  # validated before connecting
+    messages = traj.messages(plan, sid, seed=args.seed, size=args.size)  # validated before connecting
     client = await WorldClient.connect(args.url, api_key=args.api_key)
     bar = tqdm(total=plan.num_chunks, unit="chunk", desc=f"{plan.num_frames} frames", file=sys.stderr)
 

@@ -7,9 +7,9 @@ from typing import Optional
 
 import numpy as np
 
-from protocol.camera import CHUNK_VIDEO_FRAMES
+from camera import CHUNK_VIDEO_FRAMES, FPS
 
-REALTIME_FPS = 16
+REALTIME_FPS = FPS
 STAGE_ORDER = ("text_encode", "vae_encode", "dit", "vae_decode", "mux", "queue_wait", "total")
 ONCE_STAGES = ("text_encode",)  # run for the first chunk only: reported from it, not averaged
 

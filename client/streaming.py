@@ -17,9 +17,9 @@ from typing import Optional, Protocol
 
 from client.errors import ServerError
 from client.stats import ChunkStat, StreamSummary
+from media.reassembly import Fmp4Assembler
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, Reply
-from protocol.reassembly import Fmp4Assembler
 
 DEFAULT_BUSY_TIMEOUT_S = 300.0
 

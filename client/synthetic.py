@@ -11,8 +11,8 @@ import math
 import numpy as np
 from PIL import Image
 
+from camera import DEFAULT_INTRINSICS_RESOLUTION
 from client.trajectory import Trajectory
-from protocol.camera import DEFAULT_INTRINSICS_RESOLUTION
 
 DEFAULT_PROMPT = ("A first-person walk through a quiet sunlit courtyard with stone paths, "
                   "green hedges and white walls, smooth steady camera motion.")

@@ -1,8 +1,8 @@
 """build_app: binds the serving graph (`import_path: deployments.app:build_app`).
 
-    WorldIngress ──► TextEncoder          (stateless, any replica)
-         ├─────────► VaeCodec   ┐ SessionAffinityRouter: every call of a session goes to the
-         └─────────► CausalDiT  ┘ replica that holds it (one GPU, or N with `dit_parallel`)
+    WorldIngress ──► TextEncoderDeployment  (stateless, any replica)
+         ├─────────► VaeDeployment  ┐ SessionAffinityRouter: every call of a session goes to the
+         └─────────► DiTDeployment  ┘ replica that holds it (one GPU, or N with `dit_parallel`)
 
 No `from __future__ import annotations` here: Serve validates the YAML `args` against the
 builder's parameter annotation only when it is the class itself, not a string.
@@ -20,8 +20,8 @@ from deployments.config import AppArgs, ReplicaArgs
 from deployments.ingress import WorldIngress
 from deployments.router import SessionAffinityRouter
 from deployments.sp_dit import bind_dit
-from deployments.text_encoder import TextEncoder
-from deployments.vae import VaeCodec
+from deployments.text_encoder import TextEncoderDeployment
+from deployments.vae import VaeDeployment
 
 PIN_TTL_MARGIN_S = 60.0  # a pin outlives its replica session's idle TTL by this much
 PLACEMENT_FIELDS = ("dit", "vae", "text_encoder", "ingress", "dit_parallel")  # read by build_app only
@@ -54,8 +54,8 @@ def build_app(args: AppArgs) -> Application:
     # incarnation of each: a session replaced while chunks are in flight frees its VAE state
     # once they are answered, after its successor opened (its DiT state goes first).
     vae_capacity = 2 * args.sessions.max_sessions * args.dit.num_replicas
-    text = TextEncoder.options(**replica_options(args.text_encoder)).bind(args.model)
-    vae = VaeCodec.options(**replica_options(args.vae), request_router_config=router).bind(
+    text = TextEncoderDeployment.options(**replica_options(args.text_encoder)).bind(args.model)
+    vae = VaeDeployment.options(**replica_options(args.vae), request_router_config=router).bind(
         args.model, args.sessions, vae_capacity)
     dit = bind_dit(args, {**replica_options(args.dit), "request_router_config": router})  # 1 or N GPUs
     return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, ingress_args(args))

@@ -25,6 +25,8 @@ from deployments.config import AuthArgs
 
 BEARER_SUBPROTOCOL = "lwf.bearer."
 ANONYMOUS = None  # the key id of connections when auth is off
+UNAUTHORIZED_MESSAGE = ("missing or wrong API key: send `Authorization: Bearer <key>`, the WebSocket subprotocol "
+                        "`lwf.bearer.<key>` or the `api_key` query parameter")
 
 
 def offered_subprotocols(conn: HTTPConnection) -> list[str]:

@@ -8,6 +8,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from camera.frames import DEFAULT_SIZE, MAX_CHUNKS, MAX_NUM_FRAMES
+
 
 PROXY_MAX_FRAME_BYTES = 16 * 1024 * 1024  # uvicorn's ws_max_size in Serve's proxy (not configurable)
 
@@ -33,8 +35,8 @@ class ModelArgs(_Strict):
     # GPU speed transforms applied from outside the model (see benchmarks/, docs/PERFORMANCE.md).
     compile: bool = False
     fp8: bool = False
-    default_size: str = Field("480*832", pattern=r"^\d+\*\d+$")
-    prompt_cache_size: int = Field(64, ge=0)  # text embeddings kept per TextEncoder replica (LRU)
+    default_size: str = Field(DEFAULT_SIZE, pattern=r"^\d+\*\d+$")
+    prompt_cache_size: int = Field(64, ge=0)  # text embeddings kept per TextEncoderDeployment replica (LRU)
 
 
 class SessionArgs(_Strict):
@@ -43,8 +45,8 @@ class SessionArgs(_Strict):
     max_sessions: int = Field(4, ge=1)  # per DiT replica
     kv_budget_gib: Optional[float] = Field(None, gt=0)  # None: derive from free device memory
     idle_ttl_s: float = Field(300.0, gt=0)
-    max_chunks: int = Field(341, ge=1)  # 341 chunks * 3 = 1023 latent frames < RoPE table (1024)
-    max_frames: int = Field(4093, ge=9)  # num_frames a session may declare
+    max_chunks: int = Field(MAX_CHUNKS, ge=1)  # 341 chunks * 3 = 1023 latent frames < RoPE table (1024)
+    max_frames: int = Field(MAX_NUM_FRAMES, ge=9)  # num_frames a session may declare (4093: 341 chunks)
     retry_after_s: float = Field(5.0, gt=0)  # hint sent with `busy` when no slot is free
     max_pending_chunks: int = Field(4, ge=1)  # infers one connection may have in flight (pipelining)
     routing_stats_period_s: float = Field(2.0, gt=0)  # how often replicas report free slots to routers
@@ -115,6 +117,17 @@ class AuthArgs(_Strict):
         return self
 
 
+class VideoArgs(_Strict):
+    """`POST /v1/videos` (a whole trajectory through the same Connection code), per ingress replica."""
+
+    max_body_mib: float = Field(64.0, gt=0)  # request bodies over this are refused (413) as soon as they pass it
+    # Async jobs held: queued, running, or finished with their result (the oldest finished one
+    # makes room); beyond it a new job is refused with `busy` (503 + Retry-After).
+    max_jobs: int = Field(8, ge=1)
+    job_ttl_s: float = Field(3600.0, gt=0)  # a finished job's result is dropped after this
+    busy_timeout_s: float = Field(300.0, ge=0)  # how long a video waits out `busy` (no session slot) before 503
+
+
 class AppArgs(_Strict):
     """Arguments of `deployments.app:build_app` (the `args:` block of serve_config.yaml)."""
 
@@ -126,11 +139,12 @@ class AppArgs(_Strict):
     ingress: ReplicaArgs = ReplicaArgs(max_ongoing_requests=256)
     auth: AuthArgs = AuthArgs()
     connection: ConnectionArgs = ConnectionArgs()
+    videos: VideoArgs = VideoArgs()
     # The largest client frame. Ray 2.60's HTTP proxy closes a socket on a frame above 16 MiB
     # (1009) as soon as it reads the frame's header; a larger value could never be reached.
     max_message_bytes: int = Field(PROXY_MAX_FRAME_BYTES, ge=1024, le=PROXY_MAX_FRAME_BYTES)
     debug_fields: bool = False  # add replica ids to frame replies (tests, diagnosis)
-    # GPUs of one node per DiT replica. 1: CausalDiT on one device. N > 1: one replica spread
+    # GPUs of one node per DiT replica. 1: DiTDeployment on one device. N > 1: one replica spread
     # over N GPUs with Ulysses sequence parallelism (deployments/sp_dit.py, docs/PARALLEL.md);
     # N must divide the DiT's head count (40 heads: 2, 4, 5 or 8), and `dit` then gives each
     # rank's num_cpus / num_gpus (one placement-group bundle per rank).

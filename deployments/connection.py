@@ -14,7 +14,7 @@ Serve session id (`handle.options(session_id=key)`), which the affinity router p
 
 Each session keeps a journal (journal.py). A call that finds its replica dead or the session
 gone rebuilds the session from it on a healthy replica (recovery.py), inside the same lane
-job, and is made again: the client sees a slower chunk, not an error.
+job (lane_jobs.py), and is made again: the client sees a slower chunk, not an error.
 
 Abuse limits (`ClientPolicy`, AppArgs.connection) close the socket with 1008 (policy) and a
 reason; per-key quotas (quotas.py) answer `busy`.
@@ -25,29 +25,27 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional
 
-import numpy as np
-from fastapi import WebSocket, WebSocketDisconnect
+from fastapi import WebSocketDisconnect
 from pydantic import BaseModel
-from ray.serve.handle import DeploymentHandle
 from starlette.websockets import WebSocketState
 
+from camera import CHUNK_LATENT_FRAMES
 from deployments.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.detached import detach, settle
 from deployments.errors import ReplicaError
 from deployments.journal import SessionJournal
+from deployments.lane_jobs import Backends, LaneJobs
 from deployments.lanes import Lane
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.quotas import KeyQuota
-from deployments.recovery import Recovery, needs_recovery
-from deployments.stream import Stream, StreamSpec, StreamState, image_digest
-from protocol.camera import (CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, frame_plan, output_size,
-                             parse_size)
+from deployments.recovery import Recovery
+from deployments.stream import Stream, StreamState, image_digest, stream_spec
+from deployments.transport import Transport
 from protocol.codec import decode, encode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
@@ -55,29 +53,18 @@ from protocol.limits import Limits
 from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, ResetOk,
                                ResetRequest, require_session_start)
 
-DEFAULT_SEED = 42  # the reference's base_seed
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
 INTERNAL_ERROR = 1011
 FLUSH_BEFORE_CLOSE_S = 1.0  # a policy close first sends the replies already queued, this long at most
 MIB = 1024 * 1024
 
-T = TypeVar("T")
 
+class Connection(LaneJobs):
+    """Serves one accepted socket (a WebSocket, or `LocalTransport` for `POST /v1/videos`) until
+    the client leaves; releases its sessions after."""
 
-@dataclass(frozen=True)
-class Backends:
-    """Handles of the deployments a connection calls."""
-
-    text: DeploymentHandle
-    vae: DeploymentHandle
-    dit: DeploymentHandle
-
-
-class Connection:
-    """Serves one accepted WebSocket until the client leaves; releases its sessions after."""
-
-    def __init__(self, ws: WebSocket, backends: Backends, args: AppArgs, limits: Limits,
+    def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
                  handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None) -> None:
         """`quota`: the per-API-key quota this connection counts against (None: unlimited)."""
         self._ws = ws
@@ -229,7 +216,7 @@ class Connection:
         else:
             require_session_start(req)
             prompt, image, digest = req.prompt, decode_image(req.image, self._limits), image_digest(req.image)
-        spec = self._stream_spec(req, image.shape[:2], prompt, digest)
+        spec = stream_spec(req, image.shape[:2], self._args.model.default_size, prompt, digest)
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)
@@ -249,84 +236,6 @@ class Connection:
         self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
                                                   "resolution": f"{h}x{w}"})
         return stream
-
-    def _stream_spec(self, req: InferRequest, image_hw: tuple[int, int], prompt: str, digest: str) -> StreamSpec:
-        """Session options of a first infer -> StreamSpec; ProtocolError for unusable values."""
-        max_area = req.max_area or parse_size(self._args.model.default_size)
-        try:
-            resolution = output_size(max_area, *image_hw)
-            total = None if req.num_frames is None else frame_plan(req.num_frames, req.num_frames)[1]
-        except ValueError as e:
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None
-        return StreamSpec(
-            session_id=req.session_id, prompt=prompt, image_digest=digest,
-            resolution=resolution, seed=DEFAULT_SEED if req.seed is None else req.seed,
-            total_latent_frames=total, translation_scale=req.translation_scale,
-            intrinsics_resolution=tuple(req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION),
-        )
-
-    # ---- lane jobs (each one call to one deployment) ----
-
-    async def _open_dit(self, stream: Stream) -> None:
-        """DiT lane: encode the prompt, then open the session on a DiT replica (may be busy)."""
-        t = time.perf_counter()
-        context = await self._b.text.encode.remote(stream.spec.prompt)
-        stream.text_encode_s = time.perf_counter() - t
-        stream.journal.set_context(context)
-        h, w = stream.spec.resolution
-        key = stream.dit_key
-        replica = await self._b.dit.options(session_id=key).open.remote(
-            key, context, h, w, stream.spec.seed, stream.spec.total_latent_frames,
-            stream.spec.translation_scale, stream.spec.intrinsics_resolution)
-        self._log.info("session opened", fields={"session": key, "dit_replica": replica})
-
-    async def _condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
-        """VAE lane: the chunk's conditioning y."""
-        t = time.perf_counter()
-        y = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).condition.remote(key))
-        stream.journal.conditioned += 1
-        timings["vae_encode"] = time.perf_counter() - t
-        return y
-
-    async def _step(self, stream: Stream, y_fut: asyncio.Future, poses: np.ndarray,
-                    intrinsics: np.ndarray) -> tuple[dict[str, Any], asyncio.Future]:
-        """DiT lane: one chunk step (rebuilding the session first when it was lost); queues the
-        chunk's decode on the VAE lane when done."""
-        y = await y_fut
-
-        def step(key: str) -> Awaitable[dict[str, Any]]:
-            return self._b.dit.options(session_id=key).step.remote(key, y, poses, intrinsics)
-
-        try:
-            await stream.dit_open  # re-raises the open's failure
-            out = await step(stream.dit_key)
-        except Exception as e:
-            if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
-                raise
-            await self._recovery.dit(stream, e)
-            stream.dit_open = _done()
-            out = await step(stream.dit_key)
-        stream.journal.add_chunk(poses, intrinsics, y, out["latents"], out["noise"])
-        decoded = self._vae_lane.submit(partial(self._decode, stream, out["latents"]))
-        return out, decoded
-
-    async def _decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:
-        """VAE lane: decode and mux one chunk."""
-        out = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).decode.remote(key, latents))
-        stream.journal.decoded += 1
-        return out
-
-    async def _on_vae(self, stream: Stream, call: Callable[[str], Awaitable[T]]) -> T:
-        """`call(vae_key)` inside a VAE lane job; the session is rebuilt once when it was lost."""
-        try:
-            await stream.vae_open  # re-raises the open's failure
-            return await call(stream.vae_key)
-        except Exception as e:
-            if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
-                raise
-            await self._recovery.vae(stream, e)
-            stream.vae_open = _done()
-            return await call(stream.vae_key)
 
     # ---- replies ----
 
@@ -494,11 +403,3 @@ class Connection:
     async def _close_socket(self, code: int, reason: str) -> None:
         if self._ws.application_state is WebSocketState.CONNECTED:
             await self._ws.close(code=code, reason=reason)
-
-
-
-def _done() -> asyncio.Future:
-    """A resolved future: the open that a rebuild superseded."""
-    fut = asyncio.get_running_loop().create_future()
-    fut.set_result(None)
-    return fut

@@ -1,4 +1,4 @@
-"""CausalDiT deployment: the DiT weights once per replica, many sessions with their KV caches.
+"""DiTDeployment: the DiT weights once per replica, many sessions with their KV caches.
 
 Admission: a new session is admitted only while the replica has a free slot
 (`sessions.max_sessions`) and its caches fit the cache budget (`sessions.kv_budget_gib`, or a
@@ -18,20 +18,17 @@ import numpy as np
 import torch
 from ray import serve
 
+from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
 from deployments.errors import Busy, ChunkLimit, SessionLost
-from deployments.journal import WireNoise
 from deployments.log import get_log
 from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
+from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from model.accel import AccelOptions
-from model.config import CHUNK_FRAMES
 from model.factory import load_dit_engine
 from model.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
-
-# A past chunk as the ingress journals it: poses [N, 4, 4], intrinsics [N, 4], y, latents.
-WirePastChunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 GIB = 1024**3
 FREE_MEMORY_SHARE = 0.8  # of the memory free after loading, when no kv_budget_gib is given
@@ -54,7 +51,7 @@ def free_memory_bytes(device: str) -> int:
 
 
 @serve.deployment
-class CausalDiT(SessionHost[DiTSlot]):
+class DiTDeployment(SessionHost[DiTSlot]):
     """Chunk steps (4 denoising steps + cache update) of many sessions, serialised per replica."""
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs) -> None:
@@ -75,43 +72,22 @@ class CausalDiT(SessionHost[DiTSlot]):
         self._log.info("ready", fields={"budget_gib": f"{budget / GIB:.2f}", "max_sessions": sessions.max_sessions,
                                         "torch_threads": torch.get_num_threads()})
 
-    async def open(
-        self,
-        key: str,
-        context: np.ndarray,
-        height: int,
-        width: int,
-        seed: int,
-        total_latent_frames: Optional[int],
-        translation_scale: Optional[float],
-        intrinsics_resolution: tuple[int, int],
-    ) -> str:
-        """Admit and open a session (text context float32 [L, text_dim]); returns the replica id."""
-        spec = self._spec(context, height, width, seed, total_latent_frames, translation_scale, intrinsics_resolution)
-        await self._admit(key, spec, 0, lambda: self._engine.open(spec))
-        self._log.info("session opened", fields={"session": key, "size": f"{height}x{width}"})
+    async def open(self, key: str, spec: DiTOpenSpec) -> str:
+        """Admit and open a session; returns the replica id."""
+        session_spec = self._session_spec(spec)
+        await self._admit(key, session_spec, 0, lambda: self._engine.open(session_spec))
+        self._log.info("session opened", fields={"session": key, "size": f"{spec.height}x{spec.width}"})
         return self._replica
 
-    async def restore(
-        self,
-        key: str,
-        context: np.ndarray,
-        height: int,
-        width: int,
-        seed: int,
-        total_latent_frames: Optional[int],
-        translation_scale: Optional[float],
-        intrinsics_resolution: tuple[int, int],
-        past: list[WirePastChunk],
-        noise: Optional[WireNoise],
-    ) -> str:
+    async def restore(self, key: str, spec: DiTOpenSpec, past: list[WirePastChunk],
+                      noise: Optional[WireNoise]) -> str:
         """Admit a session like `open` and rebuild it from its journal: `past` chunks in order,
         `noise` the generator state after the last one. Returns the replica id."""
         if not hasattr(self._engine, "restore"):
             raise SessionLost("this DiT deployment cannot rebuild sessions; start again with image and prompt")
         if len(past) > self._max_chunks:
             raise ChunkLimit(f"the session has {len(past)} chunks, more than max_chunks ({self._max_chunks})")
-        spec = self._spec(context, height, width, seed, total_latent_frames, translation_scale, intrinsics_resolution)
+        session_spec = self._session_spec(spec)
         tensors: dict[int, torch.Tensor] = {}  # equal y arrive as one shared array: keep one tensor
 
         def tensor(a: np.ndarray) -> torch.Tensor:
@@ -121,24 +97,23 @@ class CausalDiT(SessionHost[DiTSlot]):
 
         chunks = [PastChunk(poses, intrinsics, tensor(y), tensor(lat)) for poses, intrinsics, y, lat in past]
         state = None if noise is None else NoiseState(torch.from_numpy(noise[0].copy()), noise[1])
-        await self._admit(key, spec, len(past), lambda: self._engine.restore(spec, chunks, state))
+        await self._admit(key, session_spec, len(past), lambda: self._engine.restore(session_spec, chunks, state))
         self._log.info("session restored", fields={"session": key, "chunks": len(past)})
         return self._replica
 
     @staticmethod
-    def _spec(context: np.ndarray, height: int, width: int, seed: int, total_latent_frames: Optional[int],
-              translation_scale: Optional[float], intrinsics_resolution: tuple[int, int]) -> DiTSessionSpec:
+    def _session_spec(spec: DiTOpenSpec) -> DiTSessionSpec:
         return DiTSessionSpec(
-            context=torch.tensor(context, dtype=torch.float32),  # a copy: Ray hands in read-only arrays
-            height=height, width=width, seed=seed, total_latent_frames=total_latent_frames,
-            translation_scale=translation_scale, intrinsics_resolution=tuple(intrinsics_resolution),
+            context=torch.tensor(spec.context, dtype=torch.float32),  # a copy: Ray hands in read-only arrays
+            height=spec.height, width=spec.width, seed=spec.seed, total_latent_frames=spec.total_latent_frames,
+            translation_scale=spec.translation_scale, intrinsics_resolution=tuple(spec.intrinsics_resolution),
         )
 
     async def _admit(self, key: str, spec: DiTSessionSpec, chunks: int, build: Callable[[], DiTSession]) -> None:
         """Reserve the session's caches (`Busy` when they do not fit), then build it."""
         kv_frames = self._engine.kv_frames(spec.total_latent_frames)
         if self._engine.cfg.local_attn_size == -1:
-            kv_frames = max(kv_frames, chunks * CHUNK_FRAMES)  # a rebuilt session holds its past
+            kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
         nbytes = self._engine.session_bytes(spec.height, spec.width, kv_frames)
         try:
             await self._open_slot(key, nbytes, lambda: DiTSlot(build(), spec.height, spec.width, kv_frames, chunks))
@@ -152,7 +127,7 @@ class CausalDiT(SessionHost[DiTSlot]):
         """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw]."""
         try:
             out = await self._compute_on(key, self._step, y, poses, intrinsics, prepare=self._admit_chunk)
-        except (SessionLost, ChunkLimit):
+        except (SessionLost, ChunkLimit, Busy):  # typed: the session's state is intact
             raise
         except Exception as e:
             # The caches may be half-written: the session cannot continue. Drop it.
@@ -164,15 +139,18 @@ class CausalDiT(SessionHost[DiTSlot]):
         return out
 
     def _admit_chunk(self, key: str, slot: DiTSlot) -> None:
-        """Chunk cap, and a growing reservation for sessions of unknown length without a window."""
+        """Chunk cap, and a growing reservation for sessions of unknown length without a window
+        (`Busy` when the budget cannot hold one more chunk)."""
         if slot.chunks >= self._max_chunks:
             raise ChunkLimit(f"the session reached max_chunks ({self._max_chunks}); reset to start a new one")
-        needed = (slot.chunks + 1) * CHUNK_FRAMES  # latent frames the KV cache holds after this chunk
+        needed = (slot.chunks + 1) * CHUNK_LATENT_FRAMES  # latent frames the KV cache holds after this chunk
         if needed <= slot.kv_frames or self._engine.cfg.local_attn_size != -1:
             return
         if not self._table.resize(key, self._engine.session_bytes(slot.height, slot.width, needed)):
-            raise ChunkLimit("the replica's KV cache budget is full and this session cannot grow; "
-                             "declare num_frames up front or serve with a local_attn_size window")
+            # capacity, not a limit of the request: the budget frees as other sessions end
+            raise Busy(f"the replica's KV cache budget is full and this session cannot grow; start it "
+                       f"again in {self._table.retry_after_s:g} s, declare num_frames up front, or serve with "
+                       "a local_attn_size window", self._table.retry_after_s)
         slot.kv_frames = needed
 
     def _step(self, slot: DiTSlot, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """WorldIngress: the FastAPI app of the graph (WebSocket, health, model card, web page, videos).
 
+The camera route and `POST /v1/videos` both serve a `Connection` (`_serve`): over the
+WebSocket, or over an in-process transport driven by the videos' session runner.
+
 No `from __future__ import annotations`: FastAPI must see the real `WebSocket` annotation of
 the route methods that `serve.ingress` rewrites, or it treats `ws` as a query parameter.
 """
@@ -7,15 +10,16 @@ the route methods that `serve.ingress` rewrites, or it treats `ws` as a query pa
 import asyncio
 from urllib.parse import quote
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request, WebSocket
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.auth import Auth, bearer_subprotocol
+from camera import output_size, parse_size
+from deployments.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
 from deployments.config import AppArgs
 from deployments.connection import POLICY_VIOLATION, Backends, Connection
 from deployments.connection_caps import ConnectionCaps, client_address
@@ -23,9 +27,11 @@ from deployments.detached import running as detached_running
 from deployments.health import PathProbe
 from deployments.metrics import IngressMetrics
 from deployments.quotas import Quotas
-from deployments.videos import mount_videos
+from deployments.transport import Transport
+from deployments.videos import ROUTE as VIDEOS_ROUTE
+from deployments.videos import VideoEndpoint
+from deployments.videos.runner import SessionRunner
 from deployments.web import mount_web
-from protocol.camera import output_size, parse_size
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
@@ -48,10 +54,11 @@ def own_max_ongoing_requests() -> int:
         return AppArgs().ingress.max_ongoing_requests
 
 
+VIDEO_PIPELINE = 2  # a video's chunk k+1 DiT step overlaps chunk k's decode
+
 # The API docs are served by the ingress itself (below), behind the API key when auth is on.
 app = FastAPI(title="lingbot-world-serve", docs_url=None, redoc_url=None, openapi_url=None)
-mount_web(app)  # the browser client at / (client/web)
-mount_videos(app)  # POST /v1/videos: a whole trajectory through the camera handler (deployments/videos.py)
+mount_web(app)  # the browser client at / (the `web` package's files)
 
 
 @serve.deployment
@@ -76,6 +83,10 @@ class WorldIngress:
         self._caps = ConnectionCaps(total, c.max_connections_per_client,
                                     args.auth.max_connections_per_key if self._auth.enabled else None)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
+        self._open_connections = 0
+        runner = SessionRunner(self._serve, min(VIDEO_PIPELINE, args.sessions.max_pending_chunks),
+                               args.videos.busy_timeout_s)
+        self._videos = VideoEndpoint(args.videos, self._auth, self._limits, runner, args.sessions.retry_after_s)
 
     @app.websocket(CAMERA_ROUTE)
     async def camera(self, ws: WebSocket) -> None:
@@ -89,9 +100,7 @@ class WorldIngress:
         if not accepted:
             self._metrics.count_error(ErrorCode.UNAUTHORIZED.value)
             self._metrics.refuse_connection("unauthorized")
-            await ws.send_bytes(encode(ErrorReply(code=ErrorCode.UNAUTHORIZED, message=(
-                "missing or wrong API key: send `Authorization: Bearer <key>`, the WebSocket subprotocol "
-                "`lwf.bearer.<key>` or the `api_key` query parameter"))))
+            await ws.send_bytes(encode(ErrorReply(code=ErrorCode.UNAUTHORIZED, message=UNAUTHORIZED_MESSAGE)))
             await ws.close(code=POLICY_VIOLATION, reason="unauthorized")
             return
         client = client_address(ws, self._args.connection.trust_forwarded_for)
@@ -104,13 +113,34 @@ class WorldIngress:
                                                   retry_after_s=self._args.sessions.retry_after_s)))
             await ws.close(code=TRY_AGAIN_LATER, reason=reason)
             return
-        self._metrics.connections.set(self._caps.open)
         try:
-            await Connection(ws, self._backends, self._args, self._limits, self._handshake, self._metrics,
-                             self._quotas.for_key(key_id)).run()
+            await self._serve(ws, key_id)
         finally:
             self._caps.release(client, key_id)
-            self._metrics.connections.set(self._caps.open)
+
+    async def _serve(self, transport: Transport, key_id: Optional[str]) -> None:
+        """One `Connection` on an accepted transport, counting against `key_id`'s quotas."""
+        self._open_connections += 1
+        self._metrics.connections.set(self._open_connections)
+        try:
+            await Connection(transport, self._backends, self._args, self._limits, self._handshake, self._metrics,
+                             self._quotas.for_key(key_id)).run()
+        finally:
+            self._open_connections -= 1
+            self._metrics.connections.set(self._open_connections)
+
+    @app.post(VIDEOS_ROUTE, response_class=Response)
+    async def create_video(self, request: Request) -> Response:
+        """A whole trajectory -> one MP4, or a job with `?async=true` (deployments/videos)."""
+        return await self._videos.create(request)
+
+    @app.get(VIDEOS_ROUTE + "/{job_id}")
+    async def video_status(self, job_id: str, request: Request) -> JSONResponse:
+        return self._videos.status(job_id, request)
+
+    @app.get(VIDEOS_ROUTE + "/{job_id}/content", response_class=Response)
+    async def video_content(self, job_id: str) -> Response:
+        return self._videos.content(job_id)
 
     @app.get("/healthz")
     async def healthz(self, request: Request) -> JSONResponse:
@@ -128,7 +158,7 @@ class WorldIngress:
             body.update({
                 "replicas": {name: len(s) for name, s in stats.items()},
                 "sessions": {name: sum(r["sessions"] for r in stats[name]) for name in ("vae", "dit")},
-                "connections": self._caps.open,  # WebSockets open on the ingress replica that answered
+                "connections": self._open_connections,  # sockets (and offline videos) open on this replica
                 "releasing": detached_running(),  # connection teardowns (and closes) still running
                 "probe_s": probe,
             })

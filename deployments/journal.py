@@ -5,7 +5,7 @@ replica; what produced it is small and is kept here, beside the connection: the 
 text context, and per finished chunk the camera payload as received, its conditioning y and
 its clean latents, plus the noise generator's state after the last chunk. When a replica dies
 or drops the session, the DiT replays one cache-update call per past chunk and the VAE
-replays its conditions and decodes (`CausalDiT.restore`, `VaeCodec.restore`); the session then
+replays its conditions and decodes (`DiTDeployment.restore`, `VaeDeployment.restore`); the session then
 continues exactly as if nothing had happened.
 
 Consecutive chunks' y converge to one value (zero frames through the causal encoder), so
@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-WireNoise = tuple[np.ndarray, bool]  # (CPU generator state bytes, whole-video noise drawn)
+from deployments.wire import WireNoise
 
 
 @dataclass(frozen=True, slots=True)

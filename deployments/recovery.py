@@ -53,13 +53,11 @@ class Recovery:
             raise self._lost("dit", cause)
         await self._forget(self._dit, stream.dit_key)
         key = stream.dit_key = incarnation_key(stream.spec.session_id)
-        s = stream.spec
+        spec = stream.spec.dit_open(j.context)
         past = [(c.poses, c.intrinsics, c.y, c.latents) for c in j.chunks]
         t0 = time.perf_counter()
         dit = self._dit.options(session_id=key)
-        replica = await self._until_placed("dit", stream, cause, lambda: dit.restore.remote(
-            key, j.context, *s.resolution, s.seed, s.total_latent_frames, s.translation_scale,
-            s.intrinsics_resolution, past, j.noise))
+        replica = await self._until_placed("dit", stream, cause, lambda: dit.restore.remote(key, spec, past, j.noise))
         stream.recoveries += 1
         self._metrics.count_recovery("dit", rebuilt=True)
         self._log.warning("session rebuilt on the DiT", fields={

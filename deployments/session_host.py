@@ -1,4 +1,4 @@
-"""SessionHost: what the stateful deployments (CausalDiT, VaeCodec) share.
+"""SessionHost: what the stateful deployments (DiTDeployment, VaeDeployment) share.
 
 A replica holds many sessions in a `SessionTable`. Model work runs in a worker thread under
 one per-replica lock (`_compute`), so the replica's event loop stays free for health checks,

@@ -1,4 +1,4 @@
-"""SPCausalDiT: one CausalDiT replica spread over N GPUs of one node (Ulysses sequence
+"""SPDiTDeployment: one DiTDeployment replica spread over N GPUs of one node (Ulysses sequence
 parallelism, `model/parallel`, docs/PARALLEL.md).
 
 Layout of one replica:
@@ -8,11 +8,11 @@ Layout of one replica:
 * it starts N-1 `SPRank` actors, rank r in bundle r; all N join one torch.distributed group
   (NCCL on GPUs, gloo on CPU) through a TCP rendezvous on rank 0's node;
 * each rank loads the whole DiT (weights are replicated) with the serving speed options
-  (`AccelOptions.for_serving`; rank 0's DiT, loaded by CausalDiT, is brought to the same
+  (`AccelOptions.for_serving`; rank 0's DiT, loaded by DiTDeployment, is brought to the same
   options) and holds, per session, the KV caches of its H/N heads, its own copy of the
   sampler state and the text embedding.
 
-Sessions, admission, TTL and routing are CausalDiT's, unchanged: the replica swaps its engine
+Sessions, admission, TTL and routing are DiTDeployment's, unchanged: the replica swaps its engine
 for `SPReplicaEngine`, which forwards every open / step / close to the other ranks in the
 same order (one caller, in-order actors) and runs rank 0's part itself. Steps meet in the
 collectives; every rank ends a chunk with the same latents and rank 0 returns them.
@@ -39,7 +39,7 @@ from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs, SessionArgs
-from deployments.dit import CausalDiT
+from deployments.dit import DiTDeployment
 from model.accel import AccelOptions
 from model.config import DiTConfig
 from model.engines import ChunkOutput
@@ -58,14 +58,14 @@ def sp_placement(replica: ReplicaArgs, parallel: int) -> dict[str, Any]:
 
 
 def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
-    """The graph's DiT node: CausalDiT, or SPCausalDiT over `args.dit_parallel` GPUs.
+    """The graph's DiT node: DiTDeployment, or SPDiTDeployment over `args.dit_parallel` GPUs.
 
-    `options` are the deployment options build_app gives CausalDiT (replicas, actor
+    `options` are the deployment options build_app gives DiTDeployment (replicas, actor
     options, router); the SP replica adds its placement group.
     """
     if args.dit_parallel == 1:
-        return CausalDiT.options(**options).bind(args.model, args.sessions)
-    return SPCausalDiT.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(
+        return DiTDeployment.options(**options).bind(args.model, args.sessions)
+    return SPDiTDeployment.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(
         args.model, args.sessions, args.dit_parallel)
 
 
@@ -96,7 +96,7 @@ class SPRank:
 
 
 class SPReplicaEngine:
-    """The DiTEngine interface CausalDiT uses, over all ranks of the replica."""
+    """The DiTEngine interface DiTDeployment uses, over all ranks of the replica."""
 
     def __init__(self, local: SPDiTEngine, ranks: list[ray.actor.ActorHandle]) -> None:
         self._local = local
@@ -146,14 +146,14 @@ def _rendezvous() -> str:
     return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
 
-@serve.deployment(name="CausalDiT")
-class SPCausalDiT(CausalDiT.func_or_class):
-    """CausalDiT over the N GPUs of its placement group (rank 0 here, ranks 1..N-1 actors)."""
+@serve.deployment(name="DiTDeployment")
+class SPDiTDeployment(DiTDeployment.func_or_class):
+    """DiTDeployment over the N GPUs of its placement group (rank 0 here, ranks 1..N-1 actors)."""
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, parallel: int) -> None:
         pg = get_current_placement_group()
         if parallel < 2 or pg is None or len(pg.bundle_specs) != parallel:
-            raise ValueError(f"SPCausalDiT over {parallel} ranks needs a placement group of {parallel} "
+            raise ValueError(f"SPDiTDeployment over {parallel} ranks needs a placement group of {parallel} "
                              "bundles (deploy it through sp_dit.bind_dit)")
         device = rank_device(model.device)
         options = AccelOptions.for_serving(device, compile=model.compile, fp8=model.fp8)

@@ -17,7 +17,14 @@ from typing import Optional
 
 import numpy as np
 
+from camera import DEFAULT_INTRINSICS_RESOLUTION, frame_plan, output_size, parse_size
 from deployments.journal import SessionJournal
+from deployments.wire import DiTOpenSpec
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import InferRequest
+
+DEFAULT_SEED = 42  # the reference's base_seed
+
 
 class StreamState(Enum):
     OPEN = auto()  # chunks may be dispatched; the replicas hold (or are opening) the session
@@ -57,6 +64,12 @@ class StreamSpec:
     total_latent_frames: Optional[int]  # from `num_frames` (spec B.1); None: per-chunk noise
     translation_scale: Optional[float]
     intrinsics_resolution: tuple[int, int]
+
+    def dit_open(self, context: np.ndarray) -> DiTOpenSpec:
+        """What the DiT deployment opens (or rebuilds) this session with, given its text context."""
+        h, w = self.resolution
+        return DiTOpenSpec(context, h, w, self.seed, self.total_latent_frames, self.translation_scale,
+                           self.intrinsics_resolution)
 
 
 @dataclass(eq=False, slots=True)
@@ -101,3 +114,22 @@ class Stream:
         was_open = self.state is StreamState.OPEN
         self.state = StreamState.CLOSED
         return was_open
+
+
+def stream_spec(req: InferRequest, image_hw: tuple[int, int], default_size: str, prompt: str,
+                digest: str) -> StreamSpec:
+    """Session options of a first infer -> StreamSpec; ProtocolError for unusable values.
+    `prompt` and `digest` (of the image) are the request's, or on an implicit reset that
+    changes one of them, the replaced session's other one."""
+    max_area = req.max_area or parse_size(default_size)
+    try:
+        resolution = output_size(max_area, *image_hw)
+        total = None if req.num_frames is None else frame_plan(req.num_frames, req.num_frames)[1]
+    except ValueError as e:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None
+    return StreamSpec(
+        session_id=req.session_id, prompt=prompt, image_digest=digest,
+        resolution=resolution, seed=DEFAULT_SEED if req.seed is None else req.seed,
+        total_latent_frames=total, translation_scale=req.translation_scale,
+        intrinsics_resolution=tuple(req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION),
+    )

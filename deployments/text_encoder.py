@@ -1,4 +1,4 @@
-"""TextEncoder deployment: prompt -> UMT5 embedding [L, text_dim] float32, with an LRU cache."""
+"""TextEncoderDeployment: prompt -> UMT5 embedding [L, text_dim] float32, with an LRU cache."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +13,7 @@ from model.factory import load_text_engine
 
 
 @serve.deployment
-class TextEncoder:
+class TextEncoderDeployment:
     """Stateless; one engine per replica, calls serialised (the encoder is not re-entrant)."""
 
     def __init__(self, model: ModelArgs) -> None:

@@ -1,4 +1,4 @@
-"""VaeCodec deployment: per-session conditioning encode, streaming decode and fMP4 mux.
+"""VaeDeployment deployment: per-session conditioning encode, streaming decode and fMP4 mux.
 
 Each session holds a `VaeSession` (encoder cache for y, decoder cache) and its `Fmp4Muxer`.
 Calls for a session this replica does not hold raise `SessionLost`. `restore` rebuilds a
@@ -16,16 +16,15 @@ import numpy as np
 import torch
 from ray import serve
 
+from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
 from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
+from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.factory import load_vae_engine
 from model.session import VaeSession
-from protocol.fmp4 import Fmp4Muxer
-
-FPS = 16
 
 
 @dataclass(slots=True)
@@ -35,7 +34,7 @@ class VaeSlot:
 
 
 @serve.deployment
-class VaeCodec(SessionHost[VaeSlot]):
+class VaeDeployment(SessionHost[VaeSlot]):
     """Conditioning encode (y per chunk) and decode + mux (fMP4 per chunk) of many sessions."""
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, max_sessions: int) -> None:

@@ -1,4 +1,4 @@
-"""The browser client (client/web, package data) served by the ingress: `/` and `/static/...`.
+"""The browser client (the `web` package's static files) served by the ingress: `/` and `/static/...`.
 
 The page talks to the camera WebSocket next to it, so it works behind any route prefix.
 """
@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-WEB_DIR = Path(str(files("client") / "web"))
+WEB_DIR = Path(str(files("web")))
 NO_CACHE = {"Cache-Control": "no-cache"}  # revalidate: a redeploy must not leave stale scripts
 
 

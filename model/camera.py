@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from protocol.camera import (
+from camera import (
     CHUNK_LATENT_FRAMES,
     DEFAULT_INTRINSICS_RESOLUTION,
     check_poses,
@@ -65,7 +65,7 @@ class CameraTrack:
 
     Relative poses continue across chunks (rel_0 = I on chunk 0, then the first latent pose of
     a chunk is taken relative to the last one of the previous chunk), computed through the
-    session's first pose like the reference (`protocol.camera.relative_poses`), so chunk by
+    session's first pose like the reference (`camera.relative_poses`), so chunk by
     chunk equals the reference's whole-trajectory computation. Translations are divided by
     `translation_scale` when given, else by the chunk's own largest norm (none when 0).
     """

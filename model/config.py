@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-CHUNK_FRAMES = 3  # latent frames per chunk (the reference's chunk_size)
+from camera.frames import CHUNK_LATENT_FRAMES
+
 CONTROL_DIMS = {"cam": 6, "act": 7}  # Plücker channels per pixel by control type (spec B.5)
 
 
@@ -37,10 +38,10 @@ class DiTConfig:
         assert self.freq_dim % 2 == 0, "the sinusoidal time embedding needs an even freq_dim"
         assert len(self.patch) == 3, "patch is (t, h, w)"
         assert self.in_dim == 2 * self.out_dim + 4, "in_dim = noisy latent + 4 mask + image latent"
-        if self.local_attn_size != -1 and self.local_attn_size < self.sink_size + CHUNK_FRAMES:
+        if self.local_attn_size != -1 and self.local_attn_size < self.sink_size + CHUNK_LATENT_FRAMES:
             raise ValueError(
                 f"local_attn_size ({self.local_attn_size}) must hold the sink ({self.sink_size}) "
-                f"plus one chunk of {CHUNK_FRAMES} latent frames, or be -1 (no window)"
+                f"plus one chunk of {CHUNK_LATENT_FRAMES} latent frames, or be -1 (no window)"
             )
         if self.sink_size < 0:
             raise ValueError(f"sink_size must be >= 0, got {self.sink_size}")

@@ -2,7 +2,9 @@
 
 Each engine holds one model's weights and works on explicit session objects
 (`model/session.py`), so each can live in its own process (a Ray Serve deployment) or all
-three in one (`WorldPipeline`). Tensors returned to callers are CPU float32 / uint8.
+three in one (`WorldPipeline`). What crosses a process boundary comes back on the CPU: the
+text context, y, chunk latents (float32) and decoded frames (uint8 numpy). `decode_float`
+is the exception: it returns the decoded video on the engine's device (callers convert it).
 """
 from __future__ import annotations
 
@@ -13,24 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from model.camera import CameraTrack
 from model.conditioning import image_condition_mask, make_y, preprocess_image
-from model.config import CHUNK_FRAMES
 from model.dit import CausalDiT
 from model.kv_cache import DiTCaches
 from model.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
 from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession
 from model.t5 import TextEncoder
 from model.vae import WanVAE
-
-VAE_TIME_STRIDE = 4
-FIRST_CHUNK_FRAMES = 1 + VAE_TIME_STRIDE * (CHUNK_FRAMES - 1)  # 9 video frames
-CHUNK_VIDEO_FRAMES = VAE_TIME_STRIDE * CHUNK_FRAMES  # 12 video frames
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def to_uint8(video: torch.Tensor) -> np.ndarray:
@@ -76,17 +69,18 @@ class VaeEngine:
         session.check_open()
         first = session.encoded_chunks == 0
         h, w = session.height, session.width
-        zeros = torch.zeros(3, FIRST_CHUNK_FRAMES - 1 if first else CHUNK_VIDEO_FRAMES, h, w,
+        zeros = torch.zeros(3, FIRST_CHUNK_VIDEO_FRAMES - 1 if first else CHUNK_VIDEO_FRAMES, h, w,
                             device=self.device, dtype=session.image.dtype)
         video = torch.cat([session.image[:, None], zeros], dim=1) if first else zeros
         latent, session.enc_cache = self.vae.encode_chunk(video, session.enc_cache)
         session.encoded_chunks += 1
-        mask = image_condition_mask(CHUNK_FRAMES, first, latent.shape[2], latent.shape[3])
+        mask = image_condition_mask(CHUNK_LATENT_FRAMES, first, latent.shape[2], latent.shape[3])
         return make_y(mask.to(latent.device), latent).cpu()
 
     @torch.inference_mode()
     def decode_float(self, session: VaeSession, latents: torch.Tensor) -> torch.Tensor:
-        """Chunk latents [16, 3, lh, lw] -> video float32 [3, 9 or 12, h, w] in [-1, 1]."""
+        """Chunk latents [16, 3, lh, lw] -> video [3, 9 or 12, h, w] in [-1, 1], on the engine's
+        device in the VAE's dtype (not copied to the CPU)."""
         session.check_open()
         video, session.dec_cache = self.vae.decode_chunk(latents.to(self.device), session.dec_cache)
         session.decoded_chunks += 1
@@ -138,7 +132,7 @@ class DiTEngine:
         """Latent frames a session's self-attention cache holds (for admission control)."""
         if self.cfg.local_attn_size != -1:
             return self.cfg.local_attn_size
-        return total_latent_frames if total_latent_frames is not None else CHUNK_FRAMES
+        return total_latent_frames if total_latent_frames is not None else CHUNK_LATENT_FRAMES
 
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
@@ -186,7 +180,7 @@ class DiTEngine:
     def _run(self, session: DiTSession, y: torch.Tensor, plucker: torch.Tensor, t0: float) -> ChunkOutput:
         device = self.device
         start = session.start_token
-        session.caches.ensure_capacity(start + CHUNK_FRAMES * session.spec.frame_seqlen)
+        session.caches.ensure_capacity(start + CHUNK_LATENT_FRAMES * session.spec.frame_seqlen)
         y = y.to(device=device, dtype=torch.float32)
         cam = self.dit.camera_features(plucker.to(device))
         x = session.noise.initial(session.chunk_index)
@@ -195,7 +189,7 @@ class DiTEngine:
             trace.append({"kind": "chunk", "plucker": plucker.cpu(), "y": y.cpu()})
 
         planned = session.noise.total_latent_frames
-        last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_FRAMES == planned
+        last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_LATENT_FRAMES == planned
 
         def call(x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             before = (session.caches.global_end, session.caches.local_end)
@@ -233,10 +227,10 @@ class DiTEngine:
         planned = session.noise.total_latent_frames
         for chunk in past:
             plucker = session.camera.chunk(chunk.poses, chunk.intrinsics)  # [1, 384, 3, lh, lw]
-            last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_FRAMES == planned
+            last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_LATENT_FRAMES == planned
             if not (self.skip_final_update and last_planned):
                 start = session.start_token
-                session.caches.ensure_capacity(start + CHUNK_FRAMES * spec.frame_seqlen)
+                session.caches.ensure_capacity(start + CHUNK_LATENT_FRAMES * spec.frame_seqlen)
                 cam = self.dit.camera_features(plucker.to(device))
                 y = chunk.y.to(device=device, dtype=torch.float32)
                 x0 = chunk.latents.to(device=device, dtype=torch.float32)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from model.config import CHUNK_FRAMES, DiTConfig
+from camera.frames import CHUNK_LATENT_FRAMES
+from model.config import DiTConfig
 
 
 class SelfAttnKVCache:
@@ -164,7 +165,7 @@ class DiTCaches:
         if rolling:
             frames = cfg.local_attn_size
         elif total_latent_frames is None:
-            frames = CHUNK_FRAMES
+            frames = CHUNK_LATENT_FRAMES
         elif total_latent_frames <= 0:
             raise ValueError(f"total_latent_frames must be positive, got {total_latent_frames}")
         else:

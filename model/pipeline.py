@@ -15,19 +15,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from model.config import CHUNK_FRAMES
+from camera import (CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, DEFAULT_SIZE, chunk_cameras, frame_plan,
+                    offline_latent_poses, output_size, parse_size, planned_latent_frames, translation_scale)
 from model.engines import ChunkOutput, DiTEngine, TextEngine, VaeEngine, to_uint8
 from model.session import DiTSession, DiTSessionSpec, VaeSession
-from protocol.camera import (
-    chunk_cameras,
-    frame_plan,
-    offline_latent_poses,
-    output_size,
-    translation_scale,
-)
 
-DEFAULT_MAX_AREA = 480 * 832
-DEFAULT_INTRINSICS_RESOLUTION = (480, 832)
+DEFAULT_MAX_AREA = parse_size(DEFAULT_SIZE)
 
 
 @dataclass(frozen=True)
@@ -41,13 +34,6 @@ class SessionSpec:
     num_frames: int | None = None  # planned total video frames (4n + 1)
     translation_scale: float | None = None
     intrinsics_resolution: tuple[int, int] = DEFAULT_INTRINSICS_RESOLUTION
-
-
-def planned_latent_frames(num_frames: int | None) -> int | None:
-    """Latent frames of a declared video length (rounded down to whole chunks)."""
-    if num_frames is None:
-        return None
-    return frame_plan(num_frames, num_frames)[1]
 
 
 @dataclass(eq=False)
@@ -149,14 +135,14 @@ class WorldPipeline:
         integer_positions = kept == video_frames
         latent_poses = None if integer_positions else offline_latent_poses(poses, frame_num)
         latents, frames, timings = [], [], []
-        for c in range(lat_f // CHUNK_FRAMES):
+        for c in range(lat_f // CHUNK_LATENT_FRAMES):
             if integer_positions:
                 # the reference uses the trajectory's first intrinsics row for every frame
                 chunk_poses, _ = chunk_cameras(poses[:kept], intrinsics[:kept], c)
                 out = self.step(session, chunk_poses, intrinsics[:1])
             else:
-                lo = c * CHUNK_FRAMES
-                out = self.step_latent_poses(session, latent_poses[lo:lo + CHUNK_FRAMES], intrinsics[0])
+                lo = c * CHUNK_LATENT_FRAMES
+                out = self.step_latent_poses(session, latent_poses[lo:lo + CHUNK_LATENT_FRAMES], intrinsics[0])
             t0 = time.perf_counter()
             frames.append(self.decode(session, out.latents))
             out.timings["vae_decode"] = time.perf_counter() - t0

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_FRAMES = 1024  # positions covered by the reference's table
+from camera.frames import MAX_LATENT_FRAMES
+
+MAX_FRAMES = MAX_LATENT_FRAMES  # frame positions covered by the reference's table (1024)
 THETA = 10000.0
 _CHUNK_TABLES_KEPT = 16
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.config import CHUNK_FRAMES
+from camera.frames import CHUNK_LATENT_FRAMES
 
 TIMESTEPS_INDEX = (0, 179, 358, 679)
 SIGMA_MAX = float(np.float32(0.999))  # the scheduler's sigma_max is a float32 value
@@ -95,10 +95,10 @@ class NoisePlan:
         device: torch.device | str = "cpu",
     ) -> None:
         if total_latent_frames is not None and (
-            total_latent_frames <= 0 or total_latent_frames % CHUNK_FRAMES
+            total_latent_frames <= 0 or total_latent_frames % CHUNK_LATENT_FRAMES
         ):
             raise ValueError(
-                f"total_latent_frames must be a positive multiple of {CHUNK_FRAMES}, "
+                f"total_latent_frames must be a positive multiple of {CHUNK_LATENT_FRAMES}, "
                 f"got {total_latent_frames}"
             )
         self.seed = seed
@@ -118,19 +118,19 @@ class NoisePlan:
         Call it in chunk order, right before the chunk's steps (a streaming plan draws here).
         """
         if self.total_latent_frames is None:
-            return self._draw(CHUNK_FRAMES).to(self.device)
-        if not 0 <= chunk_index < self.total_latent_frames // CHUNK_FRAMES:
+            return self._draw(CHUNK_LATENT_FRAMES).to(self.device)
+        if not 0 <= chunk_index < self.total_latent_frames // CHUNK_LATENT_FRAMES:
             raise ValueError(
                 f"chunk {chunk_index} is beyond the planned {self.total_latent_frames} latent frames"
             )
         if self._whole is None:
             self._whole = self._draw(self.total_latent_frames).to(self.device)
-        lo = chunk_index * CHUNK_FRAMES
-        return self._whole[:, lo : lo + CHUNK_FRAMES]
+        lo = chunk_index * CHUNK_LATENT_FRAMES
+        return self._whole[:, lo : lo + CHUNK_LATENT_FRAMES]
 
     def renoise_draw(self) -> torch.Tensor:
         """One re-noise draw, [16, 3, lat_h, lat_w]."""
-        return self._draw(CHUNK_FRAMES).to(self.device)
+        return self._draw(CHUNK_LATENT_FRAMES).to(self.device)
 
     def state(self) -> NoiseState:
         return NoiseState(self.generator.get_state(), self._whole is not None)

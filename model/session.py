@@ -11,8 +11,8 @@ from enum import Enum, auto
 import numpy as np
 import torch
 
+from camera.frames import CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION
 from model.camera import CameraTrack
-from model.config import CHUNK_FRAMES
 from model.kv_cache import DiTCaches
 from model.sampler import NoisePlan
 from model.vae_cache import VaeCache
@@ -40,7 +40,7 @@ class DiTSessionSpec:
     seed: int = 42
     total_latent_frames: int | None = None  # known length -> the reference's noise plan
     translation_scale: float | None = None  # None -> per-chunk normalisation
-    intrinsics_resolution: tuple[int, int] = (480, 832)
+    intrinsics_resolution: tuple[int, int] = DEFAULT_INTRINSICS_RESOLUTION
 
     def __post_init__(self) -> None:
         if self.height <= 0 or self.width <= 0 or self.height % 16 or self.width % 16:
@@ -77,7 +77,7 @@ class DiTSession:
 
     @property
     def start_token(self) -> int:
-        return self.chunk_index * CHUNK_FRAMES * self.spec.frame_seqlen
+        return self.chunk_index * CHUNK_LATENT_FRAMES * self.spec.frame_seqlen
 
     def check_open(self) -> None:
         if self.status is SessionStatus.CLOSED:

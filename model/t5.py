@@ -40,9 +40,6 @@ _BLOCK_KEYS = {
     "ffn.fc2.weight": "layer.1.DenseReluDense.wo.weight",
 }
 _WAN_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
-_HF_BLOCK = re.compile(r"encoder\.block\.(\d+)\.(.+)")
-_TOP_KEYS_INV = {v: k for k, v in _TOP_KEYS.items()}
-_BLOCK_KEYS_INV = {v: k for k, v in _BLOCK_KEYS.items()}
 
 
 def clean_text(text: str) -> str:
@@ -61,16 +58,6 @@ def wan_to_hf_t5_key(key: str) -> str:
     if m is None or m.group(2) not in _BLOCK_KEYS:
         raise CheckpointError(f"not a Wan T5 encoder key: {key!r}")
     return f"encoder.block.{m.group(1)}.{_BLOCK_KEYS[m.group(2)]}"
-
-
-def hf_to_wan_t5_key(key: str) -> str:
-    """`UMT5EncoderModel` parameter name -> Wan T5 encoder key (inverse of wan_to_hf_t5_key)."""
-    if key in _TOP_KEYS_INV:
-        return _TOP_KEYS_INV[key]
-    m = _HF_BLOCK.fullmatch(key)
-    if m is None or m.group(2) not in _BLOCK_KEYS_INV:
-        raise CheckpointError(f"not a UMT5 encoder parameter: {key!r}")
-    return f"blocks.{m.group(1)}.{_BLOCK_KEYS_INV[m.group(2)]}"
 
 
 def t5_config_from_state_dict(sd: Mapping[str, torch.Tensor], source: Path | str) -> T5Config:

@@ -14,6 +14,7 @@ import msgpack_numpy
 import numpy as np
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from camera.plan import SessionPlan
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.messages import REQUEST_TYPES, InferRequest, Reply, Request, ResetRequest
@@ -162,6 +163,27 @@ def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
     except ValidationError as e:
         raise _protocol_error(e) from None
     return encode(req)
+
+
+def encode_plan(plan: SessionPlan, session_id: str, image: bytes | np.ndarray, prompt: str, *,
+                seed: Optional[int] = None, size: Optional[str] = None,
+                intrinsics_resolution: Optional[tuple[int, int]] = None,
+                limits: Limits = DEFAULT_LIMITS) -> list[bytes]:
+    """Client side: the packed infers of a planned session (`camera.plan_session`), in order.
+
+    The first carries image, prompt and the session options, with the plan's `num_frames` and
+    `translation_scale`: the session then reproduces the offline run (PROTOCOL.md §2).
+    """
+    out = []
+    for k, poses in enumerate(plan.chunk_poses):
+        first = {} if k else {
+            "image": image, "prompt": prompt, "seed": seed, "size": size,
+            "intrinsics_resolution": intrinsics_resolution, "num_frames": plan.num_frames,
+            "translation_scale": plan.translation_scale,
+        }
+        out.append(encode_infer(session_id, poses, plan.chunk_intrinsics(k), client_chunk_id=k, limits=limits,
+                                **first))
+    return out
 
 
 def encode_reset(session_id: str) -> bytes:

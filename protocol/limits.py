@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from camera.frames import MAX_NUM_FRAMES
+
 MIB = 1024 * 1024
 
 
@@ -29,7 +31,9 @@ class Limits:
     translation_scale_range: tuple[float, float] = (1e-6, 1e6)
     max_translation: float = 1e6  # |t| of any pose, in scene units
     max_output_area: int = 1280 * 720  # H*W of the `size` session option
-    max_num_frames: int = 961  # `num_frames` session option (60 s at 16 fps); sizes the noise plan
+    # `num_frames` session option; sizes the noise plan. The default is the model's bound (the
+    # frames of MAX_CHUNKS chunks); the server passes its `sessions.max_frames`.
+    max_num_frames: int = MAX_NUM_FRAMES
     max_map_len: int = 64  # entries of any msgpack map (messages have ~12 fields)
     # Nested-list arrays (the third wire encoding): entries of one msgpack array (an image row
     # of at most 8192 pixels) and elements of all arrays of one message together (a raw

@@ -15,6 +15,9 @@ import numpy as np
 from pydantic import (BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, Strict, ValidationInfo,
                       WithJsonSchema, field_validator, model_validator)
 
+from camera.frames import (CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, DEFAULT_INTRINSICS_RESOLUTION,
+                           FIRST_CHUNK_VIDEO_FRAMES, FPS, VAE_TIME_STRIDE)
+from camera.poses import rigid_errors
 from protocol.arrays import finite_float32, wire_array
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import probe_image, raw_image
@@ -106,7 +109,7 @@ class Cameras(_Message):
             raise ProtocolError(ErrorCode.BAD_CAMERAS, "`cameras.poses` must be [N, 4, 4] camera-to-world "
                                                        f"matrices, got shape {list(arr.shape)}")
         poses = finite_float32(arr, field="cameras.poses", code=ErrorCode.BAD_CAMERAS)
-        _check_rigid(poses.astype(np.float64), limits.rotation_tolerance)
+        _check_rigid(poses, limits.rotation_tolerance)
         far = np.flatnonzero(np.abs(poses[:, :3, 3]).max(axis=1) > limits.max_translation)
         if far.size:
             raise ProtocolError(ErrorCode.BAD_CAMERAS, f"`cameras.poses[{far[0]}]`: translation beyond "
@@ -133,10 +136,7 @@ def _check_count(arr: np.ndarray, field: str, limits: Limits) -> None:
 
 def _check_rigid(poses: np.ndarray, tol: float) -> None:
     """Raise bad_cameras unless every pose [N, 4, 4] is a rotation + translation."""
-    last_row = np.abs(poses[:, 3, :] - np.array([0.0, 0.0, 0.0, 1.0])).max(axis=1)  # [N]
-    rot = poses[:, :3, :3]  # [N, 3, 3]
-    ortho = np.abs(np.swapaxes(rot, 1, 2) @ rot - np.eye(3)).max(axis=(1, 2))  # [N]
-    det = np.linalg.det(rot)  # [N]
+    ortho, det, last_row = rigid_errors(poses)
     bad = np.flatnonzero((last_row > tol) | (ortho > tol) | (np.abs(det - 1.0) > tol))
     if bad.size:
         i = bad[0]
@@ -243,13 +243,13 @@ class CameraServerConfig(_Message):
     type: Literal["config"] = "config"
     model: str
     patch_size: tuple[int, int, int] = (1, 2, 2)
-    chunk_latent_frames: int = 3
-    vae_temporal_stride: int = 4
-    chunk_video_frames: int = 12
-    first_chunk_video_frames: int = 9
+    chunk_latent_frames: int = CHUNK_LATENT_FRAMES
+    vae_temporal_stride: int = VAE_TIME_STRIDE
+    chunk_video_frames: int = CHUNK_VIDEO_FRAMES
+    first_chunk_video_frames: int = FIRST_CHUNK_VIDEO_FRAMES
     image_resolution: tuple[int, int] = Field((464, 832), description="[H, W] for a 16:9 image at the default size")
-    intrinsics_resolution: tuple[int, int] = (480, 832)
-    fps: int = 16
+    intrinsics_resolution: tuple[int, int] = DEFAULT_INTRINSICS_RESOLUTION
+    fps: int = FPS
     frame_dtype: Literal["uint8"] = "uint8"
     video_codec: Literal["h264"] = "h264"
     needs_session_id: bool = True
@@ -268,7 +268,7 @@ class FrameReply(_Message):
     video: Bin
     num_frames: int = Field(ge=1, description="9 for chunk 0, then 12")
     resolution: tuple[int, int] = Field(description="[H, W]")
-    fps: int = 16
+    fps: int = FPS
     stage_durations: dict[str, float] = Field(
         default_factory=dict, description="seconds: text_encode, vae_encode, dit, vae_decode, mux, total")
     client_chunk_id: Optional[int] = None
@@ -296,11 +296,6 @@ class ErrorReply(_Message):
         if (self.code is ErrorCode.BUSY) != (self.retry_after_s is not None):
             raise ValueError("retry_after_s is required with code busy and only with it")
         return self
-
-    @classmethod
-    def from_error(cls, err: ProtocolError, session_id: str | None = None) -> ErrorReply:
-        """The reply for a rejected client message."""
-        return cls(code=err.code, message=err.message, session_id=session_id)
 
 
 Request = Union[InferRequest, ResetRequest]

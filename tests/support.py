@@ -9,7 +9,7 @@ SHARED = Path(os.environ.get("LWF_SHARED", REPO.parent / "shared")).resolve()
 GOLDEN_DIR = SHARED / "golden"
 TINY_CKPT = SHARED / "ckpt" / "tiny-lingbot-world-base-cam"
 EXAMPLES = SHARED / "examples"
-GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.pt"))
+GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.pt"))  # empty without ../shared: parametrizing fails at collection
 
 _golden_cache: dict[str, dict] = {}
 

@@ -28,7 +28,8 @@ class AccelOptions:
     skip_final_update: skip the t = 0 cache-update call of a session's last planned chunk (its
       K/V are never read: the noise plan ends there).
     vae_channels_last: channels-last weights for the VAE convolutions (CUDA).
-    vae_compile: one torch.compile'd kernel for each VAE RMSNorm + SiLU pair (dynamic shapes).
+    vae_compile: one torch.compile'd kernel for each VAE RMSNorm + SiLU pair, static shapes (one
+      compile per input shape; dynamic shapes gave wrong results, see accel/vae_fast.py).
     """
 
     fast: bool = False

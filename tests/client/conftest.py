@@ -25,6 +25,7 @@ APP_ARGS = {
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},
     "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 64},
+    "videos": {"max_body_mib": 4, "max_jobs": 1},  # test_videos.py: the body cap and the job bound
 }
 STARTUP_TIMEOUT_S = 180.0
 

@@ -66,7 +66,7 @@ def test_default_image_and_intrinsics():
 def test_every_chunk_request_passes_the_server_intake(kind):
     traj = synthetic_trajectory(kind, 33)
     plan = plan_session(traj, 33)
-    requests = [decode(m) for m in plan.messages(traj, "s")]
+    requests = [decode(m) for m in traj.messages(plan, "s")]
     assert len(requests) == 3 and requests[0].prompt == traj.prompt and requests[0].num_frames == 33
     for req, poses in zip(requests, plan.chunk_poses):
         np.testing.assert_array_equal(req.cameras.poses, poses)

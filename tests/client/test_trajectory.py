@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from camera import chunk_video_frames, offline_latent_poses, translation_scale
 from client.trajectory import Trajectory, plan_session
-from protocol.camera import offline_latent_poses, translation_scale
 from protocol.codec import decode
 from support import EXAMPLES
 
@@ -42,7 +42,7 @@ def test_save_then_load_round_trips(ex01, tmp_path):
 def test_plan_slices_twelve_poses_per_chunk(ex01):
     plan = plan_session(ex01, 33)
     assert (plan.num_frames, plan.num_chunks) == (33, 3)
-    assert [plan.chunk_frames(k) for k in range(3)] == [9, 12, 12]
+    assert [chunk_video_frames(k) for k in range(plan.num_chunks)] == [9, 12, 12]
     for k, poses in enumerate(plan.chunk_poses):
         expected = ex01.poses[np.minimum(np.arange(12 * k, 12 * k + 12), 32)]  # the 4n+1 end holds the last pose
         np.testing.assert_array_equal(poses, expected)
@@ -66,7 +66,7 @@ def test_frames_are_capped_by_the_trajectory(ex01):
 def test_messages_carry_session_options_once_and_the_first_intrinsics_row(ex01):
     assert not np.array_equal(ex01.intrinsics[0], ex01.intrinsics[20])
     plan = plan_session(ex01, 33)
-    reqs = [decode(m) for m in plan.messages(ex01, "sid", seed=7, size="32*64")]
+    reqs = [decode(m) for m in ex01.messages(plan, "sid", seed=7, size="32*64")]
     first = reqs[0]
     assert (first.image, first.prompt, first.seed, first.size, first.num_frames) == (ex01.image, ex01.prompt, 7,
                                                                                      "32*64", 33)

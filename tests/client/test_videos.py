@@ -1,9 +1,10 @@
-"""`POST /v1/videos` against the served app: the same video as the streamed CLI run, and the
-WebSocket's validation and error codes."""
+"""`POST /v1/videos` against the served app: the same video as the streamed CLI run, the
+WebSocket's validation and error codes, the body cap and the job bound."""
 from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from support import EXAMPLES
 
 LWF_CLIENT = Path(sys.executable).parent / "lwf-client"
 SEED = 11
+BODY_CAP_MIB = 4  # videos.max_body_mib of the served app (tests/client/conftest.py); max_jobs is 1
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +120,39 @@ def test_request_errors(served, ex00):
     for path in ("/v1/videos/vid_unknown", "/v1/videos/vid_unknown/content"):
         resp = requests.get(f"{served.http}{path}", timeout=30)
         assert (resp.status_code, resp.json()["code"]) == (404, "not_found")
+
+
+def test_a_chunked_body_over_the_cap_is_refused_without_reading_it_all(served):
+    """No Content-Length: the body is counted as it arrives and refused (413) once past the cap,
+    though it never ends; a server that read it whole would never answer."""
+    cap = BODY_CAP_MIB * 1024 * 1024
+    host, port = served.http.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(b"POST /v1/videos HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b" " * (256 * 1024)
+        for _ in range(cap // len(chunk) + 1):  # one chunk past the cap, and no terminating chunk
+            s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = s.recv(65536)
+            assert data, f"connection closed without an answer: {head!r}"
+            head += data
+    assert head.startswith(b"HTTP/1.1 413"), head[:200]
+
+
+def test_jobs_beyond_the_bound_are_refused(served, ex00):
+    """videos.max_jobs 1: while one job runs, the next is refused with busy + Retry-After."""
+    running = requests.post(f"{served.http}/v1/videos", params={"async": "true"}, json=body(ex00, frames=81, n=81),
+                            timeout=30)
+    assert running.status_code == 202, running.text
+    refused = requests.post(f"{served.http}/v1/videos", params={"async": "true"}, json=body(ex00), timeout=30)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["code"] == "busy" and int(refused.headers["retry-after"]) >= 1
+    view = running.json()
+    deadline = time.monotonic() + 180
+    while view["status"] not in ("succeeded", "failed"):  # leave the app idle for the next tests
+        assert time.monotonic() < deadline, view
+        time.sleep(0.5)
+        view = requests.get(f"{served.http}{view['status_url']}", timeout=10).json()
+    assert view["status"] == "succeeded", view

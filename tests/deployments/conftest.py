@@ -23,10 +23,10 @@ import pytest
 import websockets
 from PIL import Image
 
+from camera import chunk_cameras, translation_scale
+from media.reassembly import Fmp4Assembler
 from protocol import decode_reply, encode_infer, encode_reset
-from protocol.camera import chunk_cameras, translation_scale
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
-from protocol.reassembly import Fmp4Assembler
 from support import EXAMPLES
 from deployments.allocator import MALLOC_ENV
 

@@ -7,11 +7,11 @@ import numpy as np
 import httpx
 import torch
 
+from camera import parse_size
 from deployments.app import build_app
 from deployments.config import AppArgs, ReplicaArgs, SessionArgs
+from media.fmp4 import Fmp4Muxer
 from model.pipeline import WorldPipeline
-from protocol.camera import parse_size
-from protocol.fmp4 import Fmp4Muxer
 from protocol.messages import FrameReply
 
 TEST_SIZE = "32*64"

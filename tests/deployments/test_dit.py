@@ -1,4 +1,4 @@
-"""CausalDiT admission through the running app: a full graph answers busy, a freed slot admits."""
+"""DiTDeployment admission through the running app: a full graph answers busy, a freed slot admits."""
 from __future__ import annotations
 
 import asyncio

@@ -77,7 +77,7 @@ def test_killing_the_dit_replica_mid_session_loses_nothing(server, connect, exam
             holder = replies[-1].debug["dit_replica"]
             for k in range(2, KILL_CHUNKS):  # pipelined: chunk 2 is being stepped when the replica dies
                 await c.infer("victim", traj, k, first=False)
-            await asyncio.to_thread(replica_killer, "lwf", "CausalDiT", holder)
+            await asyncio.to_thread(replica_killer, "lwf", "DiTDeployment", holder)
             replies += [await c.recv() for _ in range(2, KILL_CHUNKS)]
             frames = c.videos["victim"].decode_frames()
             await c.reset("victim")
@@ -109,7 +109,7 @@ def test_killing_the_vae_replica_mid_session_loses_nothing(server, connect, exam
                 await c.infer("vae-victim", traj, k, first=k == 0)
             replies = [await c.recv(), await c.recv()]
             holder = replies[-1].debug["vae_replica"]
-            await asyncio.to_thread(replica_killer, "lwf", "VaeCodec", holder)
+            await asyncio.to_thread(replica_killer, "lwf", "VaeDeployment", holder)
             for k in range(2, 4):
                 await c.infer("vae-victim", traj, k, first=False)
             replies += [await c.recv(), await c.recv()]

@@ -13,7 +13,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID
 from deployments.router import SessionAffinityRouter
 from protocol.messages import FrameReply
 
-DEPLOYMENT = DeploymentID(name="CausalDiT", app_name="test")
+DEPLOYMENT = DeploymentID(name="DiTDeployment", app_name="test")
 
 
 @dataclass

@@ -18,7 +18,7 @@ RSS_TOLERANCE = 64 * 1024 * 1024
 
 
 def _stats(stats_of) -> dict[str, list[dict]]:
-    return {name: stats_of("lwf", name) for name in ("CausalDiT", "VaeCodec")}
+    return {name: stats_of("lwf", name) for name in ("DiTDeployment", "VaeDeployment")}
 
 
 def _settled(stats_of, timeout: float = 30.0) -> dict[str, list[dict]]:

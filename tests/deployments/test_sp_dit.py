@@ -13,9 +13,11 @@ from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve.deployment import Application
 from ray.serve.schema import ServeDeploySchema
 
+from camera import DEFAULT_INTRINSICS_RESOLUTION
 from deployments.app import build_app, replica_options
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs
-from deployments.sp_dit import SPCausalDiT, bind_dit, sp_placement
+from deployments.sp_dit import SPDiTDeployment, bind_dit, sp_placement
+from deployments.wire import DiTOpenSpec
 from model.config import PRESETS
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
@@ -34,14 +36,14 @@ def bound(app) -> object:
 
 
 def graph_dit(args: dict) -> object:
-    """The CausalDiT deployment build_app binds for these YAML args (as the controller does)."""
+    """The DiTDeployment deployment build_app binds for these YAML args (as the controller does)."""
     root = call_user_app_builder_with_args_if_necessary(build_app, args)
     stack, found = [root], {}
     while stack:
         d = bound(stack.pop())
         found[d.name] = d
         stack += [a for a in (*d.init_args, *d.init_kwargs.values()) if isinstance(a, Application)]
-    return found["CausalDiT"]
+    return found["DiTDeployment"]
 
 
 def the_app(cfg: dict) -> dict:
@@ -50,7 +52,7 @@ def the_app(cfg: dict) -> dict:
 
 
 def dit_override(app: dict) -> dict:
-    (over,) = [d for d in app.get("deployments", []) if d["name"] == "CausalDiT"]
+    (over,) = [d for d in app.get("deployments", []) if d["name"] == "DiTDeployment"]
     return over
 
 
@@ -64,7 +66,7 @@ def serve_config_of(rayservice: dict) -> dict:
 def test_bind_dit_gives_an_sp_replica_one_bundle_per_rank_on_one_node():
     args = AppArgs(dit=ReplicaArgs(num_cpus=6, num_gpus=1), dit_parallel=4)
     d = bound(bind_dit(args, replica_options(args.dit)))
-    assert d.name == "CausalDiT" and d.func_or_class is SPCausalDiT.func_or_class
+    assert d.name == "DiTDeployment" and d.func_or_class is SPDiTDeployment.func_or_class
     assert d._replica_config.placement_group_bundles == [{"CPU": 6, "GPU": 1}] * 4
     assert d._replica_config.placement_group_strategy == "STRICT_PACK"
     assert d.ray_actor_options["num_gpus"] == 1 and d.ray_actor_options["num_cpus"] == 6  # rank 0 = bundle 0
@@ -74,7 +76,7 @@ def test_bind_dit_gives_an_sp_replica_one_bundle_per_rank_on_one_node():
 def test_bind_dit_keeps_the_one_device_deployment_for_one_rank():
     args = AppArgs()
     d = bound(bind_dit(args, replica_options(args.dit)))
-    assert d.name == "CausalDiT" and d.func_or_class is not SPCausalDiT.func_or_class
+    assert d.name == "DiTDeployment" and d.func_or_class is not SPDiTDeployment.func_or_class
     assert d._replica_config.placement_group_bundles is None
     assert d.init_args == (args.model, args.sessions)
 
@@ -98,7 +100,7 @@ def test_sp_serve_config_runs_one_4_gpu_dit_replica_on_an_8_gpu_node():
     assert (args.model.preset, args.model.dtype, args.model.device) == ("lingbot-world-fast", "bfloat16", "cuda")
     assert PRESETS[args.model.preset].dit.num_heads % args.dit_parallel == 0
     d = graph_dit(app["args"])
-    assert d.func_or_class is SPCausalDiT.func_or_class and d.init_args[2] == args.dit_parallel == 4
+    assert d.func_or_class is SPDiTDeployment.func_or_class and d.init_args[2] == args.dit_parallel == 4
     bundles = d._replica_config.placement_group_bundles
     assert len(bundles) == 4 and all(b["GPU"] == 1 for b in bundles)
     assert d._replica_config.placement_group_strategy == "STRICT_PACK"
@@ -133,7 +135,7 @@ def test_sp4_yaml_restates_the_placement_build_app_sets(sp4):
     app = the_app(serve_config_of(sp4))
     args = AppArgs.model_validate(app["args"])
     code = graph_dit(app["args"])
-    assert code.func_or_class is SPCausalDiT.func_or_class
+    assert code.func_or_class is SPDiTDeployment.func_or_class
     over = dit_override(app)
     assert over["placement_group_bundles"] == code._replica_config.placement_group_bundles
     assert over["placement_group_strategy"] == code._replica_config.placement_group_strategy
@@ -203,7 +205,7 @@ def serve_instance():
 
 
 def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
-    """SPCausalDiT over 2 ranks (rank 0 the replica, rank 1 an actor in its placement group,
+    """SPDiTDeployment over 2 ranks (rank 0 the replica, rank 1 an actor in its placement group,
     gloo) streams two chunks of a 45-token-per-chunk session (padding) equal to DiTEngine."""
     serve = serve_instance
     args = AppArgs(model=ModelArgs(preset="tiny"), dit=ReplicaArgs(num_cpus=0.1), dit_parallel=2)
@@ -216,7 +218,8 @@ def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
 
     handle = serve.run(bind_dit(args, replica_options(args.dit)), name="sp-dit-test", route_prefix=None)
     try:
-        handle.open.remote("s", context.numpy(), height, width, seed, None, None, (480, 832)).result()
+        spec = DiTOpenSpec(context.numpy(), height, width, seed, None, None, DEFAULT_INTRINSICS_RESOLUTION)
+        handle.open.remote("s", spec).result()
         outs = [handle.step.remote("s", ys[c].numpy(), *cams[c]).result() for c in range(2)]
         stats = handle.stats.remote().result()
         assert handle.close.remote("s").result() is True

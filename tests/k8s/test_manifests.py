@@ -24,9 +24,9 @@ KNOWN_KINDS = {
 # Deployment name in the graph -> its placement block in AppArgs.
 ARGS_KEY = {
     "WorldIngress": "ingress",
-    "CausalDiT": "dit",
-    "VaeCodec": "vae",
-    "TextEncoder": "text_encoder",
+    "DiTDeployment": "dit",
+    "VaeDeployment": "vae",
+    "TextEncoderDeployment": "text_encoder",
 }
 IMAGE = "lingbot-world-serve:0.1.0"
 NGINX = "nginx.ingress.kubernetes.io/"
@@ -241,10 +241,10 @@ def test_gpu_deployments_are_pinned_to_worker_groups(rayservice):
         if need["GPU"] > 0:
             assert need["labels"], f"{name} uses a GPU but is not pinned to a worker group"
             assert any(selects(need["labels"], g.get("labels", {})) for g in groups), name
-    assert 2 * wanted["CausalDiT"]["GPU"] > 1
-    assert 2 * wanted["VaeCodec"]["GPU"] > 1
-    (dit_group,) = [g for g in groups if selects(wanted["CausalDiT"]["labels"], g.get("labels", {}))]
-    assert dit_group["maxReplicas"] >= wanted["CausalDiT"]["replicas"]
+    assert 2 * wanted["DiTDeployment"]["GPU"] > 1
+    assert 2 * wanted["VaeDeployment"]["GPU"] > 1
+    (dit_group,) = [g for g in groups if selects(wanted["DiTDeployment"]["labels"], g.get("labels", {}))]
+    assert dit_group["maxReplicas"] >= wanted["DiTDeployment"]["replicas"]
 
 
 # ------------------------------------------------------------------------------- Ingress

@@ -16,7 +16,7 @@ from deployments.config import AppArgs
 
 APP_NAME = "lingbot-world"
 IMPORT_PATH = "deployments.app:build_app"
-DEPLOYMENTS = {"WorldIngress", "CausalDiT", "VaeCodec", "TextEncoder"}
+DEPLOYMENTS = {"WorldIngress", "DiTDeployment", "VaeDeployment", "TextEncoderDeployment"}
 CPU_CORES = 2  # the machine serve_config.yaml is sized for
 
 
@@ -70,7 +70,7 @@ def test_validates_against_ray_serve_schema(serve_config):
 
 def test_ray_serve_schema_rejects_a_bad_deployment_value(serve_configs):
     cfg = copy.deepcopy(serve_configs["serve_config.yaml"])
-    the_app(cfg)["deployments"] = [{"name": "CausalDiT", "num_replicas": "two"}]
+    the_app(cfg)["deployments"] = [{"name": "DiTDeployment", "num_replicas": "two"}]
     with pytest.raises(pydantic.ValidationError, match="num_replicas"):
         ServeDeploySchema.model_validate(cfg)
 
@@ -176,7 +176,7 @@ def test_gpu_config_shares_one_card(serve_configs):
     assert args.model.checkpoint.startswith("/")
     bound = graph(app)
     assert total(bound, "num_gpus") <= 1
-    for name in ("CausalDiT", "VaeCodec", "TextEncoder"):
+    for name in ("DiTDeployment", "VaeDeployment", "TextEncoderDeployment"):
         assert (bound[name].ray_actor_options or {}).get("num_gpus", 0) > 0, name
     assert (bound["WorldIngress"].ray_actor_options or {}).get("num_gpus", 0) == 0
 

@@ -187,16 +187,23 @@ def test_skip_final_update_leaves_out_only_the_last_cache_write():
     assert norm_rel(fast, plain) < 1e-5
 
 
-def test_options_are_checked_and_mapped_for_serving():
+def test_options_are_checked():
     with pytest.raises(ValueError, match="fast=True"):
         AccelOptions(compile=True)
     with pytest.raises(ValueError, match="attention"):
         AccelOptions(fast=True, attention="sparse")
-    assert AccelOptions.for_serving("cpu") == AccelOptions()
-    gpu = AccelOptions.for_serving("cuda", compile=True)
-    assert gpu.fast and gpu.attention == "cudnn" and gpu.compile and not gpu.fp8 and gpu.skip_final_update
-    assert gpu.vae_channels_last and gpu.vae_compile
-    assert AccelOptions.for_serving("cpu", fp8=True).fp8
+
+
+def test_serving_options_keep_the_function():
+    """What a replica runs with: on the CPU the plain path (the goldens' numerics, bit for bit);
+    a GPU replica's options, applied here on the CPU, give the same latents within the fast
+    block's rounding and leave out the last planned cache update."""
+    _, plain, plain_calls = _two_chunk_run(AccelOptions())
+    _, cpu, cpu_calls = _two_chunk_run(AccelOptions.for_serving("cpu"))
+    assert torch.equal(cpu, plain) and cpu_calls == plain_calls == 10
+    gpu_engine, gpu, gpu_calls = _two_chunk_run(AccelOptions.for_serving("cuda"))
+    assert isinstance(gpu_engine.dit.blocks[0], FastDiTBlock) and gpu_calls == 9
+    assert norm_rel(gpu, plain) < 1e-5
 
 
 def test_vae_transforms_keep_the_streams():

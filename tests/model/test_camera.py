@@ -6,13 +6,13 @@ import pytest
 import torch
 from scipy.spatial.transform import Rotation
 
-from model.camera import CameraTrack, offline_plucker, plucker_embedding
-from protocol.camera import (
+from camera import (
     chunk_cameras,
     frame_plan,
     offline_latent_poses,
     translation_scale,
 )
+from model.camera import CameraTrack, offline_plucker, plucker_embedding
 from support import EXAMPLES, GOLDEN_FILES, load_golden, rel_err
 
 TOL = 1e-5

@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
+from camera import output_size
 from model.conditioning import image_condition_mask, load_image_rgb, make_y, preprocess_image
-from protocol.camera import output_size
 from support import EXAMPLES, GOLDEN_FILES, load_golden, rel_err
 
 GOLDEN_NAMES = [p.name for p in GOLDEN_FILES]

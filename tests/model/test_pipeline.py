@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from camera import chunk_cameras, translation_scale
 from model.conditioning import load_image_rgb
 from model.pipeline import SessionSpec, WorldPipeline
-from protocol.camera import chunk_cameras, translation_scale
 from support import EXAMPLES, TINY_CKPT
 
 MAX_AREA = 7300  # 16:9 -> 64x112 px, as the goldens

@@ -14,7 +14,6 @@ from model.t5 import (
     TEXT_LEN,
     TextEncoder,
     clean_text,
-    hf_to_wan_t5_key,
     init_t5_random,
     load_umt5,
     t5_config_from_state_dict,
@@ -96,12 +95,10 @@ def test_key_map_round_trips_tiny_and_released_keys(encoder):
     assert {wan_to_hf_t5_key(k) for k in tiny} == hf_names
     released = released_keys()
     assert len(released) == 242
-    for key in list(tiny) + list(released):
-        assert hf_to_wan_t5_key(wan_to_hf_t5_key(key)) == key
+    mapped = {wan_to_hf_t5_key(k) for k in released}
+    assert len(mapped) == len(released)  # one to one: no two released tensors land on one parameter
     with pytest.raises(CheckpointError):
         wan_to_hf_t5_key("blocks.0.attn.qkv.weight")
-    with pytest.raises(CheckpointError):
-        hf_to_wan_t5_key("lm_head.weight")
 
 
 def test_released_dims_and_keys_load_on_meta():

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from PIL import Image
 from scipy.spatial.transform import Rotation
 
+from camera import chunk_cameras, translation_scale
 from protocol import (ErrorCode, InferRequest, Limits, ProtocolError, ResetRequest, decode, decode_image, encode_infer,
                       require_session_start)
-from protocol.camera import chunk_cameras, translation_scale
 from support import EXAMPLES
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -255,7 +255,8 @@ def test_message_and_field_limits():
     assert code(pack(fields(prompt="é" * 4096)), Limits(max_prompt_chars=10)) is ErrorCode.TOO_LARGE
     assert code(pack(fields(session_id="s" * 129))) is ErrorCode.TOO_LARGE
     assert code(pack(fields(image=PNG)), Limits(max_image_bytes=len(PNG) - 1)) is ErrorCode.TOO_LARGE
-    assert code(pack(fields(num_frames=965))) is ErrorCode.TOO_LARGE
+    assert isinstance(outcome(pack(fields(num_frames=961))), InferRequest)
+    assert code(pack(fields(num_frames=965)), Limits(max_num_frames=961)) is ErrorCode.TOO_LARGE
     assert code(pack(fields(size="1000*1000"))) is ErrorCode.TOO_LARGE
     assert code(pack(fields(size="480*832\n"))) is ErrorCode.BAD_MESSAGE
     many = {"poses": np.tile(np.eye(4), (49, 1, 1)), "intrinsics": np.tile(INTRINSICS[:1], (49, 1))}

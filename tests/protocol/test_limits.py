@@ -1,24 +1,37 @@
-"""Limits: documented defaults and self-validation."""
+"""Limits: the defaults admit what the reference runs; invalid settings are refused."""
 from __future__ import annotations
 
-import dataclasses
-
+import numpy as np
 import pytest
 
-from protocol import DEFAULT_LIMITS, Limits
+from camera import CHUNK_VIDEO_FRAMES, DEFAULT_SIZE, MAX_NUM_FRAMES, chunk_cameras, parse_size
+from protocol import DEFAULT_LIMITS, Limits, ProtocolError, decode, decode_image, encode_infer
+from support import EXAMPLES
+
+EXAMPLE_IDS = sorted(p.name for p in EXAMPLES.iterdir() if (p / "poses.npy").is_file())
 
 
-def test_defaults():
-    assert DEFAULT_LIMITS == Limits()
-    assert (Limits().max_message_bytes, Limits().max_image_bytes) == (16 << 20, 8 << 20)
-    assert (Limits().max_image_pixels, Limits().min_image_side) == (8192 * 4096, 16)
-    assert (Limits().max_prompt_chars, Limits().max_session_id_chars, Limits().max_poses_per_chunk) == (4096, 128, 48)
-    assert Limits().rotation_tolerance == 1e-3
+@pytest.mark.parametrize("example", EXAMPLE_IDS)
+def test_defaults_accept_the_reference_runs(example):
+    """Every shipped example, as the reference runs it (its image file, 81 frames at 480*832,
+    a whole 12-pose chunk slice), is one valid first infer under the default limits."""
+    folder = EXAMPLES / example
+    image = next(folder / n for n in ("image.jpg", "image.png") if (folder / n).is_file()).read_bytes()
+    poses, intrinsics = chunk_cameras(np.load(folder / "poses.npy"), np.load(folder / "intrinsics.npy"), 0)
+    data = encode_infer("s", poses, intrinsics, image=image, prompt=(folder / "prompt.txt").read_text(encoding="utf-8"),
+                        num_frames=81, size=DEFAULT_SIZE)
+    assert len(data) <= DEFAULT_LIMITS.max_message_bytes
+    req = decode(data)
+    assert req.max_area == parse_size(DEFAULT_SIZE) and req.cameras.poses.shape == (CHUNK_VIDEO_FRAMES, 4, 4)
+    assert decode_image(req.image).ndim == 3
 
 
-def test_frozen():
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        Limits().max_prompt_chars = 1
+def test_defaults_accept_the_longest_session_the_model_can_run():
+    pose = np.eye(4, dtype=np.float32)[None]
+    k = np.array([[500.0, 500.0, 416.0, 240.0]])
+    assert decode(encode_infer("s", pose, k, num_frames=MAX_NUM_FRAMES)).num_frames == MAX_NUM_FRAMES
+    with pytest.raises(ProtocolError):
+        encode_infer("s", pose, k, num_frames=MAX_NUM_FRAMES + 4)
 
 
 @pytest.mark.parametrize("kwargs, match", [({"max_message_bytes": 0}, "max_message_bytes"),

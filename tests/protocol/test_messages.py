@@ -119,12 +119,6 @@ def test_busy_needs_retry_after_and_only_busy_has_it():
         ErrorReply(code=ErrorCode.BAD_IMAGE, message="x", retry_after_s=1.0)
 
 
-def test_error_reply_from_protocol_error():
-    reply = ErrorReply.from_error(ProtocolError(ErrorCode.TOO_LARGE, "too big"), session_id="s")
-    assert (reply.code, reply.message, reply.session_id) == (ErrorCode.TOO_LARGE, "too big", "s")
-    assert msgpack.unpackb(encode(reply), raw=False)["code"] == "too_large"
-
-
 def test_decode_reply_rejects_non_replies():
     with pytest.raises(ProtocolError) as e:
         decode_reply(msgpack.packb({"type": "frame", "session_id": "s"}))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import struct
 
-from protocol.mp4_boxes import Sample, box, fragment, full_box, init_segment
+from media.mp4_boxes import Sample, box, fragment, full_box, init_segment
 
 
 def walk(data: bytes) -> list[tuple[bytes, bytes]]:

@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from protocol import Fmp4Assembler, Fmp4Muxer
+from media import Fmp4Assembler, Fmp4Muxer
 
 H, W = 64, 112
 BITS = 7  # frame index as a 7-bit bar code: bar b (16 px wide) is white when bit b is set

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol import Fmp4Assembler, Fmp4Muxer
+from media import Fmp4Assembler, Fmp4Muxer
 
 
 def test_first_payload_must_be_the_init_segment():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.h264 import annexb_to_avcc, avcc_record, codec_string, parameter_sets, split_annexb
+from media.h264 import annexb_to_avcc, avcc_record, codec_string, parameter_sets, split_annexb
 
 SPS = bytes([0x67, 0x42, 0xC0, 0x1E, 0xDA, 0x03, 0x40])
 PPS = bytes([0x68, 0xCE, 0x0F, 0xC8])

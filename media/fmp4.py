@@ -29,7 +29,7 @@ import av
 import numpy as np
 from av.video.frame import PictureType
 
-from protocol import h264, mp4_boxes
+from media import h264, mp4_boxes
 
 TICKS_PER_FRAME = 1000  # timescale = 1000·fps: exact frame durations (16 fps -> 16000 Hz)
 _X264_PARAMS = "keyint=infinite:scenecut=0:colorprim=bt709:transfer=bt709:colormatrix=smpte170m"

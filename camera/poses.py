@@ -1,7 +1,7 @@
-"""Camera pose math shared by client and server (numpy, scipy Slerp; no torch).
+"""Camera pose math shared by client and server (numpy; SciPy only inside `interpolate_poses`).
 
-Spec B.1 (resolution and frame plan), B.5 (pose interpolation, frame-to-frame relative poses,
-translation normalisation) and the chunk rule of PROTOCOL.md (`infer.cameras`):
+Spec B.5 (pose interpolation, frame-to-frame relative poses, translation normalisation) and
+the chunk rule of PROTOCOL.md (`infer.cameras`):
 
 * the reference (offline) samples one pose per latent frame at `linspace(0, n-1, lat_f)` of the
   n = frame_num source poses (`offline_latent_poses`) and divides relative translations by the
@@ -12,68 +12,16 @@ translation normalisation) and the chunk rule of PROTOCOL.md (`infer.cameras`):
 Poses are OpenCV camera-to-world [.., 4, 4]; intrinsics rows are (fx, fy, cx, cy).
 Interpolation runs in float64 (scipy); the relative poses, their normalisation and the
 intrinsics are float32 in the reference, and are reproduced here with its rounding.
+SciPy is imported where it is used, so that `import camera` (and with it `import protocol`)
+loads numpy only.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from scipy.interpolate import interp1d
-from scipy.spatial.transform import Rotation, Slerp
 
-CHUNK_LATENT_FRAMES = 3
-VAE_STRIDE = 4
-CHUNK_VIDEO_FRAMES = CHUNK_LATENT_FRAMES * VAE_STRIDE  # 12
-DEFAULT_INTRINSICS_RESOLUTION = (480, 832)
-
-
-def parse_size(size: str) -> int:
-    """Max area of a size string such as "480*832" (the reference's MAX_AREA_CONFIGS)."""
-    parts = size.replace("x", "*").split("*")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"size must look like '480*832' (H*W), got {size!r}")
-    h, w = (int(p) for p in parts)
-    if h < 1 or w < 1:
-        raise ValueError(f"size must have positive sides, got {size!r}")
-    return h * w
-
-
-def output_size(max_area: int, h0: int, w0: int) -> tuple[int, int]:
-    """Output (h, w) in pixels for an h0 x w0 image (spec B.1): 8*lat_h, 8*lat_w."""
-    if max_area < 1 or h0 < 1 or w0 < 1:
-        raise ValueError(f"need positive max_area and image size, got {max_area}, {h0}x{w0}")
-    a = h0 / w0
-    lat_h = round(math.sqrt(max_area * a) // 8 // 2 * 2)
-    lat_w = round(math.sqrt(max_area / a) // 8 // 2 * 2)
-    if lat_h < 2 or lat_w < 2:
-        raise ValueError(f"max_area {max_area} is too small for a {h0}x{w0} image")
-    return 8 * lat_h, 8 * lat_w
-
-
-def frame_plan(
-    frame_num_requested: int, n_poses: int, chunk_size: int = CHUNK_LATENT_FRAMES
-) -> tuple[int, int, int]:
-    """(frame_num, lat_f, F) of spec B.1.
-
-    frame_num: source poses kept (4n+1, capped by the trajectory); lat_f: latent frames,
-    rounded down to a multiple of chunk_size; F = 4*(lat_f-1)+1: video frames produced.
-    """
-    if frame_num_requested < 1 or n_poses < 1:
-        raise ValueError(f"need frame_num >= 1 and at least one pose, got {frame_num_requested}, {n_poses}")
-    frame_num = min(4 * ((frame_num_requested - 1) // 4) + 1, 4 * ((n_poses - 1) // 4) + 1)
-    lat_f = (frame_num - 1) // 4 + 1
-    lat_f -= lat_f % chunk_size
-    if lat_f == 0:
-        raise ValueError(
-            f"frame_num {frame_num} (from {frame_num_requested} requested, {n_poses} poses) gives no "
-            f"full chunk of {chunk_size} latent frames; need at least {4 * (chunk_size - 1) + 1} frames"
-        )
-    return frame_num, lat_f, 4 * (lat_f - 1) + 1
-
-
-def num_chunks(frame_num: int, chunk_size: int = CHUNK_LATENT_FRAMES) -> int:
-    """Chunks of `chunk_size` latent frames produced for a (4n+1) frame_num."""
-    return frame_plan(frame_num, frame_num, chunk_size)[1] // chunk_size
+from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, VAE_TIME_STRIDE, frame_plan
 
 
 def check_poses(poses: np.ndarray, name: str = "poses") -> np.ndarray:
@@ -86,6 +34,16 @@ def check_poses(poses: np.ndarray, name: str = "poses") -> np.ndarray:
     return poses
 
 
+def rigid_errors(poses: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How far each pose [N, 4, 4] is from a rotation + translation, in float64, per pose:
+    (max|R^T R - I|, det R, max|last row - (0, 0, 0, 1)|)."""
+    poses = np.asarray(poses, dtype=np.float64)
+    rot = poses[:, :3, :3]  # [N, 3, 3]
+    ortho = np.abs(np.swapaxes(rot, 1, 2) @ rot - np.eye(3)).max(axis=(1, 2))  # [N]
+    last_row = np.abs(poses[:, 3, :] - np.array([0.0, 0.0, 0.0, 1.0])).max(axis=1)  # [N]
+    return ortho, np.linalg.det(rot), last_row
+
+
 def interpolate_poses(poses: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Poses at fractional source positions (spec B.5) -> float32 [m, 4, 4].
 
@@ -93,6 +51,9 @@ def interpolate_poses(poses: np.ndarray, positions: np.ndarray) -> np.ndarray:
     rotation: quaternions made sign-continuous (q_i flipped when q_i . q_{i-1} < 0), then
     scipy Slerp; computed in float64.
     """
+    from scipy.interpolate import interp1d
+    from scipy.spatial.transform import Rotation, Slerp
+
     poses = check_poses(poses)
     positions = np.asarray(positions, dtype=np.float64)
     n = poses.shape[0]
@@ -244,7 +205,7 @@ def chunk_latent_poses(chunk_poses: np.ndarray) -> np.ndarray:
         return np.repeat(chunk_poses.astype(np.float32), CHUNK_LATENT_FRAMES, axis=0)
     if n == CHUNK_LATENT_FRAMES:  # one pose per latent frame: used exactly as sent
         return chunk_poses.astype(np.float32)
-    local = VAE_STRIDE * np.arange(CHUNK_LATENT_FRAMES)  # local frames 0, 4, 8
+    local = VAE_TIME_STRIDE * np.arange(CHUNK_LATENT_FRAMES)  # local frames 0, 4, 8
     positions = np.minimum(local * n / CHUNK_VIDEO_FRAMES, n - 1)
     return interpolate_poses(chunk_poses, positions)
 

@@ -1,29 +1,24 @@
-"""protocol/camera.py: resolution, frame plan, pose interpolation, relative poses, chunking."""
+"""camera/poses.py: pose checks, interpolation, relative poses, translation scale, chunking."""
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from protocol.camera import (
+from camera import (
     chunk_cameras,
     chunk_latent_poses,
     frame_plan,
     interpolate_poses,
-    num_chunks,
     offline_latent_poses,
-    output_size,
-    parse_size,
     relative_poses,
     rescale_intrinsics,
+    rigid_errors,
     scale_translations,
     translation_norms,
     translation_scale,
 )
-from support import EXAMPLES, REPO
+from support import EXAMPLES
 
 EXAMPLE_IDS = sorted(p.name for p in EXAMPLES.iterdir() if (p / "poses.npy").is_file())
 
@@ -50,34 +45,17 @@ def random_poses(n: int, seed: int = 0) -> np.ndarray:
     return np.stack([rigid(rng.normal(size=3), rng.normal(size=3) * 10) for _ in range(n)])
 
 
-def test_module_is_pure():
-    code = "import sys, protocol.camera; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
-
-
-def test_output_size():
-    area = parse_size("480*832")
-    assert area == 399360
-    assert output_size(area, 720, 1280) == (464, 832)  # 16:9
-    assert output_size(area, 3648, 5472) == (512, 768)  # 3:2 (example 04)
-    assert output_size(area, 2894, 5145) == (464, 832)  # example 03
-    assert output_size(7300, 720, 1280) == (64, 112)  # the tiny goldens
-    with pytest.raises(ValueError):
-        parse_size("480x")
-    with pytest.raises(ValueError):
-        output_size(10, 720, 1280)
-
-
-def test_frame_plan():
-    assert frame_plan(81, 961) == (81, 21, 81)
-    assert frame_plan(21, 961) == (21, 6, 21)
-    assert frame_plan(29, 561) == (29, 6, 21)  # lat_f 8 -> 6: poses spread over 29 frames
-    assert frame_plan(45, 269) == (45, 12, 45)
-    assert frame_plan(83, 961) == (81, 21, 81)  # rounded down to 4n+1
-    assert frame_plan(81, 30) == (29, 6, 21)  # capped by the trajectory
-    assert num_chunks(81) == 7 and num_chunks(29) == 2 and num_chunks(9) == 1
-    with pytest.raises(ValueError):
-        frame_plan(5, 100)  # not a full chunk
+def test_rigid_errors_measure_the_distance_from_a_rigid_transform():
+    pose = rigid([0.3, -0.2, 0.1], [1.0, 2.0, 3.0])
+    ortho, det, last = rigid_errors(pose[None])
+    assert ortho[0] < 1e-6 and abs(det[0] - 1.0) < 1e-6 and last[0] == 0.0
+    scaled, mirrored, projective = pose.copy(), pose.copy(), pose.copy()
+    scaled[:3, :3] *= 1.01  # R^T R = 1.0201 I
+    mirrored[:, 0] *= -1  # det -1
+    projective[3, 2] = 0.5
+    ortho, det, last = rigid_errors(np.stack([scaled, mirrored, projective]))
+    assert ortho[0] == pytest.approx(0.0201, rel=1e-4) and det[1] == pytest.approx(-1.0, abs=1e-6)
+    assert last[2] == 0.5 and last[0] == last[1] == 0.0
 
 
 def test_interpolation_at_integer_positions_returns_inputs():

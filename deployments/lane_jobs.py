@@ -1,0 +1,107 @@
+"""The lane jobs of a `Connection`: each one call to one deployment (connection.py).
+
+A call that finds its replica dead or the session gone rebuilds the session from its journal
+on a healthy replica (recovery.py), inside the same lane job, and is made again. `LaneJobs` is
+a base class of `Connection`, which sets the attributes it declares.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import numpy as np
+from ray.serve.handle import DeploymentHandle
+
+from deployments.lanes import Lane
+from deployments.log import KeyValueLog
+from deployments.recovery import Recovery, needs_recovery
+from deployments.stream import Stream, StreamState
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Handles of the deployments a connection calls."""
+
+    text: DeploymentHandle
+    vae: DeploymentHandle
+    dit: DeploymentHandle
+
+
+class LaneJobs:
+    """The VAE and DiT lane jobs of one connection's sessions."""
+
+    _b: Backends
+    _recovery: Recovery
+    _vae_lane: Lane
+    _log: KeyValueLog
+
+    async def _open_dit(self, stream: Stream) -> None:
+        """DiT lane: encode the prompt, then open the session on a DiT replica (may be busy)."""
+        t = time.perf_counter()
+        context = await self._b.text.encode.remote(stream.spec.prompt)
+        stream.text_encode_s = time.perf_counter() - t
+        stream.journal.set_context(context)
+        key = stream.dit_key
+        replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec.dit_open(context))
+        self._log.info("session opened", fields={"session": key, "dit_replica": replica})
+
+    async def _condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
+        """VAE lane: the chunk's conditioning y."""
+        t = time.perf_counter()
+        y = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).condition.remote(key))
+        stream.journal.conditioned += 1
+        timings["vae_encode"] = time.perf_counter() - t
+        return y
+
+    async def _step(self, stream: Stream, y_fut: asyncio.Future, poses: np.ndarray,
+                    intrinsics: np.ndarray) -> tuple[dict[str, Any], asyncio.Future]:
+        """DiT lane: one chunk step (rebuilding the session first when it was lost); queues the
+        chunk's decode on the VAE lane when done."""
+        y = await y_fut
+
+        def step(key: str) -> Awaitable[dict[str, Any]]:
+            return self._b.dit.options(session_id=key).step.remote(key, y, poses, intrinsics)
+
+        try:
+            await stream.dit_open  # re-raises the open's failure
+            out = await step(stream.dit_key)
+        except Exception as e:
+            if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
+                raise
+            await self._recovery.dit(stream, e)
+            stream.dit_open = _done()
+            out = await step(stream.dit_key)
+        stream.journal.add_chunk(poses, intrinsics, y, out["latents"], out["noise"])
+        decoded = self._vae_lane.submit(partial(self._decode, stream, out["latents"]))
+        return out, decoded
+
+    async def _decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:
+        """VAE lane: decode and mux one chunk."""
+        out = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).decode.remote(key, latents))
+        stream.journal.decoded += 1
+        return out
+
+    async def _on_vae(self, stream: Stream, call: Callable[[str], Awaitable[T]]) -> T:
+        """`call(vae_key)` inside a VAE lane job; the session is rebuilt once when it was lost."""
+        try:
+            await stream.vae_open  # re-raises the open's failure
+            return await call(stream.vae_key)
+        except Exception as e:
+            if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
+                raise
+            await self._recovery.vae(stream, e)
+            stream.vae_open = _done()
+            return await call(stream.vae_key)
+
+
+def _done() -> asyncio.Future:
+    """A resolved future: the open that a rebuild superseded."""
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut

@@ -1,0 +1,76 @@
+"""Transport: what a `Connection` needs of its client's socket, and an in-process one.
+
+A Connection receives ASGI WebSocket messages (`{"type": "websocket.receive", "bytes": ...}`,
+`{"type": "websocket.disconnect", ...}`), sends binary replies and closes with a code and a
+reason. Starlette's `WebSocket` is one transport (the camera route). `LocalTransport` is the
+other: the offline endpoint (`POST /v1/videos`) pushes a session's requests through it and
+reads the replies, so that its video runs through the very code that serves the WebSocket.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional, Protocol
+
+from starlette.websockets import WebSocketState
+
+NORMAL_CLOSURE = 1000
+
+
+class Transport(Protocol):
+    """The part of Starlette's `WebSocket` a Connection uses."""
+
+    application_state: WebSocketState
+
+    async def receive(self) -> dict[str, Any]: ...
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def close(self, code: int = NORMAL_CLOSURE, reason: Optional[str] = None) -> None: ...
+
+
+class TransportClosed(Exception):
+    """The Connection closed the transport (a policy violation or a fatal error)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"closed by the server ({code}: {reason})")
+        self.code, self.reason = code, reason
+
+
+class LocalTransport:
+    """An accepted in-process socket: `push` frames in, `reply()` reads what the Connection
+    sent, `hang_up` is the client leaving."""
+
+    def __init__(self) -> None:
+        self.application_state = WebSocketState.CONNECTED
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._outbox: asyncio.Queue[bytes | TransportClosed] = asyncio.Queue()
+
+    # ---- the Connection's side ----
+
+    async def receive(self) -> dict[str, Any]:
+        return await self._inbox.get()
+
+    async def send_bytes(self, data: bytes) -> None:
+        self._outbox.put_nowait(data)
+
+    async def close(self, code: int = NORMAL_CLOSURE, reason: Optional[str] = None) -> None:
+        self.application_state = WebSocketState.DISCONNECTED
+        self._outbox.put_nowait(TransportClosed(code, reason or ""))
+
+    # ---- the client's side ----
+
+    def push(self, data: bytes) -> None:
+        """Send one binary frame to the Connection."""
+        self._inbox.put_nowait({"type": "websocket.receive", "bytes": data})
+
+    async def reply(self, timeout_s: Optional[float] = None) -> bytes:
+        """The next frame the Connection sent; `TransportClosed` once it closed."""
+        item = await asyncio.wait_for(self._outbox.get(), timeout_s)
+        if isinstance(item, TransportClosed):
+            self._outbox.put_nowait(item)  # closed for good: every later read says so
+            raise item
+        return item
+
+    def hang_up(self) -> None:
+        """The client leaves: the Connection's receive loop ends and it releases its sessions."""
+        self._inbox.put_nowait({"type": "websocket.disconnect", "code": NORMAL_CLOSURE})

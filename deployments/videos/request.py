@@ -1,0 +1,99 @@
+"""A `POST /v1/videos` body -> the session's chunk requests, validated by the protocol codec.
+
+The body is read as it arrives and refused (413) as soon as it passes the cap, whatever its
+Content-Length says (a chunked body has none). The whole trajectory is then checked as one
+infer by the server's own intake (types, image header, size, num_frames, rigid poses, focal
+lengths), so bad input gets the WebSocket's code and message; `camera.plan_session` slices
+it as `lwf-client play` does.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgpack
+
+from camera import DEFAULT_INTRINSICS_RESOLUTION, plan_session
+from deployments.videos.errors import HttpError
+from protocol.codec import decode, encode_plan
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.limits import Limits
+
+DEFAULT_NUM_FRAMES = 81
+REQUIRED = ("image", "prompt", "poses", "intrinsics")
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """A validated request: the chunk requests of one session and what they produce."""
+
+    messages: list[bytes]
+    num_frames: int
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.messages)
+
+
+async def read_body(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
+    """The body from its chunks as they arrive; `too_large` (413) as soon as it passes
+    `max_bytes`, without reading the rest."""
+    body = bytearray()
+    async for chunk in chunks:
+        if len(body) + len(chunk) > max_bytes:
+            raise HttpError.of(ErrorCode.TOO_LARGE, f"the body is over {max_bytes} bytes")
+        body += chunk
+    return bytes(body)
+
+
+def parse_request(body: bytes, limits: Limits) -> VideoSpec:
+    """JSON body -> chunk requests; `HttpError` with the WebSocket's code for bad input.
+
+    `limits`: the server's (the ingress's); the body may hold every pose in one message."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        raise HttpError.of(ErrorCode.BAD_MESSAGE, "the body must be one JSON object") from None
+    try:
+        return _spec(obj, limits)
+    except ProtocolError as e:
+        raise HttpError.of(e.code, e.message) from None
+
+
+def _spec(body: Any, limits: Limits) -> VideoSpec:
+    if not isinstance(body, dict):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "the body must be a JSON object")
+    missing = [k for k in REQUIRED if body.get(k) is None]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise ProtocolError(ErrorCode.MISSING_FIELD, f"`{'`, `'.join(missing)}` {verb} required")
+    image = body["image"]
+    if not isinstance(image, str):
+        raise ProtocolError(ErrorCode.BAD_IMAGE, "`image` must be a base64 string of a PNG or JPEG file")
+    try:
+        image_bytes = base64.b64decode(image.split(",", 1)[-1] if image.startswith("data:") else image, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(ErrorCode.BAD_IMAGE, "`image` is not valid base64") from None
+    options = {k: body[k] for k in ("prompt", "seed", "size", "intrinsics_resolution") if body.get(k) is not None}
+    num_frames = body["num_frames"] if body.get("num_frames") is not None else DEFAULT_NUM_FRAMES
+    whole = {"endpoint": "infer", "session_id": "video", "image": image_bytes, "num_frames": num_frames,
+             "cameras": {"poses": body["poses"], "intrinsics": body["intrinsics"]}, **options}
+    n = len(body["poses"]) if isinstance(body["poses"], list) else 1
+    try:
+        packed = msgpack.packb(whole, use_bin_type=True)
+    except (OverflowError, ValueError, TypeError):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "a number in the body is out of range") from None
+    req = decode(packed, replace(limits, max_poses_per_chunk=max(n, 1), max_message_bytes=len(packed)))
+    try:
+        plan = plan_session(req.cameras.poses, req.cameras.intrinsics, req.num_frames)
+    except ValueError as e:  # too few frames or poses for one chunk: the WebSocket's bad_message
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None
+    messages = encode_plan(
+        plan, f"video-{uuid.uuid4().hex[:12]}", image_bytes, req.prompt, seed=req.seed, size=req.size,
+        intrinsics_resolution=req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION, limits=limits)
+    return VideoSpec(messages, plan.num_frames)

@@ -1,0 +1,62 @@
+"""DiTDeployment's per-chunk admission, without Ray: the chunk cap and the growing reservation
+of an open-ended session (no window, no declared length)."""
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from deployments.dit import DiTDeployment, DiTSlot
+from deployments.errors import Busy, ChunkLimit
+from deployments.session_table import SessionTable
+from protocol.errors import ErrorCode
+
+FRAME_BYTES = 100  # reservation per latent frame of the fake engine
+RETRY_AFTER_S = 2.5
+
+
+class FakeEngine:
+    cfg = SimpleNamespace(local_attn_size=-1)
+
+    @staticmethod
+    def session_bytes(height: int, width: int, kv_frames: int) -> int:
+        return FRAME_BYTES * kv_frames
+
+
+def replica(budget_bytes: int, max_chunks: int = 10):
+    """A DiTDeployment's admission state with a fake engine (no model, no Serve)."""
+    host = object.__new__(DiTDeployment.func_or_class)
+    host._engine = FakeEngine()
+    host._max_chunks = max_chunks
+    host._table = SessionTable(4, budget_bytes, idle_ttl_s=60.0, retry_after_s=RETRY_AFTER_S)
+    return host
+
+
+def hold(host, key: str, kv_frames: int, chunks: int) -> DiTSlot:
+    slot = DiTSlot(session=None, height=32, width=48, kv_frames=kv_frames, chunks=chunks)
+    host._table.admit(key, FRAME_BYTES * kv_frames)
+    host._table.add(key, slot)
+    return slot
+
+
+def test_a_session_that_cannot_grow_is_busy_until_the_budget_frees():
+    host = replica(budget_bytes=FRAME_BYTES * 9)
+    grows = hold(host, "grows", kv_frames=3, chunks=1)  # open-ended: one chunk reserved at a time
+    hold(host, "other", kv_frames=6, chunks=0)
+    with pytest.raises(Busy) as refused:
+        host._admit_chunk("grows", grows)  # needs 6 frames: 6 + 6 > 9
+    err = pickle.loads(pickle.dumps(refused.value))  # as Ray carries it back to the ingress
+    assert err.code is ErrorCode.BUSY and err.retry_after_s == RETRY_AFTER_S
+    assert "cannot grow" in err.message and grows.kv_frames == 3
+    host._table.pop("other")
+    host._admit_chunk("grows", grows)
+    assert grows.kv_frames == 6 and host._table.bytes_in_use == FRAME_BYTES * 6
+
+
+def test_the_chunk_cap_is_too_large():
+    host = replica(budget_bytes=FRAME_BYTES * 100, max_chunks=2)
+    slot = hold(host, "s", kv_frames=6, chunks=2)
+    with pytest.raises(ChunkLimit, match=r"max_chunks \(2\)") as capped:
+        host._admit_chunk("s", slot)
+    assert capped.value.code is ErrorCode.TOO_LARGE
