@@ -193,10 +193,13 @@ def test_options_are_checked_and_mapped_for_serving():
     with pytest.raises(ValueError, match="attention"):
         AccelOptions(fast=True, attention="sparse")
     assert AccelOptions.for_serving("cpu") == AccelOptions()
-    gpu = AccelOptions.for_serving("cuda", compile=True)
+    gpu = AccelOptions.for_serving("cuda", compile=True, vae_compile=True)
     assert gpu.fast and gpu.attention == "cudnn" and gpu.compile and not gpu.fp8 and gpu.skip_final_update
     assert gpu.vae_channels_last and gpu.vae_compile
+    assert not AccelOptions.for_serving("cuda", compile=True).vae_compile  # separate switches
     assert AccelOptions.for_serving("cpu", fp8=True).fp8
+    cpu_vae = AccelOptions.for_serving("cpu", vae_compile=True)
+    assert cpu_vae.vae_compile and not cpu_vae.fast and cpu_vae.any
 
 
 def test_vae_transforms_keep_the_streams():
