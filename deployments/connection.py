@@ -45,14 +45,14 @@ from deployments.metrics import IngressMetrics
 from deployments.quotas import KeyQuota
 from deployments.recovery import Recovery, needs_recovery
 from deployments.stream import Stream, StreamSpec, StreamState, image_digest
-from protocol.camera import (CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, frame_plan, output_size,
-                             parse_size)
+from protocol.camera import CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, frame_plan, parse_size
 from protocol.codec import decode, encode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
 from protocol.limits import Limits
 from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, ResetOk,
                                ResetRequest, require_session_start)
+from protocol.sizes import SizeRule
 
 DEFAULT_SEED = 42  # the reference's base_seed
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
@@ -88,6 +88,7 @@ class Connection:
         self._log = get_log("connection", conn=uuid.uuid4().hex[:8])
         self._recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
         self._policy = ClientPolicy(args.connection)
+        self._sizes = SizeRule(tuple(args.model.bucket_sizes()), args.model.max_output_area)
         self._stream: Optional[Stream] = None
         self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
@@ -228,8 +229,8 @@ class Connection:
     def _stream_spec(self, req: InferRequest, image_hw: tuple[int, int]) -> StreamSpec:
         """Session options of a first infer -> StreamSpec; ProtocolError for unusable values."""
         max_area = req.max_area or parse_size(self._args.model.default_size)
+        resolution = self._sizes.output(max_area, *image_hw)  # buckets, bounds (ProtocolError)
         try:
-            resolution = output_size(max_area, *image_hw)
             total = None if req.num_frames is None else frame_plan(req.num_frames, req.num_frames)[1]
         except ValueError as e:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None

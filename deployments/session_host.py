@@ -18,6 +18,7 @@ import torch
 from ray import serve
 
 from deployments.log import KeyValueLog
+from deployments.memory import memory_report
 from deployments.metrics import SessionMetrics
 from deployments.session_table import SessionTable
 
@@ -62,9 +63,10 @@ class SessionHost(Generic[S]):
                     prepare(key, state)
                 return await _in_thread(fn, state, *args)
 
-    async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S]) -> S:
-        """Admit `key` (`Busy` when full), build its state in the worker thread, hold it."""
-        self._table.admit(key, nbytes)
+    async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
+        """Admit `key` (`Busy` when full, `TooLarge` when it never fits), build its state in the
+        worker thread, hold it."""
+        self._table.admit(key, nbytes, working)
         try:
             state = await self._compute(build)
         except BaseException:
@@ -107,7 +109,9 @@ class SessionHost(Generic[S]):
         """Health probe and capacity report (/healthz, /v1/models)."""
         stats = self.record_routing_stats()
         del stats["keys"]
-        return {**stats, "cache_bytes": self._table.bytes_in_use, "rss_bytes": resident_bytes()}
+        return {**stats, "cache_bytes": self._table.bytes_in_use, "reserved_bytes": self._table.reserved_bytes,
+                "budget_bytes": self._table.budget_bytes, "rss_bytes": resident_bytes(),
+                **memory_report(self._device), **getattr(self, "_replica_info", {})}
 
     async def check_health(self) -> None:
         """Serve's periodic health check: raises when the serving device cannot compute."""

@@ -24,7 +24,8 @@ class Limits:
     max_session_id_chars: int = 128
     max_poses_per_chunk: int = 48  # N of `cameras` (12 frames per chunk; 4 poses per frame at most)
     rotation_tolerance: float = 1e-3  # max|R^T R - I| and |det R - 1|; also |last row - (0,0,0,1)|
-    max_output_area: int = 1280 * 720  # H*W of the `size` session option
+    max_output_area: int = 1280 * 720  # H*W of the `size` session option (and of the output)
+    max_aspect_ratio: float = 4.0  # long side / short side of the image, read from its header
     max_num_frames: int = 961  # `num_frames` session option (60 s at 16 fps); sizes the noise plan
     max_map_len: int = 64  # entries of any msgpack map (messages have ~12 fields)
 
@@ -36,6 +37,8 @@ class Limits:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_aspect_ratio < 1.0:
+            raise ValueError(f"Limits.max_aspect_ratio must be >= 1, got {self.max_aspect_ratio}")
         if not 0.0 < self.rotation_tolerance < 1.0:
             raise ValueError(f"Limits.rotation_tolerance must be in (0, 1), got {self.rotation_tolerance}")
 
