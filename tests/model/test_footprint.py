@@ -55,3 +55,13 @@ def test_released_size_footprint_matches_the_h200_measurement():
     assert isinstance(need, SessionFootprint)
     assert abs(need.held / GIB - 24.6) < 0.1
     assert abs(need.working / GIB - (3.45 + 0.77)) < 0.1
+
+
+def test_the_issue_12_session_is_refused_by_the_default_bounds():
+    """720*1280 with num_frames 4093: 3600 tokens per latent frame x 1023 frames to attend to,
+    far over the default work bound (too_large), and its 7.9 GiB are over the CPU budget
+    of any machine under 32 GiB of RAM (0.25 of it)."""
+    from deployments.config import ModelArgs, SessionArgs
+
+    assert 3600 * 1023 > SessionArgs().max_attention_tokens
+    assert 720 * 1280 <= ModelArgs().max_output_area  # allowed by area: the other bounds refuse it
