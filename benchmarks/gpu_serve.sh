@@ -3,8 +3,11 @@
 #
 #   bash benchmarks/gpu_serve.sh          # the device tool: carry [".whl"], kind nvidia-h200, timeout 600
 #
-# 1. unpacks the wheels the image lacks (ray 2.60, fastapi, uvicorn, websockets, pydantic, av,
-#    msgpack-numpy, ftfy, ... from .whl/) into /tmp/site (benchmarks/install_wheels.py);
+# 1. unpacks the wheels the image lacks (ray 2.60 cp312 and grpcio-reflection matching the image's
+#    grpcio 1.84.0, fastapi, starlette, uvicorn, h11, websockets, pydantic + pydantic-core,
+#    annotated-types, typing-inspection, av, msgpack-numpy, ftfy + wcwidth, and their
+#    dependencies: VERIFIED_NOTES.md) from .whl/ into /tmp/site (benchmarks/install_wheels.py);
+#    SKIP_WHEELS=1 where they are installed. The imports are checked before anything starts;
 # 2. `serve run benchmarks/serve_config.h200.yaml`: the shipped GPU config with random full-size
 #    weights; every replica compiles and warms up the three size buckets in its constructor;
 # 3. waits for /healthz (time to healthy = Ray start + building the models + warm-up);
@@ -46,7 +49,7 @@ fi
 export PYTHONPATH="$SITE:$PWD"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export RAY_SERVE_LOG_TO_STDERR=0
-if ! $PY -c "import ray, ray.serve, fastapi, uvicorn, websockets, av, msgpack_numpy, pydantic, ftfy, torch
+if ! $PY -c "import ray, ray.serve, fastapi, uvicorn, websockets, av, msgpack_numpy, pydantic, ftfy, torch, yaml, scipy, PIL
 print('ray', ray.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" >> "$OUT/gpu_serve.log" 2>&1; then
     log "imports failed"; tail -20 "$OUT/gpu_serve.log"; exit 1
 fi

@@ -9,6 +9,7 @@ depends on who loaded first).
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -60,6 +61,7 @@ def cap_process(device: str, fraction: Optional[float]) -> int:
 def resident_model_bytes(device: str, module: nn.Module) -> int:
     """What the process holds after loading and warming up: CUDA's allocated bytes, or on the
     CPU the module's parameters and buffers (views counted once)."""
+    gc.collect()  # warm-up sessions are gone before this counts what stays
     if device == "cuda":
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated()

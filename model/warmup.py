@@ -51,7 +51,8 @@ def allow_recompiles(sizes: int) -> None:
     config = torch._dynamo.config
     per_function = SHAPES_PER_SIZE * max(1, sizes)
     config.recompile_limit = max(config.recompile_limit, per_function)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 8 * per_function)
+    if hasattr(config, "accumulated_recompile_limit"):  # torch >= 2.6
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 8 * per_function)
 
 
 def _timed(fn: Callable[[], None], sizes: Iterable[Size]) -> WarmupReport:
