@@ -8,12 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import UMT5EncoderModel
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION, chunk_cameras, frame_plan, output_size, translation_scale
 from model.config import T5Config
 from model.engines import TextEngine
-from model.t5 import TextEncoder, umt5_config
+from model.t5 import init_t5_random_on_device
 from model.tiny import tiny_tokenizer
 
 SOURCE_SIZE = DEFAULT_INTRINSICS_RESOLUTION  # the conditioning image's size and the intrinsics' resolution
@@ -21,24 +20,9 @@ FOCAL = 500.0  # pixels at SOURCE_SIZE
 PROMPT = "A first-person walk along a sunlit street with trees, shops and parked bicycles."
 
 
-@torch.no_grad()
 def random_text_engine(cfg: T5Config, dtype: torch.dtype, device: str, seed: int) -> TextEngine:
-    """A UMT5 encoder of `cfg`'s dims with random weights drawn on `device` (byte tokenizer).
-
-    Matrices ~ N(0, 1/fan_in) (embeddings and relative biases alike), norms 1.
-    """
-    with torch.device("meta"):
-        model = UMT5EncoderModel(umt5_config(cfg)).to(dtype)
-    model.to_empty(device=device)
-    model.encoder.set_input_embeddings(model.shared)  # re-tie (to_empty makes two tensors)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for _, p in model.named_parameters():
-        if p.ndim == 1:
-            p.fill_(1.0)
-        else:
-            p.normal_(0.0, p.shape[1] ** -0.5, generator=gen)
-    model = model.eval().requires_grad_(False)
-    return TextEngine(TextEncoder(model, tiny_tokenizer()))
+    """A UMT5 encoder of `cfg`'s dims with random weights drawn on `device` (byte tokenizer)."""
+    return TextEngine(init_t5_random_on_device(cfg, tiny_tokenizer(), dtype, device, seed))
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,15 @@ Every switch of the deployed graph is a field here and so visible in the serve c
 """
 from __future__ import annotations
 
+import re
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from camera.frames import DEFAULT_SIZE, MAX_CHUNKS, MAX_NUM_FRAMES
+from camera.frames import DEFAULT_SIZE, MAX_CHUNKS, MAX_NUM_FRAMES, output_size
 
-
+SIZE_PATTERN = r"^\d+\*\d+$"
+REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
 PROXY_MAX_FRAME_BYTES = 16 * 1024 * 1024  # uvicorn's ws_max_size in Serve's proxy (not configurable)
 
 
@@ -26,6 +28,10 @@ class ModelArgs(_Strict):
     # the T5 .pth, google/umt5-xxl/ and Wan2.1_VAE.pth). None with preset "tiny" serves the
     # embedded tiny default model (seeded random weights built in-process).
     checkpoint: Optional[str] = None
+    # Load tests only: the preset's dims with seeded random weights drawn on the device (the
+    # benchmark's residual-scaled DiT init), no files. Its videos are noise; every replica logs
+    # it as NOT A REAL MODEL and /v1/models reports it. Needs checkpoint: null.
+    random_weights: bool = False
     dtype: Literal["float32", "bfloat16"] = "float32"  # DiT and text encoder
     vae_dtype: Literal["float32", "bfloat16"] = "float32"  # the reference runs the VAE in float32 (spec A.7)
     device: Literal["cpu", "cuda"] = "cpu"
@@ -33,17 +39,85 @@ class ModelArgs(_Strict):
     local_attn_size: int = Field(-1, ge=-1)
     sink_size: int = Field(0, ge=0)
     # GPU speed transforms applied from outside the model (see benchmarks/, docs/PERFORMANCE.md).
+    # On CUDA the DiT always runs the fast block with cuDNN attention and the VAE channels-last
+    # convolutions; `compile` adds the DiT's compiled elementwise regions, `vae_compile` the VAE's
+    # compiled RMSNorm + SiLU; `fp8` (opt-in) FP8 GEMMs in the DiT (numerics: docs/PERFORMANCE.md).
     compile: bool = False
+    vae_compile: bool = False
     fp8: bool = False
-    default_size: str = Field(DEFAULT_SIZE, pattern=r"^\d+\*\d+$")
+    default_size: str = Field(DEFAULT_SIZE, pattern=SIZE_PATTERN)
+    # Output sizes "H*W" (multiples of 16) the server produces: a session's `size` and image
+    # aspect map to the nearest (docs/SERVING.md, Sizes); all are warmed up. Empty: the
+    # reference's rule (max area + the image's aspect), which the goldens follow.
+    size_buckets: list[str] = Field(default_factory=list)
+    # Bounds of a session's size: the `size` area and the output area (a chunk's VAE and x264
+    # work is proportional to it), and the image's aspect ratio (long side / short side).
+    max_output_area: int = Field(1280 * 720, ge=256)
+    max_aspect_ratio: float = Field(4.0, ge=1.0)
+    # Compile, autotune and run every size (the buckets, else default_size for a 16:9 image)
+    # once in each replica's constructor, before Serve routes traffic to it.
+    warmup: bool = True
     prompt_cache_size: int = Field(64, ge=0)  # text embeddings kept per TextEncoderDeployment replica (LRU)
+
+    @field_validator("size_buckets")
+    @classmethod
+    def _buckets(cls, v: list[str]) -> list[str]:
+        for size in v:
+            if not re.fullmatch(SIZE_PATTERN, size):
+                raise ValueError(f"size bucket {size!r} must look like '464*832' (H*W)")
+            h, w = (int(x) for x in size.split("*"))
+            if h % 16 or w % 16 or min(h, w) < 16:
+                raise ValueError(f"size bucket {size!r}: H and W must be positive multiples of 16")
+        if len(set(v)) != len(v):
+            raise ValueError(f"size_buckets has duplicates: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _weights(self) -> "ModelArgs":
+        if self.random_weights and self.checkpoint is not None:
+            raise ValueError("model.random_weights builds random weights: set model.checkpoint to null")
+        if self.checkpoint is None and not self.random_weights and self.preset != "tiny":
+            raise ValueError(f"preset {self.preset!r} needs model.checkpoint (or model.random_weights "
+                             "for load tests); only 'tiny' is embedded")
+        dh, dw = (int(x) for x in self.default_size.split("*"))
+        if dh * dw > self.max_output_area:
+            raise ValueError(f"model.default_size {self.default_size} is over model.max_output_area "
+                             f"({self.max_output_area})")
+        for size in self.size_buckets:
+            h, w = (int(x) for x in size.split("*"))
+            if h * w > self.max_output_area:
+                raise ValueError(f"size bucket {size} is over model.max_output_area ({self.max_output_area})")
+        return self
+
+    def bucket_sizes(self) -> list[tuple[int, int]]:
+        """`size_buckets` as (H, W) pairs."""
+        return [tuple(int(x) for x in s.split("*")) for s in self.size_buckets]  # type: ignore[misc]
+
+    def serving_sizes(self) -> list[tuple[int, int]]:
+        """The output sizes replicas warm up: the buckets, else default_size for a 16:9 image
+        (what the handshake announces as image_resolution)."""
+        if self.size_buckets:
+            return self.bucket_sizes()
+        h, w = (int(x) for x in self.default_size.split("*"))
+        return [output_size(h * w, *REFERENCE_ASPECT)]
 
 
 class SessionArgs(_Strict):
     """Admission control and lifetimes of DiT sessions."""
 
     max_sessions: int = Field(4, ge=1)  # per DiT replica
-    kv_budget_gib: Optional[float] = Field(None, gt=0)  # None: derive from free device memory
+    # Bytes a DiT replica's sessions may hold (KV + cross caches, noise plan, text, plus one
+    # chunk's camera features and activations). None: the replica's memory cap
+    # (memory_fraction of the device) minus what it holds after loading and warming up.
+    kv_budget_gib: Optional[float] = Field(None, gt=0)
+    # Share of the device a DiT replica's process may allocate (torch's per-process cap on
+    # CUDA). None: on CUDA the replica's `num_gpus` (the shares of the deployments on one card
+    # then also split its memory), on the CPU 0.25 of the RAM.
+    memory_fraction: Optional[float] = Field(None, gt=0, le=1)
+    # Work bound per chunk: the most tokens one chunk's self-attention may attend to (tokens per
+    # latent frame x the latent frames the session's cache holds: its window, else its declared
+    # or grown length). Beyond it: too_large.
+    max_attention_tokens: int = Field(131072, ge=1)
     idle_ttl_s: float = Field(300.0, gt=0)
     max_chunks: int = Field(MAX_CHUNKS, ge=1)  # 341 chunks * 3 = 1023 latent frames < RoPE table (1024)
     max_frames: int = Field(MAX_NUM_FRAMES, ge=9)  # num_frames a session may declare (4093: 341 chunks)

@@ -32,7 +32,7 @@ from fastapi import WebSocketDisconnect
 from pydantic import BaseModel
 from starlette.websockets import WebSocketState
 
-from camera import CHUNK_LATENT_FRAMES
+from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.detached import detach, settle
@@ -44,6 +44,7 @@ from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.quotas import KeyQuota
 from deployments.recovery import Recovery
+from deployments.sizes import SizeRule
 from deployments.stream import Stream, StreamState, image_digest, stream_spec
 from deployments.transport import Transport
 from protocol.codec import decode, encode
@@ -78,6 +79,7 @@ class Connection(LaneJobs):
         self._log = get_log("connection", conn=self._id)
         self._recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
         self._policy = ClientPolicy(args.connection, limits.max_message_bytes)
+        self._sizes = SizeRule(tuple(args.model.bucket_sizes()), args.model.max_output_area)
         self._stream: Optional[Stream] = None
         self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
@@ -216,7 +218,9 @@ class Connection(LaneJobs):
         else:
             require_session_start(req)
             prompt, image, digest = req.prompt, decode_image(req.image, self._limits), image_digest(req.image)
-        spec = stream_spec(req, image.shape[:2], self._args.model.default_size, prompt, digest)
+        max_area = req.max_area or parse_size(self._args.model.default_size)
+        resolution = self._sizes.output(max_area, *image.shape[:2])  # buckets, bounds (ProtocolError)
+        spec = stream_spec(req, resolution, prompt, digest)
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)

@@ -1,15 +1,19 @@
 """DiTDeployment: the DiT weights once per replica, many sessions with their KV caches.
 
 Admission: a new session is admitted only while the replica has a free slot
-(`sessions.max_sessions`) and its caches fit the cache budget (`sessions.kv_budget_gib`, or a
-share of the free device memory measured after loading); otherwise `Busy(retry_after_s)`.
+(`sessions.max_sessions`) and its whole footprint (KV and cross caches, noise plan, text; plus
+one chunk's camera features and activations, `DiTEngine.footprint`) fits the session budget
+(`sessions.kv_budget_gib`, or the replica's memory cap minus its weights after warm-up,
+`deployments/memory.py`); otherwise `Busy(retry_after_s)`, or `TooLarge` for a session that
+cannot fit an empty replica or exceeds `sessions.max_attention_tokens`. The constructor warms
+up every serving size (`model/warmup.py`) before Serve routes to the replica.
 The replica is authoritative: a step for a session it does not hold raises `SessionLost`.
 `restore` admits a session like `open` and rebuilds it from the ingress's journal (one
 cache-update call per past chunk), so that it continues bit for bit where it stopped.
 """
 from __future__ import annotations
 
-import os
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -20,8 +24,9 @@ from ray import serve
 
 from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
-from deployments.errors import Busy, ChunkLimit, SessionLost
+from deployments.errors import Busy, ChunkLimit, SessionLost, TooLarge
 from deployments.log import get_log
+from deployments.memory import cap_process, resident_model_bytes, session_budget
 from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
 from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
@@ -29,9 +34,9 @@ from model.accel import AccelOptions
 from model.factory import load_dit_engine
 from model.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
+from model.warmup import WarmupReport, allow_recompiles, warm_up_dit
 
 GIB = 1024**3
-FREE_MEMORY_SHARE = 0.8  # of the memory free after loading, when no kv_budget_gib is given
 
 
 @dataclass(slots=True)
@@ -43,33 +48,43 @@ class DiTSlot:
     chunks: int = 0
 
 
-def free_memory_bytes(device: str) -> int:
-    """Free memory of the serving device now (CUDA: the current GPU; CPU: available RAM)."""
-    if device == "cuda":
-        return torch.cuda.mem_get_info()[0]
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 @serve.deployment
 class DiTDeployment(SessionHost[DiTSlot]):
     """Chunk steps (4 denoising steps + cache update) of many sessions, serialised per replica."""
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs) -> None:
+        cap = cap_process(model.device, sessions.memory_fraction)  # before anything is allocated
         self._engine = load_dit_engine(
             model.preset, model.checkpoint, model.dtype, model.device,
             local_attn_size=model.local_attn_size, sink_size=model.sink_size,
             options=AccelOptions.for_serving(model.device, compile=model.compile, fp8=model.fp8),
+            random_weights=model.random_weights,
         )
+        await self._ready(model, sessions, cap)
+
+    async def _ready(self, model: ModelArgs, sessions: SessionArgs, cap: int) -> None:
+        """Warm up at the serving sizes, then size the session budget and start serving
+        (`self._engine` is the engine the replica serves with)."""
         self._max_chunks = sessions.max_chunks
-        budget = (
-            int(sessions.kv_budget_gib * GIB) if sessions.kv_budget_gib is not None
-            else int(free_memory_bytes(model.device) * FREE_MEMORY_SHARE)
-        )
+        self._max_attention_tokens = sessions.max_attention_tokens
+        report = WarmupReport()
+        if model.warmup:
+            sizes = model.serving_sizes()
+            allow_recompiles(len(sizes))
+            report = await asyncio.to_thread(warm_up_dit, self._engine, sizes)
+        resident = resident_model_bytes(model.device, self._engine.dit)
+        budget = session_budget(sessions.kv_budget_gib, cap, resident)
         table: SessionTable[DiTSlot] = SessionTable(
             sessions.max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
         )
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"), model.device)
-        self._log.info("ready", fields={"budget_gib": f"{budget / GIB:.2f}", "max_sessions": sessions.max_sessions,
+        self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
+                              "random_weights": model.random_weights}
+        if model.random_weights:
+            self._log.warning("RANDOM WEIGHTS: this DiT is NOT A REAL MODEL (load tests only)")
+        self._log.info("ready", fields={"budget_gib": f"{budget / GIB:.2f}", "cap_gib": f"{cap / GIB:.2f}",
+                                        "resident_gib": f"{resident / GIB:.2f}", "max_sessions": sessions.max_sessions,
+                                        "warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}",
                                         "torch_threads": torch.get_num_threads()})
 
     async def open(self, key: str, spec: DiTOpenSpec) -> str:
@@ -110,18 +125,30 @@ class DiTDeployment(SessionHost[DiTSlot]):
         )
 
     async def _admit(self, key: str, spec: DiTSessionSpec, chunks: int, build: Callable[[], DiTSession]) -> None:
-        """Reserve the session's caches (`Busy` when they do not fit), then build it."""
+        """Reserve the session's whole footprint (`Busy` when it does not fit now, `TooLarge`
+        when it never can), then build it."""
         kv_frames = self._engine.kv_frames(spec.total_latent_frames)
         if self._engine.cfg.local_attn_size == -1:
             kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
-        nbytes = self._engine.session_bytes(spec.height, spec.width, kv_frames)
+        self._check_attention(spec.frame_seqlen, kv_frames)
+        need = self._engine.footprint(spec.height, spec.width, kv_frames, spec.total_latent_frames)
         try:
-            await self._open_slot(key, nbytes, lambda: DiTSlot(build(), spec.height, spec.width, kv_frames, chunks))
-        except Busy:
+            await self._open_slot(key, need.held, lambda: DiTSlot(build(), spec.height, spec.width, kv_frames, chunks),
+                                  working=need.working)
+        except (Busy, TooLarge) as e:
             self._metrics.rejected.inc()
-            self._log.info("session refused (busy)", fields={"session": key, "kv_mib": nbytes >> 20})
+            self._log.info(f"session refused ({e.code.value})", fields={
+                "session": key, "held_mib": need.held >> 20, "working_mib": need.working >> 20})
             raise
         self._metrics.admitted.inc()
+
+    def _check_attention(self, frame_seqlen: int, kv_frames: int) -> None:
+        """The work bound: a chunk attends to at most `max_attention_tokens` tokens."""
+        tokens = frame_seqlen * kv_frames
+        if tokens > self._max_attention_tokens:
+            raise TooLarge(f"the session's chunks would attend to {tokens} tokens ({kv_frames} latent frames of "
+                           f"{frame_seqlen}); this server allows {self._max_attention_tokens}: ask for a smaller "
+                           "size or fewer frames")
 
     async def step(self, key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
         """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw]."""
@@ -146,7 +173,12 @@ class DiTDeployment(SessionHost[DiTSlot]):
         needed = (slot.chunks + 1) * CHUNK_LATENT_FRAMES  # latent frames the KV cache holds after this chunk
         if needed <= slot.kv_frames or self._engine.cfg.local_attn_size != -1:
             return
-        if not self._table.resize(key, self._engine.session_bytes(slot.height, slot.width, needed)):
+        frame_seqlen = (slot.height // 8) * (slot.width // 8) // 4
+        if frame_seqlen * needed > self._max_attention_tokens:
+            raise ChunkLimit(f"the session reached the server's attention bound ({self._max_attention_tokens} "
+                             "tokens); reset to start a new one, or serve with a local_attn_size window")
+        held = self._engine.footprint(slot.height, slot.width, needed, None).held
+        if not self._table.resize(key, held):
             # capacity, not a limit of the request: the budget frees as other sessions end
             raise Busy(f"the replica's KV cache budget is full and this session cannot grow; start it "
                        f"again in {self._table.retry_after_s:g} s, declare num_frames up front, or serve with "

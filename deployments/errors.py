@@ -33,6 +33,12 @@ class ChunkLimit(ReplicaError):
     code = ErrorCode.TOO_LARGE
 
 
+class TooLarge(ReplicaError):
+    """The session can never fit this replica (its memory or work bounds), whatever else it holds."""
+
+    code = ErrorCode.TOO_LARGE
+
+
 class Busy(ReplicaError):
     """No capacity for a new session now; `retry_after_s` says when to try again."""
 

@@ -36,6 +36,7 @@ from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply
+from deployments.sizes import SizeRule
 
 CAMERA_ROUTE = "/v1/realtime/world/camera"
 HEALTH_TIMEOUT_S = 10.0
@@ -69,11 +70,15 @@ class WorldIngress:
     def __init__(self, text: DeploymentHandle, vae: DeploymentHandle, dit: DeploymentHandle, args: AppArgs) -> None:
         self._backends = Backends(text=text, vae=vae, dit=dit)
         self._args = args
-        self._limits = Limits(max_message_bytes=args.max_message_bytes, max_num_frames=args.sessions.max_frames)
+        m = args.model
+        self._limits = Limits(max_message_bytes=args.max_message_bytes, max_num_frames=args.sessions.max_frames,
+                              max_output_area=m.max_output_area, max_aspect_ratio=m.max_aspect_ratio)
+        sizes = SizeRule(tuple(m.bucket_sizes()), m.max_output_area)
         self._handshake = CameraServerConfig(
-            model=args.model.preset,
-            image_resolution=output_size(parse_size(args.model.default_size), *REFERENCE_ASPECT),
+            model=m.preset,
+            image_resolution=sizes.output(parse_size(m.default_size), *REFERENCE_ASPECT),
             max_message_bytes=args.max_message_bytes,
+            size_buckets=tuple(m.bucket_sizes()) or None,
         )
         self._auth = Auth(args.auth)
         self._quotas = Quotas(args.auth)
@@ -180,12 +185,14 @@ class WorldIngress:
     async def models(self, request: Request) -> dict[str, Any]:
         """What is served: model, precision, video geometry, limits and session capacity."""
         self._require_key(request)
-        dit = (await self._replica_stats())["dit"]
+        stats = await self._replica_stats()
+        dit = stats["dit"]
         m = self._args.model
         return {"object": "list", "data": [{
             "id": m.preset,
             "object": "model",
             "checkpoint": m.checkpoint is not None,
+            "random_weights": m.random_weights,  # load tests: NOT a real model
             "dtype": m.dtype,
             "vae_dtype": m.vae_dtype,
             "device": m.device,
@@ -193,6 +200,7 @@ class WorldIngress:
             "sink_size": m.sink_size,
             "default_size": m.default_size,
             "default_resolution": list(self._handshake.image_resolution),
+            "size_buckets": [list(b) for b in self._handshake.size_buckets or ()],
             "chunk_latent_frames": self._handshake.chunk_latent_frames,
             "first_chunk_video_frames": self._handshake.first_chunk_video_frames,
             "chunk_video_frames": self._handshake.chunk_video_frames,
@@ -205,6 +213,7 @@ class WorldIngress:
                 "max_chunks": self._args.sessions.max_chunks,
                 "idle_ttl_s": self._args.sessions.idle_ttl_s,
             },
+            "replicas": stats,  # per deployment, each replica's stats (memory, warm-up, sessions)
         }]}
 
     def _require_key(self, request: Request) -> None:

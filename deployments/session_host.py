@@ -19,6 +19,7 @@ from ray import serve
 
 from deployments.errors import SessionLost
 from deployments.log import KeyValueLog, log_typed_errors_as_info
+from deployments.memory import memory_report
 from deployments.metrics import SessionMetrics
 from deployments.session_table import SessionTable
 
@@ -65,9 +66,10 @@ class SessionHost(Generic[S]):
                     prepare(key, state)
                 return await _in_thread(fn, state, *args)
 
-    async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S]) -> S:
-        """Admit `key` (`Busy` when full), build its state in the worker thread, hold it."""
-        self._table.admit(key, nbytes)
+    async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
+        """Admit `key` (`Busy` when full, `TooLarge` when it never fits), build its state in the
+        worker thread, hold it."""
+        self._table.admit(key, nbytes, working)
         try:
             async with self._lock:
                 if not self._table.start_building(key):  # closed while it waited for its turn
@@ -123,8 +125,9 @@ class SessionHost(Generic[S]):
         """Health probe and capacity report (/healthz, /v1/models)."""
         stats = self.record_routing_stats()
         del stats["keys"]
-        return {**stats, "cache_bytes": self._table.bytes_in_use, "rss_bytes": resident_bytes(),
-                "expired": self._expired_total}
+        return {**stats, "cache_bytes": self._table.bytes_in_use, "reserved_bytes": self._table.reserved_bytes,
+                "budget_bytes": self._table.budget_bytes, "rss_bytes": resident_bytes(), "expired": self._expired_total,
+                **memory_report(self._device), **getattr(self, "_replica_info", {})}
 
     async def check_health(self) -> None:
         """Serve's periodic health check: raises when the serving device cannot compute."""

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, Optional, TypeVar
 
-from deployments.errors import Busy, SessionLost
+from deployments.errors import Busy, SessionLost, TooLarge
 
 S = TypeVar("S")
 
@@ -22,15 +22,22 @@ CLOSED_MEMORY_MAX = 65536  # ... and at most this many (the oldest are forgotten
 @dataclass(slots=True)
 class _Entry(Generic[S]):
     state: Optional[S]  # None while the session is being opened
-    nbytes: int
+    nbytes: int  # held between calls
     last_used: float
     active: int = 0  # calls in progress; a session in use never expires
     building: bool = False  # the open is building the state (it left the queue for the lock)
     closing: bool = False  # closed while it was being built: the open frees what it built
+    working: int = 0  # needed on top while one of its calls runs (one call at a time per replica)
 
 
 class SessionTable(Generic[S]):
-    """Admission control (count and bytes) plus idle TTL over per-session states."""
+    """Admission control (count and bytes) plus idle TTL over per-session states.
+
+    Bytes: each session holds `nbytes` between calls and needs `working` more while one of its
+    calls runs; calls run one at a time per replica, so the budget must cover the sum of the
+    held bytes plus the largest working set. A session that cannot fit even an empty replica
+    gets `TooLarge`; one that does not fit now gets `Busy`.
+    """
 
     def __init__(
         self,
@@ -69,11 +76,22 @@ class SessionTable(Generic[S]):
         return sum(e.nbytes for e in self._entries.values()) + self._retiring_bytes
 
     @property
+    def working_bytes(self) -> int:
+        """The largest working set of the sessions held (what one running call may add)."""
+        return max((e.working for e in self._entries.values()), default=0)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Held bytes plus the largest working set: what admission compares with the budget."""
+        return self.bytes_in_use + self.working_bytes
+
+    @property
     def free_slots(self) -> int:
         return self.max_sessions - len(self._entries)
 
-    def admit(self, key: str, nbytes: int) -> None:
-        """Reserve a slot and `nbytes` for a new session, or raise `Busy`.
+    def admit(self, key: str, nbytes: int, working: int = 0) -> None:
+        """Reserve a slot and `nbytes` (+ `working` while it computes) for a new session, or
+        raise `Busy` (no room now) or `TooLarge` (no room ever).
 
         The reservation counts at once, so concurrent opens cannot overbook the replica;
         `add` fills it in, `pop` gives it back when the open fails.
@@ -82,20 +100,28 @@ class SessionTable(Generic[S]):
         self._forget_closed()
         if key in self._closed:
             raise SessionLost("this session was closed (its client left or reset it); start a new one")
+        if self.budget_bytes is not None and nbytes + working > self.budget_bytes:
+            raise TooLarge(
+                f"the session needs {(nbytes + working) / 2**30:.2f} GiB ({nbytes / 2**30:.2f} held: caches, "
+                f"noise plan, text; {working / 2**30:.2f} while a chunk runs) and the replica's whole session "
+                f"budget is {self.budget_bytes / 2**30:.2f} GiB; ask for a smaller size or fewer frames"
+            )
         if len(self._entries) >= self.max_sessions:
             raise Busy(
                 f"all {self.max_sessions} session slots of this replica are taken; "
                 f"retry in {self.retry_after_s:g} s",
                 self.retry_after_s,
             )
-        if self.budget_bytes is not None and self.bytes_in_use + nbytes > self.budget_bytes:
+        if self.budget_bytes is not None and (
+            self.bytes_in_use + nbytes + max(self.working_bytes, working) > self.budget_bytes
+        ):
             raise Busy(
-                f"the session's caches ({nbytes / 2**20:.1f} MiB) do not fit the free "
-                f"cache budget ({(self.budget_bytes - self.bytes_in_use) / 2**20:.1f} MiB); "
+                f"the session's memory ({(nbytes + working) / 2**20:.1f} MiB) does not fit the free "
+                f"session budget ({(self.budget_bytes - self.reserved_bytes) / 2**20:.1f} MiB); "
                 f"retry in {self.retry_after_s:g} s or ask for fewer frames",
                 self.retry_after_s,
             )
-        self._entries[key] = _Entry(None, nbytes, self._clock(), active=1)  # opening: never expires
+        self._entries[key] = _Entry(None, nbytes, self._clock(), active=1, working=working)  # opening: never expires
 
     def start_building(self, key: str) -> bool:
         """The open of `key` got its turn; False when it was closed while it queued (the
@@ -124,7 +150,9 @@ class SessionTable(Generic[S]):
     def resize(self, key: str, nbytes: int) -> bool:
         """Change a held session's reservation; False (unchanged) when it would exceed the budget."""
         entry = self._entries[key]
-        if self.budget_bytes is not None and self.bytes_in_use - entry.nbytes + nbytes > self.budget_bytes:
+        if self.budget_bytes is not None and (
+            self.bytes_in_use - entry.nbytes + nbytes + self.working_bytes > self.budget_bytes
+        ):
             return False
         entry.nbytes = nbytes
         return True

@@ -16,8 +16,9 @@ Sessions, admission, TTL and routing are DiTDeployment's, unchanged: the replica
 for `SPReplicaEngine`, which forwards every open / step / close to the other ranks in the
 same order (one caller, in-order actors) and runs rank 0's part itself. Steps meet in the
 collectives; every rank ends a chunk with the same latents and rank 0 returns them.
-Admission counts one rank's cache bytes against rank 0's free GPU memory (all ranks hold
-the same amount).
+Admission counts one rank's footprint (its KV heads, its token shard's camera features and
+activations) against rank 0's budget (all ranks hold the same amount). The replica warms up
+through all ranks before it is ready.
 
 A rank that dies or stops answering fails the others' collectives after
 `model.parallel.launch.DEFAULT_TIMEOUT_S`; `check_health` pings the other ranks so that Serve
@@ -40,9 +41,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs, SessionArgs
 from deployments.dit import DiTDeployment
+from deployments.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
-from model.engines import ChunkOutput
+from model.engines import ChunkOutput, SessionFootprint
+from model.factory import load_dit_engine
 from model.parallel import SPDiTEngine, init_sp_group, load_sp_dit_engine, rank_device, sp_engine
 from model.session import DiTSession, DiTSessionSpec
 
@@ -77,7 +80,8 @@ class SPRank:
         device = rank_device(model.device)
         group = init_sp_group(rank, world, init_method, device)
         self._engine = load_sp_dit_engine(model.preset, model.checkpoint, model.dtype, device, group,
-                                          model.local_attn_size, model.sink_size, options)
+                                          model.local_attn_size, model.sink_size, options,
+                                          random_weights=model.random_weights)
         self._sessions: dict[str, DiTSession] = {}
 
     def ping(self) -> None:
@@ -107,11 +111,19 @@ class SPReplicaEngine:
     def cfg(self) -> DiTConfig:
         return self._local.cfg
 
+    @property
+    def dit(self) -> torch.nn.Module:
+        return self._local.dit
+
     def kv_frames(self, total_latent_frames: int | None) -> int:
         return self._local.kv_frames(total_latent_frames)
 
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         return self._local.session_bytes(spec_h, spec_w, kv_frames)
+
+    def footprint(self, height: int, width: int, kv_frames: int,
+                  total_latent_frames: int | None) -> SessionFootprint:
+        return self._local.footprint(height, width, kv_frames, total_latent_frames)
 
     def open(self, spec: DiTSessionSpec) -> DiTSession:
         session = self._local.open(spec)  # no collectives: rank 0 first, so a bad spec stops here
@@ -166,9 +178,13 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
             for r in range(1, parallel)
         ]
         group = await asyncio.to_thread(init_sp_group, 0, parallel, init_method, device)
-        await super().__init__(model, sessions)  # rank 0's DiT, the session table, the host
-        self._engine = SPReplicaEngine(sp_engine(self._engine, group, options), ranks)
+        cap = cap_process(model.device, sessions.memory_fraction)
+        base = load_dit_engine(model.preset, model.checkpoint, model.dtype, str(device),
+                               local_attn_size=model.local_attn_size, sink_size=model.sink_size,
+                               options=options, random_weights=model.random_weights)  # rank 0's DiT
+        self._engine = SPReplicaEngine(sp_engine(base, group, options), ranks)
         await self._engine.ping()  # the other ranks have loaded
+        await self._ready(model, sessions, cap)  # warm-up over all ranks, budget, session table, host
         self._log.info("sequence-parallel replica ready", fields={"ranks": parallel, "device": str(device)})
 
     async def check_health(self) -> None:

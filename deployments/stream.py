@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from camera import DEFAULT_INTRINSICS_RESOLUTION, frame_plan, output_size, parse_size
+from camera import DEFAULT_INTRINSICS_RESOLUTION, frame_plan
 from deployments.journal import SessionJournal
 from deployments.wire import DiTOpenSpec
 from protocol.errors import ErrorCode, ProtocolError
@@ -116,14 +116,11 @@ class Stream:
         return was_open
 
 
-def stream_spec(req: InferRequest, image_hw: tuple[int, int], default_size: str, prompt: str,
-                digest: str) -> StreamSpec:
-    """Session options of a first infer -> StreamSpec; ProtocolError for unusable values.
-    `prompt` and `digest` (of the image) are the request's, or on an implicit reset that
-    changes one of them, the replaced session's other one."""
-    max_area = req.max_area or parse_size(default_size)
+def stream_spec(req: InferRequest, resolution: tuple[int, int], prompt: str, digest: str) -> StreamSpec:
+    """Session options of a first infer at output `resolution` -> StreamSpec; ProtocolError for
+    unusable values. `prompt` and `digest` (of the image) are the request's, or on an implicit
+    reset that changes one of them, the replaced session's other one."""
     try:
-        resolution = output_size(max_area, *image_hw)
         total = None if req.num_frames is None else frame_plan(req.num_frames, req.num_frames)[1]
     except ValueError as e:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None

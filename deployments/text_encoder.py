@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 from ray import serve
 
 from deployments.config import ModelArgs
 from deployments.log import get_log
+from deployments.memory import cap_process, memory_report
 from model.factory import load_text_engine
+from model.warmup import WarmupReport, warm_up_text
 
 
 @serve.deployment
@@ -17,11 +20,20 @@ class TextEncoderDeployment:
     """Stateless; one engine per replica, calls serialised (the encoder is not re-entrant)."""
 
     def __init__(self, model: ModelArgs) -> None:
-        self._engine = load_text_engine(model.preset, model.checkpoint, model.dtype, model.device)
+        self._device = model.device
+        cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share
+        self._engine = load_text_engine(model.preset, model.checkpoint, model.dtype, model.device,
+                                        random_weights=model.random_weights)
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = model.prompt_cache_size
         self._lock = asyncio.Lock()
         self._log = get_log("text_encoder", preset=model.preset)
+        # One prompt through the encoder before traffic; its embedding is not cached.
+        report = warm_up_text(self._engine) if model.warmup else WarmupReport()
+        self._info = {"warmup_s": round(report.seconds, 3), "memory_cap_bytes": cap,
+                      "random_weights": model.random_weights}
+        if model.random_weights:
+            self._log.warning("RANDOM WEIGHTS: this text encoder is NOT A REAL MODEL (load tests only)")
 
     async def encode(self, prompt: str) -> np.ndarray:
         """The prompt's embedding, float32 [L, text_dim] (read-only, possibly shared)."""
@@ -44,6 +56,6 @@ class TextEncoderDeployment:
         """Reachability probe (deployments/health.py)."""
         return True
 
-    async def stats(self) -> dict[str, int]:
-        """Health probe (/healthz)."""
-        return {"cached_prompts": len(self._cache)}
+    async def stats(self) -> dict[str, Any]:
+        """Health probe (/healthz) and memory report (/v1/models)."""
+        return {"cached_prompts": len(self._cache), **memory_report(self._device), **self._info}

@@ -8,6 +8,7 @@ those of the uninterrupted session and its next fragment is byte-identical.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +20,14 @@ from ray import serve
 from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
+from deployments.memory import cap_process
 from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
 from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.factory import load_vae_engine
 from model.session import VaeSession
+from model.warmup import WarmupReport, allow_recompiles, warm_up_vae
 
 
 @dataclass(slots=True)
@@ -38,12 +41,24 @@ class VaeDeployment(SessionHost[VaeSlot]):
     """Conditioning encode (y per chunk) and decode + mux (fMP4 per chunk) of many sessions."""
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, max_sessions: int) -> None:
+        cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share
         self._engine = load_vae_engine(model.preset, model.checkpoint, model.vae_dtype, model.device,
-                                       options=AccelOptions.for_serving(model.device))
+                                       options=AccelOptions.for_serving(model.device, vae_compile=model.vae_compile),
+                                       random_weights=model.random_weights)
+        report = WarmupReport()
+        if model.warmup:  # compile, cuDNN autotuning and x264 at every serving size, before traffic
+            sizes = model.serving_sizes()
+            allow_recompiles(len(sizes))
+            report = await asyncio.to_thread(warm_up_vae, self._engine, sizes,
+                                             consumer=lambda hw: Fmp4Muxer(hw[1], hw[0], FPS).add_chunk)
         table: SessionTable[VaeSlot] = SessionTable(
             max_sessions, None, sessions.idle_ttl_s, sessions.retry_after_s
         )
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"), model.device)
+        self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "random_weights": model.random_weights}
+        if model.random_weights:
+            self._log.warning("RANDOM WEIGHTS: this VAE is NOT A REAL MODEL (load tests only)")
+        self._log.info("ready", fields={"warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}"})
 
     async def open(self, key: str, image: np.ndarray, height: int, width: int) -> str:
         """Start a session from its RGB uint8 image [H0, W0, 3] at output size (height, width)."""

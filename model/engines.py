@@ -94,6 +94,34 @@ class VaeEngine:
         session.close()
 
 
+# Activations of one DiT call per token, calibrated on the H200 run 2 (0.77 GiB measured at 4524
+# tokens, dim 5120, FFN 13824, bf16): about six float32 rows of `dim` (residual stream, norms,
+# attention and cross-attention outputs) and two compute-dtype rows of `ffn_dim` (FFN hidden,
+# GELU). The formula gives 0.75 GiB there.
+ACTIVATION_F32_ROWS = 6
+ACTIVATION_FFN_ROWS = 2
+SAMPLER_TENSORS = 4  # float32 [16, 3, lh, lw] tensors a chunk's sampler holds (x, v, x0, a draw)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFootprint:
+    """Device bytes of one DiT session, for admission control.
+
+    `held` stays allocated between chunks: the KV and cross-attention caches, the noise plan
+    (the whole-video draw of a session with a known length), the text embedding. `working` is
+    allocated only while one of its chunks runs: the chunk's camera features (per block
+    1 + scale and shift), the activations of one DiT call and the sampler's tensors. A replica
+    runs one chunk at a time, so it needs the sum of `held` plus the largest `working`.
+    """
+
+    held: int
+    working: int
+
+    @property
+    def total(self) -> int:
+        return self.held + self.working
+
+
 @dataclass
 class ChunkOutput:
     latents: torch.Tensor  # float32 CPU [16, 3, lh, lw]: the chunk's clean x0
@@ -135,8 +163,29 @@ class DiTEngine:
         return total_latent_frames if total_latent_frames is not None else CHUNK_LATENT_FRAMES
 
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
+        """Bytes of a session's KV and cross-attention caches holding `kv_frames` latent frames."""
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
         return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype)
+
+    def token_share(self, tokens: int) -> int:
+        """Tokens of a chunk this engine's device computes (all of them; sharded engines: its part)."""
+        return tokens
+
+    def footprint(self, height: int, width: int, kv_frames: int,
+                  total_latent_frames: int | None) -> SessionFootprint:
+        """Everything a session of this size holds on the device (see SessionFootprint)."""
+        cfg = self.cfg
+        lat_h, lat_w = height // 8, width // 8
+        latent_cells = cfg.out_dim * lat_h * lat_w  # per latent frame, float32
+        noise = 4 * latent_cells * total_latent_frames if total_latent_frames is not None else 0
+        text = 4 * cfg.text_len * cfg.dim
+        held = self.session_bytes(height, width, kv_frames) + noise + text
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        tokens = self.token_share(CHUNK_LATENT_FRAMES * lat_h * lat_w // 4)
+        camera = cfg.num_layers * 2 * tokens * cfg.dim * itemsize
+        activations = tokens * (ACTIVATION_F32_ROWS * cfg.dim * 4 + ACTIVATION_FFN_ROWS * cfg.ffn_dim * itemsize)
+        sampler = SAMPLER_TENSORS * 4 * latent_cells * CHUNK_LATENT_FRAMES
+        return SessionFootprint(held, camera + activations + sampler)
 
     def allocate_caches(self, spec: DiTSessionSpec) -> DiTCaches:
         """A new session's KV and cross-attention caches (sharded engines override this)."""

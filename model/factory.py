@@ -4,11 +4,19 @@ Each deployment loads only its own part. `checkpoint=None` selects the embedded 
 model (preset "tiny" only): seeded random weights built in-process and a byte-level
 tokenizer made in code (model/tiny.py), so serving needs no files at all.
 
+`random_weights=True` (load tests of the released size without its 80 GB of files) builds the
+preset's dims with seeded random weights drawn directly on the device: the DiT with the
+residual-scaled init of the benchmark (`init_dit_random(..., residual_scaled=True)`), the VAE
+with `init_vae_random`, the UMT5 encoder with `init_t5_random_on_device` and the byte-level
+tokenizer. It is logged as a warning: such a model only makes noise.
+
 `options` (model/accel) applies the speed transforms after loading; None or the default
 `AccelOptions()` is the plain path (`AccelOptions.for_serving(device, compile, fp8)` maps the
 serving flags).
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -17,11 +25,15 @@ from model.checkpoint import CheckpointLayout
 from model.config import preset as get_preset
 from model.dit_loader import init_dit_random, load_dit
 from model.engines import DiTEngine, TextEngine, VaeEngine
-from model.t5 import TextEncoder, init_t5_random
+from model.t5 import TextEncoder, init_t5_random, init_t5_random_on_device
 from model.tiny import EMBEDDED_SEED, tiny_tokenizer
 from model.vae import init_vae_random, load_vae
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+RANDOM_SEED = 20261201  # random_weights: the same weights in every replica and run
+RANDOM_WARNING = ("RANDOM WEIGHTS: this %s is NOT A REAL MODEL (preset %s, seeded random weights for load "
+                  "tests); its output is noise")
+_log = logging.getLogger("model.factory")
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -36,9 +48,19 @@ def _embedded(preset: str, checkpoint: str | None) -> bool:
     return True
 
 
+def _random(what: str, preset: str, checkpoint: str | None) -> None:
+    if checkpoint is not None:
+        raise ValueError("random_weights builds random weights: pass no checkpoint")
+    _log.warning(RANDOM_WARNING, what, preset)
+
+
 def load_text_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | str,
-                     device: str) -> TextEngine:
+                     device: str, random_weights: bool = False) -> TextEngine:
     dtype = as_dtype(dtype)
+    if random_weights:
+        _random("text encoder", preset, checkpoint)
+        return TextEngine(init_t5_random_on_device(get_preset(preset).t5, tiny_tokenizer(), dtype, device,
+                                                   RANDOM_SEED))
     if _embedded(preset, checkpoint):
         cfg = get_preset(preset).t5
         return TextEngine(init_t5_random(cfg, tiny_tokenizer(), dtype, device, EMBEDDED_SEED))
@@ -46,10 +68,13 @@ def load_text_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | s
 
 
 def load_vae_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | str,
-                    device: str, options: AccelOptions | None = None) -> VaeEngine:
+                    device: str, options: AccelOptions | None = None, random_weights: bool = False) -> VaeEngine:
     # The reference runs the VAE in float32 (spec A.7); bf16 is opt-in for speed.
     dtype = as_dtype(dtype)
-    if _embedded(preset, checkpoint):
+    if random_weights:
+        _random("VAE", preset, checkpoint)
+        vae = init_vae_random(get_preset(preset).vae, dtype, device, RANDOM_SEED + 1)
+    elif _embedded(preset, checkpoint):
         vae = init_vae_random(get_preset(preset).vae, dtype, device, EMBEDDED_SEED + 1)
     else:
         vae = load_vae(CheckpointLayout.discover(checkpoint).vae_file, dtype, device)
@@ -58,10 +83,15 @@ def load_vae_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | st
 
 def load_dit_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | str, device: str,
                     local_attn_size: int | None = None, sink_size: int | None = None,
-                    shift: float = 10.0, options: AccelOptions | None = None) -> DiTEngine:
+                    shift: float = 10.0, options: AccelOptions | None = None,
+                    random_weights: bool = False) -> DiTEngine:
     dtype = as_dtype(dtype)
     options = options or AccelOptions()
-    if _embedded(preset, checkpoint):
+    if random_weights:
+        _random("DiT", preset, checkpoint)
+        cfg = get_preset(preset).dit.with_window(local_attn_size, sink_size)
+        dit = init_dit_random(cfg, dtype, device, RANDOM_SEED + 2, residual_scaled=True)
+    elif _embedded(preset, checkpoint):
         cfg = get_preset(preset).dit.with_window(local_attn_size, sink_size)
         dit = init_dit_random(cfg, dtype, device, EMBEDDED_SEED + 2)
     else:

@@ -237,3 +237,30 @@ def init_t5_random(
 
     model = load_umt5(cfg, draw(), f"random T5 (seed {seed})", dtype, device)
     return TextEncoder(model, tokenizer)
+
+
+@torch.no_grad()
+def init_t5_random_on_device(
+    cfg: T5Config,
+    tokenizer: str | Path | Tokenizer | object,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int,
+) -> TextEncoder:
+    """An encoder of `cfg`'s dims with random weights drawn directly on `device` (released-size
+    load tests and benchmarks: nothing passes through host memory).
+
+    Matrices ~ N(0, 1/fan_in) (embeddings and relative biases alike), norms 1; the values
+    depend on the device's generator.
+    """
+    with torch.device("meta"):
+        model = UMT5EncoderModel(umt5_config(cfg)).to(dtype)
+    model.to_empty(device=device)
+    model.encoder.set_input_embeddings(model.shared)  # re-tie (to_empty makes two tensors)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for _, p in model.named_parameters():
+        if p.ndim == 1:
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, p.shape[1] ** -0.5, generator=gen)
+    return TextEncoder(model.eval().requires_grad_(False), tokenizer)

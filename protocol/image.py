@@ -28,6 +28,10 @@ def _check_size(h: int, w: int, limits: Limits) -> None:
     if min(h, w) < limits.min_image_side:
         raise ProtocolError(ErrorCode.BAD_IMAGE, f"image is {w}x{h}; both sides must be at least "
                                                  f"{limits.min_image_side} pixels")
+    if max(h, w) > limits.max_aspect_ratio * min(h, w):
+        raise ProtocolError(ErrorCode.BAD_IMAGE, f"image is {w}x{h}, an aspect ratio of "
+                                                 f"{max(h, w) / min(h, w):.1f}:1; at most "
+                                                 f"{limits.max_aspect_ratio:g}:1 is accepted, crop it")
 
 
 def _open(data: bytes, limits: Limits) -> Image.Image:

@@ -30,7 +30,8 @@ class Limits:
     # range it underflows to 0 or blows the camera features up, and the video is NaN or black.
     translation_scale_range: tuple[float, float] = (1e-6, 1e6)
     max_translation: float = 1e6  # |t| of any pose, in scene units
-    max_output_area: int = 1280 * 720  # H*W of the `size` session option
+    max_output_area: int = 1280 * 720  # H*W of the `size` session option (and of the output)
+    max_aspect_ratio: float = 4.0  # long side / short side of the image, read from its header
     # `num_frames` session option; sizes the noise plan. The default is the model's bound (the
     # frames of MAX_CHUNKS chunks); the server passes its `sessions.max_frames`.
     max_num_frames: int = MAX_NUM_FRAMES
@@ -50,6 +51,8 @@ class Limits:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_aspect_ratio < 1.0:
+            raise ValueError(f"Limits.max_aspect_ratio must be >= 1, got {self.max_aspect_ratio}")
         if not 0.0 < self.rotation_tolerance < 1.0:
             raise ValueError(f"Limits.rotation_tolerance must be in (0, 1), got {self.rotation_tolerance}")
 

@@ -256,6 +256,9 @@ class CameraServerConfig(_Message):
     supported_modalities: tuple[str, ...] = ("camera_pose",)
     coordinate_convention: Literal["opencv_c2w"] = "opencv_c2w"
     max_message_bytes: int = DEFAULT_LIMITS.max_message_bytes
+    size_buckets: Optional[tuple[tuple[int, int], ...]] = Field(
+        None, description="[[H, W], ...] the output sizes this server produces (a session's `size` and image "
+                          "aspect map to the nearest); absent: the reference's rule (max area + image aspect)")
     protocol_version: Literal[1] = 1
 
 

@@ -51,14 +51,13 @@ class AccelOptions:
         return self.fast or self.skip_final_update or self.vae_channels_last or self.vae_compile
 
     @classmethod
-    def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False) -> "AccelOptions":
+    def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,
+                    vae_compile: bool = False) -> "AccelOptions":
         """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
         attention and channels-last VAE convolutions (the same function in bf16), plus the
-        opt-in flags (`compile` also compiles the VAE's norms); on the CPU the plain path
-        unless `compile` or `fp8` is asked for."""
+        opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`); on
+        the CPU the plain path unless one of the flags is asked for."""
         if torch.device(device).type == "cuda":
             return cls(fast=True, attention="cudnn", compile=compile, fp8=fp8, skip_final_update=True,
-                       vae_channels_last=True, vae_compile=compile)
-        if compile or fp8:
-            return cls(fast=True, compile=compile, fp8=fp8)
-        return cls()
+                       vae_channels_last=True, vae_compile=vae_compile)
+        return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)

@@ -31,6 +31,10 @@ class SPDiTEngine(DiTEngine):
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
         return sp_cache_bytes(self.cfg, self.world, frame_seqlen, kv_frames, self.dtype)
 
+    def token_share(self, tokens: int) -> int:
+        """The tokens of this rank's sequence shard (camera features, most activations)."""
+        return -(-tokens // self.world)
+
     def allocate_caches(self, spec: DiTSessionSpec) -> DiTCaches:
         """This rank's caches: heads / world per layer."""
         return allocate_sp_caches(

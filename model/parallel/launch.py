@@ -61,11 +61,13 @@ def load_sp_dit_engine(
     local_attn_size: int | None = None,
     sink_size: int | None = None,
     options: AccelOptions | None = None,
+    random_weights: bool = False,
 ) -> SPDiTEngine:
     """This rank's engine: the whole DiT (weights are replicated), sped up by `options`
     (model/accel) and then made sequence-parallel."""
     options = options or AccelOptions()
-    base = load_dit_engine(preset, checkpoint, dtype, str(device), local_attn_size, sink_size, options=options)
+    base = load_dit_engine(preset, checkpoint, dtype, str(device), local_attn_size, sink_size, options=options,
+                           random_weights=random_weights)
     return sp_engine(base, group, options)
 
 

@@ -5,7 +5,8 @@ The app serves the embedded tiny model on CPU with two DiT replicas of two sessi
 it out) and debug fields on (replica ids and recoveries in frame replies). Ray starts once:
 each start costs ~15 s on a 2-core machine. A second app in the same Ray instance
 (`strict_server`, route prefix /strict, started on first use) has API keys, quotas, tight
-connection limits, a 2-chunk cap and recovery out of reach (tiny journal budget).
+connection limits, a 2-chunk cap, recovery out of reach (tiny journal budget), two size
+buckets, a small session budget and attention bound.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ APP_ARGS = {
     "debug_fields": True,
 }
 API_KEYS_ENV = "LWF_TEST_API_KEYS"  # set before Ray starts: the replicas inherit it (a secret in production)
-API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps", "key-hostile", "key-hostile-2")
+API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps", "key-hostile", "key-hostile-2",
+            "key-sizes", "key-memory")
 # a key per test group: quotas and connection caps count per key
 STRICT_PREFIX = "/strict"
 STRICT_ORIGIN = "https://app.example"
@@ -56,11 +58,19 @@ STRICT_LIMITS = {"max_messages_per_s": 20, "message_burst": 40, "first_message_t
                  "max_connections_per_client": 6}
 STRICT_CONNECTIONS_PER_KEY = 3
 STRICT_MAX_MESSAGE_BYTES = 256 * 1024
+STRICT_BUCKETS = ["32*48", "48*32"]
+STRICT_MAX_AREA = 4096
+STRICT_BUDGET_MIB = 12.0  # one tiny 32x48 session of 2041 frames (8.4 MiB held) fits, two do not
+STRICT_ATTENTION_TOKENS = 4096  # 6 tokens per latent frame at 32x48: 682 latent frames
 STRICT_ARGS = {
-    "model": {"preset": "tiny", "default_size": TEST_SIZE},
+    # Output sizes from two buckets (warmed up in the replicas' constructors), a 4096-pixel cap.
+    "model": {"preset": "tiny", "default_size": TEST_SIZE, "size_buckets": STRICT_BUCKETS,
+              "max_output_area": STRICT_MAX_AREA},
     # A 2-chunk cap, a 1 s TTL, and a journal budget below one decoded image: never recoverable.
+    # An explicit 12 MiB session budget and a 4096-token attention bound (admission tests).
     "sessions": {"max_sessions": 4, "idle_ttl_s": 1.0, "routing_stats_period_s": 0.5, "max_chunks": 2,
-                 "journal_max_mib": 1.0},
+                 "journal_max_mib": 1.0, "kv_budget_gib": STRICT_BUDGET_MIB / 1024,
+                 "max_attention_tokens": STRICT_ATTENTION_TOKENS},
     "dit": {"num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},

@@ -70,7 +70,7 @@ async def _drop_one(url: str, example, rng: random.Random, i: int) -> str:
 
 def _held(stats_of) -> dict[str, list[tuple[int, int, int]]]:
     return {name: [(r["sessions"], r["cache_bytes"], r["expired"]) for r in stats_of("lwf", name)]
-            for name in ("CausalDiT", "VaeCodec")}
+            for name in ("DiTDeployment", "VaeDeployment")}
 
 
 def test_sockets_dropped_at_random_moments_release_everything(server, example, stats_of):

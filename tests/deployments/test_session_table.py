@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.errors import Busy, SessionLost
+from deployments.errors import Busy, SessionLost, TooLarge
 from deployments.session_table import SessionTable
 
 
@@ -122,3 +122,29 @@ def test_an_open_that_arrives_after_its_close_is_refused_and_holds_nothing():
     clock.now += 10_000  # closed keys are forgotten after a while (keys are never reused)
     t.pop("other")
     t.admit("late", 10)
+
+
+def test_admission_counts_held_bytes_plus_the_largest_working_set():
+    """Calls run one at a time per replica: the budget covers every session's held bytes plus
+    one chunk's working set (the largest)."""
+    t, _ = table(max_sessions=4, budget=100)
+    t.admit("a", 40, working=30)  # 40 + 30 = 70
+    t.add("a", "A")
+    assert (t.bytes_in_use, t.working_bytes, t.reserved_bytes) == (40, 30, 70)
+    with pytest.raises(Busy):
+        t.admit("b", 31, working=10)  # 40 + 31 + max(30, 10) = 101
+    t.admit("b", 30, working=5)  # 40 + 30 + 30 = 100
+    t.add("b", "B")
+    assert t.reserved_bytes == 100
+    assert not t.resize("b", 31)
+    t.pop("a")
+    assert (t.bytes_in_use, t.working_bytes) == (30, 5)
+
+
+def test_a_session_that_never_fits_is_too_large_not_busy():
+    t, _ = table(max_sessions=2, budget=100)
+    with pytest.raises(TooLarge) as e:
+        t.admit("huge", 90, working=11)
+    assert e.value.code.value == "too_large" and "whole session budget" in e.value.message
+    assert len(t) == 0
+    t.admit("a", 90, working=10)  # exactly the budget

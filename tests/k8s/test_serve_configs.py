@@ -189,3 +189,73 @@ def test_rayservice_serves_the_released_model_in_bf16(app_args):
     # A bounded KV cache: sessions of any length fit in the card.
     assert args.model.local_attn_size > 0
     assert args.sessions.max_sessions >= 1
+
+
+# ------------------------------------------------------------------------------- GPU fast path
+
+GPU_CONFIG_FILES = ("serve_config.gpu.yaml", "serve_config.sp.yaml", "benchmarks/serve_config.h200.yaml")
+GPU_RAYSERVICES = ("k8s/rayservice.yaml", "k8s/variants/rayservice-sp4.yaml")
+
+
+def gpu_configs() -> dict[str, dict]:
+    from support import REPO
+    import yaml
+
+    out = {name: yaml.safe_load((REPO / name).read_text()) for name in GPU_CONFIG_FILES}
+    for name in GPU_RAYSERVICES:
+        doc = next(d for d in yaml.safe_load_all((REPO / name).read_text()) if d and d.get("kind") == "RayService")
+        out[name] = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    return out
+
+
+@pytest.mark.parametrize("name", GPU_CONFIG_FILES + GPU_RAYSERVICES)
+def test_gpu_configs_run_the_measured_fast_path(name):
+    from model.accel import AccelOptions
+
+    args = AppArgs.model_validate(the_app(gpu_configs()[name])["args"])
+    m = args.model
+    assert (m.preset, m.device, m.dtype, m.vae_dtype) == ("lingbot-world-fast", "cuda", "bfloat16", "bfloat16")
+    assert m.compile and m.vae_compile and not m.fp8 and m.warmup, name
+    assert m.size_buckets and all(h * w <= m.max_output_area for h, w in m.bucket_sizes())
+    dit = AccelOptions.for_serving(m.device, compile=m.compile, fp8=m.fp8)
+    assert dit.fast and dit.attention == "cudnn" and dit.compile and dit.skip_final_update
+    vae = AccelOptions.for_serving(m.device, vae_compile=m.vae_compile)
+    assert vae.vae_channels_last and vae.vae_compile
+    assert args.sessions.kv_budget_gib is None  # from the replica's cap, never "free memory at start"
+    # Each replica's num_gpus is also its memory cap: the shares of one card add up to at most 1.
+    if args.dit_parallel == 1 and args.dit.num_gpus < 1:
+        assert args.dit.num_gpus + args.vae.num_gpus + args.text_encoder.num_gpus <= 1.0 + 1e-9, name
+
+
+def test_fp8_stays_opt_in_with_its_measured_deviation_next_to_it():
+    from support import REPO
+
+    text = (REPO / "serve_config.gpu.yaml").read_text()
+    before = text[:text.index("fp8: false")]
+    assert "1.5-1.8e-2" in before[-400:] and "9.50 s" in before[-400:]
+
+
+def test_the_h200_benchmark_serves_the_shipped_gpu_config_with_random_weights():
+    configs = gpu_configs()
+    gpu = AppArgs.model_validate(the_app(configs["serve_config.gpu.yaml"])["args"])
+    bench = AppArgs.model_validate(the_app(configs["benchmarks/serve_config.h200.yaml"])["args"])
+    assert bench.model.random_weights and bench.model.checkpoint is None and not gpu.model.random_weights
+    differ = {"checkpoint", "random_weights", "local_attn_size", "sink_size"}
+    assert bench.model.model_dump(exclude=differ) == gpu.model.model_dump(exclude=differ)
+    for block in ("dit", "vae", "text_encoder"):
+        assert getattr(bench, block).num_gpus == getattr(gpu, block).num_gpus, block
+    assert bench.model.local_attn_size == -1  # full attention: how many 81-frame sessions fit
+
+
+def test_random_weights_are_never_a_default_and_need_no_checkpoint():
+    from deployments.config import ModelArgs
+
+    assert not ModelArgs().random_weights
+    with pytest.raises(pydantic.ValidationError, match="checkpoint"):
+        ModelArgs(preset="lingbot-world-fast", random_weights=True, checkpoint="/models/x")
+    with pytest.raises(pydantic.ValidationError, match="random_weights"):
+        ModelArgs(preset="lingbot-world-fast")
+    with pytest.raises(pydantic.ValidationError, match="multiples of 16"):
+        ModelArgs(size_buckets=["460*832"])
+    with pytest.raises(pydantic.ValidationError, match="max_output_area"):
+        ModelArgs(size_buckets=["720*1280"], max_output_area=480 * 832)

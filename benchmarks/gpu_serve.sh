@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The served graph on one H200, measured under load (issue 13, item 7). Run from the repo root:
+#
+#   bash benchmarks/gpu_serve.sh          # the device tool: carry [".whl"], kind nvidia-h200, timeout 600
+#
+# 1. unpacks the wheels the image lacks (ray 2.60 cp312 and grpcio-reflection matching the image's
+#    grpcio 1.84.0, fastapi, starlette, uvicorn, h11, websockets, pydantic + pydantic-core,
+#    annotated-types, typing-inspection, av, msgpack-numpy, ftfy + wcwidth, and their
+#    dependencies: VERIFIED_NOTES.md) from .whl/ into /tmp/site (benchmarks/install_wheels.py);
+#    SKIP_WHEELS=1 where they are installed. The imports are checked before anything starts;
+# 2. `serve run benchmarks/serve_config.h200.yaml`: the shipped GPU config with random full-size
+#    weights; every replica compiles and warms up the three size buckets in its constructor;
+# 3. waits for /healthz (time to healthy = Ray start + building the models + warm-up);
+# 4. benchmarks.serve_load with 1 session, 1 more (TTFC of a session after the first), 2, 3 and
+#    4 concurrent full-attention sessions of 81 frames (admission decides how many are served:
+#    the rest get `busy`), one run after the other, until the time budget is spent;
+# 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
+#    matplotlib is there; else `python -m benchmarks.serve_load --plot-from serve_load.json`),
+#    models_start.json (replica stats after warm-up), gpu_mem.csv (nvidia-smi every 2 s),
+#    time_to_healthy_s, serve_run.log and the Serve replica logs (serve_logs.tar.gz).
+#
+# Wall-time budget (BUDGET_S, default 540 s of the device tool's 600): wheels ~30 s, Ray + models
+# + warm-up ~2-3 min (waits at most HEALTH_WAIT_S), the load runs ~2 min (no run starts later than
+# the budget minus 60 s), shutdown ~20 s. Frames: 81 per session (7 chunks), the engine
+# benchmark's length, so the numbers compare with docs/PERFORMANCE.md.
+set -u -o pipefail
+
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-540}
+HEALTH_WAIT_S=${HEALTH_WAIT_S:-330}
+SESSIONS=${SESSIONS:-"1 1 2 3 4"}
+FRAMES=${FRAMES:-81}
+CONFIG=${CONFIG:-benchmarks/serve_config.h200.yaml}
+PY=${PYTHON:-python3}
+SITE=${SITE:-/tmp/site}
+OUT=${OUT:-$PWD/out/gpu_serve}
+mkdir -p "$OUT"
+elapsed() { echo $(( $(date +%s) - START )); }
+log() { echo "[$(elapsed)s] $*" | tee -a "$OUT/gpu_serve.log"; }
+
+if [ "${SKIP_WHEELS:-0}" = 1 ]; then
+    log "SKIP_WHEELS=1: using the installed packages"
+else
+    log "installing wheels from .whl into $SITE"
+    if ! $PY benchmarks/install_wheels.py .whl "$SITE" > "$OUT/install.log" 2>&1; then
+        log "wheel install failed"; tail -20 "$OUT/install.log"; exit 1
+    fi
+fi
+export PYTHONPATH="$SITE:$PWD"
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export RAY_SERVE_LOG_TO_STDERR=0
+if ! $PY -c "import ray, ray.serve, fastapi, uvicorn, websockets, av, msgpack_numpy, pydantic, ftfy, torch, yaml, scipy, PIL
+print('ray', ray.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" >> "$OUT/gpu_serve.log" 2>&1; then
+    log "imports failed"; tail -20 "$OUT/gpu_serve.log"; exit 1
+fi
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv -l 2 \
+    > "$OUT/gpu_mem.csv" 2>/dev/null &
+SMI_PID=$!
+
+log "serve run $CONFIG"
+$PY -c "from ray.serve.scripts import cli; cli()" run "$CONFIG" > "$OUT/serve_run.log" 2>&1 &
+SERVE_PID=$!
+
+stop_all() {
+    log "stopping Serve (SIGTERM to $SERVE_PID)"
+    kill -TERM "$SERVE_PID" 2>/dev/null
+    for _ in $(seq 1 30); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL "$SERVE_PID" 2>/dev/null  # its local Ray instance goes with it (no `ray stop`: it
+                                          # would end every Ray on the machine)
+    kill "$SMI_PID" 2>/dev/null
+    [ -n "${SESSION_DIR:-}" ] && [ -d "$SESSION_DIR/logs/serve" ] && \
+        tar czf "$OUT/serve_logs.tar.gz" -C "$SESSION_DIR/logs/serve" . 2>/dev/null
+    log "done"
+}
+trap stop_all EXIT
+
+log "waiting for /healthz (at most ${HEALTH_WAIT_S}s)"
+if ! $PY - "$HEALTH_WAIT_S" "$SERVE_PID" > "$OUT/time_to_healthy_s" 2>> "$OUT/gpu_serve.log" <<'PYEOF'
+import os, sys, time, urllib.request
+limit, pid = float(sys.argv[1]), int(sys.argv[2])
+t0 = time.time()
+while time.time() - t0 < limit:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit("serve run exited")
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:8000/healthz", timeout=5) as r:
+            if r.status == 200:
+                print(f"{time.time() - t0:.1f}")
+                sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(2)
+sys.exit("not healthy in time")
+PYEOF
+then
+    log "the server did not become healthy"; tail -40 "$OUT/serve_run.log"; exit 1
+fi
+log "healthy after $(cat "$OUT/time_to_healthy_s") s of waiting"
+SESSION_DIR=$(readlink -f /tmp/ray/session_latest 2>/dev/null)  # the Ray started by this serve run
+$PY -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/v1/models', timeout=30).read().decode())" \
+    > "$OUT/models_start.json" 2>> "$OUT/gpu_serve.log"
+
+DEADLINE=$(( BUDGET_S - 60 - $(elapsed) ))
+log "serve_load: sessions $SESSIONS, $FRAMES frames, no run starts after ${DEADLINE}s"
+$PY -m benchmarks.serve_load --url ws://127.0.0.1:8000/v1/realtime/world/camera \
+    --sessions $SESSIONS --frames "$FRAMES" --deadline-s "$DEADLINE" --reply-timeout-s 120 \
+    --out "$OUT/serve_load.json" 2>&1 | tee -a "$OUT/gpu_serve.log"

@@ -1,0 +1,28 @@
+"""benchmarks.serve_load against the CPU test app: 2 concurrent sessions of 2 chunks each."""
+from __future__ import annotations
+
+import json
+
+from benchmarks.serve_load import main
+
+
+def test_serve_load_writes_json_table_and_plot(server, tmp_path):
+    server.wait_held(0)
+    out = tmp_path / "load.json"
+    main(["--url", server.ws, "--sessions", "2", "--frames", "21", "--out", str(out)])
+    results = json.loads(out.read_text())
+    (run,) = results["runs"]
+    s = run["summary"]
+    assert run["sessions"] == 2 and s["completed"] == 2 and s["refused_busy"] == 0 and not s["errors"]
+    assert [p["chunks"] for p in s["per_session"]] == [2, 2]
+    assert s["first_session_after_start_ttfc_s"] > 0 and s["ttfc_p50_s"] > 0  # the second session's
+    assert s["interval_p50_s"] > 0 and s["dit_step_mean_s"] > 0 and s["aggregate_fps"] > 0
+    assert s["serving_overhead_s"] is not None
+    assert set(s["stage_means_s"]) >= {"dit", "vae_encode", "vae_decode", "mux", "total"}
+    replicas = run["replicas_after"]["replicas"]
+    assert set(replicas) == {"text_encoder", "vae", "dit"}
+    assert all(r["peak_memory_bytes"] > 0 for r in replicas["dit"])
+    assert replicas["dit"][0]["warmed_sizes"] == [[32, 48]]
+    assert "TTFC p50" in out.with_suffix(".txt").read_text()
+    assert out.with_suffix(".png").stat().st_size > 1000
+    server.wait_held(0)
