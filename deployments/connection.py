@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Optional
 
@@ -35,7 +34,7 @@ from starlette.websockets import WebSocketState
 from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.client_policy import ClientPolicy
 from deployments.config import AppArgs
-from deployments.detached import detach, settle
+from deployments.detached import detach
 from deployments.errors import ReplicaError
 from deployments.journal import SessionJournal
 from deployments.lane_jobs import Backends, LaneJobs
@@ -44,6 +43,7 @@ from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.quotas import KeyQuota
 from deployments.recovery import Recovery
+from deployments.releases import Releases
 from deployments.sizes import SizeRule
 from deployments.stream import Stream, StreamState, image_digest, stream_spec
 from deployments.transport import Transport
@@ -61,7 +61,7 @@ FLUSH_BEFORE_CLOSE_S = 1.0  # a policy close first sends the replies already que
 MIB = 1024 * 1024
 
 
-class Connection(LaneJobs):
+class Connection(LaneJobs, Releases):
     """Serves one accepted socket (a WebSocket, or `LocalTransport` for `POST /v1/videos`) until
     the client leaves; releases its sessions after."""
 
@@ -302,107 +302,6 @@ class Connection(LaneJobs):
     async def _flush_replies(self, timeout_s: float) -> None:
         """Wait (bounded) until the replies queued so far are sent."""
         await asyncio.wait({asyncio.ensure_future(self._outbox.join())}, timeout=timeout_s)
-
-    # ---- session release ----
-
-    def _fail(self, stream: Stream) -> None:
-        if stream.fail():
-            self._ended(stream)
-            stream.release = self._release_later(stream)
-
-    def _close(self, stream: Stream) -> Optional[asyncio.Task]:
-        """Close a stream; its release task (started now if it was open)."""
-        if stream.close():
-            self._ended(stream)
-            stream.release = self._release_later(stream)
-        return stream.release
-
-    def _ended(self, stream: Stream) -> None:
-        if self._quota is not None:
-            self._quota.end_session(stream.key)
-
-    def _release_later(self, stream: Stream) -> asyncio.Task:
-        """Free the stream on both replicas, each close queued on its lane behind the stream's
-        own calls and, where possible, before the open of any session started after it (which
-        then never finds the replica full of its own predecessor). Every DiT call of the stream
-        is queued already (steps are queued at infer time): its close goes now. VAE decodes are
-        queued as steps finish: its close goes now when no chunk is in flight, else after them."""
-        dit_close = self._dit_lane.submit(lambda: self._b.dit.options(session_id=stream.dit_key).close.remote(
-            stream.dit_key))  # the key is read when the close runs: a rebuild may change it until then
-        pending = [t for t in stream.chunk_tasks if not t.done()]
-        vae_close = None if pending else self._vae_lane.submit(self._vae_close_job(stream))
-        task = asyncio.create_task(self._release(stream, pending, dit_close, vae_close))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
-
-    def _vae_close_job(self, stream: Stream) -> Callable[[], Awaitable[bool]]:
-        return lambda: self._b.vae.options(session_id=stream.vae_key).close.remote(stream.vae_key)
-
-    async def _release(self, stream: Stream, pending: list[asyncio.Task], dit_close: asyncio.Future,
-                       vae_close: Optional[asyncio.Future]) -> None:
-        """Wait for the closes (the VAE's once the chunks in flight are answered)."""
-        await asyncio.gather(*pending, return_exceptions=True)
-        if vae_close is None:
-            vae_close = self._vae_lane.submit(self._vae_close_job(stream))
-        results = await asyncio.gather(dit_close, vae_close, return_exceptions=True)
-        for r in results:
-            if isinstance(r, Exception):
-                self._log.warning("close failed; the replica's TTL frees it",
-                                  fields={"session": stream.key, "error": repr(r)})
-        self._held.pop(stream.key, None)
-
-    async def _teardown(self) -> None:
-        """Connection end (any way it ends): drop the work not started, close every session
-        still held on both deployments at once (a replica frees a session's slot at once and
-        its memory when the call running for it ends; it refuses an open that arrives after the
-        close, and frees a session closed while being opened), let the calls in flight finish
-        (never cancelled: see lanes.py), and close again what a rebuild running meanwhile
-        opened under a new key. Bounded by `connection.release_timeout_s`; the replicas' idle
-        TTL frees whatever a replica could not be told in time."""
-        timeout = self._args.connection.release_timeout_s
-        for t in [*self._inflight, *self._background]:
-            t.cancel()  # local tasks waiting on lane futures; no Serve call is cancelled
-        self._dit_lane.close()
-        self._vae_lane.close()
-        streams = list(self._held.values())
-        self._held.clear()
-        for stream in streams:
-            self._ended(stream)
-        closed: set[str] = set()  # "dit:<key>", "vae:<key>"
-        await asyncio.gather(*(self._close_on_replicas(s, closed, timeout, opened_only=True) for s in streams))
-        idle = await asyncio.gather(self._dit_lane.drain(timeout), self._vae_lane.drain(timeout))
-        if not all(idle):
-            self._log.warning("a call was still running at the release deadline",
-                              fields={"timeout_s": timeout})
-        # Opens that were in flight, and sessions a rebuild opened under a new key meanwhile.
-        await asyncio.gather(*(self._close_on_replicas(s, closed, timeout) for s in streams))
-        self._metrics.connection_released()
-
-    async def _close_on_replicas(self, stream: Stream, closed: set[str], timeout_s: float,
-                                 opened_only: bool = False) -> None:
-        """Close the stream's current keys on both deployments (each once: `closed`).
-
-        `opened_only`: skip a key whose open is still on its way. A close is routed to the
-        replica the session is pinned to; before its open was routed there is no pin, and the
-        close would reach any replica while the open lands on another, where nothing would
-        ever close it. Such keys are closed once the lanes are drained."""
-        def settled(open_call: Optional[asyncio.Future]) -> bool:
-            return not opened_only or open_call is None or open_call.done()
-
-        calls = [(h, k) for h, k, o in ((self._b.dit, f"dit:{stream.dit_key}", stream.dit_open),
-                                       (self._b.vae, f"vae:{stream.vae_key}", stream.vae_open))
-                 if k not in closed and settled(o)]
-        closed.update(k for _, k in calls)
-
-        async def close(handle: DeploymentHandle, tagged: str) -> None:
-            key = tagged.split(":", 1)[1]
-            ended, result = await settle(handle.options(session_id=key).close.remote(key), timeout_s)
-            if not ended or isinstance(result, BaseException):
-                self._log.warning("close failed; the replica's idle TTL frees the session",
-                                  fields={"session": key, "error": repr(result) if ended else "timeout"})
-
-        await asyncio.gather(*(close(h, k) for h, k in calls))
 
     async def _close_socket(self, code: int, reason: str) -> None:
         if self._ws.application_state is WebSocketState.CONNECTED:
