@@ -111,7 +111,7 @@ async def one_session(args: argparse.Namespace, run: int, index: int, t_run: flo
     rec = SessionRecord(run, index, sid, time.perf_counter() - t_run)
     traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (load session {run}.{index})")
     plan = plan_session(traj, args.frames)
-    messages = plan.messages(traj, sid, size=args.size)
+    messages = traj.messages(plan, sid, size=args.size)
     started = time.perf_counter()
 
     def on_chunk(stat, reply) -> None:
