@@ -23,12 +23,17 @@ class FakeEngine:
     def session_bytes(height: int, width: int, kv_frames: int) -> int:
         return FRAME_BYTES * kv_frames
 
+    @staticmethod
+    def footprint(height: int, width: int, kv_frames: int, total_latent_frames):
+        return SimpleNamespace(held=FRAME_BYTES * kv_frames, working=0)
+
 
 def replica(budget_bytes: int, max_chunks: int = 10):
     """A DiTDeployment's admission state with a fake engine (no model, no Serve)."""
     host = object.__new__(DiTDeployment.func_or_class)
     host._engine = FakeEngine()
     host._max_chunks = max_chunks
+    host._max_attention_tokens = 10**9
     host._table = SessionTable(4, budget_bytes, idle_ttl_s=60.0, retry_after_s=RETRY_AFTER_S)
     return host
 
