@@ -24,7 +24,8 @@ from deployments.text_encoder import TextEncoderDeployment
 from deployments.vae import VaeDeployment
 
 PIN_TTL_MARGIN_S = 60.0  # a pin outlives its replica session's idle TTL by this much
-PLACEMENT_FIELDS = ("dit", "vae", "text_encoder", "ingress", "dit_parallel")  # read by build_app only
+PLACEMENT_FIELDS = ("dit", "vae", "text_encoder", "ingress", "dit_parallel",
+                    "dit_parallel_timeout_s")  # read by build_app only
 
 
 def replica_options(r: ReplicaArgs) -> dict[str, Any]:
