@@ -143,6 +143,11 @@ class ReplicaArgs(_Strict):
     health_check_timeout_s: float = Field(30.0, gt=0)
     # A replica being replaced (upgrade, scale-down) finishes the calls in flight for this long.
     graceful_shutdown_timeout_s: float = Field(30.0, ge=0)
+    # Placement on a multi-node cluster: Ray node labels the replicas must land on (e.g.
+    # {"lwf-pool": "dit"}: the KubeRay worker groups' labels, `ray start --labels`) and custom
+    # resources each replica takes (e.g. {"gpu_slot": 0.5}). Empty: anywhere.
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    resources: dict[str, float] = Field(default_factory=dict)
 
 
 class ConnectionArgs(_Strict):

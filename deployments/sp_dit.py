@@ -71,7 +71,12 @@ def sp_placement(replica: ReplicaArgs, parallel: int) -> dict[str, Any]:
     bundle = {k: v for k, v in (("CPU", replica.num_cpus), ("GPU", replica.num_gpus)) if v > 0}
     if not bundle:
         raise ValueError("a sequence-parallel DiT needs num_cpus or num_gpus > 0 per rank (bundle)")
-    return {"placement_group_bundles": [bundle] * parallel, "placement_group_strategy": PLACEMENT_STRATEGY}
+    bundle.update(replica.resources)
+    options: dict[str, Any] = {"placement_group_bundles": [bundle] * parallel,
+                               "placement_group_strategy": PLACEMENT_STRATEGY}
+    if replica.label_selector:
+        options["placement_group_bundle_label_selector"] = [dict(replica.label_selector)] * parallel
+    return options
 
 
 def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
@@ -82,6 +87,8 @@ def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
     """
     if args.dit_parallel == 1:
         return DiTDeployment.options(**options).bind(args.model, args.sessions)
+    actor = {k: v for k, v in options.get("ray_actor_options", {}).items() if k != "label_selector"}
+    options = {**options, "ray_actor_options": actor}  # the bundles carry the labels
     return SPDiTDeployment.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(
         args.model, args.sessions, args.dit_parallel, args.dit_parallel_timeout_s)
 
