@@ -24,7 +24,18 @@ from deployments.text_encoder import TextEncoderDeployment
 from deployments.vae import VaeDeployment
 
 PIN_TTL_MARGIN_S = 60.0  # a pin outlives its replica session's idle TTL by this much
-PLACEMENT_FIELDS = ("dit", "vae", "text_encoder", "ingress", "dit_parallel")  # read by build_app only
+PLACEMENT_FIELDS = ("dit", "vae", "text_encoder", "ingress", "dit_parallel",
+                    "dit_parallel_timeout_s")  # read by build_app only
+
+
+def actor_options(r: ReplicaArgs) -> dict[str, Any]:
+    """`ray_actor_options` of one ReplicaArgs block (labels and resources only when set)."""
+    options: dict[str, Any] = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus}
+    if r.resources:
+        options["resources"] = dict(r.resources)
+    if r.label_selector:
+        options["label_selector"] = dict(r.label_selector)
+    return options
 
 
 def replica_options(r: ReplicaArgs) -> dict[str, Any]:
@@ -32,7 +43,7 @@ def replica_options(r: ReplicaArgs) -> dict[str, Any]:
     return {
         "num_replicas": r.num_replicas,
         "max_ongoing_requests": r.max_ongoing_requests,
-        "ray_actor_options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus},
+        "ray_actor_options": actor_options(r),
         "health_check_period_s": r.health_check_period_s,
         "health_check_timeout_s": r.health_check_timeout_s,
         "graceful_shutdown_timeout_s": r.graceful_shutdown_timeout_s,

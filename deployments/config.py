@@ -143,6 +143,11 @@ class ReplicaArgs(_Strict):
     health_check_timeout_s: float = Field(30.0, gt=0)
     # A replica being replaced (upgrade, scale-down) finishes the calls in flight for this long.
     graceful_shutdown_timeout_s: float = Field(30.0, ge=0)
+    # Placement on a multi-node cluster: Ray node labels the replicas must land on (e.g.
+    # {"lwf-pool": "dit"}: the KubeRay worker groups' labels, `ray start --labels`) and custom
+    # resources each replica takes (e.g. {"gpu_slot": 0.5}). Empty: anywhere.
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    resources: dict[str, float] = Field(default_factory=dict)
 
 
 class ConnectionArgs(_Strict):
@@ -223,6 +228,11 @@ class AppArgs(_Strict):
     # N must divide the DiT's head count (40 heads: 2, 4, 5 or 8), and `dit` then gives each
     # rank's num_cpus / num_gpus (one placement-group bundle per rank).
     dit_parallel: int = Field(1, ge=1)
+    # A sequence-parallel replica (dit_parallel > 1) gives a rank this long to answer (open, close,
+    # ping, the end of a step) and its collectives this long to complete; past it, or at once
+    # when a rank dies, the replica breaks: its sessions are rebuilt elsewhere and Serve
+    # replaces it (docs/RELIABILITY.md).
+    dit_parallel_timeout_s: float = Field(60.0, gt=0)
 
     @model_validator(mode="after")
     def _a_largest_frame_fits_the_byte_burst(self) -> "AppArgs":

@@ -20,16 +20,24 @@ Admission counts one rank's footprint (its KV heads, its token shard's camera fe
 activations) against rank 0's budget (all ranks hold the same amount). The replica warms up
 through all ranks before it is ready.
 
-A rank that dies or stops answering fails the others' collectives after
-`model.parallel.launch.DEFAULT_TIMEOUT_S`; `check_health` pings the other ranks so that Serve
-replaces a replica that lost one (its placement group and rank actors go with it).
+Failure (docs/RELIABILITY.md): a rank that dies, a collective that fails, or a rank that does
+not answer within `dit_parallel_timeout_s` (the process group's collective timeout too) BREAKS
+the replica at once: its ranks are killed (which ends the collectives the others were blocked
+in, so no call holds the replica's lock behind them), every session it held answers
+`session_lost` at its next call (the ingress then rebuilds it from the journal on another
+replica, `restore`), new opens and restores get `busy` and its routing stats report no
+capacity, and `check_health` fails so that Serve replaces the replica (its placement group goes
+with it). `restore` rebuilds a journaled session on all ranks: each opens it (no collectives:
+a bad spec stops there), then all replay its past chunks together.
 """
 from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import uuid
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 import ray
@@ -41,15 +49,21 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs, SessionArgs
 from deployments.dit import DiTDeployment
+from deployments.errors import Busy, SessionLost
+from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from deployments.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
 from model.engines import ChunkOutput, SessionFootprint
 from model.factory import load_dit_engine
+from model.parallel.launch import DEFAULT_TIMEOUT_S
 from model.parallel import SPDiTEngine, init_sp_group, load_sp_dit_engine, rank_device, sp_engine
-from model.session import DiTSession, DiTSessionSpec
+from model.sampler import NoiseState
+from model.session import DiTSession, DiTSessionSpec, PastChunk
 
 PLACEMENT_STRATEGY = "STRICT_PACK"  # all ranks of a replica on one node
+RANK_NAMESPACE = "lwf-sp-ranks"  # the rank actors' names live here (stats()["ranks"] lists them)
+BROKEN_RETRY_S = 1.0  # `busy` hint of a broken replica: the rebuild goes elsewhere, or to its successor
 
 
 def sp_placement(replica: ReplicaArgs, parallel: int) -> dict[str, Any]:
@@ -57,7 +71,12 @@ def sp_placement(replica: ReplicaArgs, parallel: int) -> dict[str, Any]:
     bundle = {k: v for k, v in (("CPU", replica.num_cpus), ("GPU", replica.num_gpus)) if v > 0}
     if not bundle:
         raise ValueError("a sequence-parallel DiT needs num_cpus or num_gpus > 0 per rank (bundle)")
-    return {"placement_group_bundles": [bundle] * parallel, "placement_group_strategy": PLACEMENT_STRATEGY}
+    bundle.update(replica.resources)
+    options: dict[str, Any] = {"placement_group_bundles": [bundle] * parallel,
+                               "placement_group_strategy": PLACEMENT_STRATEGY}
+    if replica.label_selector:
+        options["placement_group_bundle_label_selector"] = [dict(replica.label_selector)] * parallel
+    return options
 
 
 def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
@@ -68,17 +87,20 @@ def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
     """
     if args.dit_parallel == 1:
         return DiTDeployment.options(**options).bind(args.model, args.sessions)
+    actor = {k: v for k, v in options.get("ray_actor_options", {}).items() if k != "label_selector"}
+    options = {**options, "ray_actor_options": actor}  # the bundles carry the labels
     return SPDiTDeployment.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(
-        args.model, args.sessions, args.dit_parallel)
+        args.model, args.sessions, args.dit_parallel, args.dit_parallel_timeout_s)
 
 
 @ray.remote
 class SPRank:
     """Rank r >= 1 of an SP replica: sessions by id, driven by rank 0 (an in-order actor)."""
 
-    def __init__(self, rank: int, world: int, init_method: str, model: ModelArgs, options: AccelOptions) -> None:
+    def __init__(self, rank: int, world: int, init_method: str, model: ModelArgs, options: AccelOptions,
+                 timeout_s: float) -> None:
         device = rank_device(model.device)
-        group = init_sp_group(rank, world, init_method, device)
+        group = init_sp_group(rank, world, init_method, device, timeout_s)
         self._engine = load_sp_dit_engine(model.preset, model.checkpoint, model.dtype, device, group,
                                           model.local_attn_size, model.sink_size, options,
                                           random_weights=model.random_weights)
@@ -93,19 +115,38 @@ class SPRank:
     def step(self, sid: str, y: torch.Tensor, poses: np.ndarray, intrinsics: np.ndarray) -> None:
         self._engine.step(self._sessions[sid], y, poses, intrinsics)
 
+    def replay(self, sid: str, spec: DiTSessionSpec, past: Sequence[PastChunk], noise: Optional[NoiseState]) -> None:
+        self._engine.replay(self._sessions[sid], spec, past, noise)
+
     def close(self, sid: str) -> None:
         session = self._sessions.pop(sid, None)
         if session is not None:
             self._engine.close(session)
 
 
-class SPReplicaEngine:
-    """The DiTEngine interface DiTDeployment uses, over all ranks of the replica."""
+class RankFailure(RuntimeError):
+    """A rank died, stopped answering or failed a collective: the replica cannot compute any more."""
 
-    def __init__(self, local: SPDiTEngine, ranks: list[ray.actor.ActorHandle]) -> None:
+
+class SPReplicaEngine:
+    """The DiTEngine interface DiTDeployment uses, over all ranks of the replica.
+
+    Every wait on the other ranks is bounded by `timeout_s`; any failure of a rank or of a step
+    (the ranks are then out of step) breaks the engine for good (`broken`, `RankFailure`).
+    """
+
+    def __init__(self, local: SPDiTEngine, ranks: list[ray.actor.ActorHandle], timeout_s: float) -> None:
         self._local = local
         self._ranks = ranks
+        self._timeout_s = timeout_s
         self._ids: dict[DiTSession, str] = {}  # rank 0's session -> id on the other ranks
+        self._broken: Optional[str] = None
+        self._lock = threading.Lock()
+
+    @property
+    def broken(self) -> Optional[str]:
+        """Why the engine broke, or None."""
+        return self._broken
 
     @property
     def cfg(self) -> DiTConfig:
@@ -126,28 +167,98 @@ class SPReplicaEngine:
         return self._local.footprint(height, width, kv_frames, total_latent_frames)
 
     def open(self, spec: DiTSessionSpec) -> DiTSession:
+        self._check()
         session = self._local.open(spec)  # no collectives: rank 0 first, so a bad spec stops here
         sid = uuid.uuid4().hex
-        ray.get([r.open.remote(sid, spec) for r in self._ranks])
+        self._wait([r.open.remote(sid, spec) for r in self._ranks], "open")
         self._ids[session] = sid
+        return session
+
+    def restore(self, spec: DiTSessionSpec, past: Sequence[PastChunk], noise: Optional[NoiseState]) -> DiTSession:
+        """DiTEngine.restore on every rank: open everywhere, then replay together."""
+        session = self.open(spec)
+        past_ref = ray.put(list(past))  # one copy in the object store for all ranks
+        sid = self._ids[session]
+        self._together([r.replay.remote(sid, spec, past_ref, noise) for r in self._ranks],
+                       lambda: self._local.replay(session, spec, past, noise), "replay")
         return session
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray,
              intrinsics: np.ndarray) -> ChunkOutput:
+        self._check()
         sid = self._ids[session]
         others = [r.step.remote(sid, y, poses, intrinsics) for r in self._ranks]  # meet in the collectives
-        out = self._local.step(session, y, poses, intrinsics)
-        ray.get(others)
-        return out
+        return self._together(others, lambda: self._local.step(session, y, poses, intrinsics), "step")
 
     def close(self, session: DiTSession) -> None:
         sid = self._ids.pop(session, None)
         self._local.close(session)
-        if sid is not None:
-            ray.get([r.close.remote(sid) for r in self._ranks])
+        if sid is not None and self._broken is None:
+            self._wait([r.close.remote(sid) for r in self._ranks], "close")
 
     async def ping(self) -> None:
-        await asyncio.gather(*(r.ping.remote() for r in self._ranks))
+        self._check()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(r.ping.remote() for r in self._ranks)), self._timeout_s)
+        except Exception as e:  # noqa: BLE001 - dead, or not answering in time
+            self._break(f"ping: {type(e).__name__}: {e}")
+            raise RankFailure(self._broken) from e
+
+    def _together(self, others: list[ray.ObjectRef], local, what: str):
+        """Rank 0's part `local()` while the other ranks run theirs (`others`). A watcher breaks
+        the engine as soon as another rank fails, which ends rank 0's collectives at once."""
+        done = threading.Event()
+
+        def watch() -> None:
+            pending = list(others)
+            while pending and not done.is_set():
+                ready, pending = ray.wait(pending, num_returns=1, timeout=0.2)
+                for ref in ready:
+                    try:
+                        ray.get(ref)
+                    except Exception as e:  # noqa: BLE001
+                        self._break(f"{what} on another rank: {type(e).__name__}: {e}")
+                        return
+
+        watcher = threading.Thread(target=watch, daemon=True, name=f"sp-{what}-watch")
+        watcher.start()
+        try:
+            out = local()
+        except Exception as e:
+            self._break(self._broken or f"{what} on rank 0: {type(e).__name__}: {e}")
+            raise RankFailure(self._broken) from e
+        finally:
+            done.set()
+        self._wait(others, what)
+        return out
+
+    def _wait(self, refs: list[ray.ObjectRef], what: str) -> list[Any]:
+        try:
+            return ray.get(refs, timeout=self._timeout_s)
+        except Exception as e:  # noqa: BLE001 - a rank died, failed, or did not answer in time
+            self._break(f"{what}: {type(e).__name__}: {e}")
+            raise RankFailure(self._broken) from e
+
+    def _check(self) -> None:
+        if self._broken is not None:
+            raise RankFailure(self._broken)
+
+    def _break(self, why: str) -> None:
+        """Give the replica up: kill the other ranks (their collectives end; rank 0's fail on
+        the closed connections) and abort rank 0's group."""
+        with self._lock:
+            if self._broken is not None:
+                return
+            self._broken = why
+        for r in self._ranks:
+            try:
+                ray.kill(r, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        try:
+            torch.distributed.distributed_c10d._abort_process_group()
+        except Exception:  # noqa: BLE001 - not every backend/version can abort; the kills suffice
+            pass
 
 
 def _rendezvous() -> str:
@@ -162,7 +273,8 @@ def _rendezvous() -> str:
 class SPDiTDeployment(DiTDeployment.func_or_class):
     """DiTDeployment over the N GPUs of its placement group (rank 0 here, ranks 1..N-1 actors)."""
 
-    async def __init__(self, model: ModelArgs, sessions: SessionArgs, parallel: int) -> None:
+    async def __init__(self, model: ModelArgs, sessions: SessionArgs, parallel: int,
+                       timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         pg = get_current_placement_group()
         if parallel < 2 or pg is None or len(pg.bundle_specs) != parallel:
             raise ValueError(f"SPDiTDeployment over {parallel} ranks needs a placement group of {parallel} "
@@ -170,22 +282,54 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
         device = rank_device(model.device)
         options = AccelOptions.for_serving(device, compile=model.compile, fp8=model.fp8)
         init_method = _rendezvous()
+        names = [f"{uuid.uuid4().hex[:12]}-rank{r}" for r in range(1, parallel)]
         ranks = [
             SPRank.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
                 num_cpus=pg.bundle_specs[r].get("CPU", 0), num_gpus=pg.bundle_specs[r].get("GPU", 0),
-            ).remote(r, parallel, init_method, model, options)
-            for r in range(1, parallel)
+                name=name, namespace=RANK_NAMESPACE, max_restarts=0,
+            ).remote(r, parallel, init_method, model, options, timeout_s)
+            for r, name in zip(range(1, parallel), names)
         ]
-        group = await asyncio.to_thread(init_sp_group, 0, parallel, init_method, device)
+        group = await asyncio.to_thread(init_sp_group, 0, parallel, init_method, device, timeout_s)
         cap = cap_process(model.device, sessions.memory_fraction)
         base = load_dit_engine(model.preset, model.checkpoint, model.dtype, str(device),
                                local_attn_size=model.local_attn_size, sink_size=model.sink_size,
                                options=options, random_weights=model.random_weights)  # rank 0's DiT
-        self._engine = SPReplicaEngine(sp_engine(base, group, options), ranks)
+        self._engine = SPReplicaEngine(sp_engine(base, group, options), ranks, timeout_s)
         await self._engine.ping()  # the other ranks have loaded
         await self._ready(model, sessions, cap)  # warm-up over all ranks, budget, session table, host
+        self._replica_info["ranks"] = names
         self._log.info("sequence-parallel replica ready", fields={"ranks": parallel, "device": str(device)})
 
+    async def open(self, key: str, spec: DiTOpenSpec) -> str:
+        self._refuse_if_broken()
+        return await super().open(key, spec)
+
+    async def restore(self, key: str, spec: DiTOpenSpec, past: list[WirePastChunk],
+                      noise: Optional[WireNoise]) -> str:
+        self._refuse_if_broken()
+        return await super().restore(key, spec, past, noise)
+
+    async def step(self, key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
+        if self._engine.broken is not None:  # at once, not behind the lock
+            await self.close(key)
+            raise SessionLost("the server lost this session (a rank of its replica failed); "
+                              "send image and prompt to start again")
+        return await super().step(key, y, poses, intrinsics)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        stats = super().record_routing_stats()
+        if self._engine.broken is not None:  # routers place nothing new here
+            stats.update(capacity=0, free_slots=0)
+        return stats
+
     async def check_health(self) -> None:
+        if self._engine.broken is not None:
+            raise RankFailure(f"sequence-parallel replica broken: {self._engine.broken}")
         await self._engine.ping()
+
+    def _refuse_if_broken(self) -> None:
+        if self._engine.broken is not None:
+            self._metrics.rejected.inc()
+            raise Busy("this DiT replica lost a rank and is being replaced; retry", BROKEN_RETRY_S)

@@ -272,6 +272,14 @@ class DiTEngine:
         exactly like the uninterrupted session.
         """
         session = self.open(spec)
+        self.replay(session, spec, past, noise_state)
+        return session
+
+    @torch.inference_mode()
+    def replay(self, session: DiTSession, spec: DiTSessionSpec, past: Sequence[PastChunk],
+               noise_state: NoiseState | None) -> None:
+        """`restore`'s rebuild of an opened, fresh session (apart so that a sequence-parallel
+        replica opens on every rank, where a bad spec fails without collectives, first)."""
         device = self.device
         planned = session.noise.total_latent_frames
         for chunk in past:
@@ -287,4 +295,3 @@ class DiTEngine:
             session.chunk_index += 1
         if noise_state is not None:
             session.noise.set_state(noise_state)
-        return session

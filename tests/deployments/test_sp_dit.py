@@ -70,7 +70,7 @@ def test_bind_dit_gives_an_sp_replica_one_bundle_per_rank_on_one_node():
     assert d._replica_config.placement_group_bundles == [{"CPU": 6, "GPU": 1}] * 4
     assert d._replica_config.placement_group_strategy == "STRICT_PACK"
     assert d.ray_actor_options["num_gpus"] == 1 and d.ray_actor_options["num_cpus"] == 6  # rank 0 = bundle 0
-    assert d.init_args == (args.model, args.sessions, 4)
+    assert d.init_args == (args.model, args.sessions, 4, args.dit_parallel_timeout_s)
 
 
 def test_bind_dit_keeps_the_one_device_deployment_for_one_rank():
@@ -233,3 +233,64 @@ def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
     print("2-rank replica vs single process, rel err per chunk:", errors)
     assert max(errors) <= EXACT
     assert stats["sessions"] == 1
+
+
+def test_two_rank_replica_restores_bit_for_bit_and_breaks_at_once_when_a_rank_dies(serve_instance):
+    """`restore` on the 2-rank replica continues a journaled session bit for bit; a killed rank
+    breaks the replica at once (its sessions answer session_lost, opens `busy`), Serve replaces
+    it, and the session is rebuilt on the new replica, still bit for bit."""
+    import time
+
+    import ray
+
+    from deployments.errors import Busy, SessionLost
+    from deployments.sp_dit import RANK_NAMESPACE
+
+    serve = serve_instance
+    args = AppArgs(model=ModelArgs(preset="tiny"), dit_parallel=2, dit_parallel_timeout_s=20,
+                   dit=ReplicaArgs(num_cpus=0.1, health_check_period_s=1, health_check_timeout_s=5))
+    height, width = 32, 64  # latent 4 x 8: 8 tokens per frame
+    gen = torch.Generator().manual_seed(2)
+    context = torch.randn(9, PRESETS["tiny"].dit.text_dim, generator=gen)
+    ys = [torch.randn(20, 3, height // 8, width // 8, generator=gen).numpy() for _ in range(4)]
+    poses, intrinsics = np.load(EXAMPLES / "00" / "poses.npy"), np.load(EXAMPLES / "00" / "intrinsics.npy")
+    cams = [(poses[12 * c : 12 * c + 12], intrinsics[12 * c : 12 * c + 12]) for c in range(4)]
+    spec = DiTOpenSpec(context.numpy(), height, width, 3, None, None, DEFAULT_INTRINSICS_RESOLUTION)
+
+    def past(outs, n):
+        return [(*cams[c], ys[c], outs[c]["latents"]) for c in range(n)]
+
+    handle = serve.run(bind_dit(args, replica_options(args.dit)), name="sp-dit-restore", route_prefix=None)
+    try:
+        handle.open.remote("a", spec).result()
+        ref = [handle.step.remote("a", ys[c], *cams[c]).result() for c in range(4)]
+        handle.restore.remote("b", spec, past(ref, 2), ref[1]["noise"]).result()
+        rebuilt = handle.step.remote("b", ys[2], *cams[2]).result()
+        assert np.array_equal(rebuilt["latents"], ref[2]["latents"])
+        stats = handle.stats.remote().result()
+        assert stats["sessions"] == 2
+
+        ray.kill(ray.get_actor(stats["ranks"][0], namespace=RANK_NAMESPACE))
+        t0 = time.monotonic()
+        with pytest.raises(SessionLost):
+            handle.step.remote("b", ys[3], *cams[3]).result()
+        lost_s = time.monotonic() - t0
+        with pytest.raises((Busy, SessionLost)):  # broken: refuses, or already replaced
+            handle.restore.remote("c", spec, past(ref, 3), ref[2]["noise"]).result()
+
+        deadline = time.monotonic() + 120
+        while True:  # Serve replaces the unhealthy replica
+            try:
+                handle.restore.remote("c", spec, past(ref, 3), ref[2]["noise"]).result()
+                break
+            except Busy:
+                assert time.monotonic() < deadline, "the broken replica was not replaced"
+                time.sleep(1)
+        replaced_s = time.monotonic() - t0
+        again = handle.step.remote("c", ys[3], *cams[3]).result()
+        assert again["replica"] != ref[0]["replica"]
+        assert np.array_equal(again["latents"], ref[3]["latents"])
+        print(f"rank killed: session_lost after {lost_s:.2f} s, rebuilt on a new replica after {replaced_s:.1f} s")
+        assert lost_s < 10
+    finally:
+        serve.delete("sp-dit-restore")
