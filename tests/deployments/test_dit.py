@@ -58,14 +58,13 @@ def test_a_session_is_capped_at_max_chunks(strict_server, strict_connect, api_ke
                 extra = {"image": example.image, "prompt": example.prompt} if k == 0 else {}
                 await c.send(encode_infer("capped", *example.chunk(k), client_chunk_id=k, **extra))
                 replies.append(await c.recv())
-                if k == 0:
-                    replies.append(await c.recv())  # the notice
-        return c.config, replies
+        return c.config, c.notices, replies
 
-    config, replies = asyncio.run(go())
+    config, notices, replies = asyncio.run(go())
     assert config.max_chunks == 2 and config.max_latent_frames == 1024
-    assert [type(r) for r in replies] == [FrameReply, ErrorReply, FrameReply, ErrorReply], replies
-    notice, refused = replies[1], replies[3]
+    assert [type(r) for r in replies] == [FrameReply, FrameReply, ErrorReply], replies
+    assert len(notices) == 1
+    notice, refused = notices[0], replies[2]
     assert notice.code is ErrorCode.SESSION_LIMIT and notice.chunks_left == 1 and notice.is_notice
     assert "1 of its 2 chunks" in notice.message
     assert refused.code is ErrorCode.SESSION_LIMIT and refused.chunks_left == 0 and not refused.is_notice
