@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--pipeline", type=int, default=2, metavar="N", help="requests kept in flight (default 2)")
     common.add_argument("--session-id", default=None, help="session id (default: random)")
     common.add_argument("--prompt", default=None, help="text prompt (overrides prompt.txt)")
+    common.add_argument("--prompt-at", action="append", default=[], type=prompt_at, metavar="CHUNK:TEXT",
+                        help="prompt steering: from chunk CHUNK (>= 1) on the session follows TEXT, keeping "
+                             "its scene (repeatable)")
 
     p = argparse.ArgumentParser(prog="lwf-client", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -64,6 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def prompt_at(value: str) -> tuple[int, str]:
+    """`CHUNK:TEXT` -> (chunk, text), for --prompt-at."""
+    chunk, sep, text = value.partition(":")
+    if not sep or not chunk.strip().isdigit() or int(chunk) < 1 or not text:
+        raise argparse.ArgumentTypeError(f"expected CHUNK:TEXT with CHUNK >= 1, got {value!r}")
+    return int(chunk), text
+
+
 def trajectory_from_args(args: argparse.Namespace) -> Trajectory:
     """The trajectory a command plays (loaded, or synthesised and optionally saved)."""
     if args.command == "play":
@@ -81,7 +92,8 @@ async def play(args: argparse.Namespace, traj: Trajectory) -> None:
     """Stream `traj`, show progress, write the MP4 and print the summary."""
     plan = plan_session(traj, args.frames)
     sid = args.session_id or f"lwf-client-{uuid.uuid4().hex[:8]}"
-    messages = traj.messages(plan, sid, seed=args.seed, size=args.size)  # validated before connecting
+    messages = traj.messages(plan, sid, seed=args.seed, size=args.size,  # validated before connecting
+                             prompt_schedule=dict(getattr(args, "prompt_at", None) or []))
     client = await WorldClient.connect(args.url, api_key=args.api_key)
     bar = tqdm(total=plan.num_chunks, unit="chunk", desc=f"{plan.num_frames} frames", file=sys.stderr)
 

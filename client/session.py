@@ -41,6 +41,7 @@ class WorldClient:
     def __init__(self, ws: websockets.ClientConnection, config: CameraServerConfig) -> None:
         self._ws = ws
         self.config = config  # the server's handshake
+        self.notices: list[ErrorReply] = []  # session_limit notices received (see `receive`)
 
     @classmethod
     async def connect(cls, url: str = DEFAULT_URL, api_key: Optional[str] = None,
@@ -73,11 +74,19 @@ class WorldClient:
         await self._ws.send(data)
 
     async def receive(self, timeout_s: Optional[float] = None) -> Reply:
-        """The next reply in order: FrameReply, ResetOk or ErrorReply (errors are not raised)."""
-        data = await asyncio.wait_for(self._ws.recv(), timeout_s)
-        if not isinstance(data, bytes):
-            raise ServerError(ErrorCode.BAD_MESSAGE, "the server sent a text frame; replies are binary msgpack")
-        return decode_reply(data)
+        """The next reply in order: FrameReply, ResetOk or ErrorReply (errors are not raised).
+
+        Notices (`session_limit` with `chunks_left` > 0: the next chunk is the session's last)
+        answer no request: they are kept in `self.notices` and skipped."""
+        while True:
+            data = await asyncio.wait_for(self._ws.recv(), timeout_s)
+            if not isinstance(data, bytes):
+                raise ServerError(ErrorCode.BAD_MESSAGE, "the server sent a text frame; replies are binary msgpack")
+            reply = decode_reply(data)
+            if isinstance(reply, ErrorReply) and reply.is_notice:
+                self.notices.append(reply)
+                continue
+            return reply
 
     async def send_infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, **options) -> None:
         """Queue one chunk without waiting (pipelining); options as `protocol.encode_infer`."""

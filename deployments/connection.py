@@ -178,25 +178,66 @@ class Connection(LaneJobs, Releases):
             raise ProtocolError(ErrorCode.TOO_LARGE, f"the session declared num_frames for "
                                                      f"{total // CHUNK_LATENT_FRAMES} chunks and all were sent; "
                                                      "reset to start a new session")
+        max_chunks = self._args.sessions.max_chunks
+        if stream.next_chunk >= max_chunks:
+            self._reply_now(self._session_limit(stream, 0))
+            return
         if self._quota is not None:
             self._quota.take_chunk()
         chunk_id = stream.take_chunk_id()
         timings: dict[str, float] = {}
+        context = None
+        if req.prompt_update is not None and not reset:
+            context = self._encode_later(req.prompt_update)
+            stream.prompt = req.prompt_update
         y = self._vae_lane.submit(partial(self._condition, stream, timings))
-        step = self._dit_lane.submit(partial(self._step, stream, y, req.cameras.poses, req.cameras.intrinsics))
+        step = self._dit_lane.submit(partial(self._step, stream, y, req.cameras.poses, req.cameras.intrinsics,
+                                             context))
         task = asyncio.create_task(self._finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id, reset, t0))
         stream.chunk_tasks.append(task)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         self._outbox.put_nowait(task)
+        if chunk_id == max_chunks - 2:  # one chunk before the limit: a notice after this chunk's reply
+            self._outbox.put_nowait(asyncio.ensure_future(self._notice_after(task, stream)))
         self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
 
+    def _session_limit(self, stream: Stream, chunks_left: int) -> ErrorReply:
+        n = self._args.sessions.max_chunks
+        if chunks_left:
+            message = (f"this session has produced {n - 1} of its {n} chunks: the next one is its "
+                       "last (the model's RoPE table holds 1024 latent frames); reset to start a new session after it")
+        else:
+            message = (f"this session produced its {n} chunks, the most one session can (the model's RoPE table "
+                       "holds 1024 latent frames); reset to start a new session")
+        self._metrics.count_error(ErrorCode.SESSION_LIMIT.value)
+        return ErrorReply(code=ErrorCode.SESSION_LIMIT, message=message, session_id=stream.spec.session_id,
+                          chunks_left=chunks_left)
+
+    async def _notice_after(self, task: asyncio.Task, stream: Stream) -> ErrorReply:
+        await asyncio.gather(task, return_exceptions=True)
+        return self._session_limit(stream, 1)
+
     def _stream_for(self, req: InferRequest) -> tuple[Stream, bool]:
-        """The stream this infer continues, or a new one; True when a change reset the session."""
+        """The stream this infer continues, or a new one; True when a change reset the session.
+
+        `prompt_update` (prompt steering) continues the open session: its image and prompt, when
+        sent, must be the session's (or the update itself); a changed `prompt` without it resets."""
         cur = self._stream
+        if req.prompt_update is not None:
+            if cur is None or cur.spec.session_id != req.session_id or cur.state is not StreamState.OPEN:
+                raise ProtocolError(ErrorCode.BAD_MESSAGE if cur is None or cur.spec.session_id != req.session_id
+                                    else ErrorCode.SESSION_LOST,
+                                    "`prompt_update` steers an open session; start a session with image and "
+                                    "prompt first (the server does not hold this one)")
+            if (req.image is not None and image_digest(req.image) != cur.spec.image_digest) or (
+                    req.prompt is not None and req.prompt not in (cur.prompt, req.prompt_update)):
+                raise ProtocolError(ErrorCode.BAD_MESSAGE, "an infer with `prompt_update` continues the session: "
+                                                           "leave out `image` and `prompt` (or send the session's)")
+            return cur, False
         if cur is not None and cur.spec.session_id == req.session_id:
             if cur.state is StreamState.OPEN:
-                changed = (req.prompt is not None and req.prompt != cur.spec.prompt) or (
+                changed = (req.prompt is not None and req.prompt != cur.prompt) or (
                     req.image is not None and image_digest(req.image) != cur.spec.image_digest)
                 if not changed:
                     return cur, False
@@ -212,7 +253,7 @@ class Connection(LaneJobs, Releases):
         `inherit`: the session an implicit reset replaces; its image or prompt stands in for
         the one `req` does not carry."""
         if inherit is not None and (req.image is None) != (req.prompt is None):
-            prompt = req.prompt if req.prompt is not None else inherit.spec.prompt
+            prompt = req.prompt if req.prompt is not None else inherit.prompt
             image, digest = (inherit.image, inherit.spec.image_digest) if req.image is None else (
                 decode_image(req.image, self._limits), image_digest(req.image))
         else:

@@ -24,7 +24,7 @@ from ray import serve
 
 from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
-from deployments.errors import Busy, ChunkLimit, SessionLost, TooLarge
+from deployments.errors import Busy, ChunkLimit, SessionLimit, SessionLost, TooLarge, Unsupported
 from deployments.log import get_log
 from deployments.memory import cap_process, resident_model_bytes, session_budget
 from deployments.session_host import SessionHost
@@ -110,7 +110,11 @@ class DiTDeployment(SessionHost[DiTSlot]):
                 tensors[id(a)] = torch.tensor(a)  # a copy: Ray hands in read-only arrays
             return tensors[id(a)]
 
-        chunks = [PastChunk(poses, intrinsics, tensor(y), tensor(lat)) for poses, intrinsics, y, lat in past]
+        if any(len(c) > 4 and c[4] is not None for c in past) and not hasattr(self._engine, "update_prompt"):
+            raise SessionLost("this DiT deployment cannot rebuild a steered session; start again with image and prompt")
+        chunks = [PastChunk(c[0], c[1], tensor(c[2]), tensor(c[3]),
+                            None if len(c) < 5 or c[4] is None else torch.tensor(c[4], dtype=torch.float32))
+                  for c in past]
         state = None if noise is None else NoiseState(torch.from_numpy(noise[0].copy()), noise[1])
         await self._admit(key, session_spec, len(past), lambda: self._engine.restore(session_spec, chunks, state))
         self._log.info("session restored", fields={"session": key, "chunks": len(past)})
@@ -150,11 +154,15 @@ class DiTDeployment(SessionHost[DiTSlot]):
                            f"{frame_seqlen}); this server allows {self._max_attention_tokens}: ask for a smaller "
                            "size or fewer frames")
 
-    async def step(self, key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
-        """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw]."""
+    async def step(self, key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray,
+                   context: Optional[np.ndarray] = None) -> dict[str, Any]:
+        """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw].
+        `context` [L, text_dim]: a prompt update (prompt steering) applied before the chunk."""
+        if context is not None and not hasattr(self._engine, "update_prompt"):
+            raise Unsupported("this DiT deployment (sequence parallel) does not support prompt_update")
         try:
-            out = await self._compute_on(key, self._step, y, poses, intrinsics, prepare=self._admit_chunk)
-        except (SessionLost, ChunkLimit, Busy):  # typed: the session's state is intact
+            out = await self._compute_on(key, self._step, y, poses, intrinsics, context, prepare=self._admit_chunk)
+        except (SessionLost, ChunkLimit, SessionLimit, Busy):  # typed: the session's state is intact
             raise
         except Exception as e:
             # The caches may be half-written: the session cannot continue. Drop it.
@@ -169,7 +177,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         """Chunk cap, and a growing reservation for sessions of unknown length without a window
         (`Busy` when the budget cannot hold one more chunk)."""
         if slot.chunks >= self._max_chunks:
-            raise ChunkLimit(f"the session reached max_chunks ({self._max_chunks}); reset to start a new one")
+            raise SessionLimit(f"the session produced its {self._max_chunks} chunks (max_chunks; the model's RoPE "
+                               "table holds 1024 latent frames); reset to start a new one")
         needed = (slot.chunks + 1) * CHUNK_LATENT_FRAMES  # latent frames the KV cache holds after this chunk
         if needed <= slot.kv_frames or self._engine.cfg.local_attn_size != -1:
             return
@@ -185,7 +194,10 @@ class DiTDeployment(SessionHost[DiTSlot]):
                        "a local_attn_size window", self._table.retry_after_s)
         slot.kv_frames = needed
 
-    def _step(self, slot: DiTSlot, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
+    def _step(self, slot: DiTSlot, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray,
+              context: Optional[np.ndarray] = None) -> dict[str, Any]:
+        if context is not None:
+            self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
         out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics)  # copy: y arrives read-only
         slot.chunks += 1
         noise = slot.session.noise.state()

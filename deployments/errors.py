@@ -33,6 +33,18 @@ class ChunkLimit(ReplicaError):
     code = ErrorCode.TOO_LARGE
 
 
+class SessionLimit(ReplicaError):
+    """The session produced `sessions.max_chunks` chunks (the RoPE table's 1024 latent frames)."""
+
+    code = ErrorCode.SESSION_LIMIT
+
+
+class Unsupported(ReplicaError):
+    """A request this deployment cannot serve (e.g. prompt steering on a sharded DiT)."""
+
+    code = ErrorCode.BAD_MESSAGE
+
+
 class TooLarge(ReplicaError):
     """The session can never fit this replica (its memory or work bounds), whatever else it holds."""
 

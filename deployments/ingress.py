@@ -79,6 +79,8 @@ class WorldIngress:
             image_resolution=sizes.output(parse_size(m.default_size), *REFERENCE_ASPECT),
             max_message_bytes=args.max_message_bytes,
             size_buckets=tuple(m.bucket_sizes()) or None,
+            max_chunks=args.sessions.max_chunks,
+            window=None if m.local_attn_size == -1 else (m.local_attn_size, m.sink_size),
         )
         self._auth = Auth(args.auth)
         self._quotas = Quotas(args.auth)

@@ -3,7 +3,7 @@
 A session's replica state (DiT KV caches, VAE causal caches, muxer) is large and lives in one
 replica; what produced it is small and is kept here, beside the connection: the image and
 text context, and per finished chunk the camera payload as received, its conditioning y and
-its clean latents, plus the noise generator's state after the last chunk. When a replica dies
+its clean latents (and the text context of a prompt update made before it), plus the noise generator's state after the last chunk. When a replica dies
 or drops the session, the DiT replays one cache-update call per past chunk and the VAE
 replays its conditions and decodes (`DiTDeployment.restore`, `VaeDeployment.restore`); the session then
 continues exactly as if nothing had happened.
@@ -30,6 +30,7 @@ class JournalChunk:
     intrinsics: np.ndarray  # [N, 4]
     y: np.ndarray  # [20, 3, lh, lw] (shared with the previous chunk's when equal)
     latents: np.ndarray  # float32 [16, 3, lh, lw] clean x0
+    context: Optional[np.ndarray] = None  # [L, text_dim]: a prompt update applied before this chunk
 
 
 class SessionJournal:
@@ -59,15 +60,17 @@ class SessionJournal:
             self.context = context
 
     def add_chunk(self, poses: np.ndarray, intrinsics: np.ndarray, y: np.ndarray, latents: np.ndarray,
-                  noise: WireNoise) -> None:
-        """Record a finished chunk (in chunk order)."""
+                  noise: WireNoise, context: Optional[np.ndarray] = None) -> None:
+        """Record a finished chunk (in chunk order); `context`: the prompt update (prompt
+        steering) applied before it, replayed at the same point by a rebuild."""
         previous = self.chunks[-1].y if self.chunks else None
         if previous is not None and previous.shape == y.shape and np.array_equal(previous, y):
             y = previous
         new_bytes = poses.nbytes + intrinsics.nbytes + latents.nbytes + (0 if y is previous else y.nbytes)
+        new_bytes += 0 if context is None else context.nbytes
         self._keep(new_bytes)
         if self._enabled:
-            self.chunks.append(JournalChunk(poses, intrinsics, y, latents))
+            self.chunks.append(JournalChunk(poses, intrinsics, y, latents, context))
             self.noise = noise
 
     def decoded_latents(self) -> list[np.ndarray]:

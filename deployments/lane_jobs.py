@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 import numpy as np
 from ray.serve.handle import DeploymentHandle
@@ -51,6 +51,12 @@ class LaneJobs:
         replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec.dit_open(context))
         self._log.info("session opened", fields={"session": key, "dit_replica": replica})
 
+    def _encode_later(self, prompt: str) -> asyncio.Future:
+        """The text context of a prompt update, encoded now (concurrently with the lanes)."""
+        async def encode() -> np.ndarray:
+            return await self._b.text.encode.remote(prompt)
+        return asyncio.ensure_future(encode())
+
     async def _condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
         """VAE lane: the chunk's conditioning y."""
         t = time.perf_counter()
@@ -59,14 +65,19 @@ class LaneJobs:
         timings["vae_encode"] = time.perf_counter() - t
         return y
 
-    async def _step(self, stream: Stream, y_fut: asyncio.Future, poses: np.ndarray,
-                    intrinsics: np.ndarray) -> tuple[dict[str, Any], asyncio.Future]:
+    async def _step(self, stream: Stream, y_fut: asyncio.Future, poses: np.ndarray, intrinsics: np.ndarray,
+                    context_fut: Optional[asyncio.Future] = None) -> tuple[dict[str, Any], asyncio.Future]:
         """DiT lane: one chunk step (rebuilding the session first when it was lost); queues the
-        chunk's decode on the VAE lane when done."""
+        chunk's decode on the VAE lane when done. `context_fut`: the encoding of a prompt
+        update (prompt steering), applied by the DiT before this chunk and journaled with it."""
         y = await y_fut
+        context = None if context_fut is None else await context_fut
 
         def step(key: str) -> Awaitable[dict[str, Any]]:
-            return self._b.dit.options(session_id=key).step.remote(key, y, poses, intrinsics)
+            dit = self._b.dit.options(session_id=key)
+            if context is None:  # the call as before (older replicas, the sharded DiT)
+                return dit.step.remote(key, y, poses, intrinsics)
+            return dit.step.remote(key, y, poses, intrinsics, context)
 
         try:
             await stream.dit_open  # re-raises the open's failure
@@ -77,7 +88,7 @@ class LaneJobs:
             await self._recovery.dit(stream, e)
             stream.dit_open = _done()
             out = await step(stream.dit_key)
-        stream.journal.add_chunk(poses, intrinsics, y, out["latents"], out["noise"])
+        stream.journal.add_chunk(poses, intrinsics, y, out["latents"], out["noise"], context)
         decoded = self._vae_lane.submit(partial(self._decode, stream, out["latents"]))
         return out, decoded
 

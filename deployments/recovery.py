@@ -54,7 +54,7 @@ class Recovery:
         await self._forget(self._dit, stream.dit_key)
         key = stream.dit_key = incarnation_key(stream.spec.session_id)
         spec = stream.spec.dit_open(j.context)
-        past = [(c.poses, c.intrinsics, c.y, c.latents) for c in j.chunks]
+        past = [(c.poses, c.intrinsics, c.y, c.latents, c.context) for c in j.chunks]
         t0 = time.perf_counter()
         dit = self._dit.options(session_id=key)
         replica = await self._until_placed("dit", stream, cause, lambda: dit.restore.remote(key, spec, past, j.noise))

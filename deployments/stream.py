@@ -90,9 +90,11 @@ class Stream:
     text_encode_s: float = 0.0
     recoveries: int = 0  # times the session was rebuilt on another replica
     release: Optional[asyncio.Task] = None  # frees the replicas' state once the stream ended
+    prompt: str = field(init=False)  # the prompt the session attends to now (after prompt updates)
 
     def __post_init__(self) -> None:
         self.key = self.dit_key = self.vae_key = incarnation_key(self.spec.session_id)
+        self.prompt = self.spec.prompt
 
     def take_chunk_id(self) -> int:
         if self.state is not StreamState.OPEN:

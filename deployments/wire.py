@@ -11,8 +11,9 @@ from typing import Optional
 import numpy as np
 
 WireNoise = tuple[np.ndarray, bool]  # (CPU generator state bytes, whole-video noise drawn)
-# A past chunk as the ingress journals it: poses [N, 4, 4], intrinsics [N, 4], y, latents.
-WirePastChunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# A past chunk as the ingress journals it: poses [N, 4, 4], intrinsics [N, 4], y, latents, and the
+# text context [L, text_dim] of a prompt update made before it (None: none).
+WirePastChunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]
 
 
 @dataclass(frozen=True, slots=True)

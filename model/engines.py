@@ -207,6 +207,19 @@ class DiTEngine:
                             spec.total_latent_frames, device=device),
         )
 
+    @torch.inference_mode()
+    def update_prompt(self, session: DiTSession, context: torch.Tensor) -> None:
+        """Prompt steering: from the next chunk on the session attends to `context` [L, text_dim]
+        (a new prompt's text-encoder output). Only the text embedding and the cross-attention
+        caches change (recomputed by the next DiT call); the self-attention KV cache, the camera
+        track, the noise stream and the chunk position are kept."""
+        session.check_open()
+        if context.ndim != 2 or context.shape[0] < 1:
+            raise ValueError(f"context must be [L, text_dim], got {tuple(context.shape)}")
+        session.text = self.dit.embed_text(context.to(device=self.device, dtype=torch.float32))
+        for cache in session.caches.cross_attn:
+            cache.reset()
+
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray,
              intrinsics: np.ndarray) -> ChunkOutput:
         """The session's next chunk from its y [20, 3, lh, lw] and N camera poses [N, 4, 4]
@@ -269,7 +282,8 @@ class DiTEngine:
         latents, the chunk's y and start token): the very call that wrote the chunk's K/V,
         rolling-window eviction included (a window rolls on a chunk's first call). Then the
         noise generator is put where it was after the last chunk: the next `step` continues
-        exactly like the uninterrupted session.
+        exactly like the uninterrupted session. A past chunk with a `context` replays the
+        prompt update made before it (prompt steering).
         """
         session = self.open(spec)
         self.replay(session, spec, past, noise_state)
@@ -283,6 +297,8 @@ class DiTEngine:
         device = self.device
         planned = session.noise.total_latent_frames
         for chunk in past:
+            if chunk.context is not None:  # a prompt update applied before this chunk
+                self.update_prompt(session, chunk.context)
             plucker = session.camera.chunk(chunk.poses, chunk.intrinsics)  # [1, 384, 3, lh, lw]
             last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_LATENT_FRAMES == planned
             if not (self.skip_final_update and last_planned):

@@ -88,6 +88,11 @@ class WorldPipeline:
         session.timings["text_encode"] = t1 - t0
         return session
 
+    def update_prompt(self, session: Session, prompt: str) -> None:
+        """Prompt steering: the next chunks attend to `prompt` (encoded now); the scene (KV
+        cache, image conditioning, position, noise stream) is kept (`DiTEngine.update_prompt`)."""
+        self.dit.update_prompt(session.dit, self.text.encode(prompt))
+
     def step(self, session: Session, poses: np.ndarray, intrinsics: np.ndarray) -> ChunkOutput:
         """Next chunk from its N camera poses [N, 4, 4] and intrinsics [N, 4]."""
         y, t_enc = self._condition(session)
@@ -123,8 +128,15 @@ class WorldPipeline:
     def generate(self, image: np.ndarray, prompt: str, poses: np.ndarray, intrinsics: np.ndarray,
                  frame_num: int = 81, seed: int = 42, max_area: int = DEFAULT_MAX_AREA,
                  intrinsics_resolution: tuple[int, int] = DEFAULT_INTRINSICS_RESOLUTION,
-                 trace: bool = False) -> tuple[GenerateResult, Session]:
-        """The offline run of a whole trajectory (the reference's `generate`)."""
+                 trace: bool = False, prompt_schedule: dict[int, str] | None = None
+                 ) -> tuple[GenerateResult, Session]:
+        """The offline run of a whole trajectory (the reference's `generate`).
+
+        `prompt_schedule` {chunk: prompt}: prompt steering, the prompt is updated before that
+        chunk (chunk >= 1), as a streaming client's `prompt_update` on that chunk's infer."""
+        schedule = dict(prompt_schedule or {})
+        if any(c < 1 for c in schedule):
+            raise ValueError("prompt_schedule steers chunks >= 1; chunk 0 uses `prompt`")
         poses = np.asarray(poses)
         intrinsics = np.asarray(intrinsics)
         kept, lat_f, video_frames = frame_plan(frame_num, poses.shape[0])
@@ -136,6 +148,8 @@ class WorldPipeline:
         latent_poses = None if integer_positions else offline_latent_poses(poses, frame_num)
         latents, frames, timings = [], [], []
         for c in range(lat_f // CHUNK_LATENT_FRAMES):
+            if c in schedule:
+                self.update_prompt(session, schedule[c])
             if integer_positions:
                 # the reference uses the trajectory's first intrinsics row for every frame
                 chunk_poses, _ = chunk_cameras(poses[:kept], intrinsics[:kept], c)

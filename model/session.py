@@ -130,3 +130,4 @@ class PastChunk:
     intrinsics: np.ndarray  # [N, 4]
     y: torch.Tensor  # [20, 3, lh, lw] its conditioning
     latents: torch.Tensor  # float32 [16, 3, lh, lw] its clean x0
+    context: torch.Tensor | None = None  # [L, text_dim]: a prompt update applied before this chunk

@@ -146,7 +146,7 @@ def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
                  seed: Optional[int] = None, size: Optional[str] = None,
                  intrinsics_resolution: Optional[tuple[int, int]] = None, num_frames: Optional[int] = None,
                  translation_scale: Optional[float] = None, client_chunk_id: Optional[int] = None,
-                 limits: Limits = DEFAULT_LIMITS) -> bytes:
+                 prompt_update: Optional[str] = None, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """Client side: validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32).
 
     Raises ProtocolError with the code the server would answer.
@@ -154,8 +154,8 @@ def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
     scalars = {"seed": seed, "num_frames": num_frames, "client_chunk_id": client_chunk_id}
     fields = {
         "session_id": session_id, "cameras": {"poses": poses, "intrinsics": intrinsics},
-        "image": image, "prompt": prompt, "size": size, "intrinsics_resolution": intrinsics_resolution,
-        "translation_scale": None if translation_scale is None else float(translation_scale),
+        "image": image, "prompt": prompt, "prompt_update": prompt_update, "size": size,
+        "intrinsics_resolution": intrinsics_resolution, "translation_scale": None if translation_scale is None else float(translation_scale),
         **{k: None if v is None else int(v) for k, v in scalars.items()},
     }
     try:
@@ -168,15 +168,21 @@ def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
 def encode_plan(plan: SessionPlan, session_id: str, image: bytes | np.ndarray, prompt: str, *,
                 seed: Optional[int] = None, size: Optional[str] = None,
                 intrinsics_resolution: Optional[tuple[int, int]] = None,
+                prompt_schedule: Optional[dict[int, str]] = None,
                 limits: Limits = DEFAULT_LIMITS) -> list[bytes]:
     """Client side: the packed infers of a planned session (`camera.plan_session`), in order.
 
     The first carries image, prompt and the session options, with the plan's `num_frames` and
     `translation_scale`: the session then reproduces the offline run (PROTOCOL.md §2).
+    `prompt_schedule` {chunk: prompt} (chunks >= 1): `prompt_update` on those chunks' infers
+    (prompt steering; the offline equivalent is `WorldPipeline.generate(prompt_schedule=...)`).
     """
+    schedule = dict(prompt_schedule or {})
+    if any(not 1 <= c < len(plan.chunk_poses) for c in schedule):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"prompt_schedule chunks must be in 1..{len(plan.chunk_poses) - 1}")
     out = []
     for k, poses in enumerate(plan.chunk_poses):
-        first = {} if k else {
+        first = {"prompt_update": schedule[k]} if k in schedule else {} if k else {
             "image": image, "prompt": prompt, "seed": seed, "size": size,
             "intrinsics_resolution": intrinsics_resolution, "num_frames": plan.num_frames,
             "translation_scale": plan.translation_scale,

@@ -16,7 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, 
                       WithJsonSchema, field_validator, model_validator)
 
 from camera.frames import (CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, DEFAULT_INTRINSICS_RESOLUTION,
-                           FIRST_CHUNK_VIDEO_FRAMES, FPS, VAE_TIME_STRIDE)
+                           FIRST_CHUNK_VIDEO_FRAMES, FPS, MAX_CHUNKS, MAX_LATENT_FRAMES, VAE_TIME_STRIDE)
 from camera.poses import rigid_errors
 from protocol.arrays import finite_float32, wire_array
 from protocol.errors import ErrorCode, ProtocolError
@@ -152,6 +152,10 @@ class InferRequest(_Request):
     endpoint: Literal["infer"] = "infer"
     image: Optional[ImageField] = None
     prompt: Optional[Annotated[str, Strict()]] = None
+    prompt_update: Optional[Annotated[str, Strict()]] = Field(
+        None, description="prompt steering, on any infer after a session's first: the session attends to this "
+                          "prompt from this chunk on, keeping its scene (KV cache, image, position, noise); a changed "
+                          "`prompt` without it starts a fresh session instead")
     cameras: Cameras
     seed: Optional[Annotated[int, Strict(), Field(ge=0, le=2**64 - 1)]] = None
     size: Optional[Annotated[str, Strict()]] = Field(None, description='max output area "H*W", e.g. "480*832"')
@@ -175,12 +179,12 @@ class InferRequest(_Request):
                                                      "or a raw RGB uint8 array [H, W, 3]")
         return raw_image(wire_array(v, field="image", code=ErrorCode.BAD_IMAGE, kinds="iu"), limits)
 
-    @field_validator("prompt")
+    @field_validator("prompt", "prompt_update")
     @classmethod
     def _prompt(cls, v: str | None, info: ValidationInfo) -> str | None:
         limit = _limits(info).max_prompt_chars
         if v is not None and len(v) > limit:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"`prompt` has {len(v)} chars; at most {limit}")
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"`{info.field_name}` has {len(v)} chars; at most {limit}")
         return v
 
     @field_validator("size")
@@ -259,6 +263,13 @@ class CameraServerConfig(_Message):
     size_buckets: Optional[tuple[tuple[int, int], ...]] = Field(
         None, description="[[H, W], ...] the output sizes this server produces (a session's `size` and image "
                           "aspect map to the nearest); absent: the reference's rule (max area + image aspect)")
+    max_chunks: int = Field(MAX_CHUNKS, description="chunks one session may produce (the `session_limit` error "
+                                                    "comes with the reply before the last one)")
+    max_latent_frames: int = Field(MAX_LATENT_FRAMES, description="latent frame positions of one session "
+                                                                  "(the model's RoPE table)")
+    window: Optional[tuple[int, int]] = Field(
+        None, description="[local, sink] latent frames of the rolling KV window every session runs with "
+                          "(open-ended sessions keep fixed memory); absent: full attention")
     protocol_version: Literal[1] = 1
 
 
@@ -293,12 +304,23 @@ class ErrorReply(_Message):
     message: str = Field(description="human-readable; says what to fix")
     session_id: Optional[str] = None
     retry_after_s: Optional[float] = Field(None, ge=0, description="with code busy only")
+    chunks_left: Optional[int] = Field(
+        None, ge=0, description="with code session_limit only: chunks the session may still produce; 1 on the "
+                                "notice that follows the frame before the last one (no request failed), 0 when an "
+                                "infer past the limit was refused")
 
     @model_validator(mode="after")
     def _retry_only_when_busy(self) -> ErrorReply:
         if (self.code is ErrorCode.BUSY) != (self.retry_after_s is not None):
             raise ValueError("retry_after_s is required with code busy and only with it")
+        if self.chunks_left is not None and self.code is not ErrorCode.SESSION_LIMIT:
+            raise ValueError("chunks_left comes with code session_limit only")
         return self
+
+    @property
+    def is_notice(self) -> bool:
+        """A notice (the session nears its limit), not the answer to a request."""
+        return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
 
 
 Request = Union[InferRequest, ResetRequest]

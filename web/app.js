@@ -13,7 +13,7 @@ const PASSTHROUGH_TYPES = new Set(["image/png", "image/jpeg"]);
 const ui = {
   video: $("video"), viewport: $("viewport"), overlay: $("overlay"), status: $("status"),
   connection: $("connection"), form: $("setup"), scene: $("scene"), upload: $("upload"),
-  preview: $("preview"), prompt: $("prompt"), size: $("size"), seed: $("seed"), apiKey: $("api-key"),
+  preview: $("preview"), prompt: $("prompt"), steer: $("steer"), steerSend: $("steer-send"), size: $("size"), seed: $("seed"), apiKey: $("api-key"),
   start: $("start"), reset: $("reset"), errors: $("errors"),
 };
 let uploaded = null; // {bytes, type} of the chosen file
@@ -95,6 +95,7 @@ stream.addEventListener("state", (e) => {
   ui.connection.dataset.state = state;
   ui.reset.disabled = !(state === "starting" || state === "streaming");
   ui.start.disabled = state === "connecting" || state === "starting";
+  ui.steerSend.disabled = state !== "streaming";
 });
 
 ui.form.addEventListener("submit", async (e) => {
@@ -112,6 +113,13 @@ ui.form.addEventListener("submit", async (e) => {
   }
 });
 ui.reset.addEventListener("click", () => stream.reset());
+// Prompt steering: the next chunk's infer carries prompt_update; the session keeps its scene.
+const steer = () => {
+  const text = ui.steer.value.trim();
+  if (text && stream.steer(text)) setStatus(`Steering to: ${text}`, "info");
+};
+ui.steerSend.addEventListener("click", steer);
+ui.steer.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); steer(); } });
 
 // ---- input ----
 

@@ -114,6 +114,13 @@ export class LiveStream extends EventTarget {
     this.timer = setInterval(() => this.tick(), TICK_MS);
   }
 
+  /** Prompt steering: the next chunk carries `prompt_update` (the scene is kept). */
+  steer(prompt) {
+    if (this.nextChunk === 0 || !prompt) return false;
+    this.pendingPrompt = prompt;
+    return true;
+  }
+
   /** Build and send the next infer (image, prompt and options on the first one). */
   sendChunk() {
     const poses = this.rig.nextChunk();
@@ -124,6 +131,10 @@ export class LiveStream extends EventTarget {
       const o = this.options;
       Object.assign(msg, { image: o.image, prompt: o.prompt, seed: o.seed, size: o.size,
                            translation_scale: TRANSLATION_SCALE });
+      this.pendingPrompt = null;
+    } else if (this.pendingPrompt) {
+      msg.prompt_update = this.pendingPrompt;
+      this.pendingPrompt = null;
     }
     this.stats.sentAt = performance.now();
     this.nextChunk += 1;

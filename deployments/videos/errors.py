@@ -11,7 +11,7 @@ from protocol.messages import ErrorReply
 HTTP_STATUS = {
     ErrorCode.BAD_MESSAGE: 400, ErrorCode.MISSING_FIELD: 400, ErrorCode.BAD_CAMERAS: 400,
     ErrorCode.BAD_IMAGE: 400, ErrorCode.TOO_LARGE: 413, ErrorCode.SESSION_LOST: 503,
-    ErrorCode.BUSY: 503, ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.BUSY: 503, ErrorCode.UNAUTHORIZED: 401, ErrorCode.SESSION_LIMIT: 413,
 }
 
 

@@ -96,4 +96,8 @@ class SessionRunner:
 
     @staticmethod
     async def _reply(transport: LocalTransport) -> Reply:
-        return decode_reply(await transport.reply())
+        """The next reply; `session_limit` notices (no request failed) are skipped."""
+        while True:
+            reply = decode_reply(await transport.reply())
+            if not (isinstance(reply, ErrorReply) and reply.is_notice):
+                return reply

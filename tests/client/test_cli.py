@@ -139,3 +139,26 @@ def test_ctrl_c_resets_the_session_and_closes(served, tmp_path):
             break
         assert time.monotonic() < deadline, f"{held} sessions still held"
         time.sleep(0.25)
+
+
+def test_prompt_at_builds_a_prompt_schedule():
+    """--prompt-at CHUNK:TEXT (repeatable) -> prompt_update on those chunks' infers."""
+    import argparse
+
+    import pytest
+
+    from client.trajectory import plan_session
+    from client.cli import prompt_at
+    from client.synthetic import synthetic_trajectory
+    from protocol import decode
+
+    assert prompt_at("2:a snowy street") == (2, "a snowy street")
+    assert prompt_at("1:a: b") == (1, "a: b")
+    for bad in ("0:x", "x:y", "3", "2:"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            prompt_at(bad)
+    traj = synthetic_trajectory("dolly", 33)
+    plan = plan_session(traj, 33)
+    reqs = [decode(m) for m in traj.messages(plan, "s", prompt_schedule=dict([prompt_at("2:snow")]))]
+    assert [r.prompt_update for r in reqs] == [None, None, "snow"]
+    assert reqs[0].prompt == traj.prompt and reqs[2].prompt is None

@@ -207,12 +207,17 @@ class Client:
     ws: websockets.ClientConnection
     config: CameraServerConfig
     videos: dict[str, Fmp4Assembler] = field(default_factory=dict)
+    notices: list = field(default_factory=list)  # session_limit notices (answer no request), as WorldClient
 
     async def send(self, data: bytes) -> None:
         await self.ws.send(data)
 
     async def recv(self, timeout: float = 120.0):
-        reply = decode_reply(await asyncio.wait_for(self.ws.recv(), timeout))
+        while True:
+            reply = decode_reply(await asyncio.wait_for(self.ws.recv(), timeout))
+            if not getattr(reply, "is_notice", False):
+                break
+            self.notices.append(reply)
         if isinstance(reply, FrameReply):
             self.videos.setdefault(reply.session_id, Fmp4Assembler()).append(reply.video)
         return reply

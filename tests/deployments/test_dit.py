@@ -48,7 +48,9 @@ def test_a_session_beyond_capacity_is_busy_until_a_slot_frees(server, connect, e
 
 def test_a_session_is_capped_at_max_chunks(strict_server, strict_connect, api_keys, example):
     """sessions.max_chunks (2 in the strict app; 341 by default, the RoPE table's 1024 latent
-    frames): the chunk beyond it is too_large with a clear message, the session is released."""
+    frames): the reply before the last chunk is followed by a `session_limit` notice (1 chunk
+    left), the chunk beyond it is refused with `session_limit` (0 left); never a crash, and the
+    handshake states the limit."""
     async def go():
         async with strict_connect(api_keys[4]) as c:
             replies = []
@@ -56,11 +58,17 @@ def test_a_session_is_capped_at_max_chunks(strict_server, strict_connect, api_ke
                 extra = {"image": example.image, "prompt": example.prompt} if k == 0 else {}
                 await c.send(encode_infer("capped", *example.chunk(k), client_chunk_id=k, **extra))
                 replies.append(await c.recv())
-        return replies
+        return c.config, c.notices, replies
 
-    replies = asyncio.run(go())
+    config, notices, replies = asyncio.run(go())
+    assert config.max_chunks == 2 and config.max_latent_frames == 1024
     assert [type(r) for r in replies] == [FrameReply, FrameReply, ErrorReply], replies
-    assert replies[2].code is ErrorCode.TOO_LARGE and "max_chunks (2)" in replies[2].message
+    assert len(notices) == 1
+    notice, refused = notices[0], replies[2]
+    assert notice.code is ErrorCode.SESSION_LIMIT and notice.chunks_left == 1 and notice.is_notice
+    assert "1 of its 2 chunks" in notice.message
+    assert refused.code is ErrorCode.SESSION_LIMIT and refused.chunks_left == 0 and not refused.is_notice
+    assert "its 2 chunks" in refused.message
     strict_server.wait_held(0)
 
 

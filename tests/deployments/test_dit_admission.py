@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from deployments.dit import DiTDeployment, DiTSlot
-from deployments.errors import Busy, ChunkLimit
+from deployments.errors import Busy, ChunkLimit, SessionLimit
 from deployments.session_table import SessionTable
 from protocol.errors import ErrorCode
 
@@ -59,9 +59,9 @@ def test_a_session_that_cannot_grow_is_busy_until_the_budget_frees():
     assert grows.kv_frames == 6 and host._table.bytes_in_use == FRAME_BYTES * 6
 
 
-def test_the_chunk_cap_is_too_large():
+def test_the_chunk_cap_is_session_limit():
     host = replica(budget_bytes=FRAME_BYTES * 100, max_chunks=2)
     slot = hold(host, "s", kv_frames=6, chunks=2)
-    with pytest.raises(ChunkLimit, match=r"max_chunks \(2\)") as capped:
+    with pytest.raises(SessionLimit, match=r"its 2 chunks") as capped:
         host._admit_chunk("s", slot)
-    assert capped.value.code is ErrorCode.TOO_LARGE
+    assert capped.value.code is ErrorCode.SESSION_LIMIT

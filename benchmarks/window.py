@@ -1,0 +1,152 @@
+"""Open-ended sessions with the rolling KV window (issue 15): per-chunk DiT time and memory.
+
+One command on an H200 (about 5 minutes: two loads of random weights and 2 x 100 chunks of
+~1.3 s; the window is the GPU configs' sink 3 + local 15 latent frames):
+
+    python -m benchmarks.window --out $OUT/window.json
+
+One open-ended session (no `num_frames`: per-chunk noise, the window rolls from chunk 5 on)
+at 464x832 steps `--chunks` chunks through the serving engine (`AccelOptions.for_serving`:
+fast block, cuDNN attention), in bf16 and then with FP8 GEMMs on the same weights. Per chunk:
+the DiT time (camera + 4 steps + cache update, synchronised), the memory allocated after it
+and the peak during it. The summary per precision: mean and the largest deviation from it of
+the chunk time once the window is full, and the spread of the allocated memory (it must be
+flat: the window's caches are allocated at open and never grow). The JSON is rewritten after
+every chunk, so a run cut short keeps what it measured.
+
+CPU smoke run (the embedded tiny model): `python -m benchmarks.window --preset tiny --device cpu
+--size 32*48 --chunks 8 --precisions bf16 --local 6 --sink 3 --out /tmp/window.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, parse_size
+from model.accel import AccelOptions, enable_fp8
+from model.factory import load_dit_engine
+from model.session import DiTSessionSpec
+
+SEED = 1234
+TEXT_TOKENS = 64
+
+
+def dolly_chunk(k: int, step: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
+    """12 poses moving forward along +z (OpenCV c2w) and their intrinsics (480x832 pixels)."""
+    poses = np.tile(np.eye(4, dtype=np.float32), (CHUNK_VIDEO_FRAMES, 1, 1))
+    poses[:, 2, 3] = step * (k * CHUNK_VIDEO_FRAMES + np.arange(CHUNK_VIDEO_FRAMES))
+    intrinsics = np.tile(np.array([[500.0, 500.0, 416.0, 240.0]], dtype=np.float32), (CHUNK_VIDEO_FRAMES, 1))
+    return poses, intrinsics
+
+
+def _memory(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda":
+        return 0, 0
+    return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+
+
+def run_session(engine, height: int, width: int, chunks: int, record: list[dict], save) -> None:
+    """One open-ended session of `chunks` chunks; appends one row per chunk to `record`."""
+    device = engine.device
+    gen = torch.Generator().manual_seed(SEED)
+    context = torch.randn(TEXT_TOKENS, engine.cfg.text_dim, generator=gen)
+    spec = DiTSessionSpec(context=context, height=height, width=width, seed=SEED)
+    session = engine.open(spec)
+    y = torch.randn(20, CHUNK_LATENT_FRAMES, height // 8, width // 8, generator=gen)
+    cache_bytes = session.caches.nbytes
+    try:
+        for k in range(chunks):
+            poses, intrinsics = dolly_chunk(k)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            engine.step(session, y, poses, intrinsics)  # returns CPU latents: synchronised
+            seconds = time.perf_counter() - t0
+            allocated, peak = _memory(device)
+            record.append({"chunk": k, "dit_s": seconds, "allocated_bytes": allocated, "peak_bytes": peak,
+                           "cache_bytes": session.caches.nbytes, "kv_local_end": session.caches.local_end,
+                           "kv_global_end": session.caches.global_end})
+            assert session.caches.nbytes == cache_bytes, "the window's caches grew"
+            print(f"chunk {k:3d}: {1000 * seconds:7.1f} ms  allocated {allocated / 2**30:6.2f} GiB  "
+                  f"peak {peak / 2**30:6.2f} GiB", flush=True)
+            save()
+    finally:
+        engine.close(session)
+
+
+def summarise(rows: list[dict], full_from: int) -> dict:
+    """Chunk time and memory once the window is full (chunk index >= `full_from`)."""
+    full = [r for r in rows if r["chunk"] >= full_from]
+    if len(full) < 2:
+        return {"chunks": len(rows)}
+    times = [r["dit_s"] for r in full[1:]]  # the first rolling chunk also pays the first eviction copy
+    mean = statistics.fmean(times)
+    alloc = [r["allocated_bytes"] for r in full]
+    return {
+        "chunks": len(rows), "window_full_from_chunk": full_from,
+        "mean_dit_s": mean, "max_dev_pct": 100 * max(abs(t - mean) for t in times) / mean,
+        "p50_dit_s": statistics.median(times), "stdev_dit_s": statistics.pstdev(times),
+        "allocated_min_bytes": min(alloc), "allocated_max_bytes": max(alloc),
+        "allocated_spread_bytes": max(alloc) - min(alloc),
+        "peak_max_bytes": max(r["peak_bytes"] for r in full), "cache_bytes": full[-1]["cache_bytes"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="lingbot-world-fast")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--size", default="464*832", help="output H*W (exact, multiples of 16)")
+    p.add_argument("--chunks", type=int, default=100)
+    p.add_argument("--local", type=int, default=15, help="window, latent frames (local_attn_size)")
+    p.add_argument("--sink", type=int, default=3, help="sink, latent frames (sink_size)")
+    p.add_argument("--precisions", default="bf16,fp8", help="comma list of bf16, fp8 (fp8 runs second: it "
+                                                            "quantizes the same weights)")
+    p.add_argument("--out", type=Path, default=Path("window.json"))
+    args = p.parse_args(argv)
+    height, width = (int(s) for s in args.size.split("*"))
+    assert height * width == parse_size(args.size)
+    precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
+    random_weights = args.preset != "tiny"  # the tiny preset is the embedded model
+    t0 = time.perf_counter()
+    engine = load_dit_engine(args.preset, None, torch.bfloat16, args.device, local_attn_size=args.local,
+                             sink_size=args.sink, options=AccelOptions.for_serving(args.device),
+                             random_weights=random_weights)
+    result: dict = {"preset": args.preset, "device": args.device, "size": [height, width], "window":
+                    [args.local, args.sink], "chunks": args.chunks, "load_s": time.perf_counter() - t0,
+                    "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "runs": {}}
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+    # The window holds `local` frames: it is full after ceil(local / 3) chunks, then rolls.
+    full_from = -(-args.local // CHUNK_LATENT_FRAMES)
+    for precision in precisions:
+        if precision == "fp8":
+            enable_fp8(engine.dit)
+        elif precision != "bf16" or "fp8" in result["runs"]:
+            raise SystemExit(f"unknown or misordered precision {precision!r}")
+        rows: list[dict] = []
+        run = result["runs"][precision] = {"per_chunk": rows}
+        run_session(engine, height, width, args.chunks, rows, save)
+        run["summary"] = summarise(rows, full_from)
+        save()
+        s = run["summary"]
+        if "mean_dit_s" in s:
+            print(f"{precision}: {1000 * s['mean_dit_s']:.1f} ms/chunk after the window filled (max deviation "
+                  f"{s['max_dev_pct']:.1f} %), allocated {s['allocated_min_bytes'] / 2**30:.2f}-"
+                  f"{s['allocated_max_bytes'] / 2**30:.2f} GiB, KV+cross caches {s['cache_bytes'] / 2**30:.2f} GiB",
+                  flush=True)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
