@@ -144,21 +144,26 @@ def test_another_connection_cannot_read_drive_or_reset_a_session(strict_connect,
     """Two connections of the same key name the same session id: the second cannot continue,
     reset or read the first's session; its own session under that id is independent."""
     async def go():
-        async with strict_connect(api_keys[0]) as owner, strict_connect(api_keys[0]) as other:
+        async with strict_connect(api_keys[0]) as owner:
             reference = await owner.run_session("ref", example, chunks=2)
             await owner.reset("ref")
             await owner.infer("mine", example, 0, first=True)
             first = await owner.recv()
-            await other.infer("mine", example, 1, first=False)  # drive it: no such session here
-            drive = await other.recv()
-            reset = await other.reset("mine")  # harmless: resets nothing of the owner's
-            await owner.infer("mine", example, 1, first=False)
-            second = await owner.recv()
-            await other.infer("mine", example, 0, first=True)  # its own session under the same id
-            own = await other.recv()
-            await owner.reset("mine")
-            await other.reset("mine")
-        return reference, first, drive, reset, second, own, other.videos
+            # Connected only now: the strict app closes a socket silent for 2 s after its accept.
+            async with strict_connect(api_keys[0]) as other:
+                return reference, first, *await _intrude(owner, other, example)
+
+    async def _intrude(owner, other, example):
+        await other.infer("mine", example, 1, first=False)  # drive it: no such session here
+        drive = await other.recv()
+        reset = await other.reset("mine")  # harmless: resets nothing of the owner's
+        await owner.infer("mine", example, 1, first=False)
+        second = await owner.recv()
+        await other.infer("mine", example, 0, first=True)  # its own session under the same id
+        own = await other.recv()
+        await owner.reset("mine")
+        await other.reset("mine")
+        return drive, reset, second, own, other.videos
 
     reference, first, drive, reset, second, own, other_videos = asyncio.run(go())
     assert isinstance(drive, ErrorReply) and drive.code is ErrorCode.MISSING_FIELD, drive
