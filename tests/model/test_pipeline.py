@@ -6,23 +6,11 @@ import pytest
 import torch
 
 from camera import chunk_cameras, translation_scale
-from model.conditioning import load_image_rgb
 from model.pipeline import SessionSpec, WorldPipeline
-from support import EXAMPLES, TINY_CKPT
 
 MAX_AREA = 7300  # 16:9 -> 64x112 px, as the goldens
 
 
-@pytest.fixture(scope="module")
-def pipe(shared_dir) -> WorldPipeline:
-    return WorldPipeline.load("tiny", str(TINY_CKPT))
-
-
-@pytest.fixture(scope="module")
-def example():
-    d = EXAMPLES / "00"
-    return (load_image_rgb(d / "image.jpg"), (d / "prompt.txt").read_text(),
-            np.load(d / "poses.npy"), np.load(d / "intrinsics.npy"))
 
 
 def stream(pipe, image, prompt, poses, intrinsics, frame_num, seed=42, declare=True):

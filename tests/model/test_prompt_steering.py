@@ -1,30 +1,17 @@
 """Prompt steering (issue 15): `update_prompt` replaces only the text conditioning of a session."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from camera import chunk_cameras, translation_scale
-from model.conditioning import load_image_rgb
-from model.pipeline import SessionSpec, WorldPipeline
+from model.pipeline import SessionSpec
 from model.session import PastChunk
-from support import EXAMPLES, TINY_CKPT
 
 MAX_AREA = 7300  # 64x112 px
 NEW_PROMPT = "a snowy mountain village at night, lanterns glowing"
 
 
-@pytest.fixture(scope="module")
-def pipe() -> WorldPipeline:
-    return WorldPipeline.load("tiny", str(TINY_CKPT))
-
-
-@pytest.fixture(scope="module")
-def example():
-    d = EXAMPLES / "00"
-    return (load_image_rgb(d / "image.jpg"), (d / "prompt.txt").read_text(),
-            np.load(d / "poses.npy"), np.load(d / "intrinsics.npy"))
 
 
 def _open(pipe, example, frame_num=33):
