@@ -33,3 +33,30 @@ def rel_err(a, b) -> float:
     b = torch.as_tensor(b).double()
     denom = b.abs().max().item() or 1.0
     return (a - b).abs().max().item() / denom
+
+
+def golden_caches(dit, g: dict, dtype=None):
+    """Empty DiT caches for a golden run's geometry and window (CPU; float32 by default)."""
+    import torch
+
+    from model.kv_cache import DiTCaches
+
+    m = g["meta"]
+    cfg = dit.cfg.with_window(m["local_attn_size"], m["sink_size"])
+    return DiTCaches.allocate(cfg, m["frame_seqlen"], m["lat_f"], dtype or torch.float32, "cpu")
+
+
+def chunk_calls(ch: dict) -> list[dict]:
+    """A golden chunk's DiT calls in order: the denoising steps, then the cache update."""
+    return ch["steps"] + [ch["cache_update"]]
+
+
+def replay_golden(dit, g: dict, dtype=None):
+    """Every DiT call of a golden in order; yields (call, output, caches after the call)."""
+    caches = golden_caches(dit, g, dtype)
+    text = dit.embed_text(g["t5"]["context"])
+    for ch in g["chunks"]:
+        cam = dit.camera_features(ch["plucker"])  # once per chunk, shared by its 5 calls
+        for call in chunk_calls(ch):
+            out = dit(call["x"], call["t"], ch["y"], text, cam, caches, call["current_start"])
+            yield call, out, caches

@@ -19,13 +19,12 @@ from model.config import PRESETS, VAEConfig
 from model.dit_loader import init_dit_random, load_dit
 from model.engines import DiTEngine
 from model.factory import load_dit_engine
-from model.kv_cache import DiTCaches
 from model.rope import Rope3D
 from model.session import DiTSessionSpec
 from model.vae import init_vae_random
 from model.vae_blocks import ResidualBlock
 from model.vae_cache import VaeCache
-from support import GOLDEN_FILES, load_golden, rel_err
+from support import GOLDEN_FILES, load_golden, rel_err, replay_golden
 
 FAST = AccelOptions(fast=True, attention="cudnn", skip_final_update=True)
 
@@ -43,18 +42,11 @@ def fast_tiny_dit(tiny_ckpt):
 def test_fast_dit_matches_goldens_in_float32(fast_tiny_dit, golden_file):
     """Every DiT call of the reference's runs (windowed ones too), through the fast blocks."""
     dit, g = fast_tiny_dit, load_golden(golden_file.name)
-    m = g["meta"]
-    cfg = dit.cfg.with_window(m["local_attn_size"], m["sink_size"])
-    caches = DiTCaches.allocate(cfg, m["frame_seqlen"], m["lat_f"], torch.float32, "cpu")
-    text = dit.embed_text(g["t5"]["context"])
     errors = []
-    for ch in g["chunks"]:
-        cam = dit.camera_features(ch["plucker"])
-        for call in ch["steps"] + [ch["cache_update"]]:
-            out = dit(call["x"], call["t"], ch["y"], text, cam, caches, call["current_start"])
-            errors.append(rel_err(out, call["out"]))
-            assert [c.global_end for c in caches.self_attn] == call["kv_global_end_after"]
-            assert [c.local_end for c in caches.self_attn] == call["kv_local_end_after"]
+    for call, out, caches in replay_golden(dit, g):
+        errors.append(rel_err(out, call["out"]))
+        assert [c.global_end for c in caches.self_attn] == call["kv_global_end_after"]
+        assert [c.local_end for c in caches.self_attn] == call["kv_local_end_after"]
     assert all(isinstance(b, FastDiTBlock) for b in dit.blocks)
     assert max(errors) < 1e-4
 

@@ -11,11 +11,10 @@ from model.accel import AccelOptions, optimize_dit, optimize_vae
 from model.checkpoint import VAE_FILE, CheckpointLayout
 from model.dit_loader import load_dit
 from model.engines import DiTEngine, VaeEngine
-from model.kv_cache import DiTCaches
 from model.vae import load_vae
 from model.vae_cache import VaeCache
 from model.warmup import allow_recompiles, warm_up_dit, warm_up_vae
-from support import load_golden, rel_err
+from support import load_golden, rel_err, replay_golden
 
 GOLDEN_SIZE = (64, 112)  # every golden run's output size
 DIT_GOLDENS = ("tiny_00.pt", "tiny_03_local6_sink3.pt")  # full attention, and the rolling window
@@ -54,19 +53,12 @@ def compiled_vae(tiny_ckpt) -> VaeEngine:
 def test_compiled_dit_regions_match_goldens_without_compiling_again(compiled_dit, name):
     dit, g = compiled_dit.dit, load_golden(name)
     assert all(b.kernels.compiled for b in dit.blocks)
-    m = g["meta"]
-    cfg = dit.cfg.with_window(m["local_attn_size"], m["sink_size"])
-    caches = DiTCaches.allocate(cfg, m["frame_seqlen"], m["lat_f"], torch.float32, "cpu")
     before = compilations()
     errors = []
     with torch.inference_mode():  # as the engine runs it (grad mode is part of the compiled guards)
-        text = dit.embed_text(g["t5"]["context"])
-        for ch in g["chunks"]:
-            cam = dit.camera_features(ch["plucker"])
-            for call in ch["steps"] + [ch["cache_update"]]:
-                out = dit(call["x"], call["t"], ch["y"], text, cam, caches, call["current_start"])
-                errors.append(rel_err(out, call["out"]))
-                assert [c.local_end for c in caches.self_attn] == call["kv_local_end_after"]
+        for call, out, caches in replay_golden(dit, g):
+            errors.append(rel_err(out, call["out"]))
+            assert [c.local_end for c in caches.self_attn] == call["kv_local_end_after"]
     assert max(errors) < 1e-4
     assert compilations() == before, "a session at a warmed-up size compiled again"
 

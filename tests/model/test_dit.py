@@ -13,9 +13,8 @@ from model.checkpoint import CheckpointLayout
 from model.config import PRESETS
 from model.dit import CausalDiT
 from model.dit_loader import load_dit
-from model.kv_cache import DiTCaches
 from model.rope import axis_pairs
-from support import GOLDEN_FILES, SHARED, load_golden, rel_err
+from support import GOLDEN_FILES, SHARED, chunk_calls, golden_caches, load_golden, rel_err, replay_golden
 
 KEYS_FILE = SHARED / "docs" / "keys" / "dit_lingbot_world_fast_keys.txt"
 
@@ -25,32 +24,11 @@ def tiny_dit(tiny_ckpt) -> CausalDiT:
     return load_dit(CheckpointLayout.discover(tiny_ckpt), torch.float32, "cpu")
 
 
-def session_caches(dit: CausalDiT, g: dict, dtype: torch.dtype = torch.float32) -> DiTCaches:
-    m = g["meta"]
-    cfg = dit.cfg.with_window(m["local_attn_size"], m["sink_size"])
-    return DiTCaches.allocate(cfg, m["frame_seqlen"], m["lat_f"], dtype, "cpu")
-
-
-def chunk_calls(ch: dict) -> list[dict]:
-    return ch["steps"] + [ch["cache_update"]]
-
-
-def replay(dit: CausalDiT, g: dict, dtype: torch.dtype = torch.float32):
-    """Every DiT call of a golden in order; yields (call, output, caches after the call)."""
-    caches = session_caches(dit, g, dtype)
-    text = dit.embed_text(g["t5"]["context"])
-    for ch in g["chunks"]:
-        cam = dit.camera_features(ch["plucker"])  # once per chunk, shared by its 5 calls
-        for call in chunk_calls(ch):
-            out = dit(call["x"], call["t"], ch["y"], text, cam, caches, call["current_start"])
-            yield call, out, caches
-
-
 @pytest.mark.parametrize("golden_file", GOLDEN_FILES, ids=lambda p: p.stem)
 def test_every_dit_call_matches_golden(tiny_dit, golden_file):
     g = load_golden(golden_file.name)
     errors = []
-    for call, out, caches in replay(tiny_dit, g):
+    for call, out, caches in replay_golden(tiny_dit, g):
         assert out.dtype == torch.float32 and out.shape == call["out"].shape
         errors.append(rel_err(out, call["out"]))
         assert [c.global_end for c in caches.self_attn] == call["kv_global_end_after"]
@@ -65,7 +43,7 @@ def test_bf16_weights_stay_within_bf16_tolerance(tiny_ckpt):
     dit = load_dit(CheckpointLayout.discover(tiny_ckpt), torch.bfloat16, "cpu")
     assert dit.dtype == torch.bfloat16
     errors = []
-    for call, out, caches in replay(dit, g, torch.bfloat16):
+    for call, out, caches in replay_golden(dit, g, torch.bfloat16):
         assert out.dtype == torch.float32
         assert caches.self_attn[0].k.dtype == torch.bfloat16
         errors.append(rel_err(out, call["out"]))
@@ -77,13 +55,13 @@ def test_cache_update_leaves_only_the_clean_kv(tiny_dit):
     """After a chunk's 5 calls the cache equals what one t = 0 call on the clean x0 stores."""
     g = load_golden("tiny_00.pt")
     text = tiny_dit.embed_text(g["t5"]["context"])
-    caches = session_caches(tiny_dit, g)
+    caches = golden_caches(tiny_dit, g)
     t0 = torch.tensor([0.0])
     before = None
     for ch in g["chunks"]:
         start, x0 = ch["cache_update"]["current_start"], ch["cache_update"]["x"]
         cam = tiny_dit.camera_features(ch["plucker"])
-        expected = session_caches(tiny_dit, g) if before is None else before
+        expected = golden_caches(tiny_dit, g) if before is None else before
         tiny_dit(x0, t0, ch["y"], text, cam, expected, start)
         for call in chunk_calls(ch):
             tiny_dit(call["x"], call["t"], ch["y"], text, cam, caches, call["current_start"])
@@ -101,7 +79,7 @@ def test_next_chunk_rope_offset_follows(tiny_dit):
     text = tiny_dit.embed_text(g["t5"]["context"])
     cam = tiny_dit.camera_features(ch["plucker"])
     x0, t0 = ch["cache_update"]["x"], torch.tensor([0.0])
-    at_zero, at_next = session_caches(tiny_dit, g), session_caches(tiny_dit, g)
+    at_zero, at_next = golden_caches(tiny_dit, g), golden_caches(tiny_dit, g)
     tiny_dit(x0, t0, ch["y"], text, cam, at_zero, 0)
     tiny_dit(x0, t0, ch["y"], text, cam, at_next, 3 * fs)
     k0 = torch.view_as_complex(at_zero.self_attn[0].k[: 3 * fs].double().unflatten(-1, (-1, 2)))
@@ -112,7 +90,7 @@ def test_next_chunk_rope_offset_follows(tiny_dit):
                                rtol=0, atol=1e-5)
     assert torch.equal(k1[..., nt:], k0[..., nt:])  # height/width positions carry no offset
     # and the real session (chunk 0 then chunk 1) stores exactly these keys
-    caches = session_caches(tiny_dit, g)
+    caches = golden_caches(tiny_dit, g)
     for c in g["chunks"]:
         cam_c = tiny_dit.camera_features(c["plucker"])
         for call in chunk_calls(c):
@@ -154,7 +132,7 @@ def test_forward_rejects_bad_inputs(tiny_dit):
     ch, call = g["chunks"][0], g["chunks"][0]["steps"][0]
     text = tiny_dit.embed_text(g["t5"]["context"])
     cam = tiny_dit.camera_features(ch["plucker"])
-    caches = session_caches(tiny_dit, g)
+    caches = golden_caches(tiny_dit, g)
     with pytest.raises(ValueError, match="multiple of frame_seqlen"):
         tiny_dit(call["x"], call["t"], ch["y"], text, cam, caches, 5)
     with pytest.raises(ValueError, match="y must be"):
