@@ -60,3 +60,22 @@ def replay_golden(dit, g: dict, dtype=None):
         for call in chunk_calls(ch):
             out = dit(call["x"], call["t"], ch["y"], text, cam, caches, call["current_start"])
             yield call, out, caches
+
+
+def wait_healthy(http: str, timeout_s: float = 180.0) -> None:
+    """Until the serve app at `http` answers /healthz with 200; fails the test after `timeout_s`."""
+    import time
+
+    import httpx
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{http}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"the serve app at {http} did not become healthy within {timeout_s:g} s")
+        time.sleep(0.5)

@@ -28,7 +28,7 @@ from camera import chunk_cameras, translation_scale
 from media.reassembly import Fmp4Assembler
 from protocol import decode_reply, encode_infer, encode_reset
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
-from support import EXAMPLES
+from support import EXAMPLES, wait_healthy
 from deployments.allocator import MALLOC_ENV
 
 IDLE_TTL_S = 10.0
@@ -112,19 +112,6 @@ class Server:
             time.sleep(0.2)
 
 
-def _wait_healthy(http: str) -> None:
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(f"{http}/healthz", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"the serve app at {http} did not become healthy within 180 s")
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="session")
 def ray_port() -> Iterator[int]:
     """Ray and Serve's HTTP proxy, once per test run."""
@@ -151,7 +138,7 @@ def _run_app(port: int, args: dict, name: str, prefix: str, headers: Optional[di
 
     serve.run(build_app(AppArgs.model_validate(args)), name=name, route_prefix=prefix, blocking=False)
     base = f"127.0.0.1:{port}{prefix.rstrip('/')}"
-    _wait_healthy(f"http://{base}")
+    wait_healthy(f"http://{base}")
     return Server(http=f"http://{base}", ws=f"ws://{base}{CAMERA_PATH}", headers=headers or {})
 
 
@@ -334,6 +321,6 @@ def redeploy(server: Server):
     def run(dit_replicas: int) -> None:
         args = {**APP_ARGS, "dit": {**APP_ARGS["dit"], "num_replicas": dit_replicas}}
         serve.run(build_app(AppArgs.model_validate(args)), name="lwf", route_prefix="/", blocking=False)
-        _wait_healthy(server.http)
+        wait_healthy(server.http)
 
     return run

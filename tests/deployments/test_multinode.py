@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import websockets
@@ -36,7 +35,7 @@ import yaml
 from camera import chunk_cameras, translation_scale
 from protocol import decode_reply, encode_infer
 from protocol.messages import CameraServerConfig, FrameReply
-from support import EXAMPLES, REPO
+from support import EXAMPLES, REPO, wait_healthy
 
 BIN = Path(sys.executable).parent
 NUM_FRAMES = 45  # 4 chunks: 9 + 12 + 12 + 12 frames
@@ -183,15 +182,7 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.http_port}"
 
     def wait_healthy(self, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if httpx.get(f"{self.http}/healthz", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"the app did not become healthy in {timeout} s"
-            time.sleep(1)
+        wait_healthy(self.http, timeout)
 
     def stop(self) -> None:
         for name in [n for n in self.nodes if n != "head"] + ["head"]:
