@@ -173,8 +173,9 @@ class ConnectionArgs(_Strict):
     # request for its whole life). Beyond a cap the socket gets `busy` and is closed (1013).
     max_connections: Optional[int] = Field(None, ge=1)
     max_connections_per_client: int = Field(16, ge=1)  # per client address
-    # Take the client address from the first X-Forwarded-For entry (set true behind a trusted
-    # load balancer or Kubernetes ingress; never when clients reach the proxy directly).
+    # Take the client address from the last X-Forwarded-For entry, the one the proxy in front
+    # appended (set true behind a trusted load balancer or Kubernetes ingress; never when clients
+    # reach the Serve proxy directly).
     trust_forwarded_for: bool = False
 
 

@@ -57,9 +57,11 @@ def _decrement(counts: Counter[str], key: str) -> None:
 
 
 def client_address(conn: HTTPConnection, trust_forwarded_for: bool) -> str:
-    """The client's address: the first X-Forwarded-For entry when trusted, else the peer's."""
+    """The client's address: when trusted, the last X-Forwarded-For entry (the one the trusted
+    proxy in front appended: the address that connected to it; earlier entries come from the
+    client and can be forged), else the peer's."""
     if trust_forwarded_for:
-        forwarded = conn.headers.get("x-forwarded-for", "").split(",")[0].strip()
+        forwarded = conn.headers.get("x-forwarded-for", "").split(",")[-1].strip()
         if forwarded:
             return forwarded
     return conn.client.host if conn.client is not None else UNKNOWN_CLIENT

@@ -23,7 +23,8 @@ def test_caps_refuse_beyond_each_limit_and_releases_give_room_back():
 
 
 def test_client_address_uses_x_forwarded_for_only_when_trusted():
-    conn = SimpleNamespace(headers=Headers({"x-forwarded-for": "9.9.9.9, 10.0.0.1"}),
+    # the client forged "1.2.3.4"; the trusted proxy (10.0.0.1) appended the real address
+    conn = SimpleNamespace(headers=Headers({"x-forwarded-for": "1.2.3.4, 9.9.9.9"}),
                            client=SimpleNamespace(host="10.0.0.1"))
     assert client_address(conn, trust_forwarded_for=False) == "10.0.0.1"
     assert client_address(conn, trust_forwarded_for=True) == "9.9.9.9"
