@@ -259,3 +259,21 @@ def test_random_weights_are_never_a_default_and_need_no_checkpoint():
         ModelArgs(size_buckets=["460*832"])
     with pytest.raises(pydantic.ValidationError, match="max_output_area"):
         ModelArgs(size_buckets=["720*1280"], max_output_area=480 * 832)
+
+
+@pytest.mark.parametrize("name", GPU_RAYSERVICES)
+def test_every_ray_container_runs_with_the_allocator_environment(name):
+    """The proxy and the ingress give large frames back (deployments/allocator.py): every Ray
+    container of the RayService (head and workers) carries MALLOC_ENV."""
+    from support import REPO
+    import yaml
+
+    from deployments.allocator import MALLOC_ENV
+
+    doc = next(d for d in yaml.safe_load_all((REPO / name).read_text()) if d and d.get("kind") == "RayService")
+    cluster = doc["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert {k: env.get(k) for k in MALLOC_ENV} == MALLOC_ENV, (group.get("groupName", "head"), env)
