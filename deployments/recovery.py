@@ -21,7 +21,7 @@ from deployments.config import SessionArgs
 from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics
-from deployments.stream import Stream, incarnation_key
+from deployments.stream import Stream, StreamState, incarnation_key
 
 REPLICA_GONE = (RayActorError, ReplicaUnavailableError)  # the replica died or left mid-call
 RETRY_MIN_S = 0.25
@@ -106,6 +106,8 @@ class Recovery:
                 retry = getattr(e, "retry_after_s", wait)
                 await asyncio.sleep(min(retry, left))
                 wait = min(2 * wait, RETRY_MAX_S)
+                if stream.state is not StreamState.OPEN:  # its client reset it or left meanwhile
+                    raise self._lost(deployment, cause) from e
 
     def _lost(self, deployment: str, cause: BaseException) -> SessionLost:
         self._metrics.count_recovery(deployment, rebuilt=False)

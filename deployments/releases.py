@@ -24,7 +24,7 @@ from deployments.lanes import Lane
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics
 from deployments.quotas import KeyQuota
-from deployments.stream import Stream
+from deployments.stream import Stream, StreamState
 
 
 class Releases:
@@ -104,6 +104,8 @@ class Releases:
         streams = list(self._held.values())
         self._held.clear()
         for stream in streams:
+            if stream.state is not StreamState.CLOSED:
+                stream.close()  # nobody holds it now: no lane job may start rebuilding it
             self._ended(stream)
         closed: set[str] = set()  # "dit:<key>", "vae:<key>"
         await asyncio.gather(*(self._close_on_replicas(s, closed, timeout, opened_only=True) for s in streams))
