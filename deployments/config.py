@@ -114,6 +114,10 @@ class SessionArgs(_Strict):
     # CUDA). None: on CUDA the replica's `num_gpus` (the shares of the deployments on one card
     # then also split its memory), on the CPU 0.25 of the RAM.
     memory_fraction: Optional[float] = Field(None, gt=0, le=1)
+    # Bytes a VAE replica's sessions may hold (both causal caches, the image, plus one call's
+    # activations, model/vae_footprint.py). None: on CUDA the replica's cap (its `num_gpus`
+    # share) minus what it holds after warm-up; on the CPU no byte budget (slots only).
+    vae_budget_gib: Optional[float] = Field(None, gt=0)
     # Work bound per chunk: the most tokens one chunk's self-attention may attend to (tokens per
     # latent frame x the latent frames the session's cache holds: its window, else its declared
     # or grown length). Beyond it: too_large.

@@ -5,6 +5,14 @@ Calls for a session this replica does not hold raise `SessionLost`. `restore` re
 session from the ingress's journal by replaying its conditions and decodes, muxing the
 decoded frames again (output dropped), so that the caches and the H.264 encoder's state are
 those of the uninterrupted session and its next fragment is byte-identical.
+
+Admission counts bytes, like the DiT's: a session's footprint at its output size (its encoder
+and decoder caches and image held between chunks, plus one call's activations as a
+reservation; `model/vae_footprint.py`, shapes probed from the model itself after warm-up) is
+reserved against the budget (`sessions.vae_budget_gib`, else on CUDA the process cap of its
+`num_gpus` share minus what it holds after warm-up). Beyond it: `Busy(retry_after_s)`, never
+an out-of-memory error; a session that cannot fit an empty replica: `TooLarge`. Counting
+sessions alone let three 464x832 sessions run a 0.10 share of an H200 out of memory.
 """
 from __future__ import annotations
 
@@ -20,13 +28,15 @@ from ray import serve
 from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
-from deployments.memory import cap_process
+from deployments.errors import Busy, TooLarge
+from deployments.memory import cap_process, resident_model_bytes, session_budget
 from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
 from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.factory import load_vae_engine
 from model.session import VaeSession
+from model.vae_footprint import CacheLayout
 from model.warmup import WarmupReport, allow_recompiles, warm_up_vae
 
 
@@ -51,18 +61,25 @@ class VaeDeployment(SessionHost[VaeSlot]):
             allow_recompiles(len(sizes))
             report = await asyncio.to_thread(warm_up_vae, self._engine, sizes,
                                              consumer=lambda hw: Fmp4Muxer(hw[1], hw[0], FPS).add_chunk)
+        # The caches' shapes, read from one probe session (at a warmed size: no new compilation).
+        self._layout = await asyncio.to_thread(CacheLayout.probe, self._engine, *model.serving_sizes()[:1])
+        resident = resident_model_bytes(model.device, self._engine.vae)
+        budget = None  # on the CPU without vae_budget_gib: slots only, as before
+        if sessions.vae_budget_gib is not None or cap is not None:
+            budget = session_budget(sessions.vae_budget_gib, cap or 0, resident)
         table: SessionTable[VaeSlot] = SessionTable(
-            max_sessions, None, sessions.idle_ttl_s, sessions.retry_after_s
+            max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
         )
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"), model.device)
-        self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "random_weights": model.random_weights}
+        self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
+                              "random_weights": model.random_weights}
         if model.random_weights:
             self._log.warning("RANDOM WEIGHTS: this VAE is NOT A REAL MODEL (load tests only)")
         self._log.info("ready", fields={"warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}"})
 
     async def open(self, key: str, image: np.ndarray, height: int, width: int) -> str:
         """Start a session from its RGB uint8 image [H0, W0, 3] at output size (height, width)."""
-        await self._open_slot(key, 0, lambda: self._new_slot(image, height, width))
+        await self._admit(key, height, width, lambda: self._new_slot(image, height, width))
         self._log.info("session opened", fields={"session": key, "resolution": f"{height}x{width}"})
         return self._replica
 
@@ -79,10 +96,23 @@ class VaeDeployment(SessionHost[VaeSlot]):
                 slot.muxer.add_chunk(self._engine.decode(slot.session, torch.tensor(latents)))
             return slot
 
-        await self._open_slot(key, 0, build)
+        await self._admit(key, height, width, build)
         self._log.info("session restored", fields={"session": key, "conditioned": conditioned,
                                                    "decoded": len(decoded)})
         return self._replica
+
+    async def _admit(self, key: str, height: int, width: int, build) -> None:
+        """Reserve the session's footprint at its size (`Busy` when it does not fit now,
+        `TooLarge` when it never can), then build it."""
+        need = self._layout.footprint(height, width)
+        try:
+            await self._open_slot(key, need.held, build, working=need.working)
+        except (Busy, TooLarge) as e:
+            self._metrics.rejected.inc()
+            self._log.info(f"session refused ({e.code.value})", fields={
+                "session": key, "held_mib": need.held >> 20, "working_mib": need.working >> 20})
+            raise
+        self._metrics.admitted.inc()
 
     def _new_slot(self, image: np.ndarray, height: int, width: int) -> VaeSlot:
         writable = np.array(image)  # Ray hands in read-only arrays; torch wants to own a copy

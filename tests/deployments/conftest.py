@@ -14,7 +14,7 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -145,6 +145,20 @@ def _run_app(port: int, args: dict, name: str, prefix: str, headers: Optional[di
 @pytest.fixture(scope="session")
 def server(ray_port: int) -> Server:
     return _run_app(ray_port, APP_ARGS, "lwf", "/")
+
+
+@pytest.fixture(scope="session")
+def extra_app(ray_port: int):
+    """`extra_app(name, **overrides)`: another app at /name from APP_ARGS with top-level
+    sections merged with `overrides`; returns (Server, connect) where `connect()` opens a
+    WebSocket to it. The caller deletes it (`serve.delete(name)`)."""
+
+    def run(name: str, **overrides: dict) -> tuple[Server, Callable[[], Connect]]:
+        args = {**APP_ARGS, **{k: {**APP_ARGS.get(k, {}), **v} for k, v in overrides.items()}}
+        app = _run_app(ray_port, args, name, f"/{name}")
+        return app, lambda: Connect(app.ws, None)
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,39 @@
+"""The VAE session footprint (model/vae_footprint.py) against what a real session holds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from model.factory import load_vae_engine
+from model.vae_footprint import CacheLayout
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return load_vae_engine("tiny", None, "float32", "cpu")
+
+
+@pytest.mark.parametrize("size", [(32, 48), (48, 32), (64, 112)])
+def test_the_estimate_covers_what_a_session_holds_after_condition_and_decode(engine, size):
+    """Probed at 32x32, the layout predicts the caches at other sizes: never below the bytes a
+    real session holds after three chunks, and not far above them (held within 1.5x, held plus
+    the working reservation within 4x)."""
+    layout = CacheLayout.probe(engine)
+    h, w = size
+    session = engine.open(np.full((h, w, 3), 90, dtype=np.uint8), h, w)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        engine.condition(session)
+        engine.decode(session, torch.randn(16, 3, h // 8, w // 8, generator=generator))
+        need = layout.footprint(h, w)
+        assert session.nbytes <= need.held <= 1.5 * session.nbytes
+    assert need.total <= 4 * session.nbytes
+    assert session.enc_cache.nbytes > 0 and session.dec_cache.nbytes > 0
+
+
+def test_the_footprint_grows_with_the_output_area(engine):
+    layout = CacheLayout.probe(engine, (32, 48))
+    small, large = layout.footprint(32, 48), layout.footprint(64, 96)
+    assert 3.5 * small.held < large.held <= 4 * small.held
+    assert large.working == 4 * small.working
