@@ -46,6 +46,7 @@ class DiTSlot:
     width: int
     kv_frames: int  # latent frames the reservation covers
     chunks: int = 0
+    windowed: bool = False  # the session runs with the rolling window: its memory never grows
 
 
 @serve.deployment
@@ -120,24 +121,41 @@ class DiTDeployment(SessionHost[DiTSlot]):
         self._log.info("session restored", fields={"session": key, "chunks": len(past)})
         return self._replica
 
-    @staticmethod
-    def _session_spec(spec: DiTOpenSpec) -> DiTSessionSpec:
+    def _full_attention(self, spec: DiTOpenSpec) -> bool:
+        """Per session, at open and alike at restore (same spec, same budget): a session that
+        declares its length and whose full-attention footprint fits the replica's whole budget
+        and the attention bound attends to all its frames (exact, as the offline pipeline); an
+        open-ended one, or one too long for that, gets the configured window. Without a
+        configured window every session runs full attention (open-ended ones grow per chunk)."""
+        if self._engine.cfg.local_attn_size == -1:
+            return True
+        if spec.total_latent_frames is None:
+            return False
+        frames = spec.total_latent_frames
+        if (spec.height // 8) * (spec.width // 8) // 4 * frames > self._max_attention_tokens:
+            return False
+        budget = self._table.budget_bytes
+        return budget is None or self._engine.footprint(spec.height, spec.width, frames, frames).total <= budget
+
+    def _session_spec(self, spec: DiTOpenSpec) -> DiTSessionSpec:
         return DiTSessionSpec(
             context=torch.tensor(spec.context, dtype=torch.float32),  # a copy: Ray hands in read-only arrays
             height=spec.height, width=spec.width, seed=spec.seed, total_latent_frames=spec.total_latent_frames,
             translation_scale=spec.translation_scale, intrinsics_resolution=tuple(spec.intrinsics_resolution),
+            full_attention=self._full_attention(spec),
         )
 
     async def _admit(self, key: str, spec: DiTSessionSpec, chunks: int, build: Callable[[], DiTSession]) -> None:
         """Reserve the session's whole footprint (`Busy` when it does not fit now, `TooLarge`
         when it never can), then build it."""
-        kv_frames = self._engine.kv_frames(spec.total_latent_frames)
-        if self._engine.cfg.local_attn_size == -1:
+        kv_frames = self._engine.kv_frames(spec.total_latent_frames, spec.full_attention)
+        windowed = self._engine.session_cfg(spec.full_attention).local_attn_size != -1
+        if not windowed:
             kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
         self._check_attention(spec.frame_seqlen, kv_frames)
         need = self._engine.footprint(spec.height, spec.width, kv_frames, spec.total_latent_frames)
         try:
-            await self._open_slot(key, need.held, lambda: DiTSlot(build(), spec.height, spec.width, kv_frames, chunks),
+            await self._open_slot(key, need.held, lambda: DiTSlot(build(), spec.height, spec.width, kv_frames, chunks, windowed),
                                   working=need.working)
         except (Busy, TooLarge) as e:
             self._metrics.rejected.inc()
@@ -180,7 +198,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
             raise SessionLimit(f"the session produced its {self._max_chunks} chunks (max_chunks; the model's RoPE "
                                "table holds 1024 latent frames); reset to start a new one")
         needed = (slot.chunks + 1) * CHUNK_LATENT_FRAMES  # latent frames the KV cache holds after this chunk
-        if needed <= slot.kv_frames or self._engine.cfg.local_attn_size != -1:
+        if needed <= slot.kv_frames or slot.windowed:
             return
         frame_seqlen = (slot.height // 8) * (slot.width // 8) // 4
         if frame_seqlen * needed > self._max_attention_tokens:

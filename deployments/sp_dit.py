@@ -156,8 +156,11 @@ class SPReplicaEngine:
     def dit(self) -> torch.nn.Module:
         return self._local.dit
 
-    def kv_frames(self, total_latent_frames: int | None) -> int:
-        return self._local.kv_frames(total_latent_frames)
+    def kv_frames(self, total_latent_frames: int | None, full_attention: bool = False) -> int:
+        return self._local.kv_frames(total_latent_frames, full_attention)
+
+    def session_cfg(self, full_attention: bool):
+        return self._local.session_cfg(full_attention)
 
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         return self._local.session_bytes(spec_h, spec_w, kv_frames)

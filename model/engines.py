@@ -18,6 +18,7 @@ import torch
 from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from model.camera import CameraTrack
 from model.conditioning import image_condition_mask, make_y, preprocess_image
+from model.config import DiTConfig
 from model.dit import CausalDiT
 from model.kv_cache import DiTCaches
 from model.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
@@ -156,10 +157,16 @@ class DiTEngine:
     def dtype(self) -> torch.dtype:
         return self.dit.dtype
 
-    def kv_frames(self, total_latent_frames: int | None) -> int:
+    def session_cfg(self, full_attention: bool) -> DiTConfig:
+        """The config a session's caches follow: the engine's, without its window for a
+        full-attention session (the window lives in the caches only, never in the weights)."""
+        return self.cfg.with_window(-1, 0) if full_attention else self.cfg
+
+    def kv_frames(self, total_latent_frames: int | None, full_attention: bool = False) -> int:
         """Latent frames a session's self-attention cache holds (for admission control)."""
-        if self.cfg.local_attn_size != -1:
-            return self.cfg.local_attn_size
+        cfg = self.session_cfg(full_attention)
+        if cfg.local_attn_size != -1:
+            return cfg.local_attn_size
         return total_latent_frames if total_latent_frames is not None else CHUNK_LATENT_FRAMES
 
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
@@ -190,7 +197,7 @@ class DiTEngine:
     def allocate_caches(self, spec: DiTSessionSpec) -> DiTCaches:
         """A new session's KV and cross-attention caches (sharded engines override this)."""
         return DiTCaches.allocate(
-            self.cfg, spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
+            self.session_cfg(spec.full_attention), spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
             max_attention_size=self.max_attention_size,
         )
 

@@ -41,6 +41,10 @@ class DiTSessionSpec:
     total_latent_frames: int | None = None  # known length -> the reference's noise plan
     translation_scale: float | None = None  # None -> per-chunk normalisation
     intrinsics_resolution: tuple[int, int] = DEFAULT_INTRINSICS_RESOLUTION
+    # True: this session attends to all its frames even where the engine's config has a rolling
+    # window (a server gives declared-length sessions that fit its budget exact full attention
+    # and the window to the others); False: the engine's config decides (window or full).
+    full_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.height <= 0 or self.width <= 0 or self.height % 16 or self.width % 16:

@@ -268,8 +268,10 @@ class CameraServerConfig(_Message):
     max_latent_frames: int = Field(MAX_LATENT_FRAMES, description="latent frame positions of one session "
                                                                   "(the model's RoPE table)")
     window: Optional[tuple[int, int]] = Field(
-        None, description="[local, sink] latent frames of the rolling KV window every session runs with "
-                          "(open-ended sessions keep fixed memory); absent: full attention")
+        None, description="[local, sink] latent frames of the rolling KV window that sessions without "
+                          "`num_frames` (or too long for full attention in the server's budget) run with, "
+                          "at fixed memory; sessions that declare `num_frames` and fit run full attention; "
+                          "absent: every session full attention")
     protocol_version: Literal[1] = 1
 
 

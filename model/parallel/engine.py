@@ -38,6 +38,6 @@ class SPDiTEngine(DiTEngine):
     def allocate_caches(self, spec: DiTSessionSpec) -> DiTCaches:
         """This rank's caches: heads / world per layer."""
         return allocate_sp_caches(
-            self.cfg, self.world, spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
+            self.session_cfg(spec.full_attention), self.world, spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
             max_attention_size=self.max_attention_size,
         )

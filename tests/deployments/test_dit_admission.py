@@ -65,3 +65,28 @@ def test_the_chunk_cap_is_session_limit():
     with pytest.raises(SessionLimit, match=r"its 2 chunks") as capped:
         host._admit_chunk("s", slot)
     assert capped.value.code is ErrorCode.SESSION_LIMIT
+
+
+def test_declared_sessions_that_fit_get_full_attention_the_others_the_window():
+    """Issue 15: with a window configured, the choice is per session, at open and at restore."""
+    from deployments.wire import DiTOpenSpec  # noqa: PLC0415
+    from model.factory import load_dit_engine  # noqa: PLC0415
+
+    host = object.__new__(DiTDeployment.func_or_class)
+    host._engine = load_dit_engine("tiny", None, "float32", "cpu", local_attn_size=6, sink_size=3)
+    host._max_attention_tokens = 10**9
+    fits = host._engine.footprint(32, 48, 30, 30).total
+    host._table = SessionTable(4, fits, idle_ttl_s=60.0, retry_after_s=RETRY_AFTER_S)
+
+    def spec(total):
+        import numpy as np  # noqa: PLC0415
+        return DiTOpenSpec(np.zeros((8, 64), np.float32), 32, 48, 0, total, None, (480, 832))
+
+    declared, open_ended, too_long = (host._session_spec(spec(t)) for t in (30, None, 60))
+    assert declared.full_attention and not open_ended.full_attention and not too_long.full_attention
+    assert host._engine.kv_frames(30, True) == 30 and host._engine.kv_frames(None, False) == 6
+    need_full = host._engine.footprint(32, 48, 30, 30).held
+    need_window = host._engine.footprint(32, 48, 6, None).held
+    assert need_window < need_full
+    host._engine = load_dit_engine("tiny", None, "float32", "cpu")  # no window configured: all full attention
+    assert host._session_spec(spec(None)).full_attention

@@ -1,0 +1,37 @@
+"""Per-session full attention vs the rolling window (issue 15 item 1) on one windowed engine."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from camera.frames import CHUNK_LATENT_FRAMES
+from model.factory import load_dit_engine
+from model.session import DiTSessionSpec
+
+H, W, CHUNKS = 32, 48, 3
+
+
+def run(engine, full_attention: bool, total) -> tuple[list[torch.Tensor], object]:
+    spec = DiTSessionSpec(context=torch.randn(8, engine.cfg.text_dim, generator=torch.Generator().manual_seed(1)),
+                          height=H, width=W, seed=3, total_latent_frames=total, full_attention=full_attention)
+    session = engine.open(spec)
+    poses = np.tile(np.eye(4, dtype=np.float32), (12, 1, 1))
+    intr = np.tile(np.array([[40.0, 40.0, 24.0, 16.0]], dtype=np.float32), (12, 1))
+    out = []
+    for _ in range(CHUNKS):
+        y = torch.zeros(20, CHUNK_LATENT_FRAMES, H // 8, W // 8)
+        out.append(engine.step(session, y, poses, intr).latents)
+    return out, session
+
+
+def test_a_full_attention_session_on_a_windowed_engine_equals_a_full_attention_engine():
+    windowed = load_dit_engine("tiny", None, "float32", "cpu", local_attn_size=6, sink_size=3)
+    full = load_dit_engine("tiny", None, "float32", "cpu")
+    total = CHUNKS * CHUNK_LATENT_FRAMES
+    exact, _ = run(full, False, total)
+    same, s1 = run(windowed, True, total)
+    rolled, s2 = run(windowed, False, total)
+    assert all(torch.equal(a, b) for a, b in zip(exact, same))
+    assert not torch.equal(exact[-1], rolled[-1])  # the window forgot frames by chunk 3
+    assert windowed.kv_frames(total, True) == total and windowed.kv_frames(None) == 6
+    assert s2.caches.nbytes < s1.caches.nbytes  # the window's memory is fixed at its 6 frames
