@@ -35,3 +35,26 @@ def test_a_full_attention_session_on_a_windowed_engine_equals_a_full_attention_e
     assert not torch.equal(exact[-1], rolled[-1])  # the window forgot frames by chunk 3
     assert windowed.kv_frames(total, True) == total and windowed.kv_frames(None) == 6
     assert s2.caches.nbytes < s1.caches.nbytes  # the window's memory is fixed at its 6 frames
+
+
+def test_a_windowed_session_restored_on_a_windowed_engine_continues_bit_for_bit():
+    """Open-ended (window) on an engine that also serves full attention: restore replays the
+    window's evictions, so chunk 5 after the rebuild equals the uninterrupted chunk 5."""
+    from model.session import PastChunk  # noqa: PLC0415
+
+    engine = load_dit_engine("tiny", None, "float32", "cpu", local_attn_size=6, sink_size=3)
+    spec = DiTSessionSpec(context=torch.randn(8, engine.cfg.text_dim, generator=torch.Generator().manual_seed(1)),
+                          height=H, width=W, seed=3, total_latent_frames=None, full_attention=False)
+    poses = np.tile(np.eye(4, dtype=np.float32), (12, 1, 1))
+    intr = np.tile(np.array([[40.0, 40.0, 24.0, 16.0]], dtype=np.float32), (12, 1))
+    ys = [torch.randn(20, CHUNK_LATENT_FRAMES, H // 8, W // 8, generator=torch.Generator().manual_seed(k))
+          for k in range(5)]
+    session, past = engine.open(spec), []
+    for y in ys[:4]:
+        out = engine.step(session, y, poses, intr).latents
+        past.append(PastChunk(poses, intr, y, out))
+    state = session.noise.state()
+    expected = engine.step(session, ys[4], poses, intr).latents
+    rebuilt = engine.restore(spec, past, state)
+    assert torch.equal(engine.step(rebuilt, ys[4], poses, intr).latents, expected)
+    assert rebuilt.caches.nbytes == session.caches.nbytes  # fixed at the window
