@@ -82,7 +82,7 @@ def build_app(args: AppArgs) -> Application:
     # A VAE replica may have to hold every session of every DiT replica, and briefly a second
     # incarnation of each: a session replaced while chunks are in flight frees its VAE state
     # once they are answered, after its successor opened (its DiT state goes first).
-    vae_capacity = 2 * args.sessions.max_sessions * args.dit.most_replicas
+    vae_capacity = args.sessions.vae_max_sessions or 2 * args.sessions.max_sessions * args.dit.most_replicas
     text = TextEncoderDeployment.options(**replica_options(args.text_encoder)).bind(args.model)
     vae = VaeDeployment.options(**replica_options(args.vae), request_router_config=router).bind(
         args.model, args.sessions, vae_capacity)

@@ -130,6 +130,10 @@ class SessionArgs(_Strict):
     recovery: bool = True
     journal_max_mib: float = Field(512.0, gt=0)
     recovery_timeout_s: float = Field(120.0, gt=0)  # how long a rebuild waits for a replica with room
+    # Sessions one VAE replica holds. None: 2 x max_sessions x the DiT's most replicas (every
+    # session, and briefly a second incarnation of each, fits one VAE replica). Set it, with
+    # `vae.autoscaling`, to scale the VAE by the sessions its replicas hold.
+    vae_max_sessions: Optional[int] = Field(None, ge=1)
 
 
 class AutoscalingArgs(_Strict):

@@ -116,3 +116,5 @@ def test_only_session_hosts_autoscale_and_bounds_are_checked():
         AppArgs.model_validate({"ingress": {"autoscaling": {}}})
     with pytest.raises(ValueError, match="below min_replicas"):
         AutoscalingArgs(min_replicas=3, max_replicas=2)
+    with pytest.raises(ValueError, match="target_fill"):
+        HeldSessionsPolicy(target_fill=0)
