@@ -169,10 +169,14 @@ AUTOSCALED_ARGS = {
 }
 
 
-@pytest.fixture(scope="session")
-def autoscaled_server(ray_port: int) -> Server:
-    """A third app (route prefix /auto, started on first use): the DiT autoscales by held sessions."""
-    return _run_app(ray_port, AUTOSCALED_ARGS, "auto", AUTOSCALED_PREFIX)
+@pytest.fixture(scope="module")
+def autoscaled_server(ray_port: int) -> Iterator[Server]:
+    """A third app (route prefix /auto, for one module): the DiT autoscales by held sessions.
+    Deleted afterwards, so that its replicas do not load the 2-core machine for later tests."""
+    from ray import serve
+
+    yield _run_app(ray_port, AUTOSCALED_ARGS, "auto", AUTOSCALED_PREFIX)
+    serve.delete("auto")
 
 
 @dataclass(frozen=True)
@@ -280,7 +284,7 @@ def connect(server: Server):
     return lambda headers=None: Connect(server.ws, headers)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def autoscaled_connect(autoscaled_server: Server):
     """`async with autoscaled_connect() as client:` a fresh WebSocket to the autoscaled app."""
     return lambda: Connect(autoscaled_server.ws)
