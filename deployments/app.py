@@ -16,7 +16,8 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from deployments.config import AppArgs, ReplicaArgs
+from deployments.autoscaling_policy import HeldSessionsPolicy
+from deployments.config import AppArgs, AutoscalingArgs, ReplicaArgs
 from deployments.ingress import WorldIngress
 from deployments.router import SessionAffinityRouter
 from deployments.sp_dit import bind_dit
@@ -40,13 +41,30 @@ def actor_options(r: ReplicaArgs) -> dict[str, Any]:
 
 def replica_options(r: ReplicaArgs) -> dict[str, Any]:
     """Serve deployment options of one ReplicaArgs block."""
+    count = {"num_replicas": r.num_replicas} if r.autoscaling is None else {
+        "autoscaling_config": autoscaling_config(r.autoscaling)}
     return {
-        "num_replicas": r.num_replicas,
+        **count,
         "max_ongoing_requests": r.max_ongoing_requests,
         "ray_actor_options": actor_options(r),
         "health_check_period_s": r.health_check_period_s,
         "health_check_timeout_s": r.health_check_timeout_s,
         "graceful_shutdown_timeout_s": r.graceful_shutdown_timeout_s,
+    }
+
+
+def autoscaling_config(a: AutoscalingArgs) -> dict[str, Any]:
+    """Serve's autoscaling_config with the held-sessions policy (set in code: Serve cloudpickles
+    the policy into its controller, which then needs no import of this package)."""
+    return {
+        "min_replicas": a.min_replicas,
+        "max_replicas": a.max_replicas,
+        "upscale_delay_s": a.upscale_delay_s,
+        "downscale_delay_s": a.downscale_delay_s,
+        "look_back_period_s": a.look_back_period_s,
+        "metrics_interval_s": a.metrics_interval_s,
+        "aggregation_function": "max",  # a session that just ended counts for the window
+        "policy": {"policy_function": HeldSessionsPolicy, "policy_kwargs": {"target_fill": a.target_fill}},
     }
 
 
@@ -64,7 +82,7 @@ def build_app(args: AppArgs) -> Application:
     # A VAE replica may have to hold every session of every DiT replica, and briefly a second
     # incarnation of each: a session replaced while chunks are in flight frees its VAE state
     # once they are answered, after its successor opened (its DiT state goes first).
-    vae_capacity = 2 * args.sessions.max_sessions * args.dit.num_replicas
+    vae_capacity = args.sessions.vae_max_sessions or 2 * args.sessions.max_sessions * args.dit.most_replicas
     text = TextEncoderDeployment.options(**replica_options(args.text_encoder)).bind(args.model)
     vae = VaeDeployment.options(**replica_options(args.vae), request_router_config=router).bind(
         args.model, args.sessions, vae_capacity)

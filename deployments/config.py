@@ -134,6 +134,34 @@ class SessionArgs(_Strict):
     recovery: bool = True
     journal_max_mib: float = Field(512.0, gt=0)
     recovery_timeout_s: float = Field(120.0, gt=0)  # how long a rebuild waits for a replica with room
+    # Sessions one VAE replica holds. None: 2 x max_sessions x the DiT's most replicas (every
+    # session, and briefly a second incarnation of each, fits one VAE replica). Set it, with
+    # `vae.autoscaling`, to scale the VAE by the sessions its replicas hold.
+    vae_max_sessions: Optional[int] = Field(None, ge=1)
+
+
+class AutoscalingArgs(_Strict):
+    """Serve autoscaling of a stateful deployment (DiT, VAE) by the sessions its replicas hold
+    (deployments/autoscaling_policy.py; docs/RELIABILITY.md, Autoscaling)."""
+
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(2, ge=1)
+    # Replicas wanted: the held sessions' load (share of slots or budget bytes per replica)
+    # over target_fill; and one more as soon as admission answers `busy`.
+    target_fill: float = Field(1.0, gt=0, le=1)
+    upscale_delay_s: float = Field(0.0, ge=0)  # a new replica takes a while to start already
+    # A scale-down moves the sessions of the replica Serve removes by journal replay (the
+    # ingress rebuilds them on the others); wait this long for the load to stay low first.
+    downscale_delay_s: float = Field(300.0, ge=0)
+    look_back_period_s: float = Field(10.0, gt=0)  # the load is the window's maximum
+    metrics_interval_s: float = Field(2.0, gt=0)  # how often replicas report it to the controller
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingArgs":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"autoscaling.max_replicas ({self.max_replicas}) is below min_replicas "
+                             f"({self.min_replicas})")
+        return self
 
 
 class ReplicaArgs(_Strict):
@@ -152,6 +180,14 @@ class ReplicaArgs(_Strict):
     # resources each replica takes (e.g. {"gpu_slot": 0.5}). Empty: anywhere.
     label_selector: dict[str, str] = Field(default_factory=dict)
     resources: dict[str, float] = Field(default_factory=dict)
+    # DiT and VAE only: autoscale between min and max replicas by held sessions (num_replicas
+    # is then unused). None: num_replicas, fixed.
+    autoscaling: Optional[AutoscalingArgs] = None
+
+    @property
+    def most_replicas(self) -> int:
+        """The most replicas this deployment runs at once (max_replicas when autoscaled)."""
+        return self.autoscaling.max_replicas if self.autoscaling else self.num_replicas
 
 
 class ConnectionArgs(_Strict):
@@ -238,6 +274,14 @@ class AppArgs(_Strict):
     # when a rank dies, the replica breaks: its sessions are rebuilt elsewhere and Serve
     # replaces it (docs/RELIABILITY.md).
     dit_parallel_timeout_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _autoscaling_of_session_hosts_only(self) -> "AppArgs":
+        for name in ("text_encoder", "ingress"):
+            if getattr(self, name).autoscaling is not None:
+                raise ValueError(f"{name}.autoscaling: only dit and vae autoscale (by the sessions they hold); "
+                                 f"set {name}.num_replicas")
+        return self
 
     @model_validator(mode="after")
     def _a_largest_frame_fits_the_byte_burst(self) -> "AppArgs":

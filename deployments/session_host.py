@@ -17,7 +17,8 @@ from typing import Any, Generic, Optional, TypeVar
 import torch
 from ray import serve
 
-from deployments.errors import SessionLost
+from deployments.autoscaling_policy import LOAD, REFUSED, replica_load
+from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog, log_typed_errors_as_info
 from deployments.memory import memory_report
 from deployments.metrics import SessionMetrics
@@ -45,6 +46,7 @@ class SessionHost(Generic[S]):
         self._lock = asyncio.Lock()
         self._metrics = SessionMetrics()
         self._expired_total = 0  # sessions freed by the idle TTL (not by a close)
+        self._refused_total = 0  # new sessions admission answered busy (drives autoscaling)
         period = min(max(table.idle_ttl_s / 4, SWEEP_PERIOD_MIN_S), SWEEP_PERIOD_MAX_S)
         self._sweeper = asyncio.get_running_loop().create_task(self._expire_forever(period))
 
@@ -69,7 +71,11 @@ class SessionHost(Generic[S]):
     async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
         """Admit `key` (`Busy` when full, `TooLarge` when it never fits), build its state in the
         worker thread, hold it."""
-        self._table.admit(key, nbytes, working)
+        try:
+            self._table.admit(key, nbytes, working)
+        except Busy:
+            self._refused_total += 1
+            raise
         try:
             async with self._lock:
                 if not self._table.start_building(key):  # closed while it waited for its turn
@@ -115,6 +121,13 @@ class SessionHost(Generic[S]):
             "replica": self._replica,
             "keys": self._table.keys(),  # lets a router correct these stale numbers by its own opens/closes
         }
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Read by Serve's autoscaler when the deployment has an `autoscaling_config`
+        (HeldSessionsPolicy): held sessions, not requests, keep a replica busy."""
+        t = self._table
+        return {LOAD: replica_load(len(t), t.max_sessions, t.reserved_bytes, t.budget_bytes),
+                REFUSED: float(self._refused_total), "sessions": float(len(t))}
 
     async def probe(self) -> bool:
         """Reachability probe (deployments/health.py): answered on the event loop, never behind

@@ -167,6 +167,32 @@ def strict_server(ray_port: int, server: Server) -> Server:
     return _run_app(ray_port, STRICT_ARGS, "strict", STRICT_PREFIX, {"Authorization": f"Bearer {API_KEYS[0]}"})
 
 
+AUTOSCALED_PREFIX = "/auto"
+AUTOSCALED_ARGS = {
+    # One DiT session slot per replica, 1..2 DiT replicas scaled by the sessions they hold: fast
+    # reports (0.5 s), a 1 s look-back and a 2 s downscale delay keep the test short.
+    "model": {"preset": "tiny", "default_size": TEST_SIZE},
+    "sessions": {"max_sessions": 1, "routing_stats_period_s": 0.5, "retry_after_s": 0.5},
+    "dit": {"num_cpus": 0.1, "graceful_shutdown_timeout_s": 5,
+            "autoscaling": {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0, "downscale_delay_s": 2,
+                            "look_back_period_s": 1, "metrics_interval_s": 0.5}},
+    "vae": {"num_cpus": 0.1},
+    "text_encoder": {"num_cpus": 0.1},
+    "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 32},
+    "debug_fields": True,
+}
+
+
+@pytest.fixture(scope="module")
+def autoscaled_server(ray_port: int) -> Iterator[Server]:
+    """A third app (route prefix /auto, for one module): the DiT autoscales by held sessions.
+    Deleted afterwards, so that its replicas do not load the 2-core machine for later tests."""
+    from ray import serve
+
+    yield _run_app(ray_port, AUTOSCALED_ARGS, "auto", AUTOSCALED_PREFIX)
+    serve.delete("auto")
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """Inputs of one example session: image bytes, prompt, poses and intrinsics."""
@@ -270,6 +296,12 @@ class Connect:
 def connect(server: Server):
     """`async with connect() as client:` a fresh WebSocket to the test app."""
     return lambda headers=None: Connect(server.ws, headers)
+
+
+@pytest.fixture(scope="module")
+def autoscaled_connect(autoscaled_server: Server):
+    """`async with autoscaled_connect() as client:` a fresh WebSocket to the autoscaled app."""
+    return lambda: Connect(autoscaled_server.ws)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from deployments.app import actor_options
 from deployments.config import AppArgs
 
 KNOWN_KINDS = {
@@ -174,7 +175,8 @@ def placements(cfg: dict) -> dict[str, dict]:
     """Per deployment at its largest: replicas, and what each replica asks of a Ray node.
 
     A `ray_actor_options` in the YAML replaces the code's whole; otherwise the code asks for the
-    args' num_cpus / num_gpus (tests/k8s/test_serve_configs.py checks both against the graph).
+    args' placement (`deployments.app.actor_options`; tests/k8s/test_serve_configs.py checks both
+    against the graph). Autoscaled: the YAML's max_replicas, else the args' (`most_replicas`).
     """
     app = cfg["applications"][0]
     args = AppArgs.model_validate(app["args"])
@@ -183,13 +185,10 @@ def placements(cfg: dict) -> dict[str, dict]:
     for name, key in ARGS_KEY.items():
         replica_args = getattr(args, key)
         over = overrides.get(name, {})
-        options = over.get(
-            "ray_actor_options",
-            {"num_cpus": replica_args.num_cpus, "num_gpus": replica_args.num_gpus},
-        )
+        options = over.get("ray_actor_options", actor_options(replica_args))
         auto = over.get("num_replicas") == "auto"
         out[name] = {
-            "replicas": over["autoscaling_config"]["max_replicas"] if auto else replica_args.num_replicas,
+            "replicas": over["autoscaling_config"]["max_replicas"] if auto else replica_args.most_replicas,
             "CPU": options.get("num_cpus", 1),
             "GPU": options.get("num_gpus", 0),
             "labels": options.get("label_selector", {}),
@@ -245,6 +244,26 @@ def test_gpu_deployments_are_pinned_to_worker_groups(rayservice):
     assert 2 * wanted["VaeDeployment"]["GPU"] > 1
     (dit_group,) = [g for g in groups if selects(wanted["DiTDeployment"]["labels"], g.get("labels", {}))]
     assert dit_group["maxReplicas"] >= wanted["DiTDeployment"]["replicas"]
+
+
+def test_session_hosts_autoscale_by_held_sessions_and_drain(rayservice):
+    """The DiT and VAE autoscale through the args (the held-sessions policy set in code), never a
+    YAML autoscaling_config (it would replace the policy); the dit-gpu group can hold the DiT at
+    its maximum, one replica per pod; a replica being removed has time to finish its chunks."""
+    app = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]
+    args = AppArgs.model_validate(app["args"])
+    overrides = {d["name"]: d for d in app.get("deployments", [])}
+    groups = {g["groupName"]: g for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    for name in ("DiTDeployment", "VaeDeployment"):
+        replica_args = getattr(args, ARGS_KEY[name])
+        assert replica_args.autoscaling is not None, name
+        assert not {"autoscaling_config", "num_replicas"} & set(overrides.get(name, {})), name
+        assert replica_args.graceful_shutdown_timeout_s >= 30, name
+    auto = args.dit.autoscaling
+    assert groups["dit-gpu"]["minReplicas"] == auto.min_replicas and groups["dit-gpu"]["maxReplicas"] == auto.max_replicas
+    assert args.vae.autoscaling.max_replicas <= groups["codec-gpu"]["maxReplicas"]
+    assert args.sessions.vae_max_sessions * args.vae.autoscaling.max_replicas >= (
+        args.sessions.max_sessions * auto.max_replicas), "the VAE at its maximum holds every DiT session"
 
 
 # ------------------------------------------------------------------------------- Ingress
