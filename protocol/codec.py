@@ -133,11 +133,17 @@ def _request_fields(obj: object) -> tuple[type[InferRequest] | type[ResetRequest
     return model, fields
 
 
+def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> object:
+    """One client frame -> its msgpack value, under the same bounds as `decode` (openpi scalars
+    already plain); raises only ProtocolError. For adapters that read other request shapes."""
+    return _unpack(data, max_bytes=limits.max_message_bytes, max_map_len=limits.max_map_len,
+                   max_str_len=4 * max(limits.max_prompt_chars, limits.max_session_id_chars),  # UTF-8 <= 4 B/char
+                   max_array_len=limits.max_array_len, max_elements=limits.max_array_elements)
+
+
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     """One client frame -> InferRequest | ResetRequest; raises only ProtocolError."""
-    obj = _unpack(data, max_bytes=limits.max_message_bytes, max_map_len=limits.max_map_len,
-                  max_str_len=4 * max(limits.max_prompt_chars, limits.max_session_id_chars),  # UTF-8 <= 4 B/char
-                  max_array_len=limits.max_array_len, max_elements=limits.max_array_elements)
+    obj = unpack(data, limits)
     try:
         model, fields = _request_fields(obj)
         try:
