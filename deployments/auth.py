@@ -3,7 +3,8 @@
 Keys come from the environment variable named by `api_keys_env` (comma separated, a secret
 in Kubernetes), never from the repository or the serve config. A client presents one as
 
-* `Authorization: Bearer <key>` (programs), or
+* `Authorization: Bearer <key>` (programs), or `Authorization: Api-Key <key>` (the scheme
+  openpi's `WebsocketClientPolicy(api_key=...)` sends), or
 * the WebSocket subprotocol `lwf.bearer.<key>` (browsers cannot set headers:
   `new WebSocket(url, ["lwf.bearer." + key])`); the server accepts the socket with that
   subprotocol, as browsers require when they offered one, or
@@ -25,7 +26,9 @@ from deployments.config import AuthArgs
 
 BEARER_SUBPROTOCOL = "lwf.bearer."
 ANONYMOUS = None  # the key id of connections when auth is off
-UNAUTHORIZED_MESSAGE = ("missing or wrong API key: send `Authorization: Bearer <key>`, the WebSocket subprotocol "
+AUTH_SCHEMES = ("bearer ", "api-key ")  # `Authorization` schemes, lower case with their space
+UNAUTHORIZED_MESSAGE = ("missing or wrong API key: send `Authorization: Bearer <key>` (or `Api-Key <key>`), "
+                        "the WebSocket subprotocol "
                         "`lwf.bearer.<key>` or the `api_key` query parameter")
 
 
@@ -72,10 +75,11 @@ class Auth:
 
 
 def presented_key(conn: HTTPConnection) -> str:
-    """The key the client presented: Bearer header, else bearer subprotocol, else query parameter."""
+    """The key the client presented: Bearer (or Api-Key) header, else bearer subprotocol, else query parameter."""
     header = conn.headers.get("authorization", "")
-    if header[:7].lower() == "bearer ":
-        return header[7:].strip()
+    for scheme in AUTH_SCHEMES:
+        if header[:len(scheme)].lower() == scheme:
+            return header[len(scheme):].strip()
     sub = bearer_subprotocol(conn)
     if sub is not None:
         return sub[len(BEARER_SUBPROTOCOL):]

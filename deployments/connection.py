@@ -261,7 +261,7 @@ class Connection(LaneJobs, Releases):
             prompt, image, digest = req.prompt, decode_image(req.image, self._limits), image_digest(req.image)
         max_area = req.max_area or parse_size(self._args.model.default_size)
         resolution = self._sizes.output(max_area, *image.shape[:2])  # buckets, bounds (ProtocolError)
-        spec = stream_spec(req, resolution, prompt, digest)
+        spec = stream_spec(req, resolution, prompt, digest, raw_frames=getattr(self._ws, "raw_frames", False))
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)
@@ -276,7 +276,7 @@ class Connection(LaneJobs, Releases):
         h, w = spec.resolution
         key = stream.vae_key
         stream.vae_open = self._vae_lane.submit(
-            lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w))
+            lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w, spec.raw_frames))
         stream.dit_open = self._dit_lane.submit(partial(self._open_dit, stream))
         self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
                                                   "resolution": f"{h}x{w}"})

@@ -20,6 +20,7 @@ from ray.serve.handle import DeploymentHandle
 
 from camera import parse_size
 from deployments.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
+from deployments.clip import PeerTransport
 from deployments.config import AppArgs
 from deployments.connection import POLICY_VIOLATION, Backends, Connection
 from deployments.connection_caps import ConnectionCaps, client_address
@@ -96,6 +97,7 @@ class WorldIngress:
         self._videos = VideoEndpoint(args.videos, self._auth, self._limits, runner, args.sessions.retry_after_s)
 
     @app.websocket(CAMERA_ROUTE)
+    @app.websocket(CAMERA_ROUTE + "/")  # clients that join a base URL and the path with a slash
     async def camera(self, ws: WebSocket) -> None:
         if not self._auth.origin_allowed(ws):
             self._metrics.refuse_connection("origin")
@@ -120,9 +122,14 @@ class WorldIngress:
                                                   retry_after_s=self._args.sessions.retry_after_s)))
             await ws.close(code=TRY_AGAIN_LATER, reason=reason)
             return
+        # Our protocol, or the peers' clip mode (deployments/clip), chosen by the first request
+        # or by `?mode=clip|chunk`.
+        peer = PeerTransport(ws, self._limits, min(VIDEO_PIPELINE, self._args.sessions.max_pending_chunks),
+                             ws.query_params.get("mode"))
         try:
-            await self._serve(ws, key_id)
+            await self._serve(peer, key_id)
         finally:
+            peer.stop()
             self._caps.release(client, key_id)
 
     async def _serve(self, transport: Transport, key_id: Optional[str]) -> None:

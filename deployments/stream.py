@@ -64,6 +64,7 @@ class StreamSpec:
     total_latent_frames: Optional[int]  # from `num_frames` (spec B.1); None: per-chunk noise
     translation_scale: Optional[float]
     intrinsics_resolution: tuple[int, int]
+    raw_frames: bool = False  # the VAE answers raw RGB frames, not fMP4 (the transport's choice: clip mode)
 
     def dit_open(self, context: np.ndarray) -> DiTOpenSpec:
         """What the DiT deployment opens (or rebuilds) this session with, given its text context."""
@@ -118,7 +119,8 @@ class Stream:
         return was_open
 
 
-def stream_spec(req: InferRequest, resolution: tuple[int, int], prompt: str, digest: str) -> StreamSpec:
+def stream_spec(req: InferRequest, resolution: tuple[int, int], prompt: str, digest: str,
+                raw_frames: bool = False) -> StreamSpec:
     """Session options of a first infer at output `resolution` -> StreamSpec; ProtocolError for
     unusable values. `prompt` and `digest` (of the image) are the request's, or on an implicit
     reset that changes one of them, the replaced session's other one."""
@@ -131,4 +133,5 @@ def stream_spec(req: InferRequest, resolution: tuple[int, int], prompt: str, dig
         resolution=resolution, seed=DEFAULT_SEED if req.seed is None else req.seed,
         total_latent_frames=total, translation_scale=req.translation_scale,
         intrinsics_resolution=tuple(req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION),
+        raw_frames=raw_frames,
     )

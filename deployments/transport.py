@@ -20,6 +20,8 @@ class Transport(Protocol):
     """The part of Starlette's `WebSocket` a Connection uses."""
 
     application_state: WebSocketState
+    # Optional `raw_frames: bool` (read with getattr, default False): sessions opened on this
+    # transport get raw RGB uint8 frames in `FrameReply.video` instead of fMP4 (deployments/clip).
 
     async def receive(self) -> dict[str, Any]: ...
 

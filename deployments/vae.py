@@ -1,6 +1,8 @@
 """VaeDeployment deployment: per-session conditioning encode, streaming decode and fMP4 mux.
 
-Each session holds a `VaeSession` (encoder cache for y, decoder cache) and its `Fmp4Muxer`.
+Each session holds a `VaeSession` (encoder cache for y, decoder cache) and its `Fmp4Muxer`,
+or none when it was opened with `raw_frames` (the clip mode of deployments/clip: its clients
+want the decoded frames themselves, so they leave as raw RGB uint8 bytes, never H.264).
 Calls for a session this replica does not hold raise `SessionLost`. `restore` rebuilds a
 session from the ingress's journal by replaying its conditions and decodes, muxing the
 decoded frames again (output dropped), so that the caches and the H.264 encoder's state are
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -43,7 +45,7 @@ from model.warmup import WarmupReport, allow_recompiles, warm_up_vae
 @dataclass(slots=True)
 class VaeSlot:
     session: VaeSession
-    muxer: Fmp4Muxer
+    muxer: Optional[Fmp4Muxer]  # None: a raw-frames session
 
 
 @serve.deployment
@@ -77,23 +79,26 @@ class VaeDeployment(SessionHost[VaeSlot]):
             self._log.warning("RANDOM WEIGHTS: this VAE is NOT A REAL MODEL (load tests only)")
         self._log.info("ready", fields={"warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}"})
 
-    async def open(self, key: str, image: np.ndarray, height: int, width: int) -> str:
-        """Start a session from its RGB uint8 image [H0, W0, 3] at output size (height, width)."""
-        await self._admit(key, height, width, lambda: self._new_slot(image, height, width))
+    async def open(self, key: str, image: np.ndarray, height: int, width: int, raw_frames: bool = False) -> str:
+        """Start a session from its RGB uint8 image [H0, W0, 3] at output size (height, width);
+        `raw_frames`: its chunks come back as raw RGB uint8 bytes, not fMP4."""
+        await self._admit(key, height, width, lambda: self._new_slot(image, height, width, raw_frames))
         self._log.info("session opened", fields={"session": key, "resolution": f"{height}x{width}"})
         return self._replica
 
     async def restore(self, key: str, image: np.ndarray, height: int, width: int, conditioned: int,
-                      decoded: list[np.ndarray]) -> str:
+                      decoded: list[np.ndarray], raw_frames: bool = False) -> str:
         """Rebuild a session: `conditioned` conditions done, then the chunks `decoded` (latents
         [16, 3, lh, lw] each, in order) decoded and muxed."""
 
         def build() -> VaeSlot:
-            slot = self._new_slot(image, height, width)
+            slot = self._new_slot(image, height, width, raw_frames)
             for _ in range(conditioned):
                 self._engine.condition(slot.session)
             for latents in decoded:
-                slot.muxer.add_chunk(self._engine.decode(slot.session, torch.tensor(latents)))
+                frames = self._engine.decode(slot.session, torch.tensor(latents))
+                if slot.muxer is not None:
+                    slot.muxer.add_chunk(frames)
             return slot
 
         await self._admit(key, height, width, build)
@@ -114,9 +119,9 @@ class VaeDeployment(SessionHost[VaeSlot]):
             raise
         self._metrics.admitted.inc()
 
-    def _new_slot(self, image: np.ndarray, height: int, width: int) -> VaeSlot:
+    def _new_slot(self, image: np.ndarray, height: int, width: int, raw_frames: bool) -> VaeSlot:
         writable = np.array(image)  # Ray hands in read-only arrays; torch wants to own a copy
-        return VaeSlot(self._engine.open(writable, height, width), Fmp4Muxer(width, height, FPS))
+        return VaeSlot(self._engine.open(writable, height, width), None if raw_frames else Fmp4Muxer(width, height, FPS))
 
     async def condition(self, key: str) -> np.ndarray:
         """The next chunk's conditioning y, float32 [20, 3, lh, lw]."""
@@ -133,11 +138,14 @@ class VaeDeployment(SessionHost[VaeSlot]):
         t0 = time.perf_counter()
         frames = self._engine.decode(slot.session, torch.tensor(latents))  # (a copy) -> uint8 [T, h, w, 3]
         t1 = time.perf_counter()
-        video = slot.muxer.add_chunk(frames)  # init segment + moof/mdat first, then moof/mdat
+        if slot.muxer is None:  # raw-frames session: [T, h, w, 3] uint8, C order
+            video, mime_type = np.ascontiguousarray(frames).tobytes(), None
+        else:  # init segment + moof/mdat first, then moof/mdat
+            video, mime_type = slot.muxer.add_chunk(frames), slot.muxer.mime_type
         return {
             "video": video,
             "num_frames": int(frames.shape[0]),
-            "mime_type": slot.muxer.mime_type,
+            "mime_type": mime_type,
             "timings": {"vae_decode": t1 - t0, "mux": time.perf_counter() - t1},
             "replica": self._replica,
         }

@@ -39,6 +39,33 @@ class _ElementBudget:
         return items
 
 
+_SCALAR_KINDS = "biuf"  # bool, int, uint, float: what an openpi scalar may be
+
+
+def _scalar_hook(m: dict) -> object:
+    """msgpack `object_hook`: an openpi NumPy scalar map (`{__npgeneric__: True, data, dtype}`,
+    what openpi's msgpack_numpy writes for e.g. `np.int64(7)`) -> the plain Python scalar, so
+    that a NumPy seed validates like an int. Every other map is returned as it is."""
+    flag = m.get("__npgeneric__", m.get(b"__npgeneric__"))
+    if flag is not True:
+        return m
+    dtype, value = m.get("dtype", m.get(b"dtype")), m.get("data", m.get(b"data"))
+    if isinstance(dtype, bytes):
+        dtype = dtype.decode("ascii", "replace")
+    try:
+        dt = np.dtype(dtype) if isinstance(dtype, str) else None
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in _SCALAR_KINDS or isinstance(value, (bytes, str, list, dict)) or value is None:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "an openpi `__npgeneric__` scalar must be a bool, integer or "
+                                                   "float with a NumPy dtype string (e.g. '<i8')")
+    try:
+        return dt.type(value).item()
+    except (OverflowError, ValueError, TypeError):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"an openpi `__npgeneric__` scalar {value!r} does not fit "
+                                                   f"its dtype {dt.str}") from None
+
+
 def _unpack(data: bytes, *, max_bytes: int, max_str_len: int, max_map_len: int,
             max_array_len: int = 1 << 31, max_elements: int = 1 << 62) -> object:
     if not isinstance(data, bytes):
@@ -51,7 +78,8 @@ def _unpack(data: bytes, *, max_bytes: int, max_str_len: int, max_map_len: int,
         # frame cannot make the unpacker allocate for a huge array, map or string.
         return msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=max_str_len,
                                max_map_len=max_map_len, max_array_len=min(max_array_len, len(data)),
-                               max_ext_len=0, list_hook=_ElementBudget(max_elements))
+                               max_ext_len=0, list_hook=_ElementBudget(max_elements),
+                               object_hook=_scalar_hook)
     except ProtocolError:  # from the list hook (a ValueError too)
         raise
     except msgpack.StackError:
@@ -105,11 +133,17 @@ def _request_fields(obj: object) -> tuple[type[InferRequest] | type[ResetRequest
     return model, fields
 
 
+def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> object:
+    """One client frame -> its msgpack value, under the same bounds as `decode` (openpi scalars
+    already plain); raises only ProtocolError. For adapters that read other request shapes."""
+    return _unpack(data, max_bytes=limits.max_message_bytes, max_map_len=limits.max_map_len,
+                   max_str_len=4 * max(limits.max_prompt_chars, limits.max_session_id_chars),  # UTF-8 <= 4 B/char
+                   max_array_len=limits.max_array_len, max_elements=limits.max_array_elements)
+
+
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     """One client frame -> InferRequest | ResetRequest; raises only ProtocolError."""
-    obj = _unpack(data, max_bytes=limits.max_message_bytes, max_map_len=limits.max_map_len,
-                  max_str_len=4 * max(limits.max_prompt_chars, limits.max_session_id_chars),  # UTF-8 <= 4 B/char
-                  max_array_len=limits.max_array_len, max_elements=limits.max_array_elements)
+    obj = unpack(data, limits)
     try:
         model, fields = _request_fields(obj)
         try:

@@ -12,3 +12,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q "torch==${LWF_TORCH:-2.13.0}"
 fi
 .venv/bin/pip install -q -e '.[test]'
+# openpi-client (the peers' client, driven by tests/deployments/test_peer_clients.py): its only
+# release pins numpy<2, which would downgrade this project's numpy; the modules the tests use
+# (msgpack_numpy, websocket_client_policy) need only msgpack, numpy and websockets.
+.venv/bin/pip install -q --no-deps "openpi-client==0.1.2"

@@ -36,6 +36,16 @@ def test_keys_from_the_environment(monkeypatch):
     assert not auth.authenticate(conn())[0]
 
 
+def test_the_openpi_api_key_scheme_is_accepted_beside_bearer(monkeypatch):
+    """openpi's WebsocketClientPolicy(api_key=k) sends `Authorization: Api-Key k`."""
+    monkeypatch.setenv("TEST_LWF_KEYS", "k1,k2")
+    auth = Auth(AuthArgs(api_keys_env="TEST_LWF_KEYS"))
+    assert auth.authenticate(conn({"Authorization": "Api-Key k2"})) == (True, "key1")
+    assert auth.authenticate(conn({"Authorization": "api-key k1"})) == (True, "key0")
+    assert not auth.authenticate(conn({"Authorization": "Api-Key k3"}))[0]
+    assert not auth.authenticate(conn({"Authorization": "Api-Keyk1"}))[0]  # no scheme separator
+
+
 def test_the_bearer_subprotocol_is_the_one_to_echo():
     assert bearer_subprotocol(conn({"Sec-WebSocket-Protocol": "lwf.v1, lwf.bearer.abc"})) == "lwf.bearer.abc"
     assert bearer_subprotocol(conn({"Sec-WebSocket-Protocol": "lwf.v1"})) is None

@@ -502,3 +502,39 @@ def test_pose_translations_beyond_the_bound_are_bad_cameras():
     poses[5, 0, 3] = 2e6
     cams = {"poses": poses.tolist(), "intrinsics": [[500.0, 500.0, 416.0, 240.0]] * 12}
     assert code(pack({**fields(), "cameras": cams})) is ErrorCode.BAD_CAMERAS
+
+
+class TestOpenpiScalars:
+    """openpi's msgpack_numpy writes NumPy scalars as `{__npgeneric__: True, data, dtype}` maps."""
+
+    @staticmethod
+    def _openpi_infer(**extra) -> bytes:
+        from openpi_client import msgpack_numpy as openpi  # the peers' own encoder
+        poses = np.repeat(np.eye(4, dtype=np.float32)[None], 12, axis=0)
+        intr = np.tile(np.array([500, 500, 416, 240], np.float32), (12, 1))
+        image = np.zeros((32, 32, 3), np.uint8)  # raw RGB, as their client sends it
+        return openpi.packb({"endpoint": "infer", "session_id": "s", "prompt": "p", "image": image,
+                             "cameras": {"poses": poses, "intrinsics": intr}, **extra})
+
+    def test_a_numpy_seed_is_an_int(self):
+        pytest.importorskip("openpi_client")
+        req = decode(self._openpi_infer(seed=np.int64(7), num_frames=np.uint16(33)))
+        assert req.seed == 7 and type(req.seed) is int
+        assert req.num_frames == 33
+
+    def test_a_numpy_float_scalar_is_a_float(self):
+        pytest.importorskip("openpi_client")
+        req = decode(self._openpi_infer(translation_scale=np.float32(2.5)))
+        assert req.translation_scale == 2.5
+
+    @pytest.mark.parametrize("scalar", [
+        {"__npgeneric__": True, "data": b"x", "dtype": "<i8"},  # data not a number
+        {"__npgeneric__": True, "data": 1, "dtype": "|O"},  # object dtype
+        {"__npgeneric__": True, "data": 1, "dtype": "nonsense"},
+        {"__npgeneric__": True, "data": 300, "dtype": "|u1"},  # does not fit
+    ])
+    def test_a_bad_scalar_is_bad_message(self, scalar):
+        data = msgpack.packb({"endpoint": "reset", "session_id": "s", "x": scalar}, use_bin_type=True)
+        with pytest.raises(ProtocolError) as e:
+            decode(data)
+        assert e.value.code is ErrorCode.BAD_MESSAGE

@@ -1,0 +1,68 @@
+"""Clip mode pieces without a server: which requests switch a connection to it, and how a
+clip's chunks become the peers' frame messages."""
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
+from deployments.clip.replies import ClipFrames
+from protocol import encode_infer, encode_reset
+from protocol.codec import unpack
+from protocol.errors import ProtocolError
+
+
+def _openpi(a: np.ndarray) -> dict:
+    return {b"__ndarray__": True, b"data": a.tobytes(), b"dtype": a.dtype.str, b"shape": list(a.shape)}
+
+
+def _camera(n: int) -> dict:
+    poses = np.repeat(np.eye(4, dtype=np.float32)[None], n, axis=0)
+    intr = np.tile(np.array([500, 500, 416, 240], np.float32), (n, 1))
+    return {"poses": _openpi(poses), "intrinsics": _openpi(intr)}
+
+
+def test_our_requests_stay_in_our_protocol():
+    poses = np.repeat(np.eye(4, dtype=np.float32)[None], 12, axis=0)
+    ours = encode_infer("s", poses, np.tile(np.array([500, 500, 416, 240], np.float32), (12, 1)),
+                        image=np.zeros((32, 32, 3), np.uint8), prompt="p")
+    assert not is_peer_request(unpack(ours))
+    assert not is_peer_request(unpack(encode_reset("s")))
+
+
+@pytest.mark.parametrize("request_", [
+    {"prompt": "p", "camera": _camera(24), "extra_body": {"height": 32}, "session_id": "s"},  # extra_body
+    {"prompt": "p", "camera": _camera(12), "session_id": None},  # nil session_id
+    {"prompt": "p", "camera": _camera(81), "session_id": "s"},  # more poses than one chunk
+    {"endpoint": "reset"},  # a reset naming no session
+])
+def test_the_peers_requests_are_recognised(request_):
+    assert is_peer_request(unpack(msgpack.packb(request_, use_bin_type=True)))
+
+
+def test_extra_body_maps_to_session_options():
+    call = read_call(unpack(msgpack.packb({
+        "prompt": "p", "camera": _camera(24), "session_id": None,
+        "extra_body": {"height": 480, "width": 832, "num_frames": 25, "fps": 16, "seed": 3, "frames_per_chunk": 6},
+    }, use_bin_type=True)))
+    assert (call.session_id, call.size, call.seed, call.num_frames, call.frames_per_message) == (
+        DEFAULT_SESSION, "480*832", 3, 25, 6)
+    assert call.poses.shape == (24, 4, 4) and call.intrinsics.shape == (24, 4)
+
+
+def test_height_without_width_is_refused():
+    with pytest.raises(ProtocolError):
+        read_call({"prompt": "p", "camera": _camera(12), "extra_body": {"height": 32}})
+
+
+def test_chunks_become_messages_of_frames_per_chunk_as_they_decode():
+    clip = ClipFrames(chunks=2, frames=21, per_message=4)
+    assert clip.total == 6
+    first = clip.add(np.zeros((9, 2, 2, 3), np.float32))
+    assert len(first) == 2  # 8 frames out, 1 held for the next chunk
+    rest = clip.add(np.ones((12, 2, 2, 3), np.float32))
+    messages = [msgpack.unpackb(m) for m in first + rest]
+    assert [m["index"] for m in messages] == list(range(6))
+    assert all(m["total"] == 6 for m in messages)
+    assert [m["video"][b"shape"] for m in messages] == [[4, 2, 2, 3]] * 5 + [[1, 2, 2, 3]]
