@@ -68,10 +68,12 @@ class AccelOptions:
     def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,
                     vae_compile: bool = False) -> "AccelOptions":
         """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
-        attention and channels-last VAE convolutions (the same function in bf16), plus the
+        attention, channels-last VAE convolutions with their padding inside the conv (the same
+        function in bf16; with `vae_compile` also the folded conv biases, round 2), plus the
         opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`); on
         the CPU the plain path unless one of the flags is asked for."""
         if torch.device(device).type == "cuda":
             return cls(fast=True, attention="cudnn", compile=compile, fp8=fp8, skip_final_update=True,
-                       vae_channels_last=True, vae_compile=vae_compile)
+                       vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,
+                       vae_fold_bias=vae_compile)
         return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)
