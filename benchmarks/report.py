@@ -66,7 +66,7 @@ def print_report(results: dict) -> None:
         mem = st.get(name, {}).get("memory_gib")
         if mem:
             print(f"memory {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items()) + " GiB")
-    pipe = st.get("pipeline", {})
+    pipe = st.get("pipeline") or st.get("vae_only", {})
     for name in DIT_VARIANTS:
         r = st.get(name, {})
         if "first_call_rel_err_vs_fp32" in r:
@@ -74,9 +74,9 @@ def print_report(results: dict) -> None:
             print(f"numerics {name}: first call {_e(r['first_call_rel_err_vs_fp32'])}, chunk latents vs fp32 "
                   + " ".join(_e(v) for v in r["rel_err_vs_fp32"])
                   + (" | vs eager bf16 " + " ".join(_e(v) for v in vs_eager) if vs_eager else ""))
-    for key in ("vae_fp32", "vae_bf16", "vae_bf16_channels_last", "vae_bf16_channels_last_compiled"):
+    for key in ("vae_fp32", *(k for k in pipe if k.startswith("vae_bf16"))):
         v = pipe.get(key)
-        if v:
+        if v and "encode_s" in v:
             errs = (f" enc err {_e(max(v['encode_rel_err']))} dec err {_e(max(v['decode_rel_err']))} "
                     f"uint8 max {max(v['decode_uint8_max_abs']):.0f} mean {max(v['decode_uint8_mean_abs']):.3f}"
                     if "encode_rel_err" in v else "")

@@ -39,6 +39,12 @@ VAE_VARIANTS = {
     "bf16": AccelOptions(),
     "bf16_channels_last": AccelOptions(vae_channels_last=True),
     "bf16_channels_last_compiled": AccelOptions(vae_channels_last=True, vae_compile=True),
+    # round 2: conv inputs written once (padding inside the conv), then conv biases folded
+    "bf16_compiled_pad_in_conv": AccelOptions(vae_channels_last=True, vae_compile=True, vae_pad_in_conv=True),
+    "bf16_compiled_pad_in_conv_fold_bias": AccelOptions(vae_channels_last=True, vae_compile=True,
+                                                        vae_pad_in_conv=True, vae_fold_bias=True),
+    "bf16_compiled_write_once": AccelOptions(vae_channels_last=True, vae_compile=True, vae_pad_in_conv=True,
+                                             vae_fold_bias=True, vae_write_once=True),
 }
 
 
@@ -218,6 +224,7 @@ def _profiler() -> object:
 
 def profile_vae(engine: VaeEngine, inputs: Inputs, latents: list[torch.Tensor], path: Path) -> dict:
     """Device time per op of the second chunk's conditioning encode and decode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     session = engine.open(inputs.image, inputs.height, inputs.width)
     engine.condition(session)
     engine.decode_float(session, latents[0])
@@ -258,6 +265,21 @@ def stage_pipeline(b: Bench) -> dict:
     vae32, t_vae = timed(lambda: init_vae_random(b.cfg.vae, torch.float32, dev, SEED + 2), dev)
     out: dict = {"build_s": {"t5": t_text, "vae": t_vae}, "dit_variant": b.best_fast}
     latents = b.fast.latents
+    best_name, best_engine = _vae_variants(b, vae32, latents, out)
+    del vae32
+    out["vae_variant"] = best_name
+    out["vae_profile"] = profile_vae(best_engine, b.inputs, latents[:2], Path(args.out).with_name("vae_profile.txt"))
+    b.text, b.vae = text, best_engine
+    out.update(_end_to_end(b, args.e2e_repeats))
+    out["resident_gib"] = {"t5": module_bytes(text.encoder.model) / GIB,
+                           "vae": module_bytes(best_engine.vae) / GIB, "dit": module_bytes(b.dit) / GIB}
+    return out
+
+
+def _vae_variants(b: Bench, vae32: torch.nn.Module, latents: list[torch.Tensor], out: dict) -> tuple:
+    """The float32 VAE streams, then each --vae-variants variant against them (into `out`);
+    returns the fastest variant's (name, engine)."""
+    dev, args = b.device, b.args
     ref = run_vae(VaeEngine(vae32), b.inputs, latents)
     out["vae_fp32"] = {"encode_s": ref.encode_s, "decode_s": ref.decode_s}
     variants = {name: options for name, options in VAE_VARIANTS.items() if name in args.vae_variants}
@@ -276,13 +298,20 @@ def stage_pipeline(b: Bench) -> dict:
                               "mean_decode_s": sum(run.decode_s) / len(latents), **compare(run, ref)}
         if per_chunk < best_time:
             best_name, best_engine, best_time = name, engine, per_chunk
-    del vae32, ref
+    return best_name, best_engine
+
+
+def stage_vae_only(b: Bench) -> dict:
+    """--vae-only: the VAE variants on seeded random latents of a session's shape (no DiT)."""
+    dev, args = b.device, b.args
+    vae32, t_vae = timed(lambda: init_vae_random(b.cfg.vae, torch.float32, dev, SEED + 2), dev)
+    gen = torch.Generator().manual_seed(SEED + 3)
+    shape = (b.cfg.vae.z_dim, 3, b.inputs.height // 8, b.inputs.width // 8)
+    latents = [torch.randn(shape, generator=gen) for _ in range(b.inputs.chunks)]
+    out: dict = {"build_s": {"vae": t_vae}, "latents": "random N(0, 1)"}
+    best_name, best_engine = _vae_variants(b, vae32, latents, out)
     out["vae_variant"] = best_name
     out["vae_profile"] = profile_vae(best_engine, b.inputs, latents[:2], Path(args.out).with_name("vae_profile.txt"))
-    b.text, b.vae = text, best_engine
-    out.update(_end_to_end(b, args.e2e_repeats))
-    out["resident_gib"] = {"t5": module_bytes(text.encoder.model) / GIB,
-                           "vae": module_bytes(best_engine.vae) / GIB, "dit": module_bytes(b.dit) / GIB}
     return out
 
 
@@ -347,6 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--e2e-repeats", type=int, default=2)
     p.add_argument("--budget-s", type=float, default=480.0, help="start no stage after this many seconds")
     p.add_argument("--skip", nargs="*", default=[], choices=list(STAGES), help="stages to leave out")
+    p.add_argument("--vae-only", action="store_true",
+                   help="only the VAE variants, on random latents (no DiT, no T5): stage vae_only")
     p.add_argument("--vae-variants", nargs="*", default=list(VAE_VARIANTS), choices=list(VAE_VARIANTS))
     return p.parse_args(argv)
 
@@ -357,7 +388,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--device cuda: no CUDA device; use --device cpu with --preset tiny")
     bench = Bench(args)
     with torch.no_grad():  # the engines enter inference mode themselves
-        for name, fn in STAGES.items():
+        stages = {"vae_only": stage_vae_only} if args.vae_only else STAGES
+        for name, fn in stages.items():
             if name not in args.skip:
                 bench.stage(name, lambda fn=fn: fn(bench))
     bench.results["wall_s"] = time.perf_counter() - bench.t0

@@ -30,6 +30,12 @@ class AccelOptions:
     vae_channels_last: channels-last weights for the VAE convolutions (CUDA).
     vae_compile: one torch.compile'd kernel for each VAE RMSNorm + SiLU pair, static shapes (one
       compile per input shape; dynamic shapes gave wrong results, see accel/vae_fast.py).
+    vae_pad_in_conv: each causal-conv input written once: spatial zero padding inside the
+      convolution, cached and new frames in one `cat` (no padded copy); same function.
+    vae_fold_bias: the residual blocks' conv biases added inside the next kernel (the RMSNorm +
+      SiLU, the residual add) instead of a pass of their own; needs vae_pad_in_conv.
+    vae_write_once: the residual blocks' RMSNorm + SiLU kernels write straight into their conv's
+      input buffer (cached frames ahead of the new ones): no `cat` copy; needs vae_fold_bias.
     """
 
     fast: bool = False
@@ -39,25 +45,35 @@ class AccelOptions:
     skip_final_update: bool = False
     vae_channels_last: bool = False
     vae_compile: bool = False
+    vae_pad_in_conv: bool = False
+    vae_fold_bias: bool = False
+    vae_write_once: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
         if (self.compile or self.fp8 or self.attention != "default") and not self.fast:
             raise ValueError("compile, fp8 and the attention backend apply to the fast block: set fast=True")
+        if self.vae_fold_bias and not self.vae_pad_in_conv:
+            raise ValueError("vae_fold_bias needs vae_pad_in_conv")
+        if self.vae_write_once and not self.vae_fold_bias:
+            raise ValueError("vae_write_once needs vae_fold_bias")
 
     @property
     def any(self) -> bool:
-        return self.fast or self.skip_final_update or self.vae_channels_last or self.vae_compile
+        return (self.fast or self.skip_final_update or self.vae_channels_last or self.vae_compile
+                or self.vae_pad_in_conv)
 
     @classmethod
     def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,
                     vae_compile: bool = False) -> "AccelOptions":
         """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
-        attention and channels-last VAE convolutions (the same function in bf16), plus the
+        attention, channels-last VAE convolutions with their padding inside the conv (the same
+        function in bf16; with `vae_compile` also the folded conv biases, round 2), plus the
         opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`); on
         the CPU the plain path unless one of the flags is asked for."""
         if torch.device(device).type == "cuda":
             return cls(fast=True, attention="cudnn", compile=compile, fp8=fp8, skip_final_update=True,
-                       vae_channels_last=True, vae_compile=vae_compile)
+                       vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,
+                       vae_fold_bias=vae_compile)
         return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)

@@ -18,7 +18,9 @@ from model.accel.fast_block import FastDiTBlock
 from model.accel.kernels import BlockKernels
 from model.accel.options import AccelOptions
 from model.accel.projection import Fp8Projection, Projection
-from model.accel.vae_fast import compiled_norm_silu, fuse_norm_silu, native_upsampling
+from model.accel.vae_fast import (bias_norm_silu, bias_residual, compiled, compiled_norm_silu, fold_conv_bias,
+                                  fuse_norm_silu, native_upsampling, norm_silu_cat, pad_in_conv, rms_norm_silu,
+                                  write_once)
 from model.dit import CausalDiT
 from model.vae import WanVAE
 
@@ -90,13 +92,25 @@ def _owner(block: FastDiTBlock, name: str) -> tuple[object, str]:
 
 @torch.no_grad()
 def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
-    """cuDNN autotuning and native-dtype upsampling on CUDA, channels-last conv weights and a
-    compiled RMSNorm + SiLU when asked (in place)."""
+    """cuDNN autotuning and native-dtype upsampling on CUDA, channels-last conv weights, a
+    compiled RMSNorm + SiLU, conv inputs written once and conv biases folded when asked (in
+    place)."""
     if vae.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         native_upsampling(vae)
     if options.vae_compile:
         fuse_norm_silu(vae, compiled_norm_silu())
+    elif options.vae_fold_bias:
+        fuse_norm_silu(vae, rms_norm_silu)
+    if options.vae_pad_in_conv:
+        pad_in_conv(vae)
+    if options.vae_fold_bias:
+        if options.vae_compile:
+            fold_conv_bias(vae, compiled(bias_norm_silu), compiled(bias_residual))
+        else:
+            fold_conv_bias(vae)
+    if options.vae_write_once:
+        write_once(vae, compiled(norm_silu_cat) if options.vae_compile else norm_silu_cat)
     if options.vae_channels_last:
         for module in vae.modules():
             if isinstance(module, nn.Conv3d):

@@ -217,3 +217,38 @@ def test_vae_transforms_keep_the_streams():
         results.append(out)
     assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
     assert max(norm_rel(b, a) for a, b in zip(results[0], results[2])) < 1e-5
+
+
+@pytest.mark.parametrize("level", ["pad_in_conv", "fold_bias", "write_once"])
+def test_vae_written_once_transforms_keep_the_streams(level):
+    """Round 2's VAE transforms (padding inside the conv, biases folded into the next kernel,
+    norms writing into the conv's input buffer) compute the plain streams, caches included."""
+    flags = {"pad_in_conv": dict(vae_pad_in_conv=True),
+             "fold_bias": dict(vae_pad_in_conv=True, vae_fold_bias=True),
+             "write_once": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_write_once=True)}[level]
+    vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
+    fast = optimize_vae(copy.deepcopy(vae), AccelOptions(vae_channels_last=True, **flags))
+    gen = torch.Generator().manual_seed(1)
+    videos = [torch.rand(3, n, 16, 32, generator=gen) * 2 - 1 for n in (5, 8, 4)]
+    caches, results = [], []
+    for model in (vae, fast):
+        enc, dec, out = VaeCache.empty(), VaeCache.empty(), []
+        for video in videos:
+            z, enc = model.encode_chunk(video, enc)
+            x, dec = model.decode_chunk(z, dec)
+            out += [z, x]
+        results.append(out)
+        caches.append((enc, dec))
+    assert max(norm_rel(b, a) for a, b in zip(*results)) < 1e-5
+    for plain, other in zip(*caches):
+        assert plain.frames.keys() == other.frames.keys()
+        for key, frames in plain.frames.items():
+            assert other.frames[key].shape == frames.shape, key
+            assert norm_rel(other.frames[key], frames) < 1e-5, key
+
+
+def test_vae_round2_options_are_checked():
+    with pytest.raises(ValueError, match="vae_pad_in_conv"):
+        AccelOptions(vae_fold_bias=True)
+    with pytest.raises(ValueError, match="vae_fold_bias"):
+        AccelOptions(vae_pad_in_conv=True, vae_write_once=True)
