@@ -144,7 +144,10 @@ def test_sp4_yaml_restates_the_placement_build_app_sets(sp4):
     assert set(code.ray_actor_options) <= set(over["ray_actor_options"])
     first = over["placement_group_bundles"][0]
     assert over["ray_actor_options"]["num_gpus"] <= first["GPU"] and over["ray_actor_options"]["num_cpus"] <= first["CPU"]
-    assert code.num_replicas == over["autoscaling_config"]["min_replicas"]
+    assert "autoscaling_config" not in over and "num_replicas" not in over  # would replace the policy
+    scaling = code._deployment_config.autoscaling_config
+    assert (scaling.min_replicas, scaling.max_replicas) == (args.dit.autoscaling.min_replicas,
+                                                            args.dit.autoscaling.max_replicas)
 
 
 def test_sp4_dit_pods_hold_one_replica_each_at_the_maximum(sp4):
@@ -160,7 +163,7 @@ def test_sp4_dit_pods_hold_one_replica_each_at_the_maximum(sp4):
     assert PRESETS[args.model.preset].dit.num_heads % args.dit_parallel == 0
     assert int(limits["nvidia.com/gpu"]) == sum(b["GPU"] for b in bundles)  # STRICT_PACK: one pod
     assert float(limits["cpu"]) >= sum(b["CPU"] for b in bundles)
-    assert dit_group["maxReplicas"] == over["autoscaling_config"]["max_replicas"]
+    assert dit_group["maxReplicas"] == args.dit.autoscaling.max_replicas
     for g in groups:  # a 4-GPU bundle set fits no other pod
         if g is not dit_group:
             assert int(g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0)) < 4
