@@ -14,6 +14,7 @@
 # 4. benchmarks.serve_load with 1 session, 1 more (TTFC of a session after the first), 2, 3 and
 #    4 concurrent full-attention sessions of 81 frames (admission decides how many are served:
 #    the rest get `busy`), one run after the other, until the time budget is spent;
+#    RESUME_DRILL=1 then runs benchmarks/resume_drill.py (a session dropped and resumed);
 # 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
 #    matplotlib is there; else `python -m benchmarks.serve_load --plot-from serve_load.json`),
 #    models_start.json (replica stats after warm-up), gpu_mem.csv (nvidia-smi every 2 s),
@@ -108,3 +109,8 @@ log "serve_load: sessions $SESSIONS, $FRAMES frames, no run starts after ${DEADL
 $PY -m benchmarks.serve_load --url ws://127.0.0.1:8000/v1/realtime/world/camera \
     --sessions $SESSIONS --frames "$FRAMES" --deadline-s "$DEADLINE" --reply-timeout-s 120 \
     --out "$OUT/serve_load.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+if [ "${RESUME_DRILL:-0}" = 1 ]; then  # issue 15.3: drop a socket mid-session, resume it (benchmarks/resume_drill.py)
+    log "resume drill"
+    $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
+        --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+fi

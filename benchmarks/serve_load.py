@@ -131,6 +131,7 @@ async def one_session(args: argparse.Namespace, run: int, index: int, t_run: flo
     try:
         await stream_session(client, messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy,
                              busy_timeout_s=args.busy_timeout_s, reply_timeout_s=args.reply_timeout_s)
+        await client.reset(sid)  # frees it now (a session closed without one waits resume_grace_s for a resume)
     except ServerError as e:
         if e.code is ErrorCode.BUSY:
             rec.busy_replies += 1

@@ -2,7 +2,8 @@
 
     WorldIngress ──► TextEncoderDeployment  (stateless, any replica)
          ├─────────► VaeDeployment  ┐ SessionAffinityRouter: every call of a session goes to the
-         └─────────► DiTDeployment  ┘ replica that holds it (one GPU, or N with `dit_parallel`)
+         ├─────────► DiTDeployment  ┘ replica that holds it (one GPU, or N with `dit_parallel`)
+         └─────────► SessionParking   sessions between a dropped socket and their resume (one replica)
 
 No `from __future__ import annotations` here: Serve validates the YAML `args` against the
 builder's parameter annotation only when it is the class itself, not a string.
@@ -19,6 +20,7 @@ from ray.serve.config import RequestRouterConfig
 from deployments.autoscaling_policy import HeldSessionsPolicy
 from deployments.config import AppArgs, AutoscalingArgs, ReplicaArgs
 from deployments.ingress import WorldIngress
+from deployments.parking import SessionParking
 from deployments.router import SessionAffinityRouter
 from deployments.sp_dit import bind_dit
 from deployments.text_encoder import TextEncoderDeployment
@@ -87,7 +89,11 @@ def build_app(args: AppArgs) -> Application:
     vae = VaeDeployment.options(**replica_options(args.vae), request_router_config=router).bind(
         args.model, args.sessions, vae_capacity)
     dit = bind_dit(args, {**replica_options(args.dit), "request_router_config": router})  # 1 or N GPUs
-    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, ingress_args(args))
+    parking = None
+    if args.sessions.resume_grace_s > 0:  # one replica, placed like the ingress (CPU, head node)
+        parking = SessionParking.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(
+            vae, dit, args.sessions)
+    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, parking, ingress_args(args))
 
 
 def ingress_args(args: AppArgs) -> AppArgs:

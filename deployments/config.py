@@ -134,6 +134,15 @@ class SessionArgs(_Strict):
     recovery: bool = True
     journal_max_mib: float = Field(512.0, gt=0)
     recovery_timeout_s: float = Field(120.0, gt=0)  # how long a rebuild waits for a replica with room
+    # Resume (deployments/parking.py): a session whose socket dropped stays resumable this long
+    # (its replica state held, its journal parked); 0 ends sessions with their socket. The
+    # parking holds at most resume_max_sessions sessions and resume_max_mib of journals and
+    # replies; a session beyond either ends with its socket. Each parked session keeps its last
+    # resume_replay_chunks sent replies, sent again to a client that missed them.
+    resume_grace_s: float = Field(60.0, ge=0)
+    resume_max_sessions: int = Field(256, ge=1)
+    resume_max_mib: float = Field(2048.0, gt=0)
+    resume_replay_chunks: int = Field(4, ge=0)
     # Sessions one VAE replica holds. None: 2 x max_sessions x the DiT's most replicas (every
     # session, and briefly a second incarnation of each, fits one VAE replica). Set it, with
     # `vae.autoscaling`, to scale the VAE by the sessions its replicas hold.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import deque
 from functools import partial
 from typing import Any, Optional
 
@@ -42,8 +43,10 @@ from deployments.lanes import Lane
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.quotas import KeyQuota
+from deployments.parking import new_token, token_digest
 from deployments.recovery import Recovery
 from deployments.releases import Releases
+from deployments.resume import Resume
 from deployments.sizes import SizeRule
 from deployments.stream import Stream, StreamState, image_digest, stream_spec
 from deployments.transport import Transport
@@ -51,8 +54,8 @@ from protocol.codec import decode, encode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
 from protocol.limits import Limits
-from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, ResetOk,
-                               ResetRequest, require_session_start)
+from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, Request, ResetOk,
+                               ResetRequest, ResumeRequest, require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
@@ -61,13 +64,16 @@ FLUSH_BEFORE_CLOSE_S = 1.0  # a policy close first sends the replies already que
 MIB = 1024 * 1024
 
 
-class Connection(LaneJobs, Releases):
+class Connection(LaneJobs, Releases, Resume):
     """Serves one accepted socket (a WebSocket, or `LocalTransport` for `POST /v1/videos`) until
     the client leaves; releases its sessions after."""
 
     def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
-                 handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None) -> None:
-        """`quota`: the per-API-key quota this connection counts against (None: unlimited)."""
+                 handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None,
+                 key_id: Optional[str] = None, client: Optional[str] = None, resumable: bool = False) -> None:
+        """`quota`: the per-API-key quota this connection counts against (None: unlimited);
+        `key_id`, `client`: its API key id (auth on) and address, whom a resume must match;
+        `resumable`: its sessions may outlive it (a WebSocket, when the app parks sessions)."""
         self._ws = ws
         self._b = backends
         self._args = args
@@ -75,6 +81,9 @@ class Connection(LaneJobs, Releases):
         self._handshake = handshake
         self._metrics = metrics
         self._quota = quota
+        self._key_id = key_id
+        self._client = client
+        self._may_park = resumable
         self._id = uuid.uuid4().hex[:8]
         self._log = get_log("connection", conn=self._id)
         self._recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
@@ -84,7 +93,8 @@ class Connection(LaneJobs, Releases):
         self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._background: set[asyncio.Task] = set()  # releases
-        self._outbox: asyncio.Queue[asyncio.Future[BaseModel]] = asyncio.Queue()
+        # replies in order, each with the stream whose chunk it answers (None: not a chunk's)
+        self._outbox: asyncio.Queue[tuple[asyncio.Future[BaseModel], Optional[Stream]]] = asyncio.Queue()
 
     async def run(self) -> None:
         """Handshake, receive loop, cleanup (always)."""
@@ -103,7 +113,7 @@ class Connection(LaneJobs, Releases):
                 data = msg.get("bytes")
                 violation = self._policy.on_frame(self._outbox.qsize(), len(data) if data else len(msg.get("text") or ""))
                 if violation is None:
-                    refused, infer = self._dispatch(data, time.perf_counter())
+                    refused, infer = await self._handle(data, time.perf_counter())
                     violation = self._policy.on_outcome(refused, infer)
                 del msg, data  # a large frame is not kept alive while waiting for the next
                 if violation is not None:
@@ -138,14 +148,45 @@ class Connection(LaneJobs, Releases):
 
     # ---- dispatch (synchronous: fixes the order of every call and reply) ----
 
-    def _dispatch(self, data: Optional[bytes], t0: float) -> tuple[bool, bool]:
-        """Handle one frame: (refused: answered with an error, infer: an accepted infer)."""
-        session_id = None
+    async def _handle(self, data: Optional[bytes], t0: float) -> tuple[bool, bool]:
+        """Handle one frame: (refused: answered with an error, infer: an accepted infer). A
+        frame that resumes a session waits for its claim (resume.py) before the next is read."""
         try:
             if data is None:
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "send binary frames holding one msgpack map, not text")
             req = decode(data, self._limits)
-            session_id = req.session_id
+        except ProtocolError as e:
+            self._reply_now(self._error(e.code, e.message, e.session_id))
+            return True, False
+        kind = self._resume_kind(req)
+        if kind is not None:
+            try:
+                if kind == "check":
+                    await self._check_parked(req)
+                else:
+                    for reply in await self._resume(req):
+                        self._reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
+            except ReplicaError as e:
+                self._reply_now(self._error(e.code, e.message, req.session_id, getattr(e, "retry_after_s", None)))
+                return e.code is not ErrorCode.BUSY, False
+            except Exception as e:  # noqa: BLE001 - the parking is unreachable: nothing was claimed
+                self._log.warning("resume failed", fields={"session": req.session_id, "error": repr(e)})
+                self._reply_now(self._error(ErrorCode.SESSION_LOST, "the server could not resume this session "
+                                            f"({type(e).__name__}); send image and prompt to start it again",
+                                            req.session_id))
+                return False, False
+            if isinstance(req, ResumeRequest):
+                return False, False
+        return self._dispatch(req, t0)
+
+    def _dispatch(self, req: Request, t0: float) -> tuple[bool, bool]:
+        """Handle one decoded request: (refused: answered with an error, infer: an accepted infer)."""
+        session_id = req.session_id
+        try:
+            if isinstance(req, ResumeRequest):  # for the session this connection holds
+                for reply in self._replay_held(req):
+                    self._reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
+                return False, False
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
                 return False, False
@@ -164,7 +205,7 @@ class Connection(LaneJobs, Releases):
         if cur is not None and cur.spec.session_id == req.session_id:
             self._stream = None
             release = self._close(cur)
-        self._outbox.put_nowait(asyncio.ensure_future(self._reset_ok(req.session_id, release)))
+        self._outbox.put_nowait((asyncio.ensure_future(self._reset_ok(req.session_id, release)), None))
 
     def _on_infer(self, req: InferRequest, t0: float) -> None:
         if len(self._inflight) >= self._args.sessions.max_pending_chunks:
@@ -197,9 +238,9 @@ class Connection(LaneJobs, Releases):
         stream.chunk_tasks.append(task)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
-        self._outbox.put_nowait(task)
+        self._outbox.put_nowait((task, stream))
         if chunk_id == max_chunks - 2:  # one chunk before the limit: a notice after this chunk's reply
-            self._outbox.put_nowait(asyncio.ensure_future(self._notice_after(task, stream)))
+            self._outbox.put_nowait((asyncio.ensure_future(self._notice_after(task, stream)), None))
         self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
 
     def _session_limit(self, stream: Stream, chunks_left: int) -> ErrorReply:
@@ -265,6 +306,10 @@ class Connection(LaneJobs, Releases):
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)
+        if self._resumable:
+            stream.resume_token = new_token()
+            stream.resume_digest = token_digest(stream.resume_token)
+            stream.replay = deque(maxlen=0 if spec.raw_frames else sessions.resume_replay_chunks)
         cur = self._stream
         open_now = cur is not None and cur.state is StreamState.OPEN
         if self._quota is not None:
@@ -315,6 +360,7 @@ class Connection(LaneJobs, Releases):
             session_id=sid, chunk_id=chunk_id, video=dec["video"], num_frames=dec["num_frames"],
             resolution=stream.spec.resolution, fps=self._handshake.fps, stage_durations=durations,
             client_chunk_id=client_chunk_id, reset=reset, mime_type=dec["mime_type"], debug=debug,
+            resume_token=stream.resume_token if chunk_id == 0 else None,
         )
 
     async def _reset_ok(self, session_id: str, release: Optional[asyncio.Task]) -> ResetOk:
@@ -328,15 +374,18 @@ class Connection(LaneJobs, Releases):
         return ErrorReply(code=code, message=message, session_id=session_id,
                           retry_after_s=retry_after_s if code is ErrorCode.BUSY else None)
 
-    def _reply_now(self, reply: BaseModel) -> None:
+    def _reply_now(self, reply: BaseModel, stream: Optional[Stream] = None) -> None:
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(reply)
-        self._outbox.put_nowait(fut)
+        self._outbox.put_nowait((fut, stream))
 
     async def _send_loop(self) -> None:
         while True:
-            reply = await (await self._outbox.get())
+            fut, stream = await self._outbox.get()
+            reply = await asyncio.shield(fut)  # the sender's cancel (socket end) must not cancel a chunk (resume)
             await self._ws.send_bytes(encode(reply))
+            if stream is not None and isinstance(reply, FrameReply):
+                self._sent(stream, reply)
             self._outbox.task_done()
             self._policy.on_reply()
 

@@ -63,3 +63,9 @@ class Busy(ReplicaError):
     def __reduce__(self):
         return (type(self), (self.message, self.retry_after_s))
 
+
+
+class Unauthorized(ReplicaError):
+    """A resume whose token (or API key) is not the session's."""
+
+    code = ErrorCode.UNAUTHORIZED

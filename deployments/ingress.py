@@ -46,6 +46,14 @@ TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at a connection ca
 INGRESS_HTTP_HEADROOM = 8  # ongoing requests of an ingress replica kept free of WebSockets (health, HTTP)
 
 
+def _replica_id() -> str:
+    """This ingress replica's unique id (debug fields), "" outside a replica."""
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - not in a replica (tests that build the class directly)
+        return ""
+
+
 def own_max_ongoing_requests() -> int:
     """This replica's `max_ongoing_requests` (each open WebSocket is one ongoing request).
     Read from the replica context (the ingress is bound without its placement block, see
@@ -68,8 +76,10 @@ mount_web(app)  # the browser client at / (the `web` package's files)
 class WorldIngress:
     """Holds the handles of the graph; one `Connection` per WebSocket."""
 
-    def __init__(self, text: DeploymentHandle, vae: DeploymentHandle, dit: DeploymentHandle, args: AppArgs) -> None:
-        self._backends = Backends(text=text, vae=vae, dit=dit)
+    def __init__(self, text: DeploymentHandle, vae: DeploymentHandle, dit: DeploymentHandle,
+                 parking: Optional[DeploymentHandle], args: AppArgs) -> None:
+        """`parking`: SessionParking (sessions resumable after a dropped socket), or None."""
+        self._backends = Backends(text=text, vae=vae, dit=dit, parking=parking)
         self._args = args
         m = args.model
         self._limits = Limits(max_message_bytes=args.max_message_bytes, max_num_frames=args.sessions.max_frames,
@@ -82,6 +92,9 @@ class WorldIngress:
             size_buckets=tuple(m.bucket_sizes()) or None,
             max_chunks=args.sessions.max_chunks,
             window=None if m.local_attn_size == -1 else (m.local_attn_size, m.sink_size),
+            resume_grace_s=args.sessions.resume_grace_s if parking is not None and args.sessions.resume_grace_s
+            else None,
+            debug={"ingress_replica": _replica_id()} if args.debug_fields else None,
         )
         self._auth = Auth(args.auth)
         self._quotas = Quotas(args.auth)
@@ -125,20 +138,22 @@ class WorldIngress:
         # Our protocol, or the peers' clip mode (deployments/clip), chosen by the first request
         # or by `?mode=clip|chunk`.
         peer = PeerTransport(ws, self._limits, min(VIDEO_PIPELINE, self._args.sessions.max_pending_chunks),
-                             ws.query_params.get("mode"))
+                             ws.query_params.get("mode"), resumable=self._handshake.resume_grace_s is not None)
         try:
-            await self._serve(peer, key_id)
+            await self._serve(peer, key_id, client, resumable=True)
         finally:
             peer.stop()
             self._caps.release(client, key_id)
 
-    async def _serve(self, transport: Transport, key_id: Optional[str]) -> None:
-        """One `Connection` on an accepted transport, counting against `key_id`'s quotas."""
+    async def _serve(self, transport: Transport, key_id: Optional[str], client: Optional[str] = None,
+                     resumable: bool = False) -> None:
+        """One `Connection` on an accepted transport, counting against `key_id`'s quotas;
+        `resumable`: its open session is parked when it ends (a WebSocket, not a video)."""
         self._open_connections += 1
         self._metrics.connections.set(self._open_connections)
         try:
             await Connection(transport, self._backends, self._args, self._limits, self._handshake, self._metrics,
-                             self._quotas.for_key(key_id)).run()
+                             self._quotas.for_key(key_id), key_id, client, resumable).run()
         finally:
             self._open_connections -= 1
             self._metrics.connections.set(self._open_connections)

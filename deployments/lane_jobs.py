@@ -31,6 +31,7 @@ class Backends:
     text: DeploymentHandle
     vae: DeploymentHandle
     dit: DeploymentHandle
+    parking: Optional[DeploymentHandle] = None  # SessionParking (parking.py); None: sessions end with their socket
 
 
 class LaneJobs:

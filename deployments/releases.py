@@ -40,6 +40,7 @@ class Releases:
     _held: dict[str, Stream]  # every stream whose replicas may still hold state
     _inflight: set[asyncio.Task]  # chunks not yet answered
     _background: set[asyncio.Task]  # releases
+    _park_current: Callable[[], Awaitable[Optional[Stream]]]  # resume.py: parks the open session, if it can
 
     def _fail(self, stream: Stream) -> None:
         if stream.fail():
@@ -97,6 +98,7 @@ class Releases:
         opened under a new key. Bounded by `connection.release_timeout_s`; the replicas' idle
         TTL frees whatever a replica could not be told in time."""
         timeout = self._args.connection.release_timeout_s
+        await self._park_current()  # the open session waits for a resume instead (resume.py), if it can
         for t in [*self._inflight, *self._background]:
             t.cancel()  # local tasks waiting on lane futures; no Serve call is cancelled
         self._dit_lane.close()

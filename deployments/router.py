@@ -9,9 +9,12 @@ are up to a stats period old: the router corrects them by its own placements and
 (ties broken at random). Later calls of the session wait for that replica (`[[pinned]]`
 with backoff); they never spill over.
 
-A call for a session without a pin (its replica died or was removed, or the pin expired) goes
-to any replica: the replicas are authoritative and answer `session_lost` for sessions they do
-not hold, so nothing restarts silently. Pins are freed when a `close` call has been routed,
+A call for a session without a pin goes to the replica whose last stats list the session's key
+(a session opened through another router: another ingress replica, a resumed session, the
+parking's expiry close), and is pinned there. Failing that (its replica died or was removed,
+the pin expired, stats not yet reported) it goes to any replica: the replicas are
+authoritative and answer `session_lost` for sessions they do not hold, so nothing restarts
+silently. Pins are freed when a `close` call has been routed,
 when their replica leaves, and after `pin_ttl_s` without a call (routers never learn that a
 client went away).
 
@@ -76,8 +79,11 @@ class SessionAffinityRouter(RequestRouter):
             pin.last_used = now
             return [[self.curr_replicas[pin.replica_id]]]
         if pending_request.metadata.call_method not in self._open_methods:
-            # Unknown session: any replica answers session_lost (it does not hold it).
-            return [candidate_replicas]
+            holder = self._reported_holder(sid, candidate_replicas)
+            if holder is None:  # unknown session: any replica answers session_lost (it does not hold it)
+                return [candidate_replicas]
+            self._pins[sid] = _Pin(holder.replica_id, now)
+            return [[holder]]
         best = self._most_free(candidate_replicas)
         self._pins[sid] = _Pin(best.replica_id, now)
         self._log.info("placed session", fields={"session": sid, "replica": best.replica_id.unique_id})
@@ -110,6 +116,14 @@ class SessionAffinityRouter(RequestRouter):
             return int(stats.get("capacity", 0)) - len(held)
 
         return max(candidates, key=lambda r: (free_slots(r), random.random()))
+
+    @staticmethod
+    def _reported_holder(sid: str, candidates: List[RunningReplica]) -> Optional[RunningReplica]:
+        """The replica whose last stats list `sid` (a session another router placed)."""
+        for r in candidates:
+            if sid in (r.routing_stats or {}).get("keys", ()):
+                return r
+        return None
 
     def _drop_pins_not_in(self, live: set) -> None:
         gone = [sid for sid, p in self._pins.items() if p.replica_id not in live]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Optional
@@ -92,6 +93,14 @@ class Stream:
     recoveries: int = 0  # times the session was rebuilt on another replica
     release: Optional[asyncio.Task] = None  # frees the replicas' state once the stream ended
     prompt: str = field(init=False)  # the prompt the session attends to now (after prompt updates)
+    # Resume (resume.py): the token its chunk-0 reply carries (None once sent, or when the
+    # server does not resume sessions), its digest (the parking's key), whether the client has it
+    resume_token: Optional[str] = None
+    resume_digest: Optional[str] = None
+    token_delivered: bool = False
+    sent_chunks: int = 0  # chunk replies sent on this socket (chunk ids below it)
+    replay: deque = field(default_factory=lambda: deque(maxlen=0))  # the last sent FrameReplies, kept to send again
+    pending_replays: deque = field(default_factory=deque)  # replies a resume sends again, not yet sent
 
     def __post_init__(self) -> None:
         self.key = self.dit_key = self.vae_key = incarnation_key(self.spec.session_id)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from camera.plan import SessionPlan
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS, Limits
-from protocol.messages import REQUEST_TYPES, InferRequest, Reply, Request, ResetRequest
+from protocol.messages import REQUEST_TYPES, InferRequest, Reply, Request, ResetRequest, ResumeRequest
 
 _FIELD_CODES = {"cameras": ErrorCode.BAD_CAMERAS, "image": ErrorCode.BAD_IMAGE}
 _REPLY = TypeAdapter(Reply)
@@ -115,7 +115,7 @@ def _protocol_error(err: ValidationError) -> ProtocolError:
     return ProtocolError(code, f"`{field}`: {first['msg']}")
 
 
-def _request_fields(obj: object) -> tuple[type[InferRequest] | type[ResetRequest], dict]:
+def _request_fields(obj: object) -> tuple[type[InferRequest] | type[ResetRequest] | type[ResumeRequest], dict]:
     """Apply the compatibility leniencies; pick the request type by `endpoint`."""
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "a message must be a msgpack map")
@@ -142,7 +142,7 @@ def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> object:
 
 
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
-    """One client frame -> InferRequest | ResetRequest; raises only ProtocolError."""
+    """One client frame -> InferRequest | ResetRequest | ResumeRequest; raises only ProtocolError."""
     obj = unpack(data, limits)
     try:
         model, fields = _request_fields(obj)
@@ -161,7 +161,7 @@ def _valid_session_id(obj: object, limits: Limits) -> Optional[str]:
 
 
 def decode_reply(data: bytes, max_bytes: int = 1 << 30) -> Reply:
-    """One server frame -> CameraServerConfig | FrameReply | ResetOk | ErrorReply (client side)."""
+    """One server frame -> CameraServerConfig | FrameReply | ResetOk | ResumeOk | ErrorReply (client side)."""
     obj = _unpack(data, max_bytes=max_bytes, max_str_len=max_bytes, max_map_len=1024)
     try:
         return _REPLY.validate_python(obj)
@@ -180,7 +180,8 @@ def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
                  seed: Optional[int] = None, size: Optional[str] = None,
                  intrinsics_resolution: Optional[tuple[int, int]] = None, num_frames: Optional[int] = None,
                  translation_scale: Optional[float] = None, client_chunk_id: Optional[int] = None,
-                 prompt_update: Optional[str] = None, limits: Limits = DEFAULT_LIMITS) -> bytes:
+                 prompt_update: Optional[str] = None, resume_token: Optional[str] = None,
+                 resume_from: Optional[int] = None, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """Client side: validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32).
 
     Raises ProtocolError with the code the server would answer.
@@ -188,7 +189,8 @@ def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
     scalars = {"seed": seed, "num_frames": num_frames, "client_chunk_id": client_chunk_id}
     fields = {
         "session_id": session_id, "cameras": {"poses": poses, "intrinsics": intrinsics},
-        "image": image, "prompt": prompt, "prompt_update": prompt_update, "size": size,
+        "image": image, "prompt": prompt, "prompt_update": prompt_update, "size": size, "resume_token": resume_token,
+        "resume_from": None if resume_from is None else int(resume_from),
         "intrinsics_resolution": intrinsics_resolution, "translation_scale": None if translation_scale is None else float(translation_scale),
         **{k: None if v is None else int(v) for k, v in scalars.items()},
     }
@@ -224,6 +226,14 @@ def encode_plan(plan: SessionPlan, session_id: str, image: bytes | np.ndarray, p
         out.append(encode_infer(session_id, poses, plan.chunk_intrinsics(k), client_chunk_id=k, limits=limits,
                                 **first))
     return out
+
+
+def encode_resume(session_id: str, resume_token: str, resume_from: Optional[int] = None) -> bytes:
+    """Client side: pack one resume request (continue a session on a new connection)."""
+    try:
+        return encode(ResumeRequest(session_id=session_id, resume_token=resume_token, resume_from=resume_from))
+    except ValidationError as e:
+        raise _protocol_error(e) from None
 
 
 def encode_reset(session_id: str) -> bytes:

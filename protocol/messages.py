@@ -55,6 +55,15 @@ ImageField = Annotated[Union[bytes, np.ndarray], PlainSerializer(_tolist, when_u
 Bin = Annotated[bytes, WithJsonSchema(_BINARY)]
 
 
+MAX_RESUME_TOKEN_CHARS = 128
+ResumeToken = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_RESUME_TOKEN_CHARS)]
+ResumeFrom = Annotated[int, Strict(), Field(ge=0, le=MAX_CHUNKS)]
+_RESUME_TOKEN_DOC = ("the `resume_token` of the session's first frame reply: continues the session on this "
+                     "connection after its socket dropped (within the handshake's `resume_grace_s`)")
+_RESUME_FROM_DOC = ("with `resume_token`: the chunk replies of the session the client already has (the next "
+                    "chunk_id it expects); the server sends the later ones again. Absent: the ones it had not sent")
+
+
 def _limits(info: ValidationInfo) -> Limits:
     return (info.context or {}).get("limits", DEFAULT_LIMITS)
 
@@ -164,6 +173,9 @@ class InferRequest(_Request):
     num_frames: Optional[StrictInt] = Field(None, description="planned total length, 4n+1")
     translation_scale: Optional[Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]] = None
     client_chunk_id: Optional[StrictInt] = Field(None, description="echoed in the reply")
+    resume_token: Optional[ResumeToken] = Field(None, description=_RESUME_TOKEN_DOC + "; this infer's chunk "
+                                                "follows the chunks the server had accepted")
+    resume_from: Optional[ResumeFrom] = Field(None, description=_RESUME_FROM_DOC)
 
     @field_validator("image", mode="before")
     @classmethod
@@ -241,6 +253,15 @@ class ResetRequest(_Request):
     endpoint: Literal["reset"] = "reset"
 
 
+class ResumeRequest(_Request):
+    """Continue a session whose socket dropped, on this connection: the replies it missed come
+    again (in order), then `resumed` says which chunk the next infer produces."""
+
+    endpoint: Literal["resume"] = "resume"
+    resume_token: ResumeToken = Field(description=_RESUME_TOKEN_DOC)
+    resume_from: Optional[ResumeFrom] = Field(None, description=_RESUME_FROM_DOC)
+
+
 class CameraServerConfig(_Message):
     """Handshake, sent by the server right after the WebSocket accept."""
 
@@ -272,6 +293,10 @@ class CameraServerConfig(_Message):
                           "`num_frames` (or too long for full attention in the server's budget) run with, "
                           "at fixed memory; sessions that declare `num_frames` and fit run full attention; "
                           "absent: every session full attention")
+    resume_grace_s: Optional[float] = Field(
+        None, description="seconds a session stays resumable after its socket dropped (`resume_token`); "
+                          "absent: sessions end with their socket")
+    debug: Optional[dict[str, JsonValue]] = Field(None, description="server-side debug fields (replica ids, ...)")
     protocol_version: Literal[1] = 1
 
 
@@ -291,6 +316,19 @@ class FrameReply(_Message):
     reset: bool = Field(False, description="true when a changed image/prompt started a fresh session")
     mime_type: Optional[str] = Field(None, description='MSE type, e.g. video/mp4; codecs="avc1.42C01E"')
     debug: Optional[dict[str, JsonValue]] = Field(None, description="server-side debug fields (replica ids, ...)")
+    resume_token: Optional[str] = Field(
+        None, description="on a session's first frame reply (chunk 0), where the server keeps sessions across "
+                          "connections: send it with `session_id` on a new connection to continue the session "
+                          "(`resume`, or an infer with it). Keep it secret: it is the session's key")
+
+
+class ResumeOk(_Message):
+    """The answer to `resume` (after the replies it sent again)."""
+
+    type: Literal["resumed"] = "resumed"
+    session_id: str
+    next_chunk_id: int = Field(ge=0, description="the chunk_id the next infer of the session produces")
+    replayed: int = Field(ge=0, description="frame replies sent again before this message")
 
 
 class ResetOk(_Message):
@@ -325,6 +363,7 @@ class ErrorReply(_Message):
         return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
 
 
-Request = Union[InferRequest, ResetRequest]
-Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ErrorReply], Field(discriminator="type")]
-REQUEST_TYPES: dict[str, type[InferRequest] | type[ResetRequest]] = {"infer": InferRequest, "reset": ResetRequest}
+Request = Union[InferRequest, ResetRequest, ResumeRequest]
+Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, ErrorReply], Field(discriminator="type")]
+REQUEST_TYPES: dict[str, type[InferRequest] | type[ResetRequest] | type[ResumeRequest]] = {
+    "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest}

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from pydantic.json_schema import models_json_schema
 
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, InferRequest, ResetOk, ResetRequest
+from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, ResetOk, ResetRequest,
+                               ResumeOk, ResumeRequest)
 
-REQUESTS = (InferRequest, ResetRequest)
-REPLIES = (CameraServerConfig, FrameReply, ResetOk, ErrorReply)
+REQUESTS = (InferRequest, ResetRequest, ResumeRequest)
+REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, ErrorReply)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
                "msgpack map; `binary` strings are msgpack bin; arrays may also be msgpack-numpy or openpi "
@@ -29,7 +30,7 @@ def json_schema() -> dict:
     defs = top["$defs"]
     # The tag is always on the wire (defaults make pydantic call it optional), except for
     # infer, whose `endpoint` vllm-omni clients leave out.
-    for model, tag in [(ResetRequest, "endpoint"), *((m, "type") for m in REPLIES)]:
+    for model, tag in [(ResetRequest, "endpoint"), (ResumeRequest, "endpoint"), *((m, "type") for m in REPLIES)]:
         schema = defs[model.__name__]
         schema["required"] = [tag, *(f for f in schema.get("required", []) if f != tag)]
 

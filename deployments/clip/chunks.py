@@ -10,6 +10,7 @@ session: each whole 12 poses are one more chunk of 12 frames (a shorter tail is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from camera.frames import CHUNK_VIDEO_FRAMES
 from camera.plan import plan_session
@@ -32,7 +33,7 @@ def first_clip(call: PeerCall, limits: Limits) -> ClipChunks:
     if call.image is None:
         raise ProtocolError(ErrorCode.SESSION_LOST, (
             f"session {call.session_id!r} is not open on this connection: a clip without `image` continues a "
-            "session, and this server cannot yet continue one on a new connection (session resume); send "
+            "session, and this server does not keep sessions across connections (resume is off); send "
             "`image` to start the session again"))
     if call.prompt is None:
         raise ProtocolError(ErrorCode.MISSING_FIELD, "`prompt` is required on a session's first clip")
@@ -52,15 +53,17 @@ def first_clip(call: PeerCall, limits: Limits) -> ClipChunks:
     return ClipChunks(tuple(infers), plan.num_frames)
 
 
-def extension_clip(call: PeerCall, next_chunk: int, limits: Limits) -> ClipChunks:
-    """The infers that continue the open session with `call`'s poses (12 per chunk)."""
+def extension_clip(call: PeerCall, next_chunk: int, limits: Limits, resume_token: Optional[str] = None) -> ClipChunks:
+    """The infers that continue the open session with `call`'s poses (12 per chunk); the
+    first carries `resume_token` when the session is to be resumed on this connection."""
     chunks = len(call.poses) // CHUNK_VIDEO_FRAMES
     if chunks == 0:
         raise ProtocolError(ErrorCode.BAD_CAMERAS, f"an extension clip needs at least {CHUNK_VIDEO_FRAMES} poses "
                                                    f"(one chunk of {CHUNK_VIDEO_FRAMES} frames), got {len(call.poses)}")
     infers = tuple(
         encode_infer(call.session_id, call.poses[_span(k)], call.intrinsics[_span(k)],
-                     prompt=call.prompt, client_chunk_id=next_chunk + k, limits=limits)
+                     prompt=call.prompt, client_chunk_id=next_chunk + k, limits=limits,
+                     resume_token=resume_token if k == 0 else None)
         for k in range(chunks))
     return ClipChunks(infers, chunks * CHUNK_VIDEO_FRAMES)
 

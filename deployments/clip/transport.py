@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket, WebSocketState
 from deployments.clip.chunks import extension_clip, first_clip
 from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call, session_of
 from deployments.clip.replies import RESET_TEXT, ClipFrames, error_message, frames_of, pack
+from deployments.resume import CLIP_RESUME
 from deployments.transport import NORMAL_CLOSURE
 from protocol.codec import decode_reply, encode_reset, unpack
 from protocol.errors import ErrorCode, ProtocolError
@@ -48,8 +49,12 @@ class _Expect:
 class PeerTransport:
     """Wraps an accepted WebSocket for one Connection (see the module doc)."""
 
-    def __init__(self, ws: WebSocket, limits: Limits, pipeline: int, mode: Optional[str] = None) -> None:
+    def __init__(self, ws: WebSocket, limits: Limits, pipeline: int, mode: Optional[str] = None,
+                 resumable: bool = False) -> None:
+        """`resumable`: the server keeps sessions across connections (a clip without image for
+        a session this socket does not hold then resumes the client's parked clip session)."""
         self._ws = ws
+        self._resumable = resumable
         self._limits = limits
         self._pipeline = pipeline
         self._mode = mode if mode in (CLIP_MODE, CHUNK_MODE) else None
@@ -139,6 +144,9 @@ class PeerTransport:
         call = read_call(obj)
         if call.session_id == self._session and self._next_chunk:
             chunks = extension_clip(call, self._next_chunk, self._limits)
+        elif call.image is None and self._resumable:  # an extension on a new socket: resume (resume.py)
+            chunks = extension_clip(call, 0, self._limits, resume_token=CLIP_RESUME)
+            self._session, self._next_chunk = call.session_id, 0
         else:
             chunks = first_clip(call, self._limits)
             self._session, self._next_chunk = call.session_id, 0

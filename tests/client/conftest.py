@@ -20,7 +20,8 @@ TEST_SIZE = "32*64"  # a 16:9 image -> 32 x 48 output; 480x832 -> 32 x 48
 CAMERA_PATH = "/v1/realtime/world/camera"
 APP_ARGS = {
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
-    "sessions": {"max_sessions": 2, "retry_after_s": 1.0, "routing_stats_period_s": 0.5},
+    # A page closed without a reset parks its session: for 5 s here, not the default 60 s.
+    "sessions": {"max_sessions": 2, "retry_after_s": 1.0, "routing_stats_period_s": 0.5, "resume_grace_s": 5.0},
     "dit": {"num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},

@@ -38,7 +38,9 @@ NUM_FRAMES = 33  # 3 chunks: 9 + 12 + 12 frames
 MESSAGES_PER_S = 400  # per connection; the fuzzer stays below it, the flood test far above
 APP_ARGS = {
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
-    "sessions": {"max_sessions": 2, "idle_ttl_s": IDLE_TTL_S, "routing_stats_period_s": 0.5},
+    # Sessions end with their socket here (the drop and release tests); tests/deployments/test_resume.py
+    # serves an app that parks them.
+    "sessions": {"max_sessions": 2, "idle_ttl_s": IDLE_TTL_S, "routing_stats_period_s": 0.5, "resume_grace_s": 0},
     "dit": {"num_replicas": 2, "num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},
@@ -70,7 +72,7 @@ STRICT_ARGS = {
     # An explicit 12 MiB session budget and a 4096-token attention bound (admission tests).
     "sessions": {"max_sessions": 4, "idle_ttl_s": 1.0, "routing_stats_period_s": 0.5, "max_chunks": 2,
                  "journal_max_mib": 1.0, "kv_budget_gib": STRICT_BUDGET_MIB / 1024,
-                 "max_attention_tokens": STRICT_ATTENTION_TOKENS},
+                 "max_attention_tokens": STRICT_ATTENTION_TOKENS, "resume_grace_s": 0},
     "dit": {"num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},
@@ -172,7 +174,7 @@ AUTOSCALED_ARGS = {
     # One DiT session slot per replica, 1..2 DiT replicas scaled by the sessions they hold: fast
     # reports (0.5 s), a 1 s look-back and a 2 s downscale delay keep the test short.
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
-    "sessions": {"max_sessions": 1, "routing_stats_period_s": 0.5, "retry_after_s": 0.5},
+    "sessions": {"max_sessions": 1, "routing_stats_period_s": 0.5, "retry_after_s": 0.5, "resume_grace_s": 0},
     "dit": {"num_cpus": 0.1, "graceful_shutdown_timeout_s": 5,
             "autoscaling": {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0, "downscale_delay_s": 2,
                             "look_back_period_s": 1, "metrics_interval_s": 0.5}},
@@ -181,6 +183,35 @@ AUTOSCALED_ARGS = {
     "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 32},
     "debug_fields": True,
 }
+
+
+RESUME_PREFIX = "/resume"
+RESUME_GRACE_S = 4.0  # below the idle TTL (10 s): what frees a parked session is the grace period
+RESUME_ARGS = {
+    # Sessions outlive their socket for RESUME_GRACE_S; two ingress replicas (a resume through
+    # the other one), one DiT replica of two slots.
+    **APP_ARGS,
+    "sessions": {**APP_ARGS["sessions"], "resume_grace_s": RESUME_GRACE_S},
+    "dit": {"num_replicas": 1, "num_cpus": 0.1},
+    "ingress": {**APP_ARGS["ingress"], "num_replicas": 2},
+}
+
+
+@pytest.fixture(scope="session")
+def resume_server(ray_port: int) -> Server:
+    """A fourth app (route prefix /resume) whose sessions can be resumed on a new socket."""
+    return _run_app(ray_port, RESUME_ARGS, "resume", RESUME_PREFIX)
+
+
+@pytest.fixture(scope="session")
+def resume_grace_s() -> float:
+    return RESUME_GRACE_S
+
+
+@pytest.fixture(scope="session")
+def resume_connect(resume_server: Server):
+    """`async with resume_connect() as client:` a fresh WebSocket to the resume app."""
+    return lambda headers=None: Connect(resume_server.ws, headers)
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +276,8 @@ class Client:
             if not getattr(reply, "is_notice", False):
                 break
             self.notices.append(reply)
-        if isinstance(reply, FrameReply):
+        if isinstance(reply, FrameReply) and (reply.chunk_id == 0 or reply.session_id in self.videos):
+            # (a session resumed on this socket has its start on another)
             self.videos.setdefault(reply.session_id, Fmp4Assembler()).append(reply.video)
         return reply
 

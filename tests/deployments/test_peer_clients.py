@@ -121,13 +121,30 @@ def test_frames_per_chunk_sets_the_frames_per_message(server, example):
     assert [len(c) for c in chunks] == [5, 5, 5, 5, 1]
 
 
-def test_their_extension_call_on_a_new_socket_is_refused_until_resume(server, example):
-    """Their second call continues the session on a new socket, without image. Until sessions
-    outlive their socket (resume), it gets a typed session_lost error that says so."""
+def test_their_extension_call_on_a_new_socket_is_refused_when_resume_is_off(server, example):
+    """On an app whose sessions end with their socket (resume_grace_s 0), their second call on a
+    new socket, without image, gets a typed session_lost error that says so."""
     omni_call(server.ws, omni_request(example, 0, 24, first=True))
     with pytest.raises(PeerError) as e:
         omni_call(server.ws, omni_request(example, 24, 24, first=False))
     assert e.value.msg["code"] == "session_lost" and "resume" in e.value.msg["message"]
+
+
+def test_their_extension_call_on_a_new_socket_continues_the_session(resume_server, example):
+    """Their default flow (`--num-calls 2`): the second call opens a new socket and sends the
+    next poses without image; the parked clip session (claimed by client and session id, no
+    token) continues, with the very frames of an extension on one socket."""
+    with ws_sync.connect(resume_server.ws, max_size=None) as ws:  # the reference: both calls on one socket
+        msgpack_numpy.unpackb(ws.recv())
+        ws.send(msgpack_numpy.packb(omni_request(example, 0, 24, first=True)))
+        first_ref = np.concatenate(_frames(ws))
+        ws.send(msgpack_numpy.packb(omni_request(example, 21, 24, first=False)))
+        extension_ref = np.concatenate(_frames(ws))
+    first = np.concatenate(omni_call(resume_server.ws, omni_request(example, 0, 24, first=True)))
+    extension = np.concatenate(omni_call(resume_server.ws, omni_request(example, 21, 24, first=False)))
+    assert first.shape == (21, HEIGHT, 48, 3) and extension.shape == (24, HEIGHT, 48, 3)
+    assert np.array_equal(first, first_ref) and np.array_equal(extension, extension_ref)
+    resume_server.wait_held(0, timeout=30)
 
 
 def _frames(ws) -> list[np.ndarray]:

@@ -103,6 +103,21 @@ def test_close_frees_the_pin_and_unknown_sessions_go_anywhere():
     asyncio.run(go())
 
 
+def test_a_session_another_router_placed_goes_to_the_replica_that_reports_it():
+    """A session opened through another router (another ingress replica, a resumed session,
+    the parking's expiry close): its first call here follows the replicas' stats, then the pin."""
+    async def go():
+        a, b = replica("a", keys=("x",)), replica("b", keys=("theirs", "y"))
+        router = make_router([a, b])
+        assert await route(router, "theirs", "step") == ["b"]
+        b.routing_stats = {**b.routing_stats, "keys": ["y"]}  # a later report: the pin holds, not the stats
+        assert await route(router, "theirs", "decode") == ["b"]
+        assert await route(router, "theirs", "close") == ["b"]
+        assert sorted(await route(router, "theirs", "step")) == ["a", "b"]  # closed, and no replica reports it
+
+    asyncio.run(go())
+
+
 def test_departed_replica_drops_its_pins():
     async def go():
         a, b = replica("a"), replica("b", keys=("x", "y"))

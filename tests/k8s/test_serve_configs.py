@@ -124,10 +124,12 @@ def test_import_path_resolves_to_a_typed_builder():
 
 
 def test_graph_has_the_four_deployments(serve_config):
+    """The four, and the session parking where sessions outlive their socket (resume)."""
     name, cfg = serve_config
     app = the_app(cfg)
     bound = graph(app)
-    assert set(bound) == DEPLOYMENTS
+    resumable = AppArgs.model_validate(app.get("args", {})).sessions.resume_grace_s > 0
+    assert set(bound) == DEPLOYMENTS | ({"SessionParking"} if resumable else set())
     listed = {d["name"] for d in app.get("deployments", [])}
     assert listed <= DEPLOYMENTS, f"{name}: unknown deployments {listed - DEPLOYMENTS}"
 

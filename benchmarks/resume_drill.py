@@ -1,0 +1,142 @@
+"""Resume drill against a running server (issue 15.3): drop a socket mid-session, resume it.
+
+    python -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --out resume.json
+
+1. One uninterrupted session of `--frames` frames (the reference), pipeline 2.
+2. The same session (same trajectory and seed) again: after chunk `--drop-after` was received,
+   with the next chunk in flight, the socket is closed; a new socket sends `resume` with the
+   count of replies it has, receives the replies it missed (the chunks in flight at the
+   drop), then `resumed`, and plays the rest.
+Reports the time from the new socket's connect to its first frame, the chunks replayed, and
+whether every chunk's fMP4 bytes equal the reference's (a session continues on its replica's
+state, so on one GPU they should: same kernels, same inputs).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import websockets
+
+from client.trajectory import plan_session
+from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
+from protocol import decode_reply, encode_reset, encode_resume
+from protocol.messages import CameraServerConfig, FrameReply, ResumeOk
+
+SEED = 77
+
+
+async def _connect(url: str):
+    ws = await websockets.connect(url, max_size=None)
+    config = decode_reply(await ws.recv())
+    assert isinstance(config, CameraServerConfig), config
+    return ws, config
+
+
+async def _frame(ws, timeout_s: float):
+    reply = decode_reply(await asyncio.wait_for(ws.recv(), timeout_s))
+    if getattr(reply, "is_notice", False):
+        return await _frame(ws, timeout_s)
+    return reply
+
+
+async def reference(url: str, messages: list[bytes], sid: str, timeout_s: float) -> list[bytes]:
+    ws, _ = await _connect(url)
+    out, sent = [], 0
+    try:
+        while len(out) < len(messages):
+            while sent < len(messages) and sent - len(out) < 2:
+                await ws.send(messages[sent])
+                sent += 1
+            reply = await _frame(ws, timeout_s)
+            assert isinstance(reply, FrameReply), reply
+            out.append(reply.video)
+        await ws.send(encode_reset(sid))
+        await _frame(ws, timeout_s)
+    finally:
+        await ws.close()
+    return out
+
+
+async def dropped(url: str, messages: list[bytes], drop_after: int, timeout_s: float) -> dict:
+    ws, config = await _connect(url)
+    videos: dict[int, bytes] = {}
+    token: Optional[str] = None
+    sent = 0
+    while len(videos) <= drop_after:
+        while sent < len(messages) and sent - len(videos) < 2:
+            await ws.send(messages[sent])
+            sent += 1
+        reply = await _frame(ws, timeout_s)
+        assert isinstance(reply, FrameReply), reply
+        videos[reply.chunk_id] = reply.video
+        token = token or reply.resume_token
+    in_flight = sent - len(videos)
+    t_drop = time.perf_counter()
+    await ws.close()
+    assert token is not None, "the server issued no resume_token (resume_grace_s 0?)"
+    ws, _ = await _connect(url)
+    t_connect = time.perf_counter()
+    sid = decode_sid(messages[0])
+    await ws.send(encode_resume(sid, token, resume_from=len(videos)))
+    replayed, first_frame_s = 0, None
+    while not isinstance(reply := await _frame(ws, timeout_s), ResumeOk):
+        assert isinstance(reply, FrameReply), reply
+        first_frame_s = first_frame_s if first_frame_s is not None else time.perf_counter() - t_connect
+        videos[reply.chunk_id] = reply.video
+        replayed += 1
+    sent = reply.next_chunk_id
+    while len(videos) < len(messages):
+        while sent < len(messages) and sent - len(videos) < 2:
+            await ws.send(messages[sent])
+            sent += 1
+        reply = await _frame(ws, timeout_s)
+        assert isinstance(reply, FrameReply), reply
+        first_frame_s = first_frame_s if first_frame_s is not None else time.perf_counter() - t_connect
+        videos[reply.chunk_id] = reply.video
+    await ws.send(encode_reset(sid))
+    await _frame(ws, timeout_s)
+    await ws.close()
+    return {"videos": [videos[k] for k in range(len(messages))], "in_flight_at_drop": in_flight,
+            "replayed": replayed, "reconnect_s": t_connect - t_drop, "first_frame_after_connect_s": first_frame_s,
+            "resume_grace_s": config.resume_grace_s}
+
+
+def decode_sid(message: bytes) -> str:
+    from protocol import decode
+
+    return decode(message).session_id
+
+
+async def drill(args: argparse.Namespace) -> dict:
+    traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (resume drill)")
+    plan = plan_session(traj, args.frames)
+    ref = await reference(args.url, traj.messages(plan, "drill-ref", seed=SEED), "drill-ref", args.timeout_s)
+    run = await dropped(args.url, traj.messages(plan, "drill", seed=SEED), args.drop_after, args.timeout_s)
+    videos = run.pop("videos")
+    return {**run, "chunks": len(ref), "drop_after_chunk": args.drop_after,
+            "identical_chunks": sum(a == b for a, b in zip(videos, ref)),
+            "all_identical": videos == ref, "frames": args.frames}
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime/world/camera")
+    p.add_argument("--frames", type=int, default=57)
+    p.add_argument("--drop-after", type=int, default=1, help="close the socket once this chunk arrived")
+    p.add_argument("--trajectory", default="dolly", choices=["orbit", "dolly", "pan"])
+    p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--out", type=Path, default=Path("resume_drill.json"))
+    args = p.parse_args(argv)
+    result = asyncio.run(drill(args))
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

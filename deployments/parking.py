@@ -1,0 +1,282 @@
+"""Session parking: where a session waits, between a dropped socket and its resume.
+
+When a client's socket ends while its session is open, the connection (connection.py,
+`Releases._park`) does not close the session on the replicas: it waits for the session's
+chunks in flight, then hands the session's connection-side state (its journal, keys, chunk
+counter and the replies the client may have missed) to `SessionParking`, one replica for the
+application, reachable from every ingress replica. A new socket, through any ingress replica,
+claims it with the session's `resume_token` and carries on: its first calls reach the replicas
+that still hold the session (the router follows the replicas' reported keys), or, when one lost
+it meanwhile, a rebuild from the journal (recovery.py). After `sessions.resume_grace_s` without
+a claim the parking closes the session on the replicas and forgets it.
+
+`ParkingBook` is the bookkeeping (no Ray): bounded in sessions, bytes and sessions per client;
+tokens are compared as SHA-256 digests in constant time; an expired token is remembered for a
+while, so that its late resume is told that the grace period ended (`session_lost`) rather
+than that the token is wrong (`unauthorized`).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from deployments.config import SessionArgs
+from deployments.errors import SessionLost, Unauthorized
+from deployments.journal import SessionJournal
+from deployments.log import get_log
+from deployments.stream import StreamSpec
+
+TOKEN_BYTES = 24  # 192 bits, url-safe base64: 32 characters
+PENDING_WAIT_S = 40.0  # a claim waits this long for a session its old connection is still parking
+UNKNOWN_WAIT_S = 2.0  # ... and this long for one not yet announced (the old socket's end not yet seen)
+TOMBSTONES = 4096  # expired tokens remembered (FIFO)
+TOMBSTONE_S = 3600.0
+SWEEP_PERIOD_S = 0.5
+MAX_PER_CLIENT = 4  # parked sessions of one client (API key, or address without auth); the oldest goes
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(slots=True)
+class ParkedSession:
+    """A session's connection-side state, as its dropped connection left it (see connection.py)."""
+
+    spec: StreamSpec
+    journal: SessionJournal
+    image: Any  # RGB uint8 [H0, W0, 3] (np.ndarray)
+    key: str  # the stream's identity
+    dit_key: str
+    vae_key: str
+    next_chunk: int  # chunks accepted; the next infer produces this chunk_id
+    sent: int  # chunk replies the old socket sent (chunk ids below it)
+    prompt: str  # after prompt updates
+    recoveries: int
+    text_encode_s: float
+    replies: list  # FrameReply objects kept for re-sending: the last sent ones and every unsent one, in order
+    token_digest: str = ""
+    principal: Optional[str] = None  # API key id (auth on) or client address; a claim must match
+    clip: bool = False  # opened in clip mode: a clip-mode connection of the same principal claims it by session id
+
+    @property
+    def session_id(self) -> str:
+        return self.spec.session_id
+
+    @property
+    def nbytes(self) -> int:
+        return self.journal.nbytes + sum(len(r.video) for r in self.replies)
+
+
+@dataclass(slots=True)
+class _Entry:
+    session_id: str
+    principal: Optional[str]
+    clip: bool
+    deadline: float  # monotonic: expiry of the grace period
+    record: Optional[ParkedSession] = None  # None while its connection is still parking it
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # set when parked or dropped
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.record is None else self.record.nbytes
+
+
+class ParkingBook:
+    """Parked sessions by token digest, with their bounds (no Ray; `SessionParking` runs it)."""
+
+    def __init__(self, grace_s: float, max_sessions: int, max_bytes: int, max_per_client: int = MAX_PER_CLIENT,
+                 clock=time.monotonic) -> None:
+        self.grace_s = grace_s
+        self._max_sessions = max_sessions
+        self._max_bytes = max_bytes
+        self._max_per_client = max_per_client
+        self._clock = clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # digest -> entry, oldest first
+        self._expired: OrderedDict[str, float] = OrderedDict()  # digest -> when it expired
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def reserve(self, digest: str, session_id: str, principal: Optional[str], clip: bool) -> list[ParkedSession]:
+        """Announce a session its connection is about to park. Returns the records evicted to
+        make room (their replica state must be closed): the same client's oldest beyond
+        `max_per_client`, then the oldest of all beyond `max_sessions`."""
+        self._expired.pop(digest, None)
+        old = self._entries.pop(digest, None)  # the same session parked again (resumed, dropped again)
+        evicted = [old.record] if old is not None and old.record is not None else []
+        if clip:  # one clip session per (client, session id): a newer one replaces it
+            for d in [d for d, e in self._entries.items() if e.clip and (e.principal, e.session_id) == (
+                    principal, session_id)]:
+                evicted += self._drop(d)
+        mine = [d for d, e in self._entries.items() if e.principal == principal]
+        for d in mine[: max(0, len(mine) - self._max_per_client + 1)]:
+            evicted += self._drop(d)
+        while len(self._entries) >= self._max_sessions:
+            evicted += self._drop(next(iter(self._entries)))
+        self._entries[digest] = _Entry(session_id, principal, clip, self._clock() + self.grace_s)
+        return evicted
+
+    def park(self, record: ParkedSession) -> bool:
+        """Fill a reserved entry; False (nothing kept) when it was not reserved, was claimed
+        meanwhile, or would take the parking over its byte budget."""
+        entry = self._entries.get(record.token_digest)
+        if entry is None or entry.record is not None:
+            return False
+        if self.nbytes + record.nbytes > self._max_bytes:
+            self.unreserve(record.token_digest)
+            return False
+        entry.record = record
+        entry.deadline = self._clock() + self.grace_s  # the grace counts from when it is resumable
+        entry.ready.set()
+        return True
+
+    def unreserve(self, digest: str) -> None:
+        entry = self._entries.pop(digest, None)
+        if entry is not None:
+            entry.ready.set()
+
+    async def claim(self, session_id: str, token: Optional[str], principal: Optional[str],
+                    clip: bool = False) -> ParkedSession:
+        """The parked session `token` (or, for a clip-mode connection, the principal's clip
+        session `session_id`) opens, removed from the book. Waits for one still being parked.
+        Raises Unauthorized (wrong token, session or key) or SessionLost (grace period over)."""
+        digest = self._find_clip(session_id, principal) if clip and token is None else (
+            token_digest(token) if token is not None else None)
+        if digest is None and clip:
+            raise SessionLost(f"session {session_id!r} is not open on this connection and no session of that id "
+                              f"waits to be resumed (a session stays resumable {self.grace_s:g} s after its connection "
+                              "closed); send `image` to start it again")
+        if digest is None:
+            raise Unauthorized(f"session {session_id!r} is not open on this connection: send the `resume_token` "
+                               "of its first frame reply to continue it here, or image and prompt to start it again")
+        entry = self._entries.get(digest)
+        if entry is None and digest not in self._expired:
+            await asyncio.sleep(UNKNOWN_WAIT_S)  # its old socket's end may not have been seen yet
+            entry = self._entries.get(digest)
+        if entry is not None and entry.record is None:
+            try:
+                await asyncio.wait_for(entry.ready.wait(), PENDING_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+            entry = self._entries.get(digest)
+        if entry is None or entry.record is None:
+            if digest in self._expired:
+                raise SessionLost(f"session {session_id!r} was not resumed within the grace period "
+                                  f"({self.grace_s:g} s after its connection dropped) and was ended; send image and "
+                                  "prompt to start it again")
+            raise Unauthorized(f"no session {session_id!r} to resume with this token: the token is wrong, or the "
+                               "session ended (reset, or its connection closed it)")
+        if not (entry.session_id == session_id and entry.principal == principal):
+            raise Unauthorized(f"the resume token is not session {session_id!r}'s (or not this API key's)")
+        del self._entries[digest]
+        return entry.record
+
+    def holds(self, session_id: str, principal: Optional[str]) -> bool:
+        """Whether a session of that id and principal is parked (or being parked)."""
+        return any(e.session_id == session_id and e.principal == principal for e in self._entries.values())
+
+    def sweep(self) -> list[ParkedSession]:
+        """Drop the entries whose grace period ended; their records (replica state to close)."""
+        now = self._clock()
+        out: list[ParkedSession] = []
+        for d in [d for d, e in self._entries.items() if e.deadline <= now]:
+            out += self._drop(d)
+        while self._expired and next(iter(self._expired.values())) < now - TOMBSTONE_S:
+            self._expired.popitem(last=False)
+        return out
+
+    def _find_clip(self, session_id: str, principal: Optional[str]) -> Optional[str]:
+        for d, e in reversed(self._entries.items()):
+            if e.clip and e.principal == principal and e.session_id == session_id:
+                return d
+        return None
+
+    def _drop(self, digest: str) -> list[ParkedSession]:
+        entry = self._entries.pop(digest)
+        entry.ready.set()
+        self._expired[digest] = self._clock()
+        while len(self._expired) > TOMBSTONES:
+            self._expired.popitem(last=False)
+        return [] if entry.record is None else [entry.record]
+
+
+@serve.deployment(num_replicas=1)
+class SessionParking:
+    """The application's one parking (see the module doc); closes what expires on the replicas."""
+
+    def __init__(self, vae: DeploymentHandle, dit: DeploymentHandle, sessions: SessionArgs) -> None:
+        self._vae = vae
+        self._dit = dit
+        self._book = ParkingBook(sessions.resume_grace_s, sessions.resume_max_sessions,
+                                 int(sessions.resume_max_mib * 1024 * 1024))
+        self._log = get_log("parking")
+        self._closing: set[asyncio.Task] = set()
+        self._expired_total = 0
+        self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())
+
+    async def reserve(self, digest: str, session_id: str, principal: Optional[str], clip: bool) -> bool:
+        self._close_all(self._book.reserve(digest, session_id, principal, clip), "evicted")
+        return True
+
+    async def park(self, record: ParkedSession) -> bool:
+        parked = self._book.park(record)
+        self._log.info("session parked" if parked else "session not parked (over budget or gone)", fields={
+            "session": record.dit_key, "chunks": record.next_chunk, "bytes": record.nbytes})
+        return parked
+
+    async def unreserve(self, digest: str) -> None:
+        self._book.unreserve(digest)
+
+    async def claim(self, session_id: str, token: Optional[str], principal: Optional[str],
+                    clip: bool = False) -> ParkedSession:
+        record = await self._book.claim(session_id, token, principal, clip)
+        self._log.info("session resumed", fields={"session": record.dit_key, "chunks": record.next_chunk})
+        return record
+
+    async def holds(self, session_id: str, principal: Optional[str]) -> bool:
+        return self._book.holds(session_id, principal)
+
+    async def stats(self) -> dict[str, Any]:
+        return {"parked": len(self._book), "bytes": self._book.nbytes, "expired": self._expired_total,
+                "grace_s": self._book.grace_s, "closing": len(self._closing)}
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_PERIOD_S)
+            expired = self._book.sweep()
+            self._expired_total += len(expired)
+            self._close_all(expired, "grace period ended")
+
+    def _close_all(self, records: list[ParkedSession], why: str) -> None:
+        for record in records:
+            task = asyncio.ensure_future(self._close(record, why))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close(self, record: ParkedSession, why: str) -> None:
+        """Free a parked session on both deployments (routed to their holders by the replicas'
+        reported keys); a replica that is gone or cannot be told frees it at its idle TTL."""
+        for handle, key in ((self._dit, record.dit_key), (self._vae, record.vae_key)):
+            try:
+                await asyncio.wait_for(handle.options(session_id=key).close.remote(key), 30.0)
+            except Exception as e:  # noqa: BLE001 - the replica's idle TTL frees it then
+                self._log.warning("close of a parked session failed", fields={"session": key, "error": repr(e)})
+        self._log.info("parked session ended", fields={"session": record.dit_key, "why": why})

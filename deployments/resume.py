@@ -1,0 +1,208 @@
+"""Resume: a `Connection`'s side of sessions that outlive their socket (parking.py).
+
+* A session's first frame reply carries its `resume_token` (`Stream.resume_token`, issued when
+  the stream opens and `sessions.resume_grace_s` > 0).
+* When the socket ends, `_park_current` hands the open session to the parking instead of
+  closing it: announced at once (a quick reconnect waits for it), then, once the chunks in
+  flight are answered, its journal, keys, counters, the last `resume_replay_chunks` sent
+  replies and every reply the socket could not send. The replica state stays where it is.
+* On a new socket, a `resume` request, or an infer with `resume_token`, claims it
+  (`_resume`) before anything else of that socket is read: the missed replies go out again in
+  order (those from `resume_from` on; without it, the unsent ones), then the session goes on.
+  A clip-mode connection (deployments/clip) claims its client's clip session by session id.
+
+`Resume` is a base class of `Connection`, which sets the attributes it declares.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Optional
+
+from pydantic import BaseModel
+
+from camera import CHUNK_LATENT_FRAMES
+from deployments.config import AppArgs
+from deployments.detached import settle
+from deployments.errors import Unauthorized
+from deployments.lane_jobs import Backends, _done
+from deployments.log import KeyValueLog
+from deployments.parking import ParkedSession, token_digest
+from deployments.quotas import KeyQuota
+from deployments.stream import Stream, StreamState
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import FrameReply, InferRequest, Request, ResumeOk, ResumeRequest
+
+CLIP_RESUME = "\x00clip"  # resume_token of a clip-mode extension on a new socket (never a real token)
+PARK_CALL_S = 10.0  # a parking call that takes longer is given up (the session then ends as before)
+
+
+class Resume:
+    """Parks the open session when the socket ends; resumes parked ones (a mixin of `Connection`)."""
+
+    _b: Backends
+    _args: AppArgs
+    _log: KeyValueLog
+    _quota: Optional[KeyQuota]
+    _stream: Optional[Stream]
+    _held: dict[str, Stream]
+    _key_id: Optional[str]  # API key id (auth on)
+    _client: Optional[str]  # client address
+
+    _may_park: bool  # a WebSocket's connection (not an offline video's)
+
+    @property
+    def _resumable(self) -> bool:
+        return self._may_park and self._b.parking is not None and self._args.sessions.resume_grace_s > 0
+
+    def _principal(self, clip: bool) -> Optional[str]:
+        """Who may resume: the API key (auth on); for clip sessions, without auth, the address."""
+        if self._key_id is not None or not clip:
+            return self._key_id
+        return f"addr:{self._client}"
+
+    # ---- the socket ended ----
+
+    async def _park_current(self) -> Optional[Stream]:
+        """Park the connection's open session (see the module doc); the stream when parked."""
+        s = self._stream
+        if not (self._resumable and s is not None and s.state is StreamState.OPEN and s.resume_digest
+                and s.token_delivered):  # a client that never got chunk 0 has no token
+            return None
+        digest, clip = s.resume_digest, s.spec.raw_frames
+        parking = self._b.parking
+        if not await self._call(parking.reserve.remote(digest, s.spec.session_id, self._principal(clip), clip)):
+            return None
+        pending = [t for t in s.chunk_tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self._args.connection.release_timeout_s)
+        replies = [t.result() for t in s.chunk_tasks if t.done() and not t.cancelled()]
+        if s.state is not StreamState.OPEN or len(replies) < len(s.chunk_tasks) or not all(
+                isinstance(r, FrameReply) for r in replies):  # a chunk failed or is still running
+            self._log.warning("session not parked: a chunk failed or is still running", fields={
+                "session": s.key, "state": s.state.name, "chunks": len(s.chunk_tasks), "answered": len(replies),
+                "errors": [getattr(r, "code", None) for r in replies if not isinstance(r, FrameReply)]})
+            await self._call(parking.unreserve.remote(digest))
+            return None
+        unsent = [*s.pending_replays, *(r for r in replies if r.chunk_id >= s.sent_chunks)]
+        total = s.spec.total_latent_frames
+        ended = s.next_chunk >= self._args.sessions.max_chunks or (
+            total is not None and s.next_chunk >= total // CHUNK_LATENT_FRAMES)
+        record = ParkedSession(
+            spec=s.spec, journal=s.journal, image=s.image, key=s.key, dit_key=s.dit_key, vae_key=s.vae_key,
+            next_chunk=s.next_chunk, sent=s.sent_chunks, prompt=s.prompt, recoveries=s.recoveries,
+            text_encode_s=s.text_encode_s, replies=[*s.replay, *unsent], token_digest=digest,
+            principal=self._principal(clip), clip=clip)
+        if not await self._call(parking.park.remote(record)):
+            return None
+        if ended:  # no chunk is left to make: its replicas free it now, the parking keeps its replies
+            self._log.info("ended session parked for its replies", fields={"session": s.key})
+            return None
+        s.state = StreamState.CLOSED  # the parking holds it now: this connection releases nothing of it
+        self._held.pop(s.key, None)
+        self._stream = None
+        self._log.info("session parked", fields={"session": s.key, "chunks": s.next_chunk,
+                                                 "unsent": len(unsent), "grace_s": self._args.sessions.resume_grace_s})
+        return s
+
+    async def _call(self, call) -> bool:
+        ended, result = await settle(call, PARK_CALL_S)
+        if not ended or isinstance(result, BaseException) or result is False:
+            self._log.warning("parking call failed; the session ends with its socket",
+                              fields={"error": repr(result) if ended else "timeout"})
+            return False
+        return True
+
+    # ---- a new socket resumes ----
+
+    def _resume_kind(self, req: Request) -> Optional[str]:
+        """"claim" when `req` resumes a session this connection does not hold; "check" when it
+        continues one it does not hold without a token (the parking may hold it); else None."""
+        if not self._resumable or not isinstance(req, (InferRequest, ResumeRequest)):
+            return None
+        cur = self._stream
+        if cur is not None and cur.spec.session_id == req.session_id and cur.state is StreamState.OPEN:
+            return None
+        if isinstance(req, ResumeRequest) or req.resume_token is not None:
+            return "claim"
+        if req.image is None and req.prompt_update is None:
+            return "check"
+        return None
+
+    async def _resume(self, req: Request) -> list[BaseModel]:
+        """Claim the parked session `req` names and make it this connection's; the replies to
+        send again (in order). Raises ReplicaError (unauthorized, session_lost, busy)."""
+        clip = req.resume_token == CLIP_RESUME and self._ws_clip_mode
+        token = None if clip else req.resume_token
+        if self._quota is not None:  # before the claim: a session claimed is never dropped for the quota
+            self._quota.start_session(f"resume:{req.session_id}")
+            self._quota.end_session(f"resume:{req.session_id}")
+        record = await self._b.parking.claim.remote(req.session_id, token, self._principal(clip), clip)
+        stream = self._install(record)
+        resume_from = record.next_chunk if clip else (req.resume_from if req.resume_from is not None else record.sent)
+        replay = [r for r in record.replies if r.chunk_id >= resume_from]
+        missing = sorted(set(range(resume_from, record.next_chunk)) - {r.chunk_id for r in replay})
+        if missing:
+            self._log.warning("resume: replies no longer kept", fields={"session": stream.key, "chunks": missing})
+        self._log.info("session resumed", fields={"session": stream.key, "chunks": record.next_chunk,
+                                                  "replayed": len(replay)})
+        stream.sent_chunks = resume_from
+        stream.pending_replays.extend(replay)  # parked with the session if the socket drops before they are sent
+        out: list[BaseModel] = list(replay)
+        if isinstance(req, ResumeRequest):
+            out.append(ResumeOk(session_id=req.session_id, next_chunk_id=record.next_chunk, replayed=len(replay)))
+        return out
+
+    def _replay_held(self, req: ResumeRequest) -> list[BaseModel]:
+        """`resume` of the session this connection holds: its kept replies from `resume_from` on, again."""
+        if not self._resumable:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "this server does not resume sessions (the handshake has no "
+                                                       "`resume_grace_s`): sessions end with their connection")
+        s = self._stream
+        if s is None or s.resume_digest is None or token_digest(req.resume_token) != s.resume_digest:
+            raise Unauthorized(f"the resume token is not session {req.session_id!r}'s")
+        start = s.sent_chunks if req.resume_from is None else req.resume_from
+        replay = [r for r in s.replay if r.chunk_id >= start]
+        return [*replay, ResumeOk(session_id=req.session_id, next_chunk_id=s.next_chunk, replayed=len(replay))]
+
+    def _sent(self, stream: Stream, reply: FrameReply) -> None:
+        """The send loop sent a frame reply of `stream` (what a park keeps, see the module doc)."""
+        stream.sent_chunks = max(stream.sent_chunks, reply.chunk_id + 1)
+        stream.replay.append(reply)
+        if stream.pending_replays and stream.pending_replays[0] is reply:
+            stream.pending_replays.popleft()
+        if reply.resume_token is not None:
+            stream.token_delivered = True
+
+    async def _check_parked(self, req: InferRequest) -> None:
+        """An infer that continues a session this connection does not hold, without a token:
+        Unauthorized when the parking holds it (it needs its token), else nothing."""
+        if await self._b.parking.holds.remote(req.session_id, self._principal(self._ws_clip_mode)):
+            raise Unauthorized(f"session {req.session_id!r} waits to be resumed: send the `resume_token` of its "
+                               "first frame reply with `session_id` (a `resume` request, or this infer with it)")
+
+    def _install(self, record: ParkedSession) -> Stream:
+        """A stream from a parked session, made this connection's current one."""
+        stream = Stream(record.spec, record.journal, record.image)
+        stream.key, stream.dit_key, stream.vae_key = record.key, record.dit_key, record.vae_key
+        stream.next_chunk, stream.sent_chunks, stream.prompt = record.next_chunk, record.next_chunk, record.prompt
+        stream.recoveries, stream.text_encode_s = record.recoveries, record.text_encode_s
+        stream.resume_digest = record.token_digest  # dropped again: parked under the same token
+        stream.token_delivered = True  # the client sent it
+        stream.replay = deque((r for r in record.replies if r.chunk_id < record.sent),
+                              maxlen=stream.replay.maxlen)
+        stream.dit_open = _done()
+        stream.vae_open = _done()
+        cur = self._stream
+        if self._quota is not None:
+            self._quota.start_session(stream.key, replacing=cur.key if cur is not None and cur.state is StreamState.OPEN
+                                      else None)
+        if cur is not None and cur.state is not StreamState.CLOSED:
+            self._close(cur)
+        self._stream = stream
+        self._held[stream.key] = stream
+        return stream
+
+    @property
+    def _ws_clip_mode(self) -> bool:
+        return bool(getattr(self._ws, "raw_frames", False))
