@@ -74,7 +74,7 @@ def test_rescaling_the_model_deployments_leaves_the_ingress_alone():
     """Serve replaces replicas whose init args change: a DiT/VAE placement change must not
     reach the ingress (its WebSockets and journals would go), while a session setting does."""
     def ingress_init(args: AppArgs) -> tuple:
-        return build_app(args)._bound_deployment.init_args[3]
+        return build_app(args)._bound_deployment.init_args[4]  # (text, vae, dit, parking, args)
 
     base = AppArgs()
     moved = AppArgs(dit=ReplicaArgs(num_replicas=3, num_gpus=1), vae=ReplicaArgs(num_replicas=2),
