@@ -5,7 +5,11 @@
 #
 # 1. unpacks the wheels the image lacks (ray 2.60 cp312 and grpcio-reflection matching the image's
 #    grpcio 1.84.0, fastapi, starlette, uvicorn, h11, websockets, pydantic + pydantic-core,
-#    annotated-types, typing-inspection, av, msgpack-numpy, ftfy + wcwidth, and their
+#    annotated-types, typing-inspection, av, msgpack-numpy, ftfy + wcwidth, watchfiles (ray.serve.scripts
+#    imports it), jsonschema + referencing + rpds-py + jsonschema-specifications (import ray),
+#    protobuf >= 7.35.1 (grpcio-reflection 1.84), opentelemetry-api (fastapi 0.165), and their
+#    (the stripped ray wheel, 41 MiB, travels alone in a first call: install_wheels.py .whlray)
+#    remaining
 #    dependencies: VERIFIED_NOTES.md) from .whl/ into /tmp/site (benchmarks/install_wheels.py);
 #    SKIP_WHEELS=1 where they are installed. The imports are checked before anything starts;
 # 2. `serve run benchmarks/serve_config.h200.yaml`: the shipped GPU config with random full-size
