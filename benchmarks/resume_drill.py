@@ -44,44 +44,48 @@ async def _frame(ws, timeout_s: float):
     return reply
 
 
-async def reference(url: str, messages: list[bytes], sid: str, timeout_s: float) -> list[bytes]:
-    ws, _ = await _connect(url)
-    out, sent = [], 0
-    try:
-        while len(out) < len(messages):
-            while sent < len(messages) and sent - len(out) < 2:
-                await ws.send(messages[sent])
-                sent += 1
-            reply = await _frame(ws, timeout_s)
-            assert isinstance(reply, FrameReply), reply
-            out.append(reply.video)
-        await ws.send(encode_reset(sid))
-        await _frame(ws, timeout_s)
-    finally:
-        await ws.close()
-    return out
-
-
-async def dropped(url: str, messages: list[bytes], drop_after: int, timeout_s: float) -> dict:
-    ws, config = await _connect(url)
-    videos: dict[int, bytes] = {}
-    token: Optional[str] = None
-    sent = 0
-    while len(videos) <= drop_after:
+async def _play(ws, messages: list[bytes], videos: dict[int, bytes], sent: int, until: int,
+                timeout_s: float, t0: Optional[float] = None) -> tuple[int, Optional[float], Optional[str]]:
+    """Send the session's infers (at most 2 in flight) from chunk `sent` and collect frame
+    replies into `videos` until it holds `until`: (chunks sent, seconds from `t0` (default:
+    now) to the first reply, the resume token seen)."""
+    t0, first_s, token = time.perf_counter() if t0 is None else t0, None, None
+    while len(videos) < until:
         while sent < len(messages) and sent - len(videos) < 2:
             await ws.send(messages[sent])
             sent += 1
         reply = await _frame(ws, timeout_s)
         assert isinstance(reply, FrameReply), reply
+        first_s = first_s if first_s is not None else time.perf_counter() - t0
         videos[reply.chunk_id] = reply.video
         token = token or reply.resume_token
+    return sent, first_s, token
+
+
+async def _reset_and_close(ws, sid: str, timeout_s: float) -> None:
+    await ws.send(encode_reset(sid))
+    await _frame(ws, timeout_s)
+    await ws.close()
+
+
+async def reference(url: str, messages: list[bytes], sid: str, timeout_s: float) -> list[bytes]:
+    ws, _ = await _connect(url)
+    videos: dict[int, bytes] = {}
+    await _play(ws, messages, videos, 0, len(messages), timeout_s)
+    await _reset_and_close(ws, sid, timeout_s)
+    return [videos[k] for k in range(len(messages))]
+
+
+async def dropped(url: str, messages: list[bytes], sid: str, drop_after: int, timeout_s: float) -> dict:
+    ws, config = await _connect(url)
+    videos: dict[int, bytes] = {}
+    sent, _, token = await _play(ws, messages, videos, 0, drop_after + 1, timeout_s)
     in_flight = sent - len(videos)
     t_drop = time.perf_counter()
     await ws.close()
     assert token is not None, "the server issued no resume_token (resume_grace_s 0?)"
     ws, _ = await _connect(url)
     t_connect = time.perf_counter()
-    sid = decode_sid(messages[0])
     await ws.send(encode_resume(sid, token, resume_from=len(videos)))
     replayed, first_frame_s = 0, None
     while not isinstance(reply := await _frame(ws, timeout_s), ResumeOk):
@@ -89,34 +93,19 @@ async def dropped(url: str, messages: list[bytes], drop_after: int, timeout_s: f
         first_frame_s = first_frame_s if first_frame_s is not None else time.perf_counter() - t_connect
         videos[reply.chunk_id] = reply.video
         replayed += 1
-    sent = reply.next_chunk_id
-    while len(videos) < len(messages):
-        while sent < len(messages) and sent - len(videos) < 2:
-            await ws.send(messages[sent])
-            sent += 1
-        reply = await _frame(ws, timeout_s)
-        assert isinstance(reply, FrameReply), reply
-        first_frame_s = first_frame_s if first_frame_s is not None else time.perf_counter() - t_connect
-        videos[reply.chunk_id] = reply.video
-    await ws.send(encode_reset(sid))
-    await _frame(ws, timeout_s)
-    await ws.close()
+    _, first_after, _ = await _play(ws, messages, videos, reply.next_chunk_id, len(messages), timeout_s, t_connect)
+    first_frame_s = first_frame_s if first_frame_s is not None else first_after
+    await _reset_and_close(ws, sid, timeout_s)
     return {"videos": [videos[k] for k in range(len(messages))], "in_flight_at_drop": in_flight,
             "replayed": replayed, "reconnect_s": t_connect - t_drop, "first_frame_after_connect_s": first_frame_s,
             "resume_grace_s": config.resume_grace_s}
-
-
-def decode_sid(message: bytes) -> str:
-    from protocol import decode
-
-    return decode(message).session_id
 
 
 async def drill(args: argparse.Namespace) -> dict:
     traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (resume drill)")
     plan = plan_session(traj, args.frames)
     ref = await reference(args.url, traj.messages(plan, "drill-ref", seed=SEED), "drill-ref", args.timeout_s)
-    run = await dropped(args.url, traj.messages(plan, "drill", seed=SEED), args.drop_after, args.timeout_s)
+    run = await dropped(args.url, traj.messages(plan, "drill", seed=SEED), "drill", args.drop_after, args.timeout_s)
     videos = run.pop("videos")
     return {**run, "chunks": len(ref), "drop_after_chunk": args.drop_after,
             "identical_chunks": sum(a == b for a, b in zip(videos, ref)),

@@ -200,3 +200,16 @@ def test_soak_random_drops_and_resumes_keep_every_video_exact(resume_server, res
     assert drops, "the soak dropped no socket"
     print(f"RELIABILITY resume-soak: sessions=2 chunks=10 drops={len(drops)} lost=0 duplicated=0")
     resume_server.wait_held(0, timeout=resume_grace_s + 6.0)
+
+
+def test_the_resume_drill_benchmark_runs_against_the_server(resume_server, resume_grace_s):
+    """benchmarks/resume_drill.py (run on the H200 by gpu_serve.sh) against the CPU app: the
+    chunk in flight at the drop is replayed and the resumed video equals the reference."""
+    from benchmarks.resume_drill import main
+
+    resume_server.wait_held(0)
+    result = main(["--url", resume_server.ws, "--frames", "33", "--drop-after", "0", "--out", "/dev/null"])
+    assert result["chunks"] == 3 and result["resume_grace_s"] == resume_grace_s
+    assert result["replayed"] == result["in_flight_at_drop"] == 1
+    assert result["all_identical"], result
+    resume_server.wait_held(0)
