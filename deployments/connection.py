@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import deque
 from functools import partial
 from typing import Any, Optional
 
@@ -309,7 +308,7 @@ class Connection(LaneJobs, Releases, Resume):
         if self._resumable:
             stream.resume_token = new_token()
             stream.resume_digest = token_digest(stream.resume_token)
-            stream.replay = deque(maxlen=0 if spec.raw_frames else sessions.resume_replay_chunks)
+            stream.replay = self._replay_ring(spec.raw_frames)
         cur = self._stream
         open_now = cur is not None and cur.state is StreamState.OPEN
         if self._quota is not None:

@@ -1,7 +1,7 @@
 """Session parking: where a session waits, between a dropped socket and its resume.
 
-When a client's socket ends while its session is open, the connection (connection.py,
-`Releases._park`) does not close the session on the replicas: it waits for the session's
+When a client's socket ends while its session is open, the connection (resume.py,
+`Resume._park_current`) does not close the session on the replicas: it waits for the session's
 chunks in flight, then hands the session's connection-side state (its journal, keys, chunk
 counter and the replies the client may have missed) to `SessionParking`, one replica for the
 application, reachable from every ingress replica. A new socket, through any ingress replica,
@@ -11,7 +11,8 @@ it meanwhile, a rebuild from the journal (recovery.py). After `sessions.resume_g
 a claim the parking closes the session on the replicas and forgets it.
 
 `ParkingBook` is the bookkeeping (no Ray): bounded in sessions, bytes and sessions per client;
-tokens are compared as SHA-256 digests in constant time; an expired token is remembered for a
+tokens are kept and looked up as SHA-256 digests only (the token itself is never stored or
+logged); an expired token is remembered for a
 while, so that its late resume is told that the grace period ended (`session_lost`) rather
 than that the token is wrong (`unauthorized`).
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import secrets
 import time
 from collections import OrderedDict

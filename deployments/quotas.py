@@ -63,11 +63,15 @@ class KeyQuota:
 
     def start_session(self, key: str, replacing: Optional[str] = None) -> None:
         """Count a new session (`replacing`: the session it closes, if any); `Busy` beyond the cap."""
+        self.check_session(replacing)
+        self._sessions = (self._sessions - {replacing}) | {key}
+
+    def check_session(self, replacing: Optional[str] = None) -> None:
+        """`Busy` when a new session (closing `replacing`) would exceed the cap; counts nothing."""
         held = self._sessions - {replacing}
         if self._max_sessions is not None and len(held) >= self._max_sessions:
             raise Busy(f"this API key holds {len(held)} sessions, the most it may; end one (reset or close "
                        "its socket) before starting another", SESSION_QUOTA_RETRY_S)
-        self._sessions = held | {key}
 
     def end_session(self, key: str) -> None:
         self._sessions.discard(key)

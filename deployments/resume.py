@@ -135,18 +135,16 @@ class Resume:
         clip = req.resume_token == CLIP_RESUME and self._ws_clip_mode
         token = None if clip else req.resume_token
         if self._quota is not None:  # before the claim: a session claimed is never dropped for the quota
-            self._quota.start_session(f"resume:{req.session_id}")
-            self._quota.end_session(f"resume:{req.session_id}")
+            self._quota.check_session(self._open_key())
         record = await self._b.parking.claim.remote(req.session_id, token, self._principal(clip), clip)
-        stream = self._install(record)
         resume_from = record.next_chunk if clip else (req.resume_from if req.resume_from is not None else record.sent)
+        stream = self._install(record, resume_from)
         replay = [r for r in record.replies if r.chunk_id >= resume_from]
         missing = sorted(set(range(resume_from, record.next_chunk)) - {r.chunk_id for r in replay})
         if missing:
             self._log.warning("resume: replies no longer kept", fields={"session": stream.key, "chunks": missing})
         self._log.info("session resumed", fields={"session": stream.key, "chunks": record.next_chunk,
                                                   "replayed": len(replay)})
-        stream.sent_chunks = resume_from
         stream.pending_replays.extend(replay)  # parked with the session if the socket drops before they are sent
         out: list[BaseModel] = list(replay)
         if isinstance(req, ResumeRequest):
@@ -181,27 +179,36 @@ class Resume:
             raise Unauthorized(f"session {req.session_id!r} waits to be resumed: send the `resume_token` of its "
                                "first frame reply with `session_id` (a `resume` request, or this infer with it)")
 
-    def _install(self, record: ParkedSession) -> Stream:
-        """A stream from a parked session, made this connection's current one."""
+    def _install(self, record: ParkedSession, sent: int) -> Stream:
+        """A stream from a parked session, made this connection's current one; `sent`: the
+        chunk replies its client has."""
         stream = Stream(record.spec, record.journal, record.image)
         stream.key, stream.dit_key, stream.vae_key = record.key, record.dit_key, record.vae_key
-        stream.next_chunk, stream.sent_chunks, stream.prompt = record.next_chunk, record.next_chunk, record.prompt
+        stream.next_chunk, stream.sent_chunks, stream.prompt = record.next_chunk, sent, record.prompt
         stream.recoveries, stream.text_encode_s = record.recoveries, record.text_encode_s
         stream.resume_digest = record.token_digest  # dropped again: parked under the same token
         stream.token_delivered = True  # the client sent it
-        stream.replay = deque((r for r in record.replies if r.chunk_id < record.sent),
-                              maxlen=stream.replay.maxlen)
+        stream.replay = self._replay_ring(record.spec.raw_frames)
+        stream.replay.extend(r for r in record.replies if r.chunk_id < record.sent)
         stream.dit_open = _done()
         stream.vae_open = _done()
         cur = self._stream
         if self._quota is not None:
-            self._quota.start_session(stream.key, replacing=cur.key if cur is not None and cur.state is StreamState.OPEN
-                                      else None)
+            self._quota.start_session(stream.key, replacing=self._open_key())
         if cur is not None and cur.state is not StreamState.CLOSED:
             self._close(cur)
         self._stream = stream
         self._held[stream.key] = stream
         return stream
+
+    def _open_key(self) -> Optional[str]:
+        """The key of the connection's open session (a new or resumed one replaces it)."""
+        cur = self._stream
+        return cur.key if cur is not None and cur.state is StreamState.OPEN else None
+
+    def _replay_ring(self, raw_frames: bool) -> deque:
+        """The sent replies a stream keeps to send again (none of raw clip frames: too large)."""
+        return deque(maxlen=0 if raw_frames else self._args.sessions.resume_replay_chunks)
 
     @property
     def _ws_clip_mode(self) -> bool:

@@ -93,8 +93,9 @@ class Stream:
     recoveries: int = 0  # times the session was rebuilt on another replica
     release: Optional[asyncio.Task] = None  # frees the replicas' state once the stream ended
     prompt: str = field(init=False)  # the prompt the session attends to now (after prompt updates)
-    # Resume (resume.py): the token its chunk-0 reply carries (None once sent, or when the
-    # server does not resume sessions), its digest (the parking's key), whether the client has it
+    # Resume (resume.py): the token its chunk-0 reply carries (None when the server does not
+    # resume sessions, and on a stream resumed from the parking), its digest (the parking's
+    # key), whether the client has it
     resume_token: Optional[str] = None
     resume_digest: Optional[str] = None
     token_delivered: bool = False
