@@ -29,7 +29,6 @@ from typing import Any, Optional
 
 from fastapi import WebSocketDisconnect
 from pydantic import BaseModel
-from starlette.websockets import WebSocketState
 
 from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.client_policy import ClientPolicy
@@ -45,16 +44,17 @@ from deployments.quotas import KeyQuota
 from deployments.parking import new_token, token_digest
 from deployments.recovery import Recovery
 from deployments.releases import Releases
+from deployments.replies import Replies
 from deployments.resume import Resume
 from deployments.sizes import SizeRule
 from deployments.stream import Stream, StreamState, image_digest, stream_spec
 from deployments.transport import Transport
-from protocol.codec import decode, encode
+from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
 from protocol.limits import Limits
-from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, Request, ResetOk,
-                               ResetRequest, ResumeRequest, require_session_start)
+from protocol.messages import (CameraServerConfig, FrameReply, InferRequest, Request, ResetRequest, ResumeRequest,
+                               require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
@@ -63,7 +63,7 @@ FLUSH_BEFORE_CLOSE_S = 1.0  # a policy close first sends the replies already que
 MIB = 1024 * 1024
 
 
-class Connection(LaneJobs, Releases, Resume):
+class Connection(LaneJobs, Releases, Resume, Replies):
     """Serves one accepted socket (a WebSocket, or `LocalTransport` for `POST /v1/videos`) until
     the client leaves; releases its sessions after."""
 
@@ -242,22 +242,6 @@ class Connection(LaneJobs, Releases, Resume):
             self._outbox.put_nowait((asyncio.ensure_future(self._notice_after(task, stream)), None))
         self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
 
-    def _session_limit(self, stream: Stream, chunks_left: int) -> ErrorReply:
-        n = self._args.sessions.max_chunks
-        if chunks_left:
-            message = (f"this session has produced {n - 1} of its {n} chunks: the next one is its "
-                       "last (the model's RoPE table holds 1024 latent frames); reset to start a new session after it")
-        else:
-            message = (f"this session produced its {n} chunks, the most one session can (the model's RoPE table "
-                       "holds 1024 latent frames); reset to start a new session")
-        self._metrics.count_error(ErrorCode.SESSION_LIMIT.value)
-        return ErrorReply(code=ErrorCode.SESSION_LIMIT, message=message, session_id=stream.spec.session_id,
-                          chunks_left=chunks_left)
-
-    async def _notice_after(self, task: asyncio.Task, stream: Stream) -> ErrorReply:
-        await asyncio.gather(task, return_exceptions=True)
-        return self._session_limit(stream, 1)
-
     def _stream_for(self, req: InferRequest) -> tuple[Stream, bool]:
         """The stream this infer continues, or a new one; True when a change reset the session.
 
@@ -325,73 +309,3 @@ class Connection(LaneJobs, Releases, Resume):
         self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
                                                   "resolution": f"{h}x{w}"})
         return stream
-
-    # ---- replies ----
-
-    async def _finish_chunk(self, stream: Stream, chunk_id: int, step: asyncio.Future, timings: dict[str, float],
-                            client_chunk_id: Optional[int], reset: bool, t0: float) -> BaseModel:
-        sid = stream.spec.session_id
-        try:
-            out, decoded = await step
-            dec = await decoded
-        except ReplicaError as e:
-            self._fail(stream)
-            return self._error(e.code, e.message, sid, getattr(e, "retry_after_s", None))
-        except Exception as e:  # noqa: BLE001 - a replica died or failed: its state is gone
-            self._log.exception("chunk failed", fields={"session": stream.key, "chunk": chunk_id})
-            self._fail(stream)
-            return self._error(ErrorCode.SESSION_LOST, f"the server lost this session ({type(e).__name__}); "
-                                                       "send image and prompt to start again", sid)
-        durations = {
-            "text_encode": stream.text_encode_s if chunk_id == 0 else 0.0,
-            "vae_encode": timings["vae_encode"],
-            "dit": sum(out["timings"].values()),
-            "vae_decode": dec["timings"]["vae_decode"],
-            "mux": dec["timings"]["mux"],
-        }
-        durations["total"] = time.perf_counter() - t0
-        durations["queue_wait"] = max(0.0, durations["total"] - sum(v for k, v in durations.items() if k != "total"))
-        self._metrics.observe_chunk(durations)
-        debug = None
-        if self._args.debug_fields:
-            debug = {"dit_replica": out["replica"], "vae_replica": dec["replica"], "recoveries": stream.recoveries}
-        return FrameReply(
-            session_id=sid, chunk_id=chunk_id, video=dec["video"], num_frames=dec["num_frames"],
-            resolution=stream.spec.resolution, fps=self._handshake.fps, stage_durations=durations,
-            client_chunk_id=client_chunk_id, reset=reset, mime_type=dec["mime_type"], debug=debug,
-            resume_token=stream.resume_token if chunk_id == 0 else None,
-        )
-
-    async def _reset_ok(self, session_id: str, release: Optional[asyncio.Task]) -> ResetOk:
-        if release is not None:
-            await release
-        return ResetOk(session_id=session_id)
-
-    def _error(self, code: ErrorCode, message: str, session_id: Optional[str],
-               retry_after_s: Optional[float] = None) -> ErrorReply:
-        self._metrics.count_error(code.value)
-        return ErrorReply(code=code, message=message, session_id=session_id,
-                          retry_after_s=retry_after_s if code is ErrorCode.BUSY else None)
-
-    def _reply_now(self, reply: BaseModel, stream: Optional[Stream] = None) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(reply)
-        self._outbox.put_nowait((fut, stream))
-
-    async def _send_loop(self) -> None:
-        while True:
-            fut, stream = await self._outbox.get()
-            reply = await asyncio.shield(fut)  # the sender's cancel (socket end) must not cancel a chunk (resume)
-            await self._ws.send_bytes(encode(reply))
-            if stream is not None and isinstance(reply, FrameReply):
-                self._sent(stream, reply)
-            self._outbox.task_done()
-            self._policy.on_reply()
-
-    async def _flush_replies(self, timeout_s: float) -> None:
-        """Wait (bounded) until the replies queued so far are sent."""
-        await asyncio.wait({asyncio.ensure_future(self._outbox.join())}, timeout=timeout_s)
-
-    async def _close_socket(self, code: int, reason: str) -> None:
-        if self._ws.application_state is WebSocketState.CONNECTED:
-            await self._ws.close(code=code, reason=reason)
