@@ -290,6 +290,8 @@ class Connection(LaneJobs, Releases, Resume, Replies):
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)
         if self._resumable:
+            if spec.raw_frames:  # a clip session: its client's parked one of that id is replaced
+                self._forget_parked_clip(spec.session_id)
             stream.resume_token = new_token()
             stream.resume_digest = token_digest(stream.resume_token)
             stream.replay = self._replay_ring(spec.raw_frames)

@@ -123,9 +123,7 @@ class ParkingBook:
         old = self._entries.pop(digest, None)  # the same session parked again (resumed, dropped again)
         evicted = [old.record] if old is not None and old.record is not None else []
         if clip:  # one clip session per (client, session id): a newer one replaces it
-            for d in [d for d, e in self._entries.items() if e.clip and (e.principal, e.session_id) == (
-                    principal, session_id)]:
-                evicted += self._drop(d)
+            evicted += self.discard_clip(session_id, principal)
         mine = [d for d, e in self._entries.items() if e.principal == principal]
         for d in mine[: max(0, len(mine) - self._max_per_client + 1)]:
             evicted += self._drop(d)
@@ -160,6 +158,9 @@ class ParkingBook:
         Raises Unauthorized (wrong token, session or key) or SessionLost (grace period over)."""
         digest = self._find_clip(session_id, principal) if clip and token is None else (
             token_digest(token) if token is not None else None)
+        if digest is None and clip:  # its old socket's end may not have been seen yet
+            await asyncio.sleep(UNKNOWN_WAIT_S)
+            digest = self._find_clip(session_id, principal)
         if digest is None and clip:
             raise SessionLost(f"session {session_id!r} is not open on this connection and no session of that id "
                               f"waits to be resumed (a session stays resumable {self.grace_s:g} s after its connection "
@@ -188,6 +189,15 @@ class ParkingBook:
             raise Unauthorized(f"the resume token is not session {session_id!r}'s (or not this API key's)")
         del self._entries[digest]
         return entry.record
+
+    def discard_clip(self, session_id: str, principal: Optional[str]) -> list[ParkedSession]:
+        """A new clip session of that id and client started: its parked predecessors can never be
+        claimed (a claim must find the new one); their records (replica state to close)."""
+        out: list[ParkedSession] = []
+        for d in [d for d, e in self._entries.items() if e.clip and (e.principal, e.session_id) == (
+                principal, session_id)]:
+            out += self._drop(d)
+        return out
 
     def holds(self, session_id: str, principal: Optional[str]) -> bool:
         """Whether a session of that id and principal is parked (or being parked)."""
@@ -253,6 +263,9 @@ class SessionParking:
 
     async def holds(self, session_id: str, principal: Optional[str]) -> bool:
         return self._book.holds(session_id, principal)
+
+    async def discard_clip(self, session_id: str, principal: Optional[str]) -> None:
+        self._close_all(self._book.discard_clip(session_id, principal), "replaced by a new clip session")
 
     async def stats(self) -> dict[str, Any]:
         return {"parked": len(self._book), "bytes": self._book.nbytes, "expired": self._expired_total,

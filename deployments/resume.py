@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from camera import CHUNK_LATENT_FRAMES
 from deployments.config import AppArgs
-from deployments.detached import settle
+from deployments.detached import detach, settle
 from deployments.errors import Unauthorized
 from deployments.lane_jobs import Backends, _done
 from deployments.log import KeyValueLog
@@ -104,6 +104,12 @@ class Resume:
         self._log.info("session parked", fields={"session": s.key, "chunks": s.next_chunk,
                                                  "unsent": len(unsent), "grace_s": self._args.sessions.resume_grace_s})
         return s
+
+    def _forget_parked_clip(self, session_id: str) -> None:
+        """A new clip session `session_id` starts here: the parking drops its client's parked
+        one of that id (sent now, so it reaches the parking before any later claim)."""
+        detach(self._call(self._b.parking.discard_clip.remote(session_id, self._principal(True))),
+               name=f"discard-clip-{session_id}")
 
     async def _call(self, call) -> bool:
         ended, result = await settle(call, PARK_CALL_S)

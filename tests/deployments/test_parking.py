@@ -41,7 +41,7 @@ def parked(book: ParkingBook, token: str, **kw) -> ParkedSession:
 
 @pytest.fixture(autouse=True)
 def quick(monkeypatch):
-    monkeypatch.setattr(parking, "UNKNOWN_WAIT_S", 0.01)
+    monkeypatch.setattr(parking, "UNKNOWN_WAIT_S", 0.05)
     monkeypatch.setattr(parking, "PENDING_WAIT_S", 0.5)
 
 
@@ -132,5 +132,24 @@ def test_a_clip_session_is_claimed_by_its_client_and_session_id():
             await book.claim("other", None, "addr:1.2.3.4", clip=True)
         assert book.holds("s", "addr:1.2.3.4")
         assert await book.claim("s", None, "addr:1.2.3.4", clip=True) is r
+
+    asyncio.run(go())
+
+
+def test_a_new_clip_session_replaces_the_parked_one_and_a_claim_waits_for_its_park():
+    """Their client's next call may reach the server before its previous socket's end was seen:
+    the claim must get the newest clip session, never an older one of the same id."""
+    book = ParkingBook(60.0, 8, 1 << 30)
+    old = parked(book, new_token(), principal="addr:1.2.3.4", clip=True)
+    assert book.discard_clip("s", "addr:1.2.3.4") == [old]  # the new session started: the old one goes
+    assert not book.holds("s", "addr:1.2.3.4")
+    new = record(new_token(), principal="addr:1.2.3.4", clip=True)
+
+    async def go():
+        claim = asyncio.ensure_future(book.claim("s", None, "addr:1.2.3.4", clip=True))
+        await asyncio.sleep(0.001)
+        book.reserve(new.token_digest, "s", "addr:1.2.3.4", True)  # its socket's end seen late
+        assert book.park(new)
+        assert await claim is new
 
     asyncio.run(go())
