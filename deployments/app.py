@@ -27,6 +27,9 @@ from deployments.text_encoder import TextEncoderDeployment
 from deployments.vae import VaeDeployment
 
 PIN_TTL_MARGIN_S = 60.0  # a pin outlives its replica session's idle TTL by this much
+# A router counts its own placement as a taken slot until the replicas' stats (pulled every
+# routing_stats_period_s, then broadcast by the controller) can list it: a few periods + margin.
+STATS_FRESH_PERIODS, STATS_FRESH_MARGIN_S = 3, 2.0
 PLACEMENT_FIELDS = ("dit", "vae", "text_encoder", "ingress", "dit_parallel",
                     "dit_parallel_timeout_s")  # read by build_app only
 
@@ -74,7 +77,9 @@ def session_router(args: AppArgs) -> RequestRouterConfig:
     """The affinity router of the stateful deployments (set in code, never in YAML)."""
     return RequestRouterConfig(
         request_router_class=SessionAffinityRouter,
-        request_router_kwargs={"pin_ttl_s": 2 * args.sessions.idle_ttl_s + PIN_TTL_MARGIN_S},
+        request_router_kwargs={"pin_ttl_s": 2 * args.sessions.idle_ttl_s + PIN_TTL_MARGIN_S,
+                               "stats_fresh_s": STATS_FRESH_PERIODS * args.sessions.routing_stats_period_s
+                               + STATS_FRESH_MARGIN_S},
         request_routing_stats_period_s=args.sessions.routing_stats_period_s,
     )
 

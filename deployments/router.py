@@ -5,8 +5,10 @@ that holds the session. A session is placed when its `open` (or `restore`: a ses
 after its replica was lost) call is routed: on the replica
 with the most free session slots, and pinned at once, so that concurrent opens spread. Free
 slots come from the replicas' `record_routing_stats` (capacity and the keys they hold), which
-are up to a stats period old: the router corrects them by its own placements and closes since
-(ties broken at random). Later calls of the session wait for that replica (`[[pinned]]`
+are up to a stats period old: the router corrects them by its own recent placements (a pin
+counts until the stats could report it, `stats_fresh_s`; after that the stats say whether the
+replica holds it: a session its replica dropped at its idle TTL no longer takes a slot) and
+its closes since (ties broken at random). Later calls of the session wait for that replica (`[[pinned]]`
 with backoff); they never spill over.
 
 A call for a session without a pin goes to the replica whose last stats list the session's key
@@ -40,6 +42,7 @@ _CLOSED_MEMORY_S = 60.0  # closes remembered to correct stale stats (>> the stat
 class _Pin:
     replica_id: ReplicaID
     last_used: float
+    placed: float = 0.0  # when this router placed it (0: it followed the replicas' stats)
 
 
 class SessionAffinityRouter(RequestRouter):
@@ -47,9 +50,11 @@ class SessionAffinityRouter(RequestRouter):
 
     def initialize_state(
         self, pin_ttl_s: float = 900.0, open_methods: tuple[str, ...] = ("open", "restore"),
-        close_method: str = "close",
+        close_method: str = "close", stats_fresh_s: float = 10.0,
     ) -> None:
+        """`stats_fresh_s`: how long after a placement the replicas' stats may still not list it."""
         self._pin_ttl_s = pin_ttl_s
+        self._stats_fresh_s = stats_fresh_s
         self._open_methods = frozenset(open_methods)
         self._close_method = close_method
         self._pins: dict[str, _Pin] = {}
@@ -85,7 +90,7 @@ class SessionAffinityRouter(RequestRouter):
             self._pins[sid] = _Pin(holder.replica_id, now)
             return [[holder]]
         best = self._most_free(candidate_replicas)
-        self._pins[sid] = _Pin(best.replica_id, now)
+        self._pins[sid] = _Pin(best.replica_id, now, placed=now)
         self._log.info("placed session", fields={"session": sid, "replica": best.replica_id.unique_id})
         return [[best]]
 
@@ -105,9 +110,11 @@ class SessionAffinityRouter(RequestRouter):
 
     def _most_free(self, candidates: List[RunningReplica]) -> RunningReplica:
         """The replica with the most free session slots (ties at random)."""
-        mine: dict[ReplicaID, set[str]] = {}
+        mine: dict[ReplicaID, set[str]] = {}  # placed here recently: the stats may not list them yet
+        fresh_since = time.monotonic() - self._stats_fresh_s
         for sid, pin in self._pins.items():
-            mine.setdefault(pin.replica_id, set()).add(sid)
+            if pin.placed > fresh_since:
+                mine.setdefault(pin.replica_id, set()).add(sid)
 
         def free_slots(r: RunningReplica) -> int:
             stats = r.routing_stats or {}

@@ -40,9 +40,9 @@ def request(session_id: str, method: str) -> PendingRequest:
     return PendingRequest(args=[], kwargs={}, metadata=meta)
 
 
-def make_router(replicas: list[FakeReplica]) -> SessionAffinityRouter:
+def make_router(replicas: list[FakeReplica], stats_fresh_s: float = 10.0) -> SessionAffinityRouter:
     router = SessionAffinityRouter(deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.REPLICA)
-    router.initialize_state(pin_ttl_s=600.0)
+    router.initialize_state(pin_ttl_s=600.0, stats_fresh_s=stats_fresh_s)
     router.update_replicas(replicas)
     return router
 
@@ -77,6 +77,21 @@ def test_concurrent_opens_spread_over_replicas():
         router = make_router([replica("a"), replica("b")])
         placed = [(await route(router, f"s{i}", "open"))[0] for i in range(4)]
         assert Counter(placed) == Counter({"a": 2, "b": 2})
+
+    asyncio.run(go())
+
+
+def test_a_session_its_replica_dropped_stops_taking_a_slot_once_the_stats_say_so():
+    """A pin counts as a taken slot only until the stats could list it: sessions the replica
+    dropped at its idle TTL (no close through this router) do not skew placement for the pins'
+    whole life."""
+    async def go():
+        a, b = replica("a"), replica("b", capacity=0)  # b has not reported yet: both go to a
+        router = make_router([a, b], stats_fresh_s=0.05)
+        assert [(await route(router, s, "open"))[0] for s in ("s1", "s2")] == ["a", "a"]
+        b.routing_stats = {**b.routing_stats, "capacity": 1}
+        await asyncio.sleep(0.1)  # a's stats list neither any more (both expired there)
+        assert await route(router, "s3", "open") == ["a"]  # a: 2 free, b: 1 (the pins no longer count)
 
     asyncio.run(go())
 
