@@ -14,6 +14,7 @@ from camera.frames import DEFAULT_SIZE, MAX_CHUNKS, MAX_NUM_FRAMES, output_size
 SIZE_PATTERN = r"^\d+\*\d+$"
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
 PROXY_MAX_FRAME_BYTES = 16 * 1024 * 1024  # uvicorn's ws_max_size in Serve's proxy (not configurable)
+DEFAULT_MAX_MESSAGE_BYTES = 12 * 1024 * 1024  # below it: frames in between get a typed too_large
 
 
 class _Strict(BaseModel):
@@ -270,8 +271,9 @@ class AppArgs(_Strict):
     connection: ConnectionArgs = ConnectionArgs()
     videos: VideoArgs = VideoArgs()
     # The largest client frame. Ray 2.60's HTTP proxy closes a socket on a frame above 16 MiB
-    # (1009) as soon as it reads the frame's header; a larger value could never be reached.
-    max_message_bytes: int = Field(PROXY_MAX_FRAME_BYTES, ge=1024, le=PROXY_MAX_FRAME_BYTES)
+    # (1009) as soon as it reads the frame's header; a larger value could never be reached. The
+    # default stays below it so that an oversized frame up to 16 MiB gets the typed `too_large`.
+    max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=1024, le=PROXY_MAX_FRAME_BYTES)
     debug_fields: bool = False  # add replica ids to frame replies (tests, diagnosis)
     # GPUs of one node per DiT replica. 1: DiTDeployment on one device. N > 1: one replica spread
     # over N GPUs with Ulysses sequence parallelism (deployments/sp_dit.py, docs/PARALLEL.md);

@@ -16,7 +16,10 @@ class Limits:
     announces `max_message_bytes` in its config handshake.
     """
 
-    max_message_bytes: int = 16 * MIB  # one WebSocket frame; checked before unpacking
+    # One WebSocket frame; checked before unpacking. Below the 16 MiB at which Ray Serve's proxy
+    # closes a socket (1009) before the server reads the frame: a frame between the two gets the
+    # typed `too_large` (the largest legitimate frame, an 8 MiB image + 48 poses, is ~8.1 MiB).
+    max_message_bytes: int = 12 * MIB
     max_image_bytes: int = 8 * MIB  # encoded PNG/JPEG bytes of `image`
     # h*w of the image, checked before decoding (~33.5 MP: phone and camera photos; the
     # reference's example 04 is 5472x3648 = 20 MP). Decoding costs 3 bytes per pixel.

@@ -29,7 +29,7 @@ FUZZ_FRAMES = 10_000
 FUZZ_CONNECTIONS = 4
 FUZZ_BATCH = 50  # frames sent before their replies are read (below max_unsent_replies)
 FUZZ_RATE = 300.0  # frames per second per connection: below the app's MESSAGES_PER_S (400)
-SERVER_LIMITS = Limits(max_message_bytes=16 * 1024 * 1024, max_num_frames=4093)  # as the shared app's
+SERVER_LIMITS = Limits(max_message_bytes=12 * 1024 * 1024, max_num_frames=4093)  # as the shared app's
 Frame = Union[bytes, str]  # a binary or a text WebSocket frame
 
 

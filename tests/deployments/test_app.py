@@ -28,7 +28,7 @@ def test_handshake_announces_the_served_model(connect):
     assert config.intrinsics_resolution == (480, 832)
     assert (config.chunk_latent_frames, config.first_chunk_video_frames, config.chunk_video_frames) == (3, 9, 12)
     assert config.fps == 16 and config.video_codec == "h264" and config.protocol_version == 1
-    assert config.needs_session_id and config.max_message_bytes == 16 * 1024 * 1024
+    assert config.needs_session_id and config.max_message_bytes == 12 * 1024 * 1024
 
 
 def test_healthz_and_model_card(server):

@@ -15,6 +15,7 @@ import websockets
 
 from protocol import decode_reply, encode_infer
 from protocol.errors import ErrorCode
+from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
 
 MIB = 1024 * 1024
@@ -62,13 +63,17 @@ TITLES = ("ray::ProxyActor", "ray::ServeReplica:lwf:")
 
 
 def test_a_flood_of_large_frames_leaves_every_process_near_its_baseline(server):
-    """Frames just under the 16 MiB cap holding a msgpack array of 15 M zeros, as fast as four
-    sockets can send them, reconnecting when closed, for 10 s: each is refused (too_large, or
-    the socket is closed for its byte rate) and no process keeps the memory."""
-    n = 15 * MIB
-    frame = msgpack.packb({"endpoint": "infer", "session_id": "flood",
-                           "cameras": {"intrinsics": [[1, 1, 1, 1]], "poses": None}})[:-1] + \
-        b"\xdd" + struct.pack(">I", n) + b"\x00" * n  # poses: array32 of n zeros
+    """Large frames, as fast as four sockets can send them, reconnecting when closed, for 10 s:
+    in turn one just under the server's 12 MiB limit holding a msgpack array of 11 M zeros (an
+    array bomb) and one of 15 MiB, over the limit but under the proxy's 16 MiB (so it reaches
+    the server). Each is refused with the typed too_large (or the socket is closed for its byte
+    rate) and no process keeps the memory."""
+    def bomb(n: int) -> bytes:  # poses: array32 of n zeros
+        return msgpack.packb({"endpoint": "infer", "session_id": "flood",
+                              "cameras": {"intrinsics": [[1, 1, 1, 1]], "poses": None}})[:-1] + \
+            b"\xdd" + struct.pack(">I", n) + b"\x00" * n
+    frames = (bomb(11 * MIB), bomb(15 * MIB))
+    assert len(frames[0]) < DEFAULT_LIMITS.max_message_bytes < len(frames[1]) < 16 * MIB
     baseline = _rss_by_pid(TITLES)
     names = sorted(name for name, _ in baseline.values())
     assert "ProxyActor" in names and any(n.endswith("WorldIngress") for n in names), names
@@ -80,7 +85,7 @@ def test_a_flood_of_large_frames_leaves_every_process_near_its_baseline(server):
                 async with websockets.connect(server.ws, max_size=None, open_timeout=30) as ws:
                     await ws.recv()
                     while time.monotonic() < deadline:
-                        await ws.send(frame)
+                        await ws.send(frames[counts["sent"] % 2])
                         counts["sent"] += 1
                         reply = decode_reply(await asyncio.wait_for(ws.recv(), 30))
                         assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.TOO_LARGE, reply

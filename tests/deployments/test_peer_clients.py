@@ -200,3 +200,21 @@ def test_openpi_api_key_header_is_accepted(strict_server, example):
 
     policy = WebsocketClientPolicy(host=strict_server.ws, api_key=PEER_KEY)
     assert policy.get_server_metadata()["type"] == "config"
+
+
+def test_an_oversized_request_gets_a_typed_too_large_and_the_socket_stays_usable(server, example):
+    """A request over the server's max_message_bytes (12 MiB, below the proxy's 16 MiB): a raw
+    image that makes the frame 13.5 MiB. Their client reads `{type: error, code: too_large}`
+    (not a 1009 close), and the same socket then runs a clip."""
+    with ws_sync.connect(server.ws + "?mode=clip", max_size=None) as ws:
+        config = msgpack_numpy.unpackb(ws.recv())
+        big = omni_request(example, 0, 24, first=True)
+        big["image"] = np.zeros((1600, 2960, 3), np.uint8)  # 14.2 MB raw
+        frame = msgpack_numpy.packb(big)
+        assert config["max_message_bytes"] < len(frame) < 16 * 1024 * 1024
+        ws.send(frame)
+        msg = msgpack_numpy.unpackb(ws.recv(timeout=60))
+        assert msg["type"] == "error" and msg["code"] == "too_large", msg
+        assert f"at most {config['max_message_bytes']}" in msg["message"], msg
+        ws.send(msgpack_numpy.packb(omni_request(example, 0, 24, first=True)))
+        assert sum(len(c) for c in _frames(ws)) == 21

@@ -109,7 +109,7 @@ def test_config_defaults_match_protocol():
     assert wire["patch_size"] == [1, 2, 2] and wire["chunk_video_frames"] == 12
     assert wire["first_chunk_video_frames"] == 9 and wire["coordinate_convention"] == "opencv_c2w"
     assert wire["supported_modalities"] == ["camera_pose"] and wire["protocol_version"] == 1
-    assert wire["max_message_bytes"] == 16 * 1024 * 1024
+    assert wire["max_message_bytes"] == 12 * 1024 * 1024  # below the proxy's 16 MiB
 
 
 def test_busy_needs_retry_after_and_only_busy_has_it():
