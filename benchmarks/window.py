@@ -7,7 +7,7 @@ One command on an H200 (about 5 minutes: two loads of random weights and 2 x 100
 
 One open-ended session (no `num_frames`: per-chunk noise, the window rolls from chunk 5 on)
 at 464x832 steps `--chunks` chunks through the serving engine (`AccelOptions.for_serving`:
-fast block, cuDNN attention), in bf16 and then with FP8 GEMMs on the same weights. Per chunk:
+fast block, cuDNN attention; `--compile` its compiled regions, `--kv-fp8` the FP8 KV cache), in bf16 and then with FP8 GEMMs on the same weights. Per chunk:
 the DiT time (camera + 4 steps + cache update, synchronised), the memory allocated after it
 and the peak during it. The summary per precision: mean and the largest deviation from it of
 the chunk time once the window is full, and the spread of the allocated memory (it must be
@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sink", type=int, default=3, help="sink, latent frames (sink_size)")
     p.add_argument("--precisions", default="bf16,fp8", help="comma list of bf16, fp8 (fp8 runs second: it "
                                                             "quantizes the same weights)")
+    p.add_argument("--compile", action="store_true", help="the compiled regions (as serve_config.gpu.yaml)")
+    p.add_argument("--kv-fp8", action="store_true", help="the FP8 KV cache (model.kv_cache: fp8)")
     p.add_argument("--out", type=Path, default=Path("window.json"))
     args = p.parse_args(argv)
     height, width = (int(s) for s in args.size.split("*"))
@@ -117,10 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     random_weights = args.preset != "tiny"  # the tiny preset is the embedded model
     t0 = time.perf_counter()
     engine = load_dit_engine(args.preset, None, torch.bfloat16, args.device, local_attn_size=args.local,
-                             sink_size=args.sink, options=AccelOptions.for_serving(args.device),
-                             random_weights=random_weights)
+                             sink_size=args.sink, options=AccelOptions.for_serving(args.device, compile=args.compile),
+                             random_weights=random_weights, kv_fp8=args.kv_fp8)
     result: dict = {"preset": args.preset, "device": args.device, "size": [height, width], "window":
-                    [args.local, args.sink], "chunks": args.chunks, "load_s": time.perf_counter() - t0,
+                    [args.local, args.sink], "chunks": args.chunks, "compile": args.compile, "kv_fp8": args.kv_fp8, "load_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "runs": {}}
 
     def save() -> None:

@@ -46,6 +46,10 @@ class ModelArgs(_Strict):
     compile: bool = False
     vae_compile: bool = False
     fp8: bool = False
+    # Storage of the sessions' self-attention KV caches: the compute dtype (exact), or "fp8"
+    # (opt-in): float8 e4m3 with a scale per token and head, ~half the bytes of a bf16 cache, so
+    # about twice the full-attention sessions per replica; changed numerics (docs/PERFORMANCE.md).
+    kv_cache: Literal["dtype", "fp8"] = "dtype"
     default_size: str = Field(DEFAULT_SIZE, pattern=SIZE_PATTERN)
     # Output sizes "H*W" (multiples of 16) the server produces: a session's `size` and image
     # aspect map to the nearest (docs/SERVING.md, Sizes); all are warmed up. Empty: the
@@ -300,4 +304,11 @@ class AppArgs(_Strict):
         if burst is not None and burst < self.max_message_bytes:
             raise ValueError(f"connection.bytes_burst ({burst}) must be at least max_message_bytes "
                              f"({self.max_message_bytes}), or no frame of the largest size could be sent")
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_kv_on_one_device(self) -> "AppArgs":
+        if self.model.kv_cache == "fp8" and self.dit_parallel > 1:
+            raise ValueError("model.kv_cache fp8 runs on one device per DiT replica: set dit_parallel 1 "
+                             "(the sequence-parallel caches keep the compute dtype)")
         return self

@@ -218,6 +218,8 @@ class WorldIngress:
             "random_weights": m.random_weights,  # load tests: NOT a real model
             "dtype": m.dtype,
             "vae_dtype": m.vae_dtype,
+            "kv_cache": m.kv_cache,
+            "fp8": m.fp8,
             "device": m.device,
             "local_attn_size": m.local_attn_size,
             "sink_size": m.sink_size,

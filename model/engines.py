@@ -132,6 +132,9 @@ class ChunkOutput:
 class DiTEngine:
     """The causal DiT with its 4-step sampler, over many sessions' explicit state."""
 
+    kv_fp8: bool = False
+    max_attention_size: int | None = None
+
     def __init__(
         self,
         dit: CausalDiT,
@@ -139,15 +142,19 @@ class DiTEngine:
         timesteps: tuple[int, ...] = DENOISE_TIMESTEPS,
         max_attention_size: int | None = None,
         skip_final_update: bool = False,
+        kv_fp8: bool = False,
     ) -> None:
         """`skip_final_update`: leave out the t = 0 cache-update call of a session's last
-        planned chunk (with `total_latent_frames` known, no later chunk can read its K/V)."""
+        planned chunk (with `total_latent_frames` known, no later chunk can read its K/V).
+        `kv_fp8`: sessions' self-attention caches in float8 with per-token, per-head scales
+        (model/kv_quant.py): about half the bytes, changed numerics (opt-in)."""
         self.dit = dit
         self.cfg = dit.cfg
         self.schedule = FlowSchedule(shift)
         self.timesteps = timesteps
         self.max_attention_size = max_attention_size
         self.skip_final_update = skip_final_update
+        self.kv_fp8 = kv_fp8
 
     @property
     def device(self) -> torch.device:
@@ -172,7 +179,7 @@ class DiTEngine:
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         """Bytes of a session's KV and cross-attention caches holding `kv_frames` latent frames."""
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
-        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype)
+        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype, fp8=self.kv_fp8)
 
     def token_share(self, tokens: int) -> int:
         """Tokens of a chunk this engine's device computes (all of them; sharded engines: its part)."""
@@ -192,13 +199,18 @@ class DiTEngine:
         camera = cfg.num_layers * 2 * tokens * cfg.dim * itemsize
         activations = tokens * (ACTIVATION_F32_ROWS * cfg.dim * 4 + ACTIVATION_FFN_ROWS * cfg.ffn_dim * itemsize)
         sampler = SAMPLER_TENSORS * 4 * latent_cells * CHUNK_LATENT_FRAMES
+        if self.kv_fp8:  # one layer's K/V read back in the compute dtype, the new chunk's float32 quantisation
+            visible = kv_frames * lat_h * lat_w // 4
+            if self.max_attention_size is not None:
+                visible = min(visible, self.max_attention_size)
+            activations += 2 * self.token_share(visible) * cfg.dim * itemsize + 2 * tokens * cfg.dim * 4
         return SessionFootprint(held, camera + activations + sampler)
 
     def allocate_caches(self, spec: DiTSessionSpec) -> DiTCaches:
         """A new session's KV and cross-attention caches (sharded engines override this)."""
         return DiTCaches.allocate(
             self.session_cfg(spec.full_attention), spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
-            max_attention_size=self.max_attention_size,
+            max_attention_size=self.max_attention_size, fp8=self.kv_fp8,
         )
 
     @torch.inference_mode()

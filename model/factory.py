@@ -84,7 +84,8 @@ def load_vae_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | st
 def load_dit_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | str, device: str,
                     local_attn_size: int | None = None, sink_size: int | None = None,
                     shift: float = 10.0, options: AccelOptions | None = None,
-                    random_weights: bool = False) -> DiTEngine:
+                    random_weights: bool = False, kv_fp8: bool = False) -> DiTEngine:
+    """`kv_fp8`: the sessions' self-attention KV caches in float8 (DiTEngine)."""
     dtype = as_dtype(dtype)
     options = options or AccelOptions()
     if random_weights:
@@ -96,4 +97,5 @@ def load_dit_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | st
         dit = init_dit_random(cfg, dtype, device, EMBEDDED_SEED + 2)
     else:
         dit = load_dit(CheckpointLayout.discover(checkpoint), dtype, device, local_attn_size, sink_size)
-    return DiTEngine(optimize_dit(dit, options), shift=shift, skip_final_update=options.skip_final_update)
+    return DiTEngine(optimize_dit(dit, options), shift=shift, skip_final_update=options.skip_final_update,
+                     kv_fp8=kv_fp8)

@@ -6,6 +6,9 @@ All indices are python ints (no host syncs). Every DiT call writes its chunk: th
 denoising calls of a chunk overwrite the same slot and the t = 0 call writes the clean K/V
 that later chunks read. With a window (`local_attn_size` != -1) a new chunk that does not
 fit evicts the oldest tokens after the sink; without one the capacity grows on demand.
+With `fp8` the self-attention cache stores float8 with per-token, per-head scales
+(model/kv_quant.py) and hands attention a compute-dtype copy; the cross-attention cache keeps
+the compute dtype (512 tokens per layer).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES
 from model.config import DiTConfig
+from model.kv_quant import KV_FP8, SCALE_DTYPE, dequantize_into, quantize
 
 
 class SelfAttnKVCache:
@@ -28,6 +32,7 @@ class SelfAttnKVCache:
         rolling: bool = False,
         sink_tokens: int = 0,
         max_attention_size: int | None = None,
+        fp8: bool = False,
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"KV capacity must be positive, got {capacity}")
@@ -38,8 +43,13 @@ class SelfAttnKVCache:
         self.rolling = rolling
         self.sink_tokens = sink_tokens if rolling else 0
         self.max_attention_size = max_attention_size
-        self.k = torch.zeros(capacity, heads, head_dim, dtype=dtype, device=device)
+        self.dtype = dtype  # what attention reads (the storage too, unless fp8)
+        self.fp8 = fp8
+        self.k = torch.zeros(capacity, heads, head_dim, dtype=KV_FP8 if fp8 else dtype, device=device)
         self.v = torch.zeros_like(self.k)
+        if fp8:  # one scale per cached token and head, moved with its token
+            self.k_scale = torch.zeros(capacity, heads, dtype=SCALE_DTYPE, device=device)
+            self.v_scale = torch.zeros_like(self.k_scale)
         self.global_end = 0  # absolute token index after the last write
         self.local_end = 0  # slot index after the last write
 
@@ -49,7 +59,11 @@ class SelfAttnKVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        scales = self.k_scale.nbytes + self.v_scale.nbytes if self.fp8 else 0
+        return self.k.nbytes + self.v.nbytes + scales
+
+    def _stored(self) -> tuple[str, ...]:
+        return ("k", "v", "k_scale", "v_scale") if self.fp8 else ("k", "v")
 
     def update(
         self, k: torch.Tensor, v: torch.Tensor, start: int
@@ -71,8 +85,9 @@ class SelfAttnKVCache:
             n_roll = self.local_end - n_evict - self.sink_tokens
             assert n_roll >= 0
             lo, src = self.sink_tokens, self.sink_tokens + n_evict
-            self.k[lo : lo + n_roll] = self.k[src : src + n_roll].clone()
-            self.v[lo : lo + n_roll] = self.v[src : src + n_roll].clone()
+            for name in self._stored():
+                t = getattr(self, name)
+                t[lo : lo + n_roll] = t[src : src + n_roll].clone()
             local_end = self.local_end + advance - n_evict
         else:
             local_end = self.local_end + advance
@@ -85,11 +100,27 @@ class SelfAttnKVCache:
                 f"chunk at token {start} is before the cache's history (global end "
                 f"{self.global_end}); reset the cache to restart a session"
             )
-        self.k[local_end - n_new : local_end] = k
-        self.v[local_end - n_new : local_end] = v
+        new = slice(local_end - n_new, local_end)
+        if self.fp8:
+            (self.k[new], self.k_scale[new]), (self.v[new], self.v_scale[new]) = quantize(k), quantize(v)
+        else:
+            self.k[new] = k
+            self.v[new] = v
         self.global_end, self.local_end = end, local_end
         lo = 0 if self.max_attention_size is None else max(0, local_end - self.max_attention_size)
+        if self.fp8:
+            return self._read(self.k, self.k_scale, k, lo), self._read(self.v, self.v_scale, v, lo)
         return self.k[lo:local_end], self.v[lo:local_end]
+
+    def _read(self, q: torch.Tensor, scale: torch.Tensor, exact: torch.Tensor, lo: int) -> torch.Tensor:
+        """Slots [lo, local_end) in the compute dtype: the past dequantised, the chunk just
+        written (`exact`, its last tokens) as computed."""
+        out = torch.empty(self.local_end - lo, *q.shape[1:], dtype=self.dtype, device=q.device)
+        past = max(0, self.local_end - exact.shape[0] - lo)
+        if past:
+            dequantize_into(out[:past], q[lo : lo + past], scale[lo : lo + past])
+        out[past:] = exact[exact.shape[0] - (out.shape[0] - past):]
+        return out
 
     def ensure_capacity(self, tokens: int) -> None:
         """Grow (copying, at least doubling) so that `tokens` slots fit.
@@ -99,7 +130,7 @@ class SelfAttnKVCache:
         if self.rolling or tokens <= self.capacity:
             return
         new_cap = max(tokens, 2 * self.capacity)
-        for name in ("k", "v"):
+        for name in self._stored():
             old = getattr(self, name)
             new = old.new_zeros(new_cap, *old.shape[1:])
             new[: self.local_end] = old[: self.local_end]
@@ -152,12 +183,14 @@ class DiTCaches:
         dtype: torch.dtype,
         device: torch.device | str,
         max_attention_size: int | None = None,
+        fp8: bool = False,
     ) -> "DiTCaches":
         """Fresh zeroed caches for one session (never shared with another session).
 
         Capacity: `frame_seqlen * local_attn_size` with a window, else `frame_seqlen *
         total_latent_frames` (one chunk when the length is unknown; grows on demand).
         `max_attention_size` (tokens) shrinks the visible window; None = the whole cache.
+        `fp8`: self-attention K/V stored as float8 with per-token, per-head scales.
         """
         if frame_seqlen <= 0:
             raise ValueError(f"frame_seqlen must be positive, got {frame_seqlen}")
@@ -180,6 +213,7 @@ class DiTCaches:
                 rolling=rolling,
                 sink_tokens=cfg.sink_size * frame_seqlen,
                 max_attention_size=max_attention_size,
+                fp8=fp8,
             )
             for _ in range(cfg.num_layers)
         ]
@@ -190,10 +224,13 @@ class DiTCaches:
         return cls(self_attn, cross)
 
     @staticmethod
-    def kv_bytes(cfg: DiTConfig, frame_seqlen: int, kv_frames: int, dtype: torch.dtype) -> int:
+    def kv_bytes(cfg: DiTConfig, frame_seqlen: int, kv_frames: int, dtype: torch.dtype, fp8: bool = False) -> int:
         """Bytes of a session's caches holding `kv_frames` latent frames (admission control)."""
         itemsize = torch.empty((), dtype=dtype).element_size()
-        per_layer = 2 * (frame_seqlen * kv_frames + cfg.text_len) * cfg.dim * itemsize
+        tokens = frame_seqlen * kv_frames
+        scale_size = torch.empty((), dtype=SCALE_DTYPE).element_size()
+        self_attn = tokens * (cfg.dim + cfg.num_heads * scale_size) if fp8 else tokens * cfg.dim * itemsize
+        per_layer = 2 * (self_attn + cfg.text_len * cfg.dim * itemsize)
         return cfg.num_layers * per_layer
 
     @property

@@ -25,7 +25,8 @@ ALLOWED = {
     "deployments": {"camera", "protocol", "media", "model", "web"},
     "client": {"camera", "protocol", "media"},
     "web": set(),
-    "benchmarks": {"camera", "protocol", "media", "model", "client"},  # serve_load drives the server as a client
+    # serve_load drives the server as a client; capacity sizes budgets as the replicas do (deployments.memory)
+    "benchmarks": {"camera", "protocol", "media", "model", "client", "deployments"},
 }
 HEAVY = ("torch", "ray", "av", "scipy")
 # third-party modules a package must not import at all / at module level
