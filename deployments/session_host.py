@@ -2,7 +2,9 @@
 
 A replica holds many sessions in a `SessionTable`. Model work runs in a worker thread under
 one per-replica lock (`_compute`), so the replica's event loop stays free for health checks,
-routing stats and calls of other sessions. A background task expires idle sessions.
+routing stats and calls of other sessions. Closes take that lock ahead of queued chunks
+(deployments/priority_lock.py): a reset is answered after the job running, not after every
+session's queued work. A background task expires idle sessions.
 `check_health` (Serve's health check) runs a tiny op on the serving device: a replica whose
 GPU is unusable fails it and Serve replaces the replica (its sessions are then rebuilt
 elsewhere by the ingress, see journal.py).
@@ -22,6 +24,7 @@ from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog, log_typed_errors_as_info
 from deployments.memory import memory_report
 from deployments.metrics import SessionMetrics
+from deployments.priority_lock import PriorityLock
 from deployments.session_table import SessionTable
 
 S = TypeVar("S")
@@ -43,7 +46,7 @@ class SessionHost(Generic[S]):
         self._release = release
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._log = log.bind(replica=self._replica)
-        self._lock = asyncio.Lock()
+        self._lock = PriorityLock()
         self._metrics = SessionMetrics()
         self._expired_total = 0  # sessions freed by the idle TTL (not by a close)
         self._refused_total = 0  # new sessions admission answered busy (drives autoscaling)
@@ -85,7 +88,7 @@ class SessionHost(Generic[S]):
             self._table.pop(key)
             raise
         if not self._table.add(key, state):  # closed meanwhile: nobody will close it again
-            async with self._lock:
+            async with self._lock.urgent():
                 await _in_thread(self._release, state)
             self._publish()
             self._log.info("session closed while opening; freed", fields={"session": key})
@@ -104,7 +107,7 @@ class SessionHost(Generic[S]):
         if retired is not None:
             state, nbytes = retired
             try:
-                async with self._lock:
+                async with self._lock.urgent():  # ahead of other sessions' queued chunks
                     await _in_thread(self._release, state)
             finally:
                 self._table.released(nbytes)
@@ -152,7 +155,7 @@ class SessionHost(Generic[S]):
     async def _expire_forever(self, period_s: float) -> None:
         while True:
             await asyncio.sleep(period_s)
-            async with self._lock:
+            async with self._lock.urgent():
                 expired = self._table.pop_expired()
                 for _, state in expired:
                     await _in_thread(self._release, state)
