@@ -18,6 +18,8 @@
 # 4. benchmarks.serve_load with 1 session, 1 more (TTFC of a session after the first), 2, 3 and
 #    4 concurrent full-attention sessions of 81 frames (admission decides how many are served:
 #    the rest get `busy`), one run after the other, until the time budget is spent;
+#    OPEN_ENDED=1 declares no num_frames (open-ended sessions: the config's rolling window);
+#    SESSIONS_OPEN="3 6" adds a pass of open-ended sessions of FRAMES_OPEN (129) frames after it;
 #    RESUME_DRILL=1 then runs benchmarks/resume_drill.py (a session dropped and resumed);
 # 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
 #    matplotlib is there; else `python -m benchmarks.serve_load --plot-from serve_load.json`),
@@ -112,7 +114,14 @@ DEADLINE=$(( BUDGET_S - 60 - $(elapsed) ))
 log "serve_load: sessions $SESSIONS, $FRAMES frames, no run starts after ${DEADLINE}s"
 $PY -m benchmarks.serve_load --url ws://127.0.0.1:8000/v1/realtime/world/camera \
     --sessions $SESSIONS --frames "$FRAMES" --deadline-s "$DEADLINE" --reply-timeout-s 120 \
+    $([ "${OPEN_ENDED:-0}" = 1 ] && echo --open-ended) \
     --out "$OUT/serve_load.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+if [ -n "${SESSIONS_OPEN:-}" ]; then  # then open-ended sessions (the config's window) on the same server
+    log "serve_load open-ended: sessions $SESSIONS_OPEN, ${FRAMES_OPEN:-129} frames"
+    $PY -m benchmarks.serve_load --url ws://127.0.0.1:8000/v1/realtime/world/camera --open-ended \
+        --sessions $SESSIONS_OPEN --frames "${FRAMES_OPEN:-129}" --deadline-s $(( BUDGET_S - 90 - $(elapsed) )) \
+        --reply-timeout-s 120 --out "$OUT/serve_load_open.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+fi
 if [ "${RESUME_DRILL:-0}" = 1 ]; then  # issue 15.3: drop a socket mid-session, resume it (benchmarks/resume_drill.py)
     log "resume drill"
     $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \

@@ -5,7 +5,8 @@
 
 For each N of --sessions (one "run" after the other) it opens N sockets at once and streams one
 session on each (`WorldClient` + `stream_session`, a synthetic trajectory, the session's
-length declared with num_frames, up to --pipeline chunks in flight, a distinct prompt per
+length declared with num_frames unless --open-ended: then the sessions are open-ended and
+run the server's rolling window where it has one; up to --pipeline chunks in flight, a distinct prompt per
 session so that the text encoder's cache hides nothing). It records every chunk's arrival and
 the `stage_durations` of its reply, and reads each replica's stats from /v1/models after the
 run (peak memory, memory cap, session budget, warmed sizes). Written: the JSON (after every
@@ -68,6 +69,7 @@ class SessionRecord:
     busy_replies: int = 0
     refused: bool = False  # gave up on `busy`
     error: Optional[str] = None
+    reset_s: Optional[float] = None  # the final reset's round trip (the server frees the session)
 
     @property
     def intervals(self) -> list[float]:
@@ -101,7 +103,7 @@ def replica_report(base: str, api_key: Optional[str]) -> dict[str, Any]:
             "reserved_bytes", "warmed_sizes", "warmup_s", "random_weights", "rss_bytes")
     replicas = {name: [{k: s[k] for k in keys if k in s} for s in stats]
                 for name, stats in card.get("replicas", {}).items()}
-    model = {k: card.get(k) for k in ("id", "dtype", "vae_dtype", "device", "local_attn_size", "sink_size",
+    model = {k: card.get(k) for k in ("id", "dtype", "vae_dtype", "kv_cache", "fp8", "device", "local_attn_size", "sink_size",
                                        "default_resolution", "size_buckets", "random_weights")}
     return {"model": model, "sessions": card.get("sessions"), "replicas": replicas}
 
@@ -111,7 +113,7 @@ async def one_session(args: argparse.Namespace, run: int, index: int, t_run: flo
     rec = SessionRecord(run, index, sid, time.perf_counter() - t_run)
     traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (load session {run}.{index})")
     plan = plan_session(traj, args.frames)
-    messages = traj.messages(plan, sid, size=args.size)
+    messages = traj.messages(plan, sid, size=args.size, open_ended=args.open_ended)
     started = time.perf_counter()
 
     def on_chunk(stat, reply) -> None:
@@ -131,7 +133,9 @@ async def one_session(args: argparse.Namespace, run: int, index: int, t_run: flo
     try:
         await stream_session(client, messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy,
                              busy_timeout_s=args.busy_timeout_s, reply_timeout_s=args.reply_timeout_s)
+        t_reset = time.perf_counter()
         await client.reset(sid)  # frees it now (a session closed without one waits resume_grace_s for a resume)
+        rec.reset_s = time.perf_counter() - t_reset
     except ServerError as e:
         if e.code is ErrorCode.BUSY:
             rec.busy_replies += 1
@@ -173,9 +177,11 @@ def summarise(sessions: list[SessionRecord], wall_s: float, first_after_start: b
         "interval_over_dit": (_mean(intervals) / _mean(dit_steady)) if intervals and dit_steady else None,
         "aggregate_fps": sum(s.frames for s in done) / last if last > 0 else 0.0,
         "stage_means_s": stages, "wall_s": wall_s,
+        "reset_max_s": max((s.reset_s for s in sessions if s.reset_s is not None), default=None),
         "per_session": [{"session_id": s.session_id, "ttfc_s": s.ttfc_s, "chunks": len(s.chunks), "frames": s.frames,
                          "interval_p50_s": _pct(s.intervals, 50), "interval_p95_s": _pct(s.intervals, 95),
-                         "busy_replies": s.busy_replies, "refused": s.refused, "error": s.error} for s in sessions],
+                         "busy_replies": s.busy_replies, "refused": s.refused, "error": s.error,
+                         "reset_s": s.reset_s} for s in sessions],
     }
     if first_after_start and sessions and sessions[0].ttfc_s is not None:
         out["first_session_after_start_ttfc_s"] = sessions[0].ttfc_s
@@ -252,6 +258,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4], help="concurrent sessions, one run each")
     p.add_argument("--frames", type=int, default=81, help="video frames per session (12k - 3: 21, 33, ..., 81)")
     p.add_argument("--pipeline", type=int, default=2, help="chunks in flight per session")
+    p.add_argument("--open-ended", action="store_true",
+                   help="declare no num_frames: open-ended sessions (the server's rolling window, if configured)")
     p.add_argument("--size", default=None, help='the sessions\' `size` (default: the server\'s)')
     p.add_argument("--trajectory", default="dolly", choices=["orbit", "dolly", "pan"])
     p.add_argument("--busy-timeout-s", type=float, default=0.0,

@@ -62,11 +62,14 @@ class Trajectory:
         )
 
     def messages(self, plan: SessionPlan, session_id: str, *, seed: Optional[int] = None,
-                 size: Optional[str] = None, prompt_schedule: Optional[dict[int, str]] = None) -> list[bytes]:
+                 size: Optional[str] = None, prompt_schedule: Optional[dict[int, str]] = None,
+                 open_ended: bool = False) -> list[bytes]:
         """The packed infer requests of `plan` for this trajectory, in order (the first carries
-        image, prompt and the session options; `prompt_schedule` {chunk: prompt} steers)."""
+        image, prompt and the session options; `prompt_schedule` {chunk: prompt} steers;
+        `open_ended` declares no num_frames)."""
         return encode_plan(plan, session_id, self.image, self.prompt, seed=seed, size=size,
-                           intrinsics_resolution=self.intrinsics_resolution, prompt_schedule=prompt_schedule)
+                           intrinsics_resolution=self.intrinsics_resolution, prompt_schedule=prompt_schedule,
+                           open_ended=open_ended)
 
     def save(self, folder: str | Path) -> Path:
         """Write the example format (image.png|jpg, prompt.txt, poses.npy, intrinsics.npy)."""

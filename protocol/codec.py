@@ -204,7 +204,7 @@ def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
 def encode_plan(plan: SessionPlan, session_id: str, image: bytes | np.ndarray, prompt: str, *,
                 seed: Optional[int] = None, size: Optional[str] = None,
                 intrinsics_resolution: Optional[tuple[int, int]] = None,
-                prompt_schedule: Optional[dict[int, str]] = None,
+                prompt_schedule: Optional[dict[int, str]] = None, open_ended: bool = False,
                 limits: Limits = DEFAULT_LIMITS) -> list[bytes]:
     """Client side: the packed infers of a planned session (`camera.plan_session`), in order.
 
@@ -212,6 +212,9 @@ def encode_plan(plan: SessionPlan, session_id: str, image: bytes | np.ndarray, p
     `translation_scale`: the session then reproduces the offline run (PROTOCOL.md §2).
     `prompt_schedule` {chunk: prompt} (chunks >= 1): `prompt_update` on those chunks' infers
     (prompt steering; the offline equivalent is `WorldPipeline.generate(prompt_schedule=...)`).
+    `open_ended`: declare no `num_frames` (an open-ended session: per-chunk noise, and the
+    server's rolling window where it has one), as an interactive client that does not know
+    its length.
     """
     schedule = dict(prompt_schedule or {})
     if any(not 1 <= c < len(plan.chunk_poses) for c in schedule):
@@ -220,7 +223,7 @@ def encode_plan(plan: SessionPlan, session_id: str, image: bytes | np.ndarray, p
     for k, poses in enumerate(plan.chunk_poses):
         first = {"prompt_update": schedule[k]} if k in schedule else {} if k else {
             "image": image, "prompt": prompt, "seed": seed, "size": size,
-            "intrinsics_resolution": intrinsics_resolution, "num_frames": plan.num_frames,
+            "intrinsics_resolution": intrinsics_resolution, "num_frames": None if open_ended else plan.num_frames,
             "translation_scale": plan.translation_scale,
         }
         out.append(encode_infer(session_id, poses, plan.chunk_intrinsics(k), client_chunk_id=k, limits=limits,

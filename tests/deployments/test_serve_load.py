@@ -25,4 +25,18 @@ def test_serve_load_writes_json_table_and_plot(server, tmp_path):
     assert replicas["dit"][0]["warmed_sizes"] == [[32, 48]]
     assert "TTFC p50" in out.with_suffix(".txt").read_text()
     assert out.with_suffix(".png").stat().st_size > 1000
+    assert all(0 < p["reset_s"] < 30 for p in s["per_session"]) and s["reset_max_s"] >= s["per_session"][0]["reset_s"]
+    server.wait_held(0)
+
+
+def test_serve_load_open_ended_sessions_declare_no_length(server, tmp_path):
+    """--open-ended: the sessions declare no num_frames (test_codec checks the messages) and
+    complete through the server; the run's config records it."""
+    server.wait_held(0)
+    out = tmp_path / "open.json"
+    main(["--url", server.ws, "--sessions", "1", "--frames", "21", "--open-ended", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["config"]["open_ended"] is True
+    (run,) = results["runs"]
+    assert run["summary"]["completed"] == 1 and run["summary"]["per_session"][0]["chunks"] == 2
     server.wait_held(0)

@@ -249,6 +249,24 @@ def test_the_h200_benchmark_serves_the_shipped_gpu_config_with_random_weights():
     assert bench.model.local_attn_size == -1  # full attention: how many 81-frame sessions fit
 
 
+def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_only_where_they_say():
+    """serve_config.h200.window.yaml: the shipped config's window; .kvfp8.yaml: that plus the
+    FP8 KV cache, more sessions and card shares that hold them (its comments give the counts)."""
+    from support import REPO
+    import yaml
+
+    gpu = AppArgs.model_validate(the_app(gpu_configs()["serve_config.gpu.yaml"])["args"])
+    load = lambda n: AppArgs.model_validate(the_app(yaml.safe_load((REPO / n).read_text()))["args"])  # noqa: E731
+    window, kvfp8 = load("benchmarks/serve_config.h200.window.yaml"), load("benchmarks/serve_config.h200.kvfp8.yaml")
+    differ = {"checkpoint", "random_weights"}
+    assert window.model.model_dump(exclude=differ) == gpu.model.model_dump(exclude=differ)
+    assert kvfp8.model.kv_cache == "fp8" and gpu.model.kv_cache == "dtype"
+    assert kvfp8.model.model_dump(exclude=differ | {"kv_cache"}) == gpu.model.model_dump(exclude=differ | {"kv_cache"})
+    assert kvfp8.sessions.max_sessions > window.sessions.max_sessions
+    assert kvfp8.dit.num_gpus + kvfp8.vae.num_gpus + kvfp8.text_encoder.num_gpus <= 1.0 + 1e-9
+    assert kvfp8.vae.num_gpus > window.vae.num_gpus  # the VAE bounded the bf16-KV runs at 3 sessions
+
+
 def test_random_weights_are_never_a_default_and_need_no_checkpoint():
     from deployments.config import ModelArgs
 

@@ -538,3 +538,23 @@ class TestOpenpiScalars:
         with pytest.raises(ProtocolError) as e:
             decode(data)
         assert e.value.code is ErrorCode.BAD_MESSAGE
+
+
+def test_an_open_ended_plan_declares_no_num_frames():
+    """encode_plan(open_ended=True): the same infers, the first without num_frames (the session
+    is open-ended: per-chunk noise, the server's window); the default declares the plan's length."""
+    from camera.plan import plan_session
+    from protocol.codec import encode_plan
+
+    poses = np.tile(np.eye(4, dtype=np.float32), (33, 1, 1))
+    poses[:, 2, 3] = np.linspace(0, 1, 33)
+    plan = plan_session(poses, np.tile([[500.0, 500, 416, 240]], (33, 1)).astype(np.float32), 33)
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 36), (90, 120, 150)).save(buf, format="PNG")
+    declared = [decode(m) for m in encode_plan(plan, "s", buf.getvalue(), "p")]
+    open_ended = [decode(m) for m in encode_plan(plan, "s", buf.getvalue(), "p", open_ended=True)]
+    assert declared[0].num_frames == 33 and open_ended[0].num_frames is None
+    assert len(declared) == len(open_ended) == 3
+    assert open_ended[0].translation_scale == declared[0].translation_scale
+    for a, b in zip(declared, open_ended):
+        assert np.array_equal(a.cameras.poses, b.cameras.poses)
