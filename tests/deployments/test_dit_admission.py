@@ -90,3 +90,17 @@ def test_declared_sessions_that_fit_get_full_attention_the_others_the_window():
     assert need_window < need_full
     host._engine = load_dit_engine("tiny", None, "float32", "cpu")  # no window configured: all full attention
     assert host._session_spec(spec(None)).full_attention
+
+
+def test_the_session_budget_is_the_cap_minus_the_resident_bytes_minus_the_slack():
+    """deployments/memory.session_budget: explicit GiB win; else cap - resident - 4 % of the cap
+    (the 80 GB card's 0.75 share after the released DiT's 34.6 GiB: 22.4 GiB, room for the one
+    windowed session benchmarks/capacity.py ran there: 17.66 + 4.21 GiB)."""
+    from deployments.memory import GIB, session_budget  # noqa: PLC0415
+
+    assert session_budget(3.0, 100 * GIB, 10 * GIB) == 3 * GIB
+    cap, resident = int(0.75 * 79.2 * GIB), int(34.58 * GIB)
+    budget = session_budget(None, cap, resident)
+    assert budget == cap - resident - int(0.04 * cap)
+    assert budget > int((17.66 + 4.21) * GIB)
+    assert session_budget(None, GIB, 2 * GIB) == 0
