@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from client.errors import ServerError
 from client.session import DEFAULT_URL, WorldClient
 from client.stats import ChunkStat
+from client.streaming import ResumePolicy
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
 from protocol.errors import ProtocolError
@@ -44,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"API key when the server requires one (default: ${API_KEY_ENV})")
     common.add_argument("--pipeline", type=int, default=2, metavar="N", help="requests kept in flight (default 2)")
     common.add_argument("--session-id", default=None, help="session id (default: random)")
+    common.add_argument("--no-resume", action="store_true",
+                        help="end on a dropped connection (default: reconnect and resume the session "
+                             "when the server allows it, handshake `resume_grace_s`)")
     common.add_argument("--prompt", default=None, help="text prompt (overrides prompt.txt)")
     common.add_argument("--prompt-at", action="append", default=[], type=prompt_at, metavar="CHUNK:TEXT",
                         help="prompt steering: from chunk CHUNK (>= 1) on the session follows TEXT, keeping "
@@ -106,7 +110,9 @@ async def play(args: argparse.Namespace, traj: Trajectory) -> None:
         bar.write(f"server busy: {err.message} (retrying in {err.retry_after_s:g} s)", file=sys.stderr)
 
     try:
-        result = await client.stream(messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy)
+        resume = None if args.no_resume or not client.config.resume_grace_s else ResumePolicy(sid)
+        result = await client.stream(messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy,
+                                     resume=resume)
     except asyncio.CancelledError:  # Ctrl-C: leave the server clean
         await _reset_quietly(client, sid)
         raise
@@ -116,6 +122,8 @@ async def play(args: argparse.Namespace, traj: Trajectory) -> None:
     result.video.write(args.out)
     summary = result.summary()
     print(f"wrote {args.out} ({summary.frames} frames at {client.config.fps} fps, session {sid})")
+    if result.resumes:
+        print(f"the connection dropped {result.resumes} time(s); resumed, {result.replayed} replies sent again")
     print(summary.format())
 
 

@@ -6,7 +6,8 @@ so a bad input fails here with the code the server would answer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,8 +39,11 @@ def camera_url(url: str) -> str:
 class WorldClient:
     """Async client of one connection. Use `await WorldClient.connect(url)` or `async with`."""
 
-    def __init__(self, ws: websockets.ClientConnection, config: CameraServerConfig) -> None:
+    def __init__(self, ws: websockets.ClientConnection, config: CameraServerConfig,
+                 reopen: Optional[Callable[[], Awaitable[tuple[websockets.ClientConnection, CameraServerConfig]]]] = None
+                 ) -> None:
         self._ws = ws
+        self._reopen = reopen
         self.config = config  # the server's handshake
         self.notices: list[ErrorReply] = []  # session_limit notices received (see `receive`)
 
@@ -47,6 +51,19 @@ class WorldClient:
     async def connect(cls, url: str = DEFAULT_URL, api_key: Optional[str] = None,
                       open_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> WorldClient:
         """Open the socket and read the handshake; `ServerError` when the server refuses."""
+        reopen = partial(cls._open, url, api_key, open_timeout_s)
+        return cls(*await reopen(), reopen=reopen)
+
+    async def reconnect(self) -> None:
+        """A new socket to the same server in place of this one (after a drop: then `resume`)."""
+        if self._reopen is None:
+            raise ServerError(ErrorCode.SESSION_LOST, "this client was not opened with `connect`: cannot reconnect")
+        await self._ws.close()
+        self._ws, self.config = await self._reopen()
+
+    @staticmethod
+    async def _open(url: str, api_key: Optional[str],
+                    open_timeout_s: float) -> tuple[websockets.ClientConnection, CameraServerConfig]:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         ws = await websockets.connect(camera_url(url), max_size=None, additional_headers=headers,
                                       open_timeout=open_timeout_s)
@@ -61,7 +78,7 @@ class WorldClient:
         if not isinstance(first, CameraServerConfig):
             await ws.close()
             raise ServerError(ErrorCode.BAD_MESSAGE, f"expected the config handshake, got `{first.type}`")
-        return cls(ws, first)
+        return ws, first
 
     async def __aenter__(self) -> WorldClient:
         return self

@@ -213,3 +213,42 @@ def test_the_resume_drill_benchmark_runs_against_the_server(resume_server, resum
     assert result["replayed"] == result["in_flight_at_drop"] == 1
     assert result["all_identical"], result
     resume_server.wait_held(0)
+
+
+def test_the_python_client_resumes_a_dropped_socket_by_itself(resume_server, example):
+    """WorldClient + stream_session with a ResumePolicy (what `lwf-client` does): the socket is
+    closed under it after chunk 1 with chunk 2 in flight; it reconnects, resumes and finishes.
+    The MP4 equals an uninterrupted session's byte for byte."""
+    from client.session import WorldClient
+    from client.streaming import ResumePolicy
+    from client.trajectory import Trajectory, plan_session
+
+    traj = Trajectory(image=example.image, prompt=example.prompt, poses=example.poses, intrinsics=example.intrinsics)
+    plan = plan_session(traj, LONG_FRAMES)
+
+    async def play(sid: str, drop_after: int | None):
+        client = await WorldClient.connect(resume_server.ws)
+        assert client.config.resume_grace_s
+        dropped = []
+
+        def on_chunk(stat, reply) -> None:
+            if stat.index == drop_after and not dropped:
+                dropped.append(asyncio.ensure_future(client._ws.close()))  # the socket ends under the stream
+
+        try:
+            result = await client.stream(traj.messages(plan, sid, seed=9), pipeline=2, on_chunk=on_chunk,
+                                         resume=ResumePolicy(sid, backoff_s=0.2))
+            await client.reset(sid)
+        finally:
+            await client.close()
+        return result
+
+    async def go():
+        return await play("whole", None), await play("dropped", 1)
+
+    resume_server.wait_held(0)
+    whole, dropped = asyncio.run(go())
+    assert whole.resumes == 0 and dropped.resumes == 1 and dropped.replayed >= 1
+    assert [s.index for s in dropped.stats] == list(range(plan.num_chunks))
+    assert dropped.video.data == whole.video.data
+    resume_server.wait_held(0)
