@@ -255,8 +255,11 @@ def init_t5_random_on_device(
     """
     with torch.device("meta"):
         model = UMT5EncoderModel(umt5_config(cfg)).to(dtype)
+    # Untied while allocating: to_empty would give the tied embedding a second tensor (2 GiB at
+    # the released size, over an 80 GB card's 0.14 share at load), then re-tied.
+    model.encoder.embed_tokens = None
     model.to_empty(device=device)
-    model.encoder.set_input_embeddings(model.shared)  # re-tie (to_empty makes two tensors)
+    model.encoder.set_input_embeddings(model.shared)
     gen = torch.Generator(device=device).manual_seed(seed)
     for _, p in model.named_parameters():
         if p.ndim == 1:

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from starlette.websockets import WebSocket, WebSocketState
 
 from deployments.clip.chunks import extension_clip, first_clip
-from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call, session_of
+from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
 from deployments.clip.replies import RESET_TEXT, ClipFrames, error_message, frames_of, pack
 from deployments.resume import CLIP_RESUME
 from deployments.transport import NORMAL_CLOSURE

@@ -147,3 +147,30 @@ def test_init_t5_random():
     assert torch.equal(from_dir.tokenize(g["meta"]["prompt"])[0], g["t5"]["ids"])
     with pytest.raises(ValueError, match="tokenizer has"):
         init_t5_random(replace(cfg, vocab=100), TOKENIZER_DIR)
+
+
+def test_random_on_device_weights_share_one_embedding_tensor(monkeypatch):
+    """init_t5_random_on_device: the input embedding is the `shared` tensor, allocated once
+    (before: a second copy at load, 2 GiB at the released size), seeded, and the encoder runs."""
+    import torch
+
+    from model.config import preset
+    from model.t5 import init_t5_random_on_device
+    from model.tiny import tiny_tokenizer
+
+    cfg = preset("tiny").t5
+    shapes, empty_like = [], torch.empty_like
+
+    def recording(t, *args, **kwargs):
+        shapes.append(tuple(t.shape))
+        return empty_like(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty_like", recording)  # what Module.to_empty allocates with
+    a = init_t5_random_on_device(cfg, tiny_tokenizer(), torch.float32, "cpu", 3)
+    monkeypatch.undo()
+    embedding = tuple(a.model.shared.weight.shape)
+    assert shapes.count(embedding) == 1, shapes
+    b = init_t5_random_on_device(preset("tiny").t5, tiny_tokenizer(), torch.float32, "cpu", 3)
+    assert a.model.encoder.embed_tokens.weight is a.model.shared.weight
+    assert torch.equal(a.model.shared.weight, b.model.shared.weight)
+    assert torch.equal(a.encode("a prompt"), b.encode("a prompt"))
