@@ -93,8 +93,8 @@ stream.addEventListener("state", (e) => {
   const state = e.detail.state;
   ui.connection.textContent = state;
   ui.connection.dataset.state = state;
-  ui.reset.disabled = !(state === "starting" || state === "streaming");
-  ui.start.disabled = state === "connecting" || state === "starting";
+  ui.reset.disabled = !(state === "starting" || state === "streaming" || state === "resuming");
+  ui.start.disabled = state === "connecting" || state === "starting" || state === "resuming";
   ui.steerSend.disabled = state !== "streaming";
 });
 

@@ -4,6 +4,10 @@
 // video is always waiting (one request in flight at most; its poses are what the user is doing
 // now). Events (EventTarget): "status" {text, level}, "stats", "error" {code, message} and
 // "state" (this.state changed).
+//
+// Resume: when the socket drops while streaming and the server offers it (handshake
+// `resume_grace_s`, the session's `resume_token`), a new socket sends `resume` with the count of
+// frames it has; the missed frames come again, then `resumed` says which chunk to request next.
 
 import { encode, decode } from "./msgpack.js";
 import { CameraRig, CHUNK_FRAMES, TRANSLATION_SCALE, intrinsicsRows } from "./camera.js";
@@ -13,6 +17,10 @@ export const CAMERA_PATH = "v1/realtime/world/camera";
 const FPS = 16;
 const AHEAD_S = CHUNK_FRAMES / FPS; // request the next chunk once less than this is left to play
 const TICK_MS = 100;
+const RESUME_ATTEMPTS = 5;
+const RESUME_BACKOFF_MS = 500; // doubling; an `unauthorized` while the server parks is retried too
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /** ws(s):// URL of the camera endpoint next to this page (keeps a route prefix). */
 export function cameraUrl(apiKey) {
@@ -37,7 +45,9 @@ export class LiveStream extends EventTarget {
     this.rig = new CameraRig();
     this.ws = null;
     this.config = null;
-    this.state = "disconnected"; // disconnected | connecting | idle | starting | streaming | stopped
+    this.state = "disconnected"; // disconnected | connecting | idle | starting | streaming | resuming | stopped
+    this.resumeToken = null;
+    this.resumeWaiter = null; // {resolve, reject} of the `resume` in flight
     this.timer = null;
     this.replies = Promise.resolve(); // replies are handled one after the other, in order
     this.resetStats();
@@ -57,10 +67,13 @@ export class LiveStream extends EventTarget {
     this.dispatchEvent(new CustomEvent("status", { detail: { text, level } }));
   }
 
-  /** Open the socket and wait for the handshake. */
-  connect(apiKey) {
-    this.setState("connecting");
-    this.status("Connecting…");
+  /** Open the socket and wait for the handshake (`resuming`: keep the session's state). */
+  connect(apiKey, resuming = false) {
+    this.apiKey = apiKey;
+    if (!resuming) {
+      this.setState("connecting");
+      this.status("Connecting…");
+    }
     return new Promise((resolve, reject) => {
       const ws = new WebSocket(cameraUrl(apiKey));
       ws.binaryType = "arraybuffer";
@@ -77,8 +90,10 @@ export class LiveStream extends EventTarget {
         if (!opened && msg.type === "config") {
           opened = true;
           this.config = msg;
-          this.setState("idle");
-          this.status(`Connected to ${msg.model}. Press Start.`);
+          if (!resuming) {
+            this.setState("idle");
+            this.status(`Connected to ${msg.model}. Press Start.`);
+          }
           resolve(msg);
         } else if (!opened && msg.type === "error") {
           reject(Object.assign(new Error(msg.message), { code: msg.code }));
@@ -87,21 +102,76 @@ export class LiveStream extends EventTarget {
         }
       };
       ws.onclose = (ev) => {
-        this.ws = null;
+        if (this.ws === ws) this.ws = null;
         this.stopTimer();
         const was = this.state;
-        this.setState("disconnected");
         const why = `code ${ev.code}${ev.reason ? `: ${ev.reason}` : ""}`;
+        if (was === "resuming") { // a resume's socket: its attempt failed
+          if (!opened) reject(Object.assign(new Error(`cannot connect to the server (${why})`), { code: "connection" }));
+          else if (this.resumeWaiter) this.resumeWaiter.reject(new Error(`connection lost (${why})`));
+          return;
+        }
+        if (opened && was === "streaming" && this.canResume()) {
+          this.resumeAfterDrop(why);
+          return;
+        }
+        this.setState("disconnected");
         if (!opened) reject(Object.assign(new Error(`cannot connect to the server (${why})`), { code: "connection" }));
         else if (was !== "disconnected") this.fail("connection", `connection lost (${why}); press Start to reconnect`);
       };
     });
   }
 
+  canResume() {
+    return Boolean(this.resumeToken && this.config && this.config.resume_grace_s > 0);
+  }
+
+  /** The socket dropped mid-session: reconnect and resume (RESUME_ATTEMPTS tries), else fail. */
+  async resumeAfterDrop(why) {
+    this.setState("resuming");
+    this.resumes = (this.resumes || 0) + 1;
+    for (let attempt = 0; attempt < RESUME_ATTEMPTS; attempt++) {
+      this.status(`Connection lost (${why}); resuming the session…`, "warn");
+      if (attempt) await sleep(RESUME_BACKOFF_MS * 2 ** (attempt - 1));
+      if (this.state !== "resuming") return; // reset or a new session meanwhile
+      try {
+        await this.connect(this.apiKey, true);
+        if (await this.sendResume()) return;
+      } catch (e) {
+        why = e.message;
+        if (e.final) break; // the server refused the resume (e.g. its grace period ended)
+      }
+    }
+    this.setState("stopped");
+    this.fail("connection", `connection lost (${why}); the session could not be resumed. Press Start to begin again`);
+  }
+
+  /** Send `resume`; true once `resumed` came (the frames before it are played as they come),
+   *  false on `unauthorized` (not parked yet: try again), rejects on another error or a close. */
+  sendResume() {
+    return new Promise((resolve, reject) => {
+      this.resumeWaiter = { resolve, reject };
+      this.ws.send(encode({ endpoint: "resume", session_id: this.sessionId, resume_token: this.resumeToken,
+                            resume_from: this.stats.chunks }));
+    }).finally(() => { this.resumeWaiter = null; });
+  }
+
+  onResumed(msg) {
+    if (msg.session_id !== this.sessionId || this.state !== "resuming") return;
+    this.nextChunk = msg.next_chunk_id;
+    this.stats.inFlight = 0;
+    this.setState("streaming");
+    this.status(`Resumed the session at chunk ${msg.next_chunk_id} (${msg.replayed} sent again).`);
+    this.stopTimer();
+    this.timer = setInterval(() => this.tick(), TICK_MS);
+    if (this.resumeWaiter) this.resumeWaiter.resolve(true);
+  }
+
   /** Start a new session: {image: Uint8Array, prompt, seed?, size?}. */
   async start(options, apiKey) {
     if (this.ws === null || this.ws.readyState !== WebSocket.OPEN) await this.connect(apiKey);
     this.options = options;
+    this.resumeToken = null;
     this.sessionId = `web-${Math.random().toString(36).slice(2, 10)}`;
     this.rig.reset();
     this.player.close();
@@ -153,11 +223,13 @@ export class LiveStream extends EventTarget {
   onReply(msg) {
     if (msg.type === "frame") return this.onFrame(msg);
     if (msg.type === "reset_ok") return;
+    if (msg.type === "resumed") return this.onResumed(msg);
     if (msg.type === "error") return this.onError(msg);
   }
 
   async onFrame(msg) {
     if (msg.session_id !== this.sessionId || this.state === "stopped") return; // a reset session
+    if (msg.resume_token) this.resumeToken = msg.resume_token;
     const now = performance.now();
     const s = this.stats;
     s.inFlight = Math.max(0, s.inFlight - 1);
@@ -188,6 +260,11 @@ export class LiveStream extends EventTarget {
   onError(msg) {
     const stale = msg.session_id && msg.session_id !== this.sessionId;
     if (stale || this.state === "stopped") return; // about a session that was reset or replaced
+    if (this.state === "resuming" && this.resumeWaiter) {
+      if (msg.code === "unauthorized") this.resumeWaiter.resolve(false); // not parked yet: again
+      else this.resumeWaiter.reject(Object.assign(new Error(`[${msg.code}] ${msg.message}`), { final: true }));
+      return;
+    }
     this.stats.inFlight = Math.max(0, this.stats.inFlight - 1);
     if (msg.code === "busy" && this.state === "starting") {
       const wait = msg.retry_after_s || 1;

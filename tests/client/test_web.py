@@ -2,10 +2,13 @@
 
 The page loads from the ingress, streams a session through Media Source Extensions (the video
 element plays past 30 frames), turns a key press into different poses (checked on the
-WebSocket frames it sent, decoded with the server's own codec), resets, and degrades with a
-message when the server is busy or the socket drops. A screenshot goes to artifacts/.
+WebSocket frames it sent, decoded with the server's own codec), resets, resumes a dropped
+socket, and degrades with a message when the server is busy or a resume is refused. A
+screenshot goes to artifacts/.
 """
 from __future__ import annotations
+
+import re
 
 import msgpack
 import numpy as np
@@ -13,7 +16,7 @@ import pytest
 
 from protocol.codec import decode, decode_reply, encode
 from protocol.errors import ErrorCode
-from protocol.messages import ErrorReply, FrameReply, InferRequest, ResetRequest
+from protocol.messages import ErrorReply, FrameReply, InferRequest, ResetRequest, ResumeRequest
 from support import REPO
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (scripts/browser_deps.sh); no browser download
@@ -93,13 +96,25 @@ def test_live_session_plays_and_follows_the_keyboard(browser, served):
     page.close()
 
 
-def test_busy_and_dropped_socket_show_messages(browser, served):
+def _routed_page(browser, served, route):
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route_web_socket("**/v1/realtime/world/camera*", route)
+    page.goto(served.http + "/")
+    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    return page, errors
+
+
+def test_busy_then_a_dropped_socket_is_resumed(browser, served):
     """Through a routed socket: the first infer is answered `busy` (the page retries after
-    retry_after_s), then the socket drops after the second frame."""
-    state = {"busy_sent": False, "frames": 0}
+    retry_after_s), then the socket drops (both ends) after the second frame: the page
+    reconnects, sends `resume` with the 2 frames it has, and streams on from chunk 2."""
+    state = {"busy_sent": False, "frames": 0, "sockets": 0, "resumes": []}
 
     def route(ws) -> None:
         server = ws.connect_to_server()
+        state["sockets"] += 1
 
         def to_server(message) -> None:
             req = decode(message) if isinstance(message, bytes) else None
@@ -108,6 +123,8 @@ def test_busy_and_dropped_socket_show_messages(browser, served):
                 ws.send(encode(ErrorReply(code=ErrorCode.BUSY, session_id=req.session_id, retry_after_s=0.5,
                                           message="all 2 session slots of this replica are taken")))
                 return
+            if isinstance(req, ResumeRequest):
+                state["resumes"].append(req)
             server.send(message)
 
         def to_page(message) -> None:
@@ -116,24 +133,66 @@ def test_busy_and_dropped_socket_show_messages(browser, served):
                 state["frames"] += 1
                 if state["frames"] == 2:
                     ws.close(code=4000, reason="server going away")
+                    server.close()
 
         ws.on_message(to_server)
         server.on_message(to_page)
 
-    page = browser.new_page()
-    page.route_web_socket("**/v1/realtime/world/camera*", route)
-    page.goto(served.http + "/")
-    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    page, errors = _routed_page(browser, served, route)
     page.click("#start")
     page.wait_for_function("document.querySelector('#status').textContent.startsWith('Server busy')",
                            timeout=TIMEOUT_MS)
     page.wait_for_selector("#errors li[data-code=busy]", timeout=TIMEOUT_MS)
-    page.wait_for_selector("#connection[data-state=disconnected]", timeout=TIMEOUT_MS)
-    status = page.text_content("#status")
-    assert "connection lost (code 4000: server going away); press Start to reconnect" in status
-    assert page.text_content("#overlay") == status  # shown on the video, not a blank page
+    page.wait_for_function("document.querySelector('#status').textContent.startsWith('Resumed the session')",
+                           timeout=TIMEOUT_MS)
+    resumed = re.match(r"Resumed the session at chunk (\d+) \((\d+) sent again\)", page.text_content("#status"))
+    assert resumed and int(resumed[1]) == 2 + int(resumed[2])  # the chunk in flight at the drop, if any, came again
+    chunks_shown(page, 4)  # streaming on the new socket
+    assert page.get_attribute("#connection", "data-state") == "streaming"
+    assert state["sockets"] >= 2 and state["resumes"] and state["resumes"][-1].resume_from == 2
     assert "[busy] all 2 session slots of this replica are taken" in page.text_content("#errors li[data-code=busy]")
-    assert state["frames"] == 2  # the retried session streamed before the drop
+    page.click("#reset")
+    page.wait_for_function("document.querySelector('#status').textContent.startsWith('Session reset')",
+                           timeout=TIMEOUT_MS)
+    assert errors == []
+    page.close()
+
+
+def test_a_drop_that_cannot_be_resumed_shows_why(browser, served):
+    """The socket drops after the first frame and the resume is refused (`session_lost`, as
+    after the grace period): the page says so, stops, and Start is enabled again."""
+    state = {"frames": 0}
+
+    def route(ws) -> None:
+        server = ws.connect_to_server()
+
+        def to_server(message) -> None:
+            req = decode(message) if isinstance(message, bytes) else None
+            if isinstance(req, ResumeRequest):
+                ws.send(encode(ErrorReply(code=ErrorCode.SESSION_LOST, session_id=req.session_id,
+                                          message="the session's grace period ended")))
+                return
+            server.send(message)
+
+        def to_page(message) -> None:
+            ws.send(message)
+            if isinstance(decode_reply(message), FrameReply):
+                state["frames"] += 1
+                if state["frames"] == 1:
+                    ws.close(code=4000, reason="server going away")
+                    server.close()
+
+        ws.on_message(to_server)
+        server.on_message(to_page)
+
+    page, _ = _routed_page(browser, served, route)
+    page.click("#start")
+    page.wait_for_function("document.querySelector('#status').textContent.includes('could not be resumed')",
+                           timeout=TIMEOUT_MS)
+    status = page.text_content("#status")
+    assert "[session_lost] the session's grace period ended" in status and "Press Start to begin again" in status
+    assert page.text_content("#overlay") == status  # shown on the video, not a blank page
+    assert page.get_attribute("#connection", "data-state") == "stopped"
     assert page.evaluate("document.querySelector('video').readyState") >= 2  # the played video stays
     assert not page.is_disabled("#start")
     page.close()
