@@ -47,11 +47,16 @@ class DiTSlot:
     kv_frames: int  # latent frames the reservation covers
     chunks: int = 0
     windowed: bool = False  # the session runs with the rolling window: its memory never grows
+    update_s: float = 0.0  # its last chunk's deferred cache update (reported with the next chunk)
 
 
 @serve.deployment
 class DiTDeployment(SessionHost[DiTSlot]):
     """Chunk steps (4 denoising steps + cache update) of many sessions, serialised per replica."""
+
+    # Publish a chunk's latents before its cache-update call (DiTEngine.step(defer_update=True)):
+    # the chunk's decode overlaps the update. The sequence-parallel replica steps all at once.
+    defer_cache_update = True
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs) -> None:
         cap = cap_process(model.device, sessions.memory_fraction)  # before anything is allocated
@@ -179,7 +184,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         if context is not None and not hasattr(self._engine, "update_prompt"):
             raise Unsupported("this DiT deployment (sequence parallel) does not support prompt_update")
         try:
-            out = await self._compute_on(key, self._step, y, poses, intrinsics, context, prepare=self._admit_chunk)
+            out = await self._compute_on_early(key, self._step, y, poses, intrinsics, context,
+                                               prepare=self._admit_chunk)
         except (SessionLost, ChunkLimit, SessionLimit, Busy):  # typed: the session's state is intact
             raise
         except Exception as e:
@@ -212,16 +218,27 @@ class DiTDeployment(SessionHost[DiTSlot]):
                        "a local_attn_size window", self._table.retry_after_s)
         slot.kv_frames = needed
 
-    def _step(self, slot: DiTSlot, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray,
-              context: Optional[np.ndarray] = None) -> dict[str, Any]:
+    def _step(self, slot: DiTSlot, publish: Callable[[dict[str, Any]], None], y: np.ndarray, poses: np.ndarray,
+              intrinsics: np.ndarray, context: Optional[np.ndarray] = None) -> dict[str, Any]:
+        """The chunk's latents are published after its 4 denoising calls (they go to decoding
+        at once); its cache-update call runs after, before this replica's next job."""
         if context is not None:
             self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
-        out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics)  # copy: y arrives read-only
+        defer = self.defer_cache_update
+        out = (self._engine.step(slot.session, torch.tensor(y), poses, intrinsics, defer_update=True) if defer
+               else self._engine.step(slot.session, torch.tensor(y), poses, intrinsics))  # copy: y arrives read-only
         slot.chunks += 1
         noise = slot.session.noise.state()
-        return {
+        # The ingress reports the sum as the chunk's `dit` stage: with the update deferred, the
+        # previous chunk's (it ran before this one), so that the stage is still the DiT's time per chunk.
+        timings = {**out.timings, "previous_cache_update": slot.update_s} if defer else out.timings
+        reply = {
             "latents": out.latents.numpy(),  # float32 [16, 3, lh, lw]
             "noise": (noise.rng.numpy(), noise.whole_drawn),  # for the ingress's journal
-            "timings": out.timings,
+            "timings": timings,
             "replica": self._replica,
         }
+        publish(reply)
+        if defer:
+            slot.update_s = self._engine.finish_chunk(slot.session)
+        return reply

@@ -47,6 +47,7 @@ class SessionHost(Generic[S]):
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._log = log.bind(replica=self._replica)
         self._lock = PriorityLock()
+        self._jobs: set[asyncio.Future] = set()  # compute jobs that outlive their caller (`_compute_on_early`)
         self._metrics = SessionMetrics()
         self._expired_total = 0  # sessions freed by the idle TTL (not by a close)
         self._refused_total = 0  # new sessions admission answered busy (drives autoscaling)
@@ -70,6 +71,36 @@ class SessionHost(Generic[S]):
                 if prepare is not None:
                     prepare(key, state)
                 return await _in_thread(fn, state, *args)
+
+    async def _compute_on_early(self, key: str, fn: Callable[..., T], *args: Any,
+                                prepare: Optional[Callable[[str, S], None]] = None) -> T:
+        """As `_compute_on`, for `fn(state, publish, *args)` that calls `publish(result)` before
+        it is done: the result is returned then, while the rest of `fn` (its follow-up work on
+        the same session) runs on, still holding the lock. The job is never cancelled with its
+        caller. `fn` failing after publishing closes the session (its next call: SessionLost)."""
+        loop = asyncio.get_running_loop()
+        early: asyncio.Future = loop.create_future()
+
+        def publish(value: Any) -> None:
+            loop.call_soon_threadsafe(lambda: early.done() or early.set_result(value))
+
+        job = asyncio.ensure_future(self._compute_on(key, fn, publish, *args, prepare=prepare))
+        self._jobs.add(job)
+        job.add_done_callback(lambda j: self._job_done(key, j, early))
+        await asyncio.wait({early, job}, return_when=asyncio.FIRST_COMPLETED)
+        if early.done():
+            return early.result()
+        return job.result()  # it ended without publishing: its result or its error
+
+    def _job_done(self, key: str, job: asyncio.Future, early: asyncio.Future) -> None:
+        self._jobs.discard(job)
+        if job.cancelled() or job.exception() is None or not early.done():
+            return  # a failure before publishing reached the caller
+        self._log.error("follow-up work failed; session dropped", fields={
+            "session": key, "error": f"{type(job.exception()).__name__}: {job.exception()}"})
+        closing = asyncio.ensure_future(self.close(key))
+        self._jobs.add(closing)
+        closing.add_done_callback(self._jobs.discard)
 
     async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
         """Admit `key` (`Busy` when full, `TooLarge` when it never fits), build its state in the

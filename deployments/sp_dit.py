@@ -276,6 +276,8 @@ def _rendezvous() -> str:
 class SPDiTDeployment(DiTDeployment.func_or_class):
     """DiTDeployment over the N GPUs of its placement group (rank 0 here, ranks 1..N-1 actors)."""
 
+    defer_cache_update = False  # SPReplicaEngine steps every rank in one call
+
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, parallel: int,
                        timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         pg = get_current_placement_group()

@@ -235,30 +235,51 @@ class DiTEngine:
         session.check_open()
         if context.ndim != 2 or context.shape[0] < 1:
             raise ValueError(f"context must be [L, text_dim], got {tuple(context.shape)}")
+        self.finish_chunk(session)  # a deferred cache update belongs to the previous prompt
         session.text = self.dit.embed_text(context.to(device=self.device, dtype=torch.float32))
         for cache in session.caches.cross_attn:
             cache.reset()
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray,
-             intrinsics: np.ndarray) -> ChunkOutput:
+             intrinsics: np.ndarray, defer_update: bool = False) -> ChunkOutput:
         """The session's next chunk from its y [20, 3, lh, lw] and N camera poses [N, 4, 4]
-        with intrinsics [N, 4] (PROTOCOL.md `cameras`)."""
+        with intrinsics [N, 4] (PROTOCOL.md `cameras`).
+
+        `defer_update`: return the latents after the 4 denoising calls and leave the chunk's
+        cache-update call (t = 0 on x0, which writes the K/V later chunks read) to
+        `finish_chunk`: a server sends the chunk to decoding while the DiT writes its cache.
+        Same calls in the same order, so the same numbers; the next step runs it first anyway."""
         session.check_open()
+        self.finish_chunk(session)
         t0 = time.perf_counter()
         plucker = session.camera.chunk(poses, intrinsics)  # [1, 384, 3, lh, lw]
-        return self._run(session, y, plucker, t0)
+        return self._run(session, y, plucker, t0, defer_update)
+
+    @torch.inference_mode()
+    def finish_chunk(self, session: DiTSession) -> float:
+        """Run the cache update a deferred step left (no-op without one); its seconds."""
+        pending, session.pending_update = session.pending_update, None
+        if pending is None:
+            return 0.0
+        t0 = time.perf_counter()
+        pending()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
 
     def step_latent_poses(self, session: DiTSession, y: torch.Tensor, latent_poses: np.ndarray,
                           k: np.ndarray) -> ChunkOutput:
         """As `step`, from the chunk's 3 latent-frame poses and one intrinsics row (the
         offline path, whose poses are interpolated over the whole trajectory)."""
         session.check_open()
+        self.finish_chunk(session)
         t0 = time.perf_counter()
         plucker = session.camera.chunk_from_latent_poses(latent_poses, k)
         return self._run(session, y, plucker, t0)
 
     @torch.inference_mode()
-    def _run(self, session: DiTSession, y: torch.Tensor, plucker: torch.Tensor, t0: float) -> ChunkOutput:
+    def _run(self, session: DiTSession, y: torch.Tensor, plucker: torch.Tensor, t0: float,
+             defer_update: bool = False) -> ChunkOutput:
         device = self.device
         start = session.start_token
         session.caches.ensure_capacity(start + CHUNK_LATENT_FRAMES * session.spec.frame_seqlen)
@@ -283,10 +304,12 @@ class DiTEngine:
 
         t1 = time.perf_counter()
         update = not (self.skip_final_update and last_planned)  # the last chunk's K/V are never read
-        x0 = run_chunk(call, x, self.schedule, session.noise, self.timesteps, update)  # 4 steps (+ cache update)
+        x0 = run_chunk(call, x, self.schedule, session.noise, self.timesteps, update and not defer_update)
         latents = x0.float().cpu()  # synchronises
         t2 = time.perf_counter()
         session.chunk_index += 1
+        if update and defer_update:
+            session.pending_update = lambda: call(x0, timestep_tensor(0.0, x0.device))  # the cache update
         return ChunkOutput(latents, {"camera": t1 - t0, "dit": t2 - t1})
 
     def close(self, session: DiTSession) -> None:

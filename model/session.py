@@ -5,6 +5,8 @@ here, so one DiT (or VAE) serves many sessions and a session can be dropped or r
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -78,6 +80,9 @@ class DiTSession:
     status: SessionStatus = SessionStatus.OPEN
     # Optional observer of every DiT call (golden checks, debugging); None in serving.
     trace: list[dict] | None = None
+    # The last chunk's cache-update call when its step deferred it (`DiTEngine.step(defer_update=
+    # True)`): run by `DiTEngine.finish_chunk`, at the latest before the next chunk.
+    pending_update: Callable[[], None] | None = None
 
     @property
     def start_token(self) -> int:
@@ -88,6 +93,7 @@ class DiTSession:
             raise SessionClosed("session is closed; open a new one")
 
     def close(self) -> None:
+        self.pending_update = None
         with torch.inference_mode():  # the caches are inference tensors
             self.caches.reset()
         self.status = SessionStatus.CLOSED

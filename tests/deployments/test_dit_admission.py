@@ -104,3 +104,31 @@ def test_the_session_budget_is_the_cap_minus_the_resident_bytes_minus_the_slack(
     assert budget == cap - resident - int(0.04 * cap)
     assert budget > int((17.66 + 4.21) * GIB)
     assert session_budget(None, GIB, 2 * GIB) == 0
+
+
+def test_a_step_publishes_its_latents_before_the_cache_update():
+    """DiTDeployment._step: `publish` sees the chunk's latents while its cache update is still
+    pending; the update runs right after (before the replica's next job), and its time is
+    reported with the next chunk."""
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    from model.factory import load_dit_engine  # noqa: PLC0415
+    from model.session import DiTSessionSpec  # noqa: PLC0415
+
+    host = object.__new__(DiTDeployment.func_or_class)
+    host._engine = load_dit_engine("tiny", None, "float32", "cpu")
+    host._replica = "r"
+    spec = DiTSessionSpec(context=torch.zeros(4, host._engine.cfg.text_dim), height=32, width=48)
+    slot = DiTSlot(host._engine.open(spec), 32, 48, 6)
+    seen = []
+
+    def publish(reply):
+        seen.append((reply["latents"].shape, slot.session.pending_update is not None))
+
+    y, poses, k = np.zeros((20, 3, 4, 6), np.float32), np.eye(4, dtype=np.float32)[None], np.array([[24.0, 24, 24, 16]], np.float32)
+    first = host._step(slot, publish, y, poses, k)
+    second = host._step(slot, publish, y, poses, k)
+    assert seen == [((16, 3, 4, 6), True), ((16, 3, 4, 6), True)]
+    assert slot.session.pending_update is None and slot.chunks == 2
+    assert first["timings"]["previous_cache_update"] == 0.0 < second["timings"]["previous_cache_update"]

@@ -1,0 +1,73 @@
+"""DiTEngine.step(defer_update=True) + finish_chunk: the chunk's latents before its cache-update
+call, the same calls in the same order, so the same numbers as the plain step (prompt
+steering and windows included)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from model.factory import load_dit_engine
+from model.session import DiTSessionSpec
+
+CHUNKS = 4
+
+
+def _chunk_inputs(k: int, gen: torch.Generator):
+    poses = np.tile(np.eye(4, dtype=np.float32), (9 if k == 0 else 12, 1, 1))
+    poses[:, 0, 3] = 0.03 * np.arange(len(poses)) + k
+    return (torch.randn(20, 3, 8, 14, generator=gen), poses,
+            np.tile([[50.0, 50, 56, 32]], (len(poses), 1)).astype(np.float32))
+
+
+def _session(engine, total):
+    gen = torch.Generator().manual_seed(2)
+    spec = DiTSessionSpec(context=torch.randn(6, engine.cfg.text_dim, generator=gen), height=64, width=112,
+                          seed=4, total_latent_frames=total)
+    session = engine.open(spec)
+    session.trace = []
+    return session
+
+
+def _run(engine, defer: bool, total, steer_at=None, finish=True):
+    session = _session(engine, total)
+    gen, out = torch.Generator().manual_seed(8), []
+    new_context = torch.randn(5, engine.cfg.text_dim, generator=torch.Generator().manual_seed(9))
+    for k in range(CHUNKS):
+        if k == steer_at:
+            engine.update_prompt(session, new_context)
+        y, poses, intrinsics = _chunk_inputs(k, gen)
+        out.append(engine.step(session, y, poses, intrinsics, defer_update=defer).latents)
+        if defer and finish:
+            assert session.pending_update is not None or k == CHUNKS - 1
+            engine.finish_chunk(session)
+    calls = [(c["kind"], c.get("current_start"), float(c["t"].flatten()[0]) if "t" in c else None)
+             for c in session.trace]
+    return out, calls
+
+
+@pytest.mark.parametrize("window, total", [(None, 3 * CHUNKS), (None, None), ((6, 3), None)])
+@pytest.mark.parametrize("steer_at", [None, 2])
+@pytest.mark.parametrize("finish", [True, False])
+def test_deferred_updates_give_the_plain_steps_numbers(window, total, steer_at, finish):
+    """`finish=False`: the next step (or the prompt update) runs the pending update first."""
+    local, sink = window or (None, None)
+    engine = load_dit_engine("tiny", None, "float32", "cpu", local_attn_size=local, sink_size=sink)
+    plain, plain_calls = _run(engine, False, total, steer_at)
+    deferred, deferred_calls = _run(engine, True, total, steer_at, finish)
+    assert all(torch.equal(a, b) for a, b in zip(plain, deferred))
+    if finish:
+        assert deferred_calls == plain_calls  # the same DiT calls, in the same order
+    else:  # the last chunk's update is still pending: every call before it is the same
+        assert deferred_calls == plain_calls[:len(deferred_calls)]
+        assert len(plain_calls) - len(deferred_calls) == 1  # the last chunk's update
+
+
+def test_a_closed_session_drops_its_pending_update():
+    engine = load_dit_engine("tiny", None, "float32", "cpu")
+    session = _session(engine, None)
+    y, poses, intrinsics = _chunk_inputs(0, torch.Generator().manual_seed(1))
+    engine.step(session, y, poses, intrinsics, defer_update=True)
+    assert session.pending_update is not None
+    engine.close(session)
+    assert session.pending_update is None and engine.finish_chunk(session) == 0.0
