@@ -237,6 +237,14 @@ def test_fp8_stays_opt_in_with_its_measured_deviation_next_to_it():
     assert "1.5-1.8e-2" in before[-400:] and "9.50 s" in before[-400:]
 
 
+def test_the_fp8_kv_cache_stays_opt_in_with_its_measured_deviation_next_to_it():
+    from support import REPO
+
+    text = (REPO / "serve_config.gpu.yaml").read_text()
+    before = text[:text.index("kv_cache: dtype")]
+    assert "8.0-8.8e-4" in before[-500:] and "4 / 6" in before[-500:]
+
+
 def test_the_h200_benchmark_serves_the_shipped_gpu_config_with_random_weights():
     configs = gpu_configs()
     gpu = AppArgs.model_validate(the_app(configs["serve_config.gpu.yaml"])["args"])
