@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from benchmarks.window import dolly_chunk
-from camera import CHUNK_LATENT_FRAMES
+from benchmarks.vae_check import norm_rel_err
+from camera import CHUNK_LATENT_FRAMES, chunk_video_frames, planned_latent_frames
 from deployments.memory import resident_model_bytes, session_budget
 from model.accel import AccelOptions
 from model.engines import DiTEngine
@@ -78,7 +79,7 @@ def admitted_sessions(budget: int, held: int, working: int) -> int:
 
 def _spec(engine: DiTEngine, height: int, width: int, full: bool, index: int) -> DiTSessionSpec:
     gen = torch.Generator().manual_seed(SEED + index)
-    latent_frames = (FULL_FRAMES - 1) // 4 + 1 if full else None
+    latent_frames = planned_latent_frames(FULL_FRAMES) if full else None
     return DiTSessionSpec(context=torch.randn(TEXT_TOKENS, engine.cfg.text_dim, generator=gen), height=height,
                           width=width, seed=SEED + index, total_latent_frames=latent_frames, full_attention=full)
 
@@ -86,8 +87,8 @@ def _spec(engine: DiTEngine, height: int, width: int, full: bool, index: int) ->
 def _step(engine: DiTEngine, session, height: int, width: int) -> tuple[float, torch.Tensor]:
     k = session.chunk_index
     poses, intrinsics = dolly_chunk(k)
-    if k == 0:
-        poses, intrinsics = poses[:9], intrinsics[:9]
+    n = chunk_video_frames(k)
+    poses, intrinsics = poses[:n], intrinsics[:n]
     y = torch.randn(20, CHUNK_LATENT_FRAMES, height // 8, width // 8, generator=torch.Generator().manual_seed(k))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -104,7 +105,7 @@ def run_scenario(engine: DiTEngine, sc: Scenario, resident: int, height: int, wi
     torch.cuda.reset_peak_memory_stats()
     engine.kv_fp8 = sc.kv_fp8
     budget = session_budget(None, cap, resident)
-    latent = (FULL_FRAMES - 1) // 4 + 1 if sc.full_attention else None
+    latent = planned_latent_frames(FULL_FRAMES) if sc.full_attention else None
     kv_frames = engine.kv_frames(latent, sc.full_attention)
     need = engine.footprint(height, width, kv_frames, latent)
     admitted = admitted_sessions(budget, need.held, need.working)
@@ -143,7 +144,7 @@ def run_scenario(engine: DiTEngine, sc: Scenario, resident: int, height: int, wi
 
 
 def deviation(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[float]:
-    return [float((x - y).float().norm() / y.float().norm()) for x, y in zip(a, b)]
+    return [norm_rel_err(x, y) for x, y in zip(a, b)]
 
 
 def main(argv: Optional[list[str]] = None) -> None:

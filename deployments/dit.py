@@ -225,8 +225,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         if context is not None:
             self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
         defer = self.defer_cache_update
-        out = (self._engine.step(slot.session, torch.tensor(y), poses, intrinsics, defer_update=True) if defer
-               else self._engine.step(slot.session, torch.tensor(y), poses, intrinsics))  # copy: y arrives read-only
+        out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics,  # copy: y arrives read-only
+                                defer_update=defer)
         slot.chunks += 1
         noise = slot.session.noise.state()
         # The ingress reports the sum as the chunk's `dit` stage: with the update deferred, the

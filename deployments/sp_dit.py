@@ -187,7 +187,9 @@ class SPReplicaEngine:
         return session
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray,
-             intrinsics: np.ndarray) -> ChunkOutput:
+             intrinsics: np.ndarray, defer_update: bool = False) -> ChunkOutput:
+        if defer_update:  # SPDiTDeployment.defer_cache_update is False
+            raise ValueError("the sequence-parallel engine steps every rank in one call: no deferred update")
         self._check()
         sid = self._ids[session]
         others = [r.step.remote(sid, y, poses, intrinsics) for r in self._ranks]  # meet in the collectives

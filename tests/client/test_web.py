@@ -106,11 +106,11 @@ def _routed_page(browser, served, route):
     return page, errors
 
 
-def test_busy_then_a_dropped_socket_is_resumed(browser, served):
-    """Through a routed socket: the first infer is answered `busy` (the page retries after
-    retry_after_s), then the socket drops (both ends) after the second frame: the page
-    reconnects, sends `resume` with the 2 frames it has, and streams on from chunk 2."""
-    state = {"busy_sent": False, "frames": 0, "sockets": 0, "resumes": []}
+def _dropping_route(state: dict, drop_after: int, intercept):
+    """A route passing frames both ways: `intercept(ws, request)` may answer a request itself
+    (True: not forwarded); after the `drop_after`-th frame reply both ends are closed."""
+    state.setdefault("frames", 0)
+    state.setdefault("sockets", 0)
 
     def route(ws) -> None:
         server = ws.connect_to_server()
@@ -118,26 +118,40 @@ def test_busy_then_a_dropped_socket_is_resumed(browser, served):
 
         def to_server(message) -> None:
             req = decode(message) if isinstance(message, bytes) else None
-            if isinstance(req, InferRequest) and req.image is not None and not state["busy_sent"]:
-                state["busy_sent"] = True
-                ws.send(encode(ErrorReply(code=ErrorCode.BUSY, session_id=req.session_id, retry_after_s=0.5,
-                                          message="all 2 session slots of this replica are taken")))
-                return
-            if isinstance(req, ResumeRequest):
-                state["resumes"].append(req)
-            server.send(message)
+            if req is None or not intercept(ws, req):
+                server.send(message)
 
         def to_page(message) -> None:
             ws.send(message)
             if isinstance(decode_reply(message), FrameReply):
                 state["frames"] += 1
-                if state["frames"] == 2:
+                if state["frames"] == drop_after:
                     ws.close(code=4000, reason="server going away")
                     server.close()
 
         ws.on_message(to_server)
         server.on_message(to_page)
 
+    return route
+
+
+def test_busy_then_a_dropped_socket_is_resumed(browser, served):
+    """Through a routed socket: the first infer is answered `busy` (the page retries after
+    retry_after_s), then the socket drops (both ends) after the second frame: the page
+    reconnects, sends `resume` with the 2 frames it has, and streams on from chunk 2."""
+    state = {"busy_sent": False, "resumes": []}
+
+    def intercept(ws, req) -> bool:
+        if isinstance(req, InferRequest) and req.image is not None and not state["busy_sent"]:
+            state["busy_sent"] = True
+            ws.send(encode(ErrorReply(code=ErrorCode.BUSY, session_id=req.session_id, retry_after_s=0.5,
+                                      message="all 2 session slots of this replica are taken")))
+            return True
+        if isinstance(req, ResumeRequest):
+            state["resumes"].append(req)
+        return False
+
+    route = _dropping_route(state, 2, intercept)
     page, errors = _routed_page(browser, served, route)
     page.click("#start")
     page.wait_for_function("document.querySelector('#status').textContent.startsWith('Server busy')",
@@ -161,30 +175,14 @@ def test_busy_then_a_dropped_socket_is_resumed(browser, served):
 def test_a_drop_that_cannot_be_resumed_shows_why(browser, served):
     """The socket drops after the first frame and the resume is refused (`session_lost`, as
     after the grace period): the page says so, stops, and Start is enabled again."""
-    state = {"frames": 0}
+    def intercept(ws, req) -> bool:
+        if isinstance(req, ResumeRequest):
+            ws.send(encode(ErrorReply(code=ErrorCode.SESSION_LOST, session_id=req.session_id,
+                                      message="the session's grace period ended")))
+            return True
+        return False
 
-    def route(ws) -> None:
-        server = ws.connect_to_server()
-
-        def to_server(message) -> None:
-            req = decode(message) if isinstance(message, bytes) else None
-            if isinstance(req, ResumeRequest):
-                ws.send(encode(ErrorReply(code=ErrorCode.SESSION_LOST, session_id=req.session_id,
-                                          message="the session's grace period ended")))
-                return
-            server.send(message)
-
-        def to_page(message) -> None:
-            ws.send(message)
-            if isinstance(decode_reply(message), FrameReply):
-                state["frames"] += 1
-                if state["frames"] == 1:
-                    ws.close(code=4000, reason="server going away")
-                    server.close()
-
-        ws.on_message(to_server)
-        server.on_message(to_page)
-
+    route = _dropping_route({}, 1, intercept)
     page, _ = _routed_page(browser, served, route)
     page.click("#start")
     page.wait_for_function("document.querySelector('#status').textContent.includes('could not be resumed')",
