@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.accel.kernels import BlockKernels, attend
+from model.accel.kernels import BlockKernels
 from model.accel.projection import Fp8Projection, Projection
 from model.dit_block import CrossAttention, DiTBlock, SelfAttention
 from model.kv_cache import CrossAttnCache, SelfAttnKVCache
@@ -37,7 +37,7 @@ class FastSelfAttention(SelfAttention):
         k = kn.qk_norm_rope(k, self.norm_k.weight, rope.cos, rope.sin, self.norm_k.eps, self.num_heads)
         v = v.unflatten(-1, (self.num_heads, self.head_dim))  # [1, S, H, D]
         k_all, v_all = cache.update(k[0], v[0], start)  # [n, H, D] each
-        return self.out(attend(q, k_all[None], v_all[None], kn.attention))
+        return self.out(kn.attend(q, k_all[None], v_all[None]))
 
 
 class FastCrossAttention(CrossAttention):
@@ -57,7 +57,7 @@ class FastCrossAttention(CrossAttention):
         if not cache.is_init:  # once per session: the plain path
             kv_shape = (text.shape[1], self.num_heads, self.head_dim)
             cache.store(self.norm_k(self.k(text[0])).view(kv_shape), self.v(text[0]).view(kv_shape))
-        return self.out(attend(q, cache.k[None], cache.v[None], kn.attention))
+        return self.out(kn.attend(q, cache.k[None], cache.v[None]))
 
 
 class FastDiTBlock(DiTBlock):
@@ -65,7 +65,9 @@ class FastDiTBlock(DiTBlock):
     cross_attn: FastCrossAttention
     ffn_up: AnyProjection
     ffn_down: AnyProjection
-    cam_scale_shift: Projection  # cam_scale_layer and cam_shift_layer fused: [dim] -> [2 * dim]
+    cam_in: AnyProjection  # cam_injector_layer1
+    cam_out: AnyProjection  # cam_injector_layer2
+    cam_scale_shift: AnyProjection  # cam_scale_layer and cam_shift_layer fused: [dim] -> [2 * dim]
     kernels: BlockKernels
 
     def adopt(self, kernels: BlockKernels) -> None:
@@ -75,11 +77,15 @@ class FastDiTBlock(DiTBlock):
         self.cross_attn.__class__ = FastCrossAttention
         self.cross_attn.adopt(kernels)
         self.ffn_up, self.ffn_down = Projection.of(self.ffn[0]), Projection.of(self.ffn[2])
+        self.cam_in, self.cam_out = Projection.of(self.cam_injector_layer1), Projection.of(self.cam_injector_layer2)
         self.cam_scale_shift = Projection.fuse([self.cam_scale_layer, self.cam_shift_layer])
         self.kernels = kernels
 
     def set_kernels(self, kernels: BlockKernels) -> None:
         self.kernels = self.self_attn.kernels = self.cross_attn.kernels = kernels
+        for proj in (self.projections() | self.camera_projections()).values():
+            if isinstance(proj, Fp8Projection):
+                proj.quantize = kernels.quantize_rows
 
     def projections(self) -> dict[str, AnyProjection]:
         """The per-call GEMMs (what FP8 replaces); the camera and text GEMMs run once."""
@@ -87,9 +93,13 @@ class FastDiTBlock(DiTBlock):
                 "cross_attn.q_proj": self.cross_attn.q_proj, "cross_attn.out": self.cross_attn.out,
                 "ffn_up": self.ffn_up, "ffn_down": self.ffn_down}
 
+    def camera_projections(self) -> dict[str, AnyProjection]:
+        """The camera modulation's GEMMs (once per chunk; FP8 with `AccelOptions.fp8_camera`)."""
+        return {"cam_in": self.cam_in, "cam_out": self.cam_out, "cam_scale_shift": self.cam_scale_shift}
+
     def camera_modulation(self, p: Tensor) -> tuple[Tensor, Tensor]:
         """(1 + scale, shift) as two views of one [1, S, 2 * dim] tensor (no extra copy)."""
-        hs = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(p))) + p
+        hs = self.cam_out(F.silu(self.cam_in(p))) + p
         scale, shift = self.cam_scale_shift(hs).chunk(2, dim=-1)  # [1, S, dim] each
         return scale.add_(1.0), shift
 
@@ -115,4 +125,5 @@ class FastDiTBlock(DiTBlock):
         x, c = kn.attn_camera_norm(x, y, gate_sa, cam_scale, cam_shift, self.norm3.weight,
                                    self.norm3.bias, self.norm3.eps, dtype)
         x, h = kn.cross_residual_norm(x, self.cross_attn(c, text, cross), scale_ff, shift_ff, self.eps, dtype)
-        return kn.gated_residual(x, self.ffn_down(F.gelu(self.ffn_up(h), approximate="tanh")), gate_ff)
+        hidden = kn.gelu_quantize(self.ffn_up(h)) if kn.quantize_inputs else self.ffn_up.gelu(h)
+        return kn.gated_residual(x, self.ffn_down(hidden), gate_ff)

@@ -74,8 +74,11 @@ def gated_residual(x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
     return x + y * gate
 
 
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x [M, K] -> (float8_e4m3fn [M, K], float32 scales [M, 1]) with x ~= q * scale."""
+QuantizedRows = tuple[Tensor, Tensor]  # (float8_e4m3fn [..., K], float32 scales [..., 1])
+
+
+def quantize_rows(x: Tensor) -> QuantizedRows:
+    """x [..., K] -> (float8_e4m3fn [..., K], float32 scales [..., 1]) with x ~= q * scale."""
     xf = x.float()
     scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_FLOOR) / E4M3_MAX
     q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
@@ -94,26 +97,70 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attention: str) -> Tensor:
     return out.transpose(1, 2).flatten(2)  # [1, S, H*D]
 
 
+# FP8 GEMM inputs quantized by the kernel that makes them (`quantize_inputs`): the bf16
+# activation is never written out for the GEMM to read back and quantize in a pass of its own.
+
+def modulated_norm_q(x: Tensor, scale: Tensor, shift: Tensor, eps: float, dtype: torch.dtype) -> QuantizedRows:
+    return quantize_rows(modulated_norm(x, scale, shift, eps, dtype))
+
+
+def attn_camera_norm_q(*args) -> tuple[Tensor, QuantizedRows]:
+    x, normed = attn_camera_norm(*args)
+    return x, quantize_rows(normed)
+
+
+def cross_residual_norm_q(*args) -> tuple[Tensor, QuantizedRows]:
+    x, h = cross_residual_norm(*args)
+    return x, quantize_rows(h)
+
+
+def gelu_quantize(y: Tensor) -> QuantizedRows:
+    """The FFN's hidden activation, quantized for the down projection."""
+    return quantize_rows(F.gelu(y, approximate="tanh"))
+
+
 @dataclass(frozen=True, slots=True)
 class BlockKernels:
-    """The region functions one fast model uses: eager, or compiled once for all blocks."""
+    """The region functions one fast model uses: eager, or compiled once for all blocks.
 
-    modulated_norm: Callable[..., Tensor]
+    With `quantize_inputs` (FP8 GEMMs only: `quant` "fused" or "triton") the regions that feed a
+    GEMM return its input as `QuantizedRows` (modulated_norm, attn_camera_norm's and
+    cross_residual_norm's second output) and the FFN's activation is `gelu_quantize`; "triton"
+    runs those and `quantize_rows` as the one-pass kernels of `model/accel/triton_quant.py`."""
+
+    modulated_norm: Callable[..., Tensor | QuantizedRows]
     rms_norm: Callable[..., Tensor]
     qk_norm_rope: Callable[..., Tensor]
-    attn_camera_norm: Callable[..., tuple[Tensor, Tensor]]
-    cross_residual_norm: Callable[..., tuple[Tensor, Tensor]]
+    attn_camera_norm: Callable[..., tuple[Tensor, Tensor | QuantizedRows]]
+    cross_residual_norm: Callable[..., tuple[Tensor, Tensor | QuantizedRows]]
     gated_residual: Callable[..., Tensor]
-    quantize_rows: Callable[..., tuple[Tensor, Tensor]]
+    quantize_rows: Callable[..., QuantizedRows]
+    gelu_quantize: Callable[..., QuantizedRows]
     attention: str
     compiled: bool
+    quant: str = "gemm"
+
+    @property
+    def quantize_inputs(self) -> bool:
+        return self.quant != "gemm"
 
     @classmethod
-    def build(cls, attention: str, compile: bool) -> "BlockKernels":
-        fns = (modulated_norm, rms_norm, qk_norm_rope, attn_camera_norm, cross_residual_norm,
-               gated_residual, quantize_rows)
+    def build(cls, attention: str, compile: bool, quant: str = "gemm") -> "BlockKernels":
+        fused = quant != "gemm"
+        fns = (modulated_norm_q if fused else modulated_norm, rms_norm, qk_norm_rope,
+               attn_camera_norm_q if fused else attn_camera_norm,
+               cross_residual_norm_q if fused else cross_residual_norm,
+               gated_residual, quantize_rows, gelu_quantize)
         if compile:
             # static shapes: a chunk's token count is fixed per session size; a new size
             # compiles once more (dynamo's per-function cache)
             fns = tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in fns)
-        return cls(*fns, attention=attention, compiled=compile)
+        if quant == "triton":  # CUDA with Triton
+            from model.accel import triton_quant as tq
+
+            fns = (tq.modulated_norm_q, fns[1], fns[2], tq.attn_camera_norm_q, tq.cross_residual_norm_q,
+                   fns[5], tq.quantize_rows, tq.gelu_quantize)
+        return cls(*fns, attention=attention, compiled=compile, quant=quant)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return attend(q, k, v, self.attention)

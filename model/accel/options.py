@@ -13,6 +13,8 @@ import torch
 
 Attention = Literal["default", "cudnn", "flash"]
 ATTENTION_BACKENDS: tuple[str, ...] = ("default", "cudnn", "flash")
+Fp8Quant = Literal["gemm", "fused", "triton"]
+FP8_QUANT_MODES: tuple[str, ...] = ("gemm", "fused", "triton")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,16 @@ class AccelOptions:
     compile: torch.compile the fast block's elementwise regions (needs `fast`).
     fp8: FP8 e4m3 GEMMs with per-row/per-column scales (needs `fast`; Hopper or a CPU torch
       with `_scaled_mm`); changes the numerics (reported by the benchmark), off by default.
+    fp8_quant: where the FP8 GEMMs' inputs are quantized: "gemm" (a pass of its own before each
+      GEMM), "fused" (inside the compiled region that makes the input: the norms, the FFN's
+      GELU) or "triton" (those regions and the quantization as one-pass Triton kernels,
+      model/accel/triton_quant.py; CUDA; measured no faster than "fused", nothing turns it on).
+      Not "gemm" needs `fp8`.
+    fp8_camera: the camera modulation's GEMMs (3 per block, once per chunk) in FP8 too; needs
+      `fp8`. Measured: -1.6 % time but 5x the deviation (7e-2 from float32, against 1.4e-2):
+      the camera scale multiplies the whole residual stream. Nothing turns it on.
+    fp8_fast_accum: the FP8 GEMMs with Hopper's fast accumulation (`use_fast_accum`: partial
+      sums not promoted to float32 along K); needs `fp8`.
     skip_final_update: skip the t = 0 cache-update call of a session's last planned chunk (its
       K/V are never read: the noise plan ends there).
     vae_channels_last: channels-last weights for the VAE convolutions (CUDA).
@@ -42,6 +54,9 @@ class AccelOptions:
     attention: Attention = "default"
     compile: bool = False
     fp8: bool = False
+    fp8_quant: Fp8Quant = "gemm"
+    fp8_camera: bool = False
+    fp8_fast_accum: bool = False
     skip_final_update: bool = False
     vae_channels_last: bool = False
     vae_compile: bool = False
@@ -54,6 +69,12 @@ class AccelOptions:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
         if (self.compile or self.fp8 or self.attention != "default") and not self.fast:
             raise ValueError("compile, fp8 and the attention backend apply to the fast block: set fast=True")
+        if self.fp8_quant not in FP8_QUANT_MODES:
+            raise ValueError(f"fp8_quant must be one of {FP8_QUANT_MODES}, got {self.fp8_quant!r}")
+        if (self.fp8_fast_accum or self.fp8_camera) and not self.fp8:
+            raise ValueError("fp8_fast_accum and fp8_camera are settings of the FP8 GEMMs: set fp8=True")
+        if self.fp8_quant != "gemm" and not self.fp8:
+            raise ValueError(f"fp8_quant={self.fp8_quant!r} quantizes the FP8 GEMMs' inputs: set fp8=True")
         if self.vae_fold_bias and not self.vae_pad_in_conv:
             raise ValueError("vae_fold_bias needs vae_pad_in_conv")
         if self.vae_write_once and not self.vae_fold_bias:
@@ -70,10 +91,13 @@ class AccelOptions:
         """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
         attention, channels-last VAE convolutions with their padding inside the conv (the same
         function in bf16; with `vae_compile` also the folded conv biases, round 2), plus the
-        opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`); on
-        the CPU the plain path unless one of the flags is asked for."""
+        opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`: FP8
+        GEMMs, on CUDA with fast accumulation and, compiled, their inputs quantized in the
+        compiled regions: round 2's fastest FP8 variant); on the CPU the plain path unless one of
+        the flags is asked for."""
         if torch.device(device).type == "cuda":
             return cls(fast=True, attention="cudnn", compile=compile, fp8=fp8, skip_final_update=True,
+                       fp8_quant="fused" if fp8 and compile else "gemm", fp8_fast_accum=fp8,
                        vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,
                        vae_fold_bias=vae_compile)
         return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)

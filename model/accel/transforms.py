@@ -32,7 +32,9 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
     """Give `dit` the fast blocks (in place) per `options`; returns it. No-op unless fast."""
     if not options.fast:
         return dit
-    kernels = BlockKernels.build(options.attention, options.compile)
+    if options.fp8:  # before any block changes: quantizing kernels need the FP8 GEMMs
+        _require_fp8(next(dit.parameters()).device)
+    kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant)
     dit.rope_dtype = torch.float32
     for block in dit.blocks:
         if isinstance(block, FastDiTBlock):
@@ -40,7 +42,11 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
         else:
             FastDiTBlock.adopt(block, kernels)
     if options.fp8:
-        enable_fp8(dit)
+        enable_fp8(dit, camera=options.fp8_camera)
+        for block in dit.blocks:
+            for proj in (block.projections() | block.camera_projections()).values():
+                if isinstance(proj, Fp8Projection):
+                    proj.fast_accum = options.fp8_fast_accum
     return dit
 
 
@@ -59,30 +65,39 @@ def fp8_supported(device: torch.device | str) -> bool:
 
 
 @torch.no_grad()
-def enable_fp8(dit: CausalDiT) -> CausalDiT:
-    """Run the per-call GEMMs of every fast block in FP8 e4m3 (in place); returns `dit`.
+def enable_fp8(dit: CausalDiT, camera: bool = False) -> CausalDiT:
+    """Run the per-call GEMMs of every fast block in FP8 e4m3 (in place), with `camera` also
+    the camera modulation's (once per chunk); returns `dit`.
 
     The bf16 copies of the quantized weights are released (their parameters move to the meta
     device): the model then serves inference only and its state dict no longer holds them.
     """
-    device = next(dit.parameters()).device
+    _require_fp8(next(dit.parameters()).device)
+    if not all(isinstance(b, FastDiTBlock) for b in dit.blocks):
+        raise ValueError("enable_fp8 works on the fast blocks: apply optimize_dit(dit, AccelOptions(fast=True)) first")
+    for block in dit.blocks:
+        quantize = block.kernels.quantize_rows
+        projections = block.projections() | (block.camera_projections() if camera else {})
+        replaced = {name: proj for name, proj in projections.items() if isinstance(proj, Projection)}
+        for name, proj in replaced.items():
+            owner, attr = _owner(block, name)
+            setattr(owner, attr, Fp8Projection.of(proj, quantize))
+        released = [block.self_attn.q, block.self_attn.k, block.self_attn.v, block.self_attn.o,
+                    block.cross_attn.q, block.cross_attn.o, block.ffn[0], block.ffn[2]]
+        if camera:
+            released += [block.cam_injector_layer1, block.cam_injector_layer2, block.cam_scale_layer,
+                         block.cam_shift_layer]
+        for lin in released:
+            lin.weight = nn.Parameter(torch.empty_like(lin.weight, device="meta"), requires_grad=False)
+    return dit
+
+
+def _require_fp8(device: torch.device) -> None:
     if not fp8_supported(device):
         raise ValueError(
             f"FP8 GEMMs need torch._scaled_mm with e4m3 on {device} (a GPU of compute capability "
             f">= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}); run without fp8"
         )
-    if not all(isinstance(b, FastDiTBlock) for b in dit.blocks):
-        raise ValueError("enable_fp8 works on the fast blocks: apply optimize_dit(dit, AccelOptions(fast=True)) first")
-    for block in dit.blocks:
-        quantize = block.kernels.quantize_rows
-        replaced = {name: proj for name, proj in block.projections().items() if isinstance(proj, Projection)}
-        for name, proj in replaced.items():
-            owner, attr = _owner(block, name)
-            setattr(owner, attr, Fp8Projection.of(proj, quantize))
-        for lin in (block.self_attn.q, block.self_attn.k, block.self_attn.v, block.self_attn.o,
-                    block.cross_attn.q, block.cross_attn.o, block.ffn[0], block.ffn[2]):
-            lin.weight = nn.Parameter(torch.empty_like(lin.weight, device="meta"), requires_grad=False)
-    return dit
 
 
 def _owner(block: FastDiTBlock, name: str) -> tuple[object, str]:

@@ -29,7 +29,6 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from model.accel.fast_block import FastSelfAttention
-from model.accel.kernels import attend as attend_with_backend
 from model.config import DiTConfig
 from model.dit import CameraFeatures, CausalDiT
 from model.dit_block import SelfAttention, attend
@@ -91,7 +90,7 @@ class UlyssesFastSelfAttention(UlyssesSelfAttention, FastSelfAttention):
         return q, k, v.unflatten(-1, (self.num_heads, self.head_dim))
 
     def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attend_with_backend(q, k, v, self.kernels.attention)
+        return self.kernels.attend(q, k, v)
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(x)
