@@ -145,9 +145,10 @@ class NoisePlan:
 
 
 def timestep_tensor(t: int | float, device: torch.device | str) -> torch.Tensor:
-    """The DiT's t: int64 [1] for denoising steps, float32 [1] for the t = 0 cache update."""
+    """The DiT's t: int64 [1] for denoising steps, float32 [1] for the t = 0 cache update
+    (filled on the device: no host-to-device copy, so no synchronisation)."""
     dtype = torch.int64 if isinstance(t, int) else torch.float32
-    return torch.tensor([t], dtype=dtype, device=device)
+    return torch.full((1,), t, dtype=dtype, device=device)
 
 
 def denoise_step(

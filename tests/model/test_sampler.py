@@ -10,6 +10,7 @@ from model.sampler import (
     NoisePlan,
     denoise_step,
     run_chunk,
+    timestep_tensor,
 )
 from support import GOLDEN_FILES, load_golden
 
@@ -134,3 +135,12 @@ def test_to_x0_is_float64_math():
     sigma = FlowSchedule().sigma_x0(978)
     expected = (x.double() - torch.tensor(sigma, dtype=torch.float64) * v.double()).float()
     assert torch.equal(FlowSchedule.to_x0(x, v, sigma), expected)
+
+
+def test_timestep_tensor_types_and_values():
+    """int steps are int64 (the reference's timestep tensor), the cache update's t = 0.0 float32."""
+    step = timestep_tensor(937, "cpu")
+    update = timestep_tensor(0.0, "cpu")
+    assert step.dtype == torch.int64 and step.shape == (1,) and int(step) == 937
+    assert update.dtype == torch.float32 and update.shape == (1,) and float(update) == 0.0
+    assert torch.equal(step, torch.tensor([937])) and torch.equal(update, torch.tensor([0.0]))
