@@ -19,6 +19,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -69,6 +70,7 @@ class Bench:
         self.eager_numerics: DiTRun | None = None
         self.fast: DiTRun | None = None
         self.best_fast: str | None = None
+        self.best_options: AccelOptions | None = None
         self.text: TextEngine | None = None
         self.vae: VaeEngine | None = None
 
@@ -139,6 +141,12 @@ class Bench:
         assert self.dit is not None
         return DiTEngine(self.dit, skip_final_update=skip_final)
 
+    def ensure_dit(self) -> None:
+        """The bf16 DiT when the float32 reference stage was skipped (no numerics then)."""
+        if self.dit is None:
+            self.dit = init_dit_random(self.cfg.dit, torch.bfloat16, self.device, SEED,
+                                       residual_scaled=self.args.residual_init)
+
 
 def _brief(out: dict) -> dict:
     return {k: v for k, v in out.items() if k not in ("error",) and not isinstance(v, (list, dict))}
@@ -180,20 +188,26 @@ def stage_eager(b: Bench) -> dict:
 
 
 def _fast_stage(b: Bench, options: AccelOptions, label: str, numerics: bool, repeats: int) -> dict:
-    assert b.dit is not None
+    b.ensure_dit()
     _, t_opt = timed(lambda: optimize_dit(b.dit, options), b.device)
     engine = b.engine(skip_final=options.skip_final_update)
     warm, t_warm = timed(lambda: run_dit(engine, b.inputs, 1), b.device)
     out: dict = {"transform_s": t_opt, "warmup_1chunk_s": t_warm}
-    if numerics:
+    if numerics and b.reference is not None:
         out.update(b.numerics(engine))
     runs = [run_dit(engine, b.inputs, b.inputs.chunks) for _ in range(repeats)]
     best = min(runs, key=lambda r: r.total_s)
     out.update(b.series(best, skip_final=options.skip_final_update))
     out["repeat_totals_s"] = [r.total_s for r in runs]
     if b.fast is None or best.total_s < b.fast.total_s:
-        b.fast, b.best_fast = best, label
+        b.fast, b.best_fast, b.best_options = best, label, options
     return out
+
+
+def _restore_best(b: Bench) -> None:
+    """The later stages run the fastest exact variant measured so far."""
+    if b.best_options is not None:
+        optimize_dit(b.dit, b.best_options)
 
 
 def stage_fast_flash(b: Bench) -> dict:
@@ -243,17 +257,55 @@ def stage_profile(b: Bench) -> dict:
     return _top_ops(prof, b.device, Path(b.args.out).with_name("profile.txt"), 25)
 
 
+KERNEL_KINDS = (  # (kind, substrings of a device kernel's name), first match wins
+    ("gemm", ("nvjet", "gemm", "cutlass", "sm90_xmma", "cublas")),
+    ("attention", ("sdpa", "fmha", "flash", "attn", "attention")),
+    ("compiled", ("triton_",)),
+    ("copy", ("memcpy", "memset", "copy", "cat")),
+    ("elementwise", ("elementwise", "reduce", "norm")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
+def _profile_by_kind(b: Bench, filename: str) -> dict:
+    """The current path's device time by kernel kind over a 2-chunk session, and how busy the
+    device was (kernel time / wall time: < 1 means the host left it idle)."""
+    engine = b.engine(skip_final=True)
+    run_dit(engine, b.inputs, 2)  # warm
+    with _profiler() as prof:
+        run, wall = timed(lambda: run_dit(engine, b.inputs, 2), b.device)
+    kinds: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
+            kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + e.self_device_time_total / 1e6
+    path = Path(b.args.out).with_name(filename)
+    path.write_text(prof.key_averages().table(sort_by="self_device_time_total", row_limit=60))
+    busy = sum(kinds.values())
+    return {"wall_s": wall, "chunk_s": run.chunk_s, "device_s_by_kind": kinds, "device_busy_s": busy,
+            "busy_fraction": busy / wall}
+
+
+def stage_profile_compiled(b: Bench) -> dict:
+    """The fastest exact path by kernel kind (profile_compiled.txt)."""
+    return _profile_by_kind(b, "profile_compiled.txt")
+
+
+def stage_profile_fp8(b: Bench) -> dict:
+    """The fastest FP8 variant by kernel kind (profile_fp8.txt)."""
+    return _profile_by_kind(b, "profile_fp8.txt")
+
+
 def stage_compile(b: Bench) -> dict:
-    eager = AccelOptions(fast=True, attention="cudnn", skip_final_update=True)
     try:
         out = _fast_stage(b, AccelOptions(fast=True, attention="cudnn", compile=True, skip_final_update=True),
                           "fast_cudnn_compile", numerics=True, repeats=2)
-    except Exception:
-        optimize_dit(b.dit, eager)  # the later stages run without the failed compile
-        raise
+    finally:
+        _restore_best(b)  # a failed or slower compile leaves the faster variant to the later stages
     out["kept"] = b.best_fast == "fast_cudnn_compile"
-    if not out["kept"]:  # keep the faster variant for the later stages
-        optimize_dit(b.dit, eager)
     return out
 
 
@@ -330,23 +382,105 @@ def _end_to_end(b: Bench, repeats: int) -> dict:
 
 def stage_pipeline_compiled(b: Bench) -> dict:
     """The end-to-end loop again when the compiled DiT was kept."""
-    if b.best_fast != "fast_cudnn_compile" or b.vae is None:
+    if b.best_fast not in ("fast_cudnn_compile",) or b.vae is None:
         return {"note": "compiled DiT not kept; nothing to rerun"}
     return {"dit_variant": b.best_fast, "vae_variant": b.results["stages"]["pipeline"]["vae_variant"],
             **_end_to_end(b, 1)}
 
 
+FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum, fp8_camera), one change each
+    ("fp8_bias_add", False, "gemm", False, False),  # round 1's FP8 path (the baseline)
+    ("fp8_bias_epilogue", True, "gemm", False, False),
+    ("fp8_fused_quant", True, "fused", False, False),
+    ("fp8_fused_quant_fast_accum", True, "fused", True, False),
+    ("fp8_triton_quant_fast_accum", True, "triton", True, False),
+    ("fp8_triton_quant_fast_accum_camera", True, "triton", True, True),  # last: releases the camera weights
+)
+
+
+def _set_bias_epilogue(dit: torch.nn.Module, on: bool) -> None:
+    for block in dit.blocks:
+        for proj in (block.projections() | block.camera_projections()).values():
+            if hasattr(proj, "bias_epilogue"):
+                proj.bias_epilogue = on
+
+
+def triton_quant_check(device: torch.device, tokens: int, dim: int, ffn_dim: int) -> dict:
+    """The Triton quantization kernels against the compiled-region functions they replace, at
+    the DiT's shapes: the scales' largest relative difference and the fraction of e4m3 codes
+    that differ (rounding at a code boundary), per kernel."""
+    from model.accel import kernels as kn
+    from model.accel import triton_quant as tq
+
+    gen = torch.Generator(device=device).manual_seed(5)
+    r = lambda *shape, dtype=torch.bfloat16: torch.randn(*shape, device=device, generator=gen).to(dtype)  # noqa: E731
+    x, attn, cross, h = r(1, tokens, dim, dtype=torch.float32) * 4, r(1, tokens, dim), r(1, tokens, dim), r(tokens, ffn_dim)
+    scale, shift, gate = r(1, 1, dim, dtype=torch.float32) * 0.1, r(1, 1, dim, dtype=torch.float32) * 0.1, r(1, 1, dim, dtype=torch.float32)
+    cam = r(1, tokens, 2 * dim)
+    w, bias = r(dim, dtype=torch.float32), r(dim, dtype=torch.float32) * 0.1
+    cases = {
+        "quantize_rows": lambda m: m.quantize_rows(attn),
+        "gelu_quantize": lambda m: m.gelu_quantize(h),
+        "modulated_norm_q": lambda m: m.modulated_norm_q(x, scale, shift, 1e-6, torch.bfloat16),
+        "modulated_norm_q_bf16_residual": lambda m: m.modulated_norm_q(x.bfloat16(), scale, shift, 1e-6, torch.bfloat16),
+        "attn_camera_norm_q": lambda m: m.attn_camera_norm_q(x, attn, gate, *cam.chunk(2, dim=-1), w, bias, 1e-6,
+                                                             torch.bfloat16),
+        "cross_residual_norm_q": lambda m: m.cross_residual_norm_q(x, cross, scale, shift, 1e-6, torch.bfloat16),
+    }
+    out = {}
+    for name, fn in cases.items():
+        a, b = fn(tq), fn(kn)
+        res = {}
+        if isinstance(a[1], tuple):  # (residual, (codes, scales))
+            res["residual_max_abs_diff"] = (a[0] - b[0]).abs().max().item()
+            a, b = a[1], b[1]
+        res["scale_max_rel_diff"] = ((a[1] - b[1]).abs() / b[1]).max().item()
+        res["code_mismatch_fraction"] = (a[0].view(torch.uint8) != b[0].view(torch.uint8)).float().mean().item()
+        out[name] = res
+    return out
+
+
 def stage_fp8(b: Bench) -> dict:
-    assert b.dit is not None and b.fast is not None
+    """FP8 GEMMs (opt-in), one change at a time (FP8_VARIANTS); each variant's times, its error
+    against float32 and against the fastest exact bf16 run; the fastest stays for the later
+    stages."""
+    assert b.dit is not None and b.fast is not None and b.best_options is not None
     bf16_latents = b.fast.latents
     _, t_q = timed(lambda: enable_fp8(b.dit), b.device)
-    engine = b.engine(skip_final=True)
-    run_dit(engine, b.inputs, 1)
-    num = b.numerics(engine)
-    run = run_dit(engine, b.inputs, b.inputs.chunks)
-    vs_bf16 = [norm_rel_err(a, c) for a, c in zip(run.latents, bf16_latents)]
-    return {"quantize_s": t_q, **num, **b.series(run, skip_final=True),
-            "rel_err_vs_fast_bf16_per_chunk": vs_bf16}
+    out: dict = {"quantize_s": t_q}
+    best: tuple[float, AccelOptions, bool, str] | None = None
+    for name, epilogue, quant, fast_accum, camera in FP8_VARIANTS:
+        if name not in b.args.fp8_variants:
+            continue
+        options = replace(b.best_options, fp8=True, fp8_quant=quant, fp8_fast_accum=fast_accum, fp8_camera=camera)
+        if quant == "triton" and "triton_quant_check" not in out:
+            try:
+                cfg = b.cfg.dit
+                out["triton_quant_check"] = triton_quant_check(b.device, b.frame_seqlen() * 3, cfg.dim, cfg.ffn_dim)
+            except Exception:  # the check is a report: the variant runs anyway
+                out["triton_quant_check"] = {"error": traceback.format_exc(limit=6)}
+        try:
+            optimize_dit(b.dit, options)
+            _set_bias_epilogue(b.dit, epilogue)
+            engine = b.engine(skip_final=True)
+            _, t_warm = timed(lambda: run_dit(engine, b.inputs, 1), b.device)
+            num = b.numerics(engine) if b.reference is not None else {}
+            run = run_dit(engine, b.inputs, b.inputs.chunks)
+        except Exception:  # one failing variant must not cost the others
+            out[name] = {"error": traceback.format_exc(limit=8)}
+            print(out[name]["error"], flush=True)
+            continue
+        vs_bf16 = [norm_rel_err(a, c) for a, c in zip(run.latents, bf16_latents)]
+        out[name] = {"warmup_1chunk_s": t_warm, **num, **b.series(run, skip_final=True),
+                     "rel_err_vs_fast_bf16_per_chunk": vs_bf16}
+        print(f"  {name}: {run.total_s:.3f} s, vs bf16 {max(vs_bf16):.2e}", flush=True)
+        if best is None or run.total_s < best[0]:
+            best = (run.total_s, options, epilogue, name)
+    if best is not None:
+        optimize_dit(b.dit, best[1])
+        _set_bias_epilogue(b.dit, best[2])
+        out["fastest"] = best[3]
+    return out
 
 
 STAGES: dict[str, Callable[[Bench], dict]] = {
@@ -359,7 +493,9 @@ STAGES: dict[str, Callable[[Bench], dict]] = {
     "pipeline": stage_pipeline,
     "compile": stage_compile,
     "pipeline_compiled": stage_pipeline_compiled,
+    "profile_compiled": stage_profile_compiled,
     "fp8": stage_fp8,
+    "profile_fp8": stage_profile_fp8,
 }
 
 
@@ -378,6 +514,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip", nargs="*", default=[], choices=list(STAGES), help="stages to leave out")
     p.add_argument("--vae-only", action="store_true",
                    help="only the VAE variants, on random latents (no DiT, no T5): stage vae_only")
+    p.add_argument("--fp8-variants", nargs="*", default=[v[0] for v in FP8_VARIANTS],
+                   choices=[v[0] for v in FP8_VARIANTS], help="stage fp8's variants (in FP8_VARIANTS' order)")
     p.add_argument("--vae-variants", nargs="*", default=list(VAE_VARIANTS), choices=list(VAE_VARIANTS))
     return p.parse_args(argv)
 

@@ -23,13 +23,14 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, parse_size
-from model.accel import AccelOptions, enable_fp8
+from model.accel import AccelOptions, optimize_dit
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
 
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
                                                             "quantizes the same weights)")
     p.add_argument("--compile", action="store_true", help="the compiled regions (as serve_config.gpu.yaml)")
     p.add_argument("--kv-fp8", action="store_true", help="the FP8 KV cache (model.kv_cache: fp8)")
+    p.add_argument("--fp8-quant", choices=("gemm", "fused", "triton"), default="gemm",
+                   help="fp8: where the GEMM inputs are quantized (AccelOptions.fp8_quant)")
+    p.add_argument("--fp8-fast-accum", action="store_true", help="fp8: AccelOptions.fp8_fast_accum")
     p.add_argument("--out", type=Path, default=Path("window.json"))
     args = p.parse_args(argv)
     height, width = (int(s) for s in args.size.split("*"))
@@ -118,11 +122,13 @@ def main(argv: list[str] | None = None) -> None:
     precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
     random_weights = args.preset != "tiny"  # the tiny preset is the embedded model
     t0 = time.perf_counter()
+    options = AccelOptions.for_serving(args.device, compile=args.compile)
     engine = load_dit_engine(args.preset, None, torch.bfloat16, args.device, local_attn_size=args.local,
-                             sink_size=args.sink, options=AccelOptions.for_serving(args.device, compile=args.compile),
+                             sink_size=args.sink, options=options,
                              random_weights=random_weights, kv_fp8=args.kv_fp8)
     result: dict = {"preset": args.preset, "device": args.device, "size": [height, width], "window":
-                    [args.local, args.sink], "chunks": args.chunks, "compile": args.compile, "kv_fp8": args.kv_fp8, "load_s": time.perf_counter() - t0,
+                    [args.local, args.sink], "chunks": args.chunks, "compile": args.compile, "kv_fp8": args.kv_fp8,
+                    "fp8_quant": args.fp8_quant, "fp8_fast_accum": args.fp8_fast_accum, "load_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "runs": {}}
 
     def save() -> None:
@@ -132,10 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     # The window holds `local` frames: it is full after ceil(local / 3) chunks, then rolls.
     full_from = -(-args.local // CHUNK_LATENT_FRAMES)
     for precision in precisions:
-        if precision == "fp8":
-            enable_fp8(engine.dit)
-        elif precision != "bf16" or "fp8" in result["runs"]:
+        if precision not in ("bf16", "fp8") or (precision == "bf16" and "fp8" in result["runs"]):
             raise SystemExit(f"unknown or misordered precision {precision!r}")
+        if precision == "fp8":
+            options = replace(options, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum)
+            optimize_dit(engine.dit, options)  # quantizes the weights, the kernels as asked
         rows: list[dict] = []
         run = result["runs"][precision] = {"per_chunk": rows}
         run_session(engine, height, width, args.chunks, rows, save)

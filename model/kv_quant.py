@@ -38,7 +38,7 @@ _compiled: dict[str, Callable] = {}
 _log = logging.getLogger("model.kv_quant")
 
 
-def _on_cuda(name: str, fn: Callable) -> Callable:
+def compiled_on_cuda(name: str, fn: Callable) -> Callable:
     if name not in _compiled:
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
 
@@ -60,9 +60,9 @@ def _on_cuda(name: str, fn: Callable) -> Callable:
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[L, H, D] -> (float8 [L, H, D], float32 scales [L, H]) with x ~= q * scale."""
-    return (_on_cuda("quantize", _quantize) if x.is_cuda else _quantize)(x)
+    return (compiled_on_cuda("quantize", _quantize) if x.is_cuda else _quantize)(x)
 
 
 def dequantize_into(out: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
     """out[...] = q * scale in out's dtype (out: [n, H, D], q: float8 [n, H, D], scale: [n, H])."""
-    (_on_cuda("dequantize", _dequantize_into) if q.is_cuda else _dequantize_into)(out, q, scale)
+    (compiled_on_cuda("dequantize", _dequantize_into) if q.is_cuda else _dequantize_into)(out, q, scale)
