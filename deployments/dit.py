@@ -54,6 +54,8 @@ class DiTSlot:
 class DiTDeployment(SessionHost[DiTSlot]):
     """Chunk steps (4 denoising steps + cache update) of many sessions, serialised per replica."""
 
+    slow_call_s = 6.0  # a chunk step runs 1.1-2.2 s at 464x832 on an H200
+
     # Publish a chunk's latents before its cache-update call (DiTEngine.step(defer_update=True)):
     # the chunk's decode overlaps the update. The sequence-parallel replica steps all at once.
     defer_cache_update = True

@@ -79,6 +79,24 @@ class SessionMetrics:
             description="Bytes of per-session caches held (DiT: KV + cross-attention caches).",
         )
 
+        self.call_wait_seconds = Histogram(
+            "lwf_call_wait_seconds",
+            description="Seconds a model call waited for the replica's compute lock (tag call).",
+            boundaries=LATENCY_BOUNDARIES_S,
+            tag_keys=("call",),
+        )
+        self.call_seconds = Histogram(
+            "lwf_call_seconds",
+            description="Seconds a model call ran holding the compute lock (tag call; a DiT chunk "
+            "includes its cache update).",
+            boundaries=LATENCY_BOUNDARIES_S,
+            tag_keys=("call",),
+        )
+
     def update(self, sessions: int, cache_bytes: int) -> None:
         self.active.set(sessions)
         self.cache_bytes.set(cache_bytes)
+
+    def observe_call(self, call: str, waited_s: float, ran_s: float) -> None:
+        self.call_wait_seconds.observe(waited_s, tags={"call": call})
+        self.call_seconds.observe(ran_s, tags={"call": call})

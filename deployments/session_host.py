@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from typing import Any, Generic, Optional, TypeVar
 
@@ -36,6 +37,9 @@ SWEEP_PERIOD_MAX_S = 10.0
 
 class SessionHost(Generic[S]):
     """Base class of a deployment that keeps per-session state (subclasses call `_start_host`)."""
+
+    slow_call_s = 2.0  # a model call that runs this long is logged with its wait and run times
+    _metrics: Optional[SessionMetrics] = None
 
     def _start_host(self, table: SessionTable[S], release: Callable[[S], None], log: KeyValueLog,
                     device: str) -> None:
@@ -66,11 +70,26 @@ class SessionHost(Generic[S]):
         `prepare(key, state)` runs first on the event loop (bookkeeping that touches the table).
         """
         with self._table.hold(key):  # a call queued behind other sessions' work never expires
+            queued = time.perf_counter()
             async with self._lock:
                 state = self._table.get(key)  # closed while queued -> SessionLost
                 if prepare is not None:
                     prepare(key, state)
-                return await _in_thread(fn, state, *args)
+                started = time.perf_counter()
+                try:
+                    return await _in_thread(fn, state, *args)
+                finally:
+                    self._record_call(key, fn, started - queued, time.perf_counter() - started)
+
+    def _record_call(self, key: str, fn: Callable[..., Any], waited_s: float, ran_s: float) -> None:
+        """Per-call wait and run times: Prometheus histograms, and a log line for a slow call
+        (a stall inside the replica shows as a long run; a long wait is other sessions' work)."""
+        call = getattr(fn, "__name__", "call").lstrip("_")
+        if self._metrics is not None:
+            self._metrics.observe_call(call, waited_s, ran_s)
+        if ran_s >= self.slow_call_s:
+            self._log.warning("slow call", fields={"session": key, "call": call, "wait_s": round(waited_s, 3),
+                                                   "run_s": round(ran_s, 3)})
 
     async def _compute_on_early(self, key: str, fn: Callable[..., T], *args: Any,
                                 prepare: Optional[Callable[[str, S], None]] = None) -> T:

@@ -1,0 +1,75 @@
+"""SessionHost records each model call's wait for the compute lock and its run time (metrics),
+and logs a slow call with both (how a stall inside a replica shows, apart from queueing)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from deployments.priority_lock import PriorityLock
+from deployments.session_host import SessionHost
+from deployments.session_table import SessionTable
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, float]] = []
+
+    def observe_call(self, call: str, waited_s: float, ran_s: float) -> None:
+        self.calls.append((call, waited_s, ran_s))
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, dict]] = []
+
+    def info(self, *args, **kwargs) -> None:
+        pass
+
+    def warning(self, msg: str, fields: dict) -> None:
+        self.warnings.append((msg, fields))
+
+
+def _host(slow_call_s: float) -> SessionHost:
+    host = object.__new__(SessionHost)
+    host.slow_call_s = slow_call_s
+    host._table = SessionTable(8, None, idle_ttl_s=60.0, retry_after_s=1.0)
+    host._lock = PriorityLock()
+    host._metrics, host._log = _Metrics(), _Log()
+    for key in ("a", "b"):
+        host._table.admit(key, 1)
+        host._table.start_building(key)
+        host._table.add(key, key)
+    return host
+
+
+def _decode(state: str, seconds: float) -> str:
+    time.sleep(seconds)
+    return state
+
+
+def _fails(state: str) -> None:
+    raise RuntimeError("boom")
+
+
+def test_wait_and_run_times_per_call_and_a_slow_call_logged():
+    host = _host(slow_call_s=0.15)
+
+    async def go():
+        return await asyncio.gather(host._compute_on("a", _decode, 0.2), host._compute_on("b", _decode, 0.01))
+
+    assert asyncio.run(go()) == ["a", "b"]
+    (name_a, wait_a, run_a), (name_b, wait_b, run_b) = host._metrics.calls
+    assert name_a == name_b == "decode"
+    assert run_a >= 0.2 and wait_a < 0.05  # a ran first
+    assert wait_b >= 0.19 and run_b < 0.15  # b waited for a's run, then ran briefly
+    assert host._log.warnings == [("slow call", {"session": "a", "call": "decode", "wait_s": round(wait_a, 3),
+                                                 "run_s": round(run_a, 3)})]
+
+
+def test_a_failing_call_is_recorded_too():
+    host = _host(slow_call_s=10.0)
+    try:
+        asyncio.run(host._compute_on("a", _fails))
+    except RuntimeError:
+        pass
+    assert [c[0] for c in host._metrics.calls] == ["fails"] and host._log.warnings == []
