@@ -1,0 +1,150 @@
+"""The checks of tests/model/test_triton_quant.py, run in a fresh process per mode:
+
+    python tests/model/triton_quant_checks.py compile     # every kernel variant compiles for sm_90
+    python tests/model/triton_quant_checks.py interpret   # the kernels' math in Triton's interpreter
+
+A process of its own because Triton decides at import whether `@triton.jit` builds kernels for
+the compiler or for the interpreter (TRITON_INTERPRET), and a module reloaded under the other
+setting does not run in the interpreter.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and sys.argv[1:] == ["interpret"]:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from model.accel import kernels as kn  # noqa: E402
+from model.accel import triton_quant as tq  # noqa: E402
+from model.accel.kernels import E4M3_MAX, SCALE_FLOOR  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+CONSTS = {"FLOOR": SCALE_FLOOR, "QMAX": E4M3_MAX}
+
+
+def _compile(fn, types: dict[str, str], consts: dict) -> None:
+    signature = dict(types, **{name: "constexpr" for name in consts})
+    triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts), target=HOPPER,
+                   options={"num_warps": 8})
+
+
+NORM_ARGS = {"y_ptr": "*bf16", "gate_ptr": "*fp32", "cs_ptr": "*bf16", "csh_ptr": "*bf16", "xo_ptr": "*fp32",
+             "w_ptr": "*fp32", "b_ptr": "*fp32", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "K": "i32", "eps": "fp32",
+             "stride_x": "i32", "stride_y": "i32", "stride_cs": "i32", "stride_xo": "i32", "stride_q": "i32"}
+OFF = dict(HAS_Y=False, HAS_GATE=False, HAS_CAM=False, WRITE_X=False, ROUND_NORM=False)
+NORM_VARIANTS = {  # what modulated_norm_q / attn_camera_norm_q / cross_residual_norm_q launch
+    "modulated, float32 residual": ("fp32", dict(OFF, MODULATE=True)),
+    "modulated, bf16 residual (block 0)": ("bf16", dict(OFF, MODULATE=True, ROUND_NORM=True)),
+    "attention residual + camera + affine norm": ("fp32", dict(OFF, HAS_Y=True, HAS_GATE=True, HAS_CAM=True,
+                                                               WRITE_X=True, MODULATE=False)),
+    "the same on a bf16 residual": ("bf16", dict(OFF, HAS_Y=True, HAS_GATE=True, HAS_CAM=True, WRITE_X=True,
+                                                 MODULATE=False)),
+    "cross residual + modulated norm": ("fp32", dict(OFF, HAS_Y=True, WRITE_X=True, MODULATE=True)),
+}
+
+
+def check_every_kernel_variant_compiles_for_hopper():
+    rows = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "K": "i32", "stride_x": "i32",
+            "stride_q": "i32"}
+    for gelu, block in ((False, 8192), (True, 16384)):  # attention outputs (5120), the FFN's GELU (13824)
+        _compile(tq._quantize_rows, rows, dict(CONSTS, GELU=gelu, BLOCK=block))
+    for x_type, flags in NORM_VARIANTS.values():
+        _compile(tq._norm_quantize, {"x_ptr": f"*{x_type}", **NORM_ARGS},
+                 dict(CONSTS, **flags, OUT_BF16=True, BLOCK=8192))
+
+
+def _quotients(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference scale and unrounded code of each element (kernels.quantize_rows before e4m3)."""
+    vf = v.float()
+    scale = vf.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_FLOOR) / E4M3_MAX
+    return (vf / scale).clamp(-E4M3_MAX, E4M3_MAX), scale
+
+
+def _check(got: tuple[torch.Tensor, torch.Tensor], want: torch.Tensor, rtol: float) -> None:
+    codes, scale = got
+    ref_codes, ref_scale = _quotients(want)
+    assert codes.shape == want.shape and scale.shape == (*want.shape[:-1], 1)
+    torch.testing.assert_close(scale, ref_scale, rtol=rtol, atol=0)
+    torch.testing.assert_close(codes, ref_codes, rtol=rtol, atol=rtol * E4M3_MAX)
+    assert float(codes.abs().max()) == E4M3_MAX  # each row's amax maps to the largest code
+
+
+# float16 stands in for bfloat16 here: the interpreter computes bf16 through numpy wrongly
+HALF = torch.float16
+ULP = 2.0**-10  # one float16 rounding, relative
+
+
+def check_row_quantization():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 320, generator=gen).to(HALF) * 3
+    x[5] = 0.0  # an all-zero row: the floor scale, zero codes
+    _check(tq._launch(x, gelu=False, codes=torch.float32), x, rtol=1e-6)
+    _check(tq._launch(x[None, :, :200], gelu=False, codes=torch.float32), x[None, :, :200], rtol=1e-6)  # strided
+    # the GELU (tanh form) rounded to the input dtype before its amax, as F.gelu on that dtype
+    _check(tq._launch(x, gelu=True, codes=torch.float32), F.gelu(x, approximate="tanh"), rtol=2 * ULP)
+
+
+def check_norm_regions(residual: torch.dtype):
+    gen = torch.Generator().manual_seed(1)
+    r = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    s, k, eps = 29, 320, 1e-6
+    x = (r(1, s, k) * 2 + 0.5).to(residual)
+    scale, shift, gate, w, b = r(1, 1, k) * 0.1, r(1, 1, k) * 0.1, r(1, 1, k), r(k), r(k) * 0.1
+    attn, cross = r(1, s, k).to(HALF), r(1, s, k).to(HALF)
+    cam_scale, cam_shift = r(1, s, 2 * k).to(HALF).chunk(2, dim=-1)  # views with a row stride of 2k
+
+    _, got = tq._norm_launch(x, scale, shift, eps, HALF, modulate=True, codes=torch.float32)
+    _check(got, kn.modulated_norm(x, scale, shift, eps, HALF), rtol=2 * ULP)
+
+    x_new, got = tq._norm_launch(x, w, b, eps, HALF, modulate=False, y=attn, gate=gate,
+                                 cam=(cam_scale, cam_shift), write_x=True, codes=torch.float32)
+    want_x, want = kn.attn_camera_norm(x, attn, gate, cam_scale, cam_shift, w, b, eps, HALF)
+    assert x_new.dtype == want_x.dtype == torch.float32
+    torch.testing.assert_close(x_new, want_x, rtol=1e-6, atol=1e-6)
+    _check(got, want, rtol=2 * ULP)
+
+    if residual == torch.float32:  # after the first residual add the stream is float32
+        x_new, got = tq._norm_launch(x, scale, shift, eps, HALF, modulate=True, y=cross, write_x=True,
+                                     codes=torch.float32)
+        want_x, want = kn.cross_residual_norm(x, cross, scale, shift, eps, HALF)
+        torch.testing.assert_close(x_new, want_x, rtol=1e-6, atol=1e-6)
+        _check(got, want, rtol=2 * ULP)
+
+
+def check_public_functions():
+    x = torch.randn(1, 12, 64).to(HALF)
+    q, scale = tq.quantize_rows(x)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and scale.shape == (1, 12, 1)
+    x32 = torch.randn(1, 12, 64)
+    try:
+        tq.cross_residual_norm_q(x32.to(HALF), x, torch.zeros(1, 1, 64), torch.zeros(1, 1, 64), 1e-6, HALF)
+    except AssertionError as e:
+        assert "float32 residual" in str(e)
+    else:
+        raise AssertionError("a 16-bit residual was taken")
+    x_new, (q, scale) = tq.cross_residual_norm_q(x32, x, torch.zeros(1, 1, 64), torch.zeros(1, 1, 64), 1e-6, HALF)
+    assert x_new.shape == x32.shape and q.dtype == torch.float8_e4m3fn and scale.shape == (1, 12, 1)
+
+
+def main(mode: str) -> None:
+    if mode == "compile":
+        check_every_kernel_variant_compiles_for_hopper()
+    elif mode == "interpret":
+        check_row_quantization()
+        for residual in (torch.float32, HALF):
+            check_norm_regions(residual)
+        check_public_functions()
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    print(f"{mode}: ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
