@@ -25,6 +25,7 @@ import torch
 from benchmarks.build import make_inputs
 from benchmarks.sessions import run_dit
 from model.accel import AccelOptions, optimize_dit
+from model.accel.options import FP8_QUANT_MODES
 from model.config import preset as get_preset
 from model.dit_loader import init_dit_random
 from model.engines import DiTEngine
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default="lingbot-world-fast")
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", choices=("bf16", "fp8"), default="fp8")
-    p.add_argument("--fp8-quant", choices=("gemm", "fused", "triton"), default="fused")
+    p.add_argument("--fp8-quant", choices=FP8_QUANT_MODES, default="fused")
     p.add_argument("--chunks", type=int, default=2)
     p.add_argument("--min-gap-us", type=float, default=20.0)
     p.add_argument("--top", type=int, default=25)

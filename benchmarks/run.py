@@ -400,9 +400,8 @@ FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum,
 
 def _set_bias_epilogue(dit: torch.nn.Module, on: bool) -> None:
     for block in dit.blocks:
-        for proj in (block.projections() | block.camera_projections()).values():
-            if hasattr(proj, "bias_epilogue"):
-                proj.bias_epilogue = on
+        for proj in block.fp8_projections():
+            proj.bias_epilogue = on
 
 
 def triton_quant_check(device: torch.device, tokens: int, dim: int, ffn_dim: int) -> dict:

@@ -31,6 +31,7 @@ import torch
 
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, parse_size
 from model.accel import AccelOptions, optimize_dit
+from model.accel.options import FP8_QUANT_MODES
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
 
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
                                                             "quantizes the same weights)")
     p.add_argument("--compile", action="store_true", help="the compiled regions (as serve_config.gpu.yaml)")
     p.add_argument("--kv-fp8", action="store_true", help="the FP8 KV cache (model.kv_cache: fp8)")
-    p.add_argument("--fp8-quant", choices=("gemm", "fused", "triton"), default="gemm",
+    p.add_argument("--fp8-quant", choices=FP8_QUANT_MODES, default="gemm",
                    help="fp8: where the GEMM inputs are quantized (AccelOptions.fp8_quant)")
     p.add_argument("--fp8-fast-accum", action="store_true", help="fp8: AccelOptions.fp8_fast_accum")
     p.add_argument("--out", type=Path, default=Path("window.json"))

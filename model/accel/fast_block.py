@@ -83,9 +83,8 @@ class FastDiTBlock(DiTBlock):
 
     def set_kernels(self, kernels: BlockKernels) -> None:
         self.kernels = self.self_attn.kernels = self.cross_attn.kernels = kernels
-        for proj in (self.projections() | self.camera_projections()).values():
-            if isinstance(proj, Fp8Projection):
-                proj.quantize = kernels.quantize_rows
+        for proj in self.fp8_projections():
+            proj.quantize = kernels.quantize_rows
 
     def projections(self) -> dict[str, AnyProjection]:
         """The per-call GEMMs (what FP8 replaces); the camera and text GEMMs run once."""
@@ -96,6 +95,10 @@ class FastDiTBlock(DiTBlock):
     def camera_projections(self) -> dict[str, AnyProjection]:
         """The camera modulation's GEMMs (once per chunk; FP8 with `AccelOptions.fp8_camera`)."""
         return {"cam_in": self.cam_in, "cam_out": self.cam_out, "cam_scale_shift": self.cam_scale_shift}
+
+    def fp8_projections(self) -> list[Fp8Projection]:
+        """The GEMMs that run in FP8 now (per-call ones, and the camera's with fp8_camera)."""
+        return [p for p in (self.projections() | self.camera_projections()).values() if isinstance(p, Fp8Projection)]
 
     def camera_modulation(self, p: Tensor) -> tuple[Tensor, Tensor]:
         """(1 + scale, shift) as two views of one [1, S, 2 * dim] tensor (no extra copy)."""

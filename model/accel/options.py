@@ -7,14 +7,14 @@ recorded outputs bit for bit. `AccelOptions.for_serving` maps the serving flags 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 Attention = Literal["default", "cudnn", "flash"]
 ATTENTION_BACKENDS: tuple[str, ...] = ("default", "cudnn", "flash")
 Fp8Quant = Literal["gemm", "fused", "triton"]
-FP8_QUANT_MODES: tuple[str, ...] = ("gemm", "fused", "triton")
+FP8_QUANT_MODES: tuple[str, ...] = get_args(Fp8Quant)
 
 
 @dataclass(frozen=True, slots=True)

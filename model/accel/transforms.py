@@ -44,9 +44,8 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
     if options.fp8:
         enable_fp8(dit, camera=options.fp8_camera)
         for block in dit.blocks:
-            for proj in (block.projections() | block.camera_projections()).values():
-                if isinstance(proj, Fp8Projection):
-                    proj.fast_accum = options.fp8_fast_accum
+            for proj in block.fp8_projections():
+                proj.fast_accum = options.fp8_fast_accum
     return dit
 
 
