@@ -8,9 +8,11 @@
 No `from __future__ import annotations` here: Serve validates the YAML `args` against the
 builder's parameter annotation only when it is the class itself, not a string.
 
-The ingress is bound without the placement blocks (it never reads them): rescaling or moving
-the model deployments then leaves the ingress replicas, their WebSockets and the sessions'
-journals alone, and the sessions of a replaced DiT or VAE replica are rebuilt (recovery).
+In-place updates: Serve hashes the application's whole `args` into the code version of every
+deployment, so a change of any `args` field (placement blocks included) replaces every replica,
+the ingress's (and its WebSockets) too. A change of a model deployment's `deployments:` entry
+alone (num_replicas, ray_actor_options, ...) reaches only that deployment; the sessions of a
+replaced or removed DiT / VAE replica are rebuilt from the ingress's journals (recovery).
 """
 from typing import Any
 
@@ -30,8 +32,6 @@ PIN_TTL_MARGIN_S = 60.0  # a pin outlives its replica session's idle TTL by this
 # A router counts its own placement as a taken slot until the replicas' stats (pulled every
 # routing_stats_period_s, then broadcast by the controller) can list it: a few periods + margin.
 STATS_FRESH_PERIODS, STATS_FRESH_MARGIN_S = 3, 2.0
-PLACEMENT_FIELDS = ("dit", "vae", "text_encoder", "ingress", "dit_parallel",
-                    "dit_parallel_timeout_s")  # read by build_app only
 
 
 def actor_options(r: ReplicaArgs) -> dict[str, Any]:
@@ -98,11 +98,4 @@ def build_app(args: AppArgs) -> Application:
     if args.sessions.resume_grace_s > 0:  # one replica, placed like the ingress (CPU, head node)
         parking = SessionParking.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(
             vae, dit, args.sessions)
-    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, parking, ingress_args(args))
-
-
-def ingress_args(args: AppArgs) -> AppArgs:
-    """`args` with the placement blocks at their defaults: a change of placement alone then
-    does not change the ingress's init args, so Serve keeps its replicas (and WebSockets)."""
-    defaults = AppArgs()
-    return args.model_copy(update={name: getattr(defaults, name) for name in PLACEMENT_FIELDS})
+    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, parking, args)

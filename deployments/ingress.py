@@ -56,8 +56,8 @@ def _replica_id() -> str:
 
 def own_max_ongoing_requests() -> int:
     """This replica's `max_ongoing_requests` (each open WebSocket is one ongoing request).
-    Read from the replica context (the ingress is bound without its placement block, see
-    app.ingress_args); the AppArgs default where Serve does not expose it."""
+    Read from the replica context (a `deployments:` entry of the config may override
+    `args.ingress`); the AppArgs default where Serve does not expose it."""
     try:
         return int(serve.get_replica_context()._deployment_config.max_ongoing_requests)
     except Exception:  # noqa: BLE001 - private field of Ray 2.60; fall back to the configured default

@@ -389,18 +389,41 @@ def stats_of(server: Server):
     return replica_stats
 
 
-@pytest.fixture(scope="session")
-def redeploy(server: Server):
-    """`redeploy(dit_replicas)`: update the shared app in place with another DiT replica count
-    (Serve drains the replicas it removes); returns once the app is running again."""
-    from ray import serve
+def replica_ids(app: str) -> dict[str, set[str]]:
+    """The running replicas of each deployment of `app`, by unique id (the controller's view)."""
+    from ray.serve.context import _get_global_client
 
-    from deployments.app import build_app
-    from deployments.config import AppArgs
+    deployments = _get_global_client().get_serve_details()["applications"][app]["deployments"]
+    return {name: {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"}
+            for name, d in deployments.items()}
+
+
+@pytest.fixture(scope="session")
+def replicas_of(server: Server):
+    return replica_ids
+
+
+@pytest.fixture(scope="session")
+def redeploy(server: Server, ray_port: int):
+    """`redeploy(dit_replicas)`: the shared app applied as a config (as `serve deploy` and KubeRay
+    apply serveConfigV2) with the same `args` and `deployments: [{DiTDeployment, num_replicas}]`:
+    an in-place update of the DiT alone (Serve drains the replicas it removes); returns once the
+    app is running with that many DiT replicas. The first call turns the app (started with
+    `serve.run`) into a config-deployed one: that replaces every replica once."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
 
     def run(dit_replicas: int) -> None:
-        args = {**APP_ARGS, "dit": {**APP_ARGS["dit"], "num_replicas": dit_replicas}}
-        serve.run(build_app(AppArgs.model_validate(args)), name="lwf", route_prefix="/", blocking=False)
+        config = ServeDeploySchema.model_validate({
+            "http_options": {"host": "127.0.0.1", "port": ray_port},
+            "applications": [{"name": "lwf", "route_prefix": "/", "import_path": "deployments.app:build_app",
+                              "args": APP_ARGS,
+                              "deployments": [{"name": "DiTDeployment", "num_replicas": dit_replicas}]}]})
+        _get_global_client().deploy_apps(config, _blocking=True)
+        deadline = time.monotonic() + 120
+        while len(replica_ids("lwf").get("DiTDeployment", ())) != dit_replicas:
+            assert time.monotonic() < deadline, f"DiT not at {dit_replicas} replicas: {replica_ids('lwf')}"
+            time.sleep(0.5)
         wait_healthy(server.http)
 
     return run

@@ -8,8 +8,6 @@ import httpx
 import torch
 
 from camera import parse_size
-from deployments.app import build_app
-from deployments.config import AppArgs, ReplicaArgs, SessionArgs
 from media.fmp4 import Fmp4Muxer
 from model.pipeline import WorldPipeline
 from protocol.messages import FrameReply
@@ -68,16 +66,3 @@ def test_streaming_equals_the_offline_pipeline(connect, example):
     offline = [muxer.add_chunk(result.frames[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     assert all(isinstance(r, FrameReply) for r in replies)
     assert [r.video for r in replies] == offline
-
-
-def test_rescaling_the_model_deployments_leaves_the_ingress_alone():
-    """Serve replaces replicas whose init args change: a DiT/VAE placement change must not
-    reach the ingress (its WebSockets and journals would go), while a session setting does."""
-    def ingress_init(args: AppArgs) -> tuple:
-        return build_app(args)._bound_deployment.init_args[4]  # (text, vae, dit, parking, args)
-
-    base = AppArgs()
-    moved = AppArgs(dit=ReplicaArgs(num_replicas=3, num_gpus=1), vae=ReplicaArgs(num_replicas=2),
-                    text_encoder=ReplicaArgs(num_cpus=2), ingress=ReplicaArgs(num_replicas=4))
-    assert ingress_init(moved) == ingress_init(base)
-    assert ingress_init(AppArgs(sessions=SessionArgs(idle_ttl_s=60))) != ingress_init(base)

@@ -149,11 +149,13 @@ def test_a_session_that_cannot_be_rebuilt_gets_session_lost(strict_server, stric
     strict_server.wait_held(0)
 
 
-def test_scaling_the_dit_down_drains_its_replica_and_rebuilds_its_sessions(server, connect, example, redeploy):
-    """An in-place update removes one of the two DiT replicas while two sessions (one on each)
-    have chunks in flight: the removed replica finishes its call (graceful shutdown), the
-    session it held is rebuilt on the other, and both videos equal their uninterrupted runs.
-    (The VAE's capacity follows the DiT replica count: it is replaced too and rebuilt as well.)
+def test_scaling_the_dit_down_drains_its_replica_and_rebuilds_its_sessions(server, connect, example, redeploy,
+                                                                           replicas_of):
+    """An in-place update (the app's config applied again with the same args and the DiT's
+    `num_replicas` 2 -> 1 in `deployments:`) removes one of the two DiT replicas while two
+    sessions (one on each) have chunks in flight: the removed replica finishes its call (graceful
+    shutdown), the session it held is rebuilt on the other, both videos equal their uninterrupted
+    runs, and no other replica is touched: the ingress keeps its WebSockets and journals.
 
     Placement is the router's (most free slots, ties at random, corrected by its own pins): the
     two sessions start together until they sit on different replicas (a few tries at most), so
@@ -194,11 +196,17 @@ def test_scaling_the_dit_down_drains_its_replica_and_rebuilds_its_sessions(serve
         return await asyncio.gather(*sessions), homes
 
     server.wait_held(0)
+    redeploy(2)  # as a config: from here on, a change of `deployments:` alone is applied in place
+    before = replicas_of("lwf")
     try:
         results, homes = asyncio.run(go())
+        after = replicas_of("lwf")
     finally:
         redeploy(2)
         _healthy_with(server, dit_replicas=2)
+    assert {k: v for k, v in after.items() if k != "DiTDeployment"} == \
+        {k: v for k, v in before.items() if k != "DiTDeployment"}, (before, after)
+    assert len(after["DiTDeployment"]) == 1 and after["DiTDeployment"] < before["DiTDeployment"]
     assert homes[0] != homes[1], f"{tries} tries placed both sessions on one DiT replica"
     for reference, replies in results:
         assert all(isinstance(r, FrameReply) for r in replies), replies
