@@ -16,9 +16,16 @@ Same function as the eager versions up to rounding: the GELU (tanh form, float32
 to the input's dtype before its amax, as `F.gelu` on a bf16 tensor returns it; the scale is
 max(amax, 1e-12) / 448 and the quotient is clamped to ±448 before the e4m3 conversion.
 
+Launch knobs (`Launch`): the warps per program, and `reciprocal`: codes as v * (QMAX / amax)
+instead of the IEEE-rounded quotient v / scale (one multiply instead of a division per element;
+a code may differ where the quotient sits at an e4m3 rounding boundary). The defaults are the
+measured kernels; `benchmarks.run.triton_quant_timings` times the alternatives on the device.
+
 Only imported on CUDA with Triton (`BlockKernels.build(..., triton_quant=True)`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -30,19 +37,37 @@ SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # a kernel reads only constex
 GELU_KAPPA = tl.constexpr(0.044715)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a kernel is launched: `num_warps` None = 8 for rows of 8192+ elements, else 4."""
+    num_warps: int | None = None
+    reciprocal: bool = False
+
+    def warps(self, block: int) -> int:
+        return self.num_warps or (8 if block >= 8192 else 4)
+
+
+MEASURED = Launch()
+
+
 @triton.jit
-def _store_quantized(v, mask, offs, row, q_ptr, s_ptr, stride_q, FLOOR: tl.constexpr, QMAX: tl.constexpr):
-    """One row's e4m3 codes and scale: scale = max(amax, FLOOR) / QMAX, codes = v / scale."""
+def _store_quantized(v, mask, offs, row, q_ptr, s_ptr, stride_q, FLOOR: tl.constexpr, QMAX: tl.constexpr,
+                     RECIPROCAL: tl.constexpr):
+    """One row's e4m3 codes and scale: scale = max(amax, FLOOR) / QMAX, codes = v / scale
+    (RECIPROCAL: v * (QMAX / max(amax, FLOOR)))."""
     amax = tl.max(tl.where(mask, tl.abs(v), 0.0), axis=0)
     scale = tl.maximum(amax, FLOOR) / QMAX
-    q = tl.clamp(tl.div_rn(v, scale), -QMAX, QMAX)
+    if RECIPROCAL:
+        q = tl.clamp(v * (QMAX / tl.maximum(amax, FLOOR)), -QMAX, QMAX)
+    else:
+        q = tl.clamp(tl.div_rn(v, scale), -QMAX, QMAX)
     tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row, scale)
 
 
 @triton.jit
 def _quantize_rows(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, GELU: tl.constexpr, BLOCK: tl.constexpr,
-                   FLOOR: tl.constexpr, QMAX: tl.constexpr):
+                   FLOOR: tl.constexpr, QMAX: tl.constexpr, RECIPROCAL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < K
@@ -52,7 +77,7 @@ def _quantize_rows(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, GELU: tl.constexp
         inner = SQRT_2_OVER_PI * (xf + GELU_KAPPA * xf * xf * xf)
         tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)  # saturates to ±1 for large |inner|
         xf = (0.5 * xf * (1.0 + tanh)).to(x.dtype).to(tl.float32)  # F.gelu's output dtype
-    _store_quantized(xf, mask, offs, row, q_ptr, s_ptr, stride_q, FLOOR, QMAX)
+    _store_quantized(xf, mask, offs, row, q_ptr, s_ptr, stride_q, FLOOR, QMAX, RECIPROCAL)
 
 
 @triton.jit
@@ -60,7 +85,7 @@ def _norm_quantize(x_ptr, y_ptr, gate_ptr, cs_ptr, csh_ptr, xo_ptr, w_ptr, b_ptr
                    stride_x, stride_y, stride_cs, stride_xo, stride_q,
                    HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, HAS_CAM: tl.constexpr, WRITE_X: tl.constexpr,
                    MODULATE: tl.constexpr, ROUND_NORM: tl.constexpr, OUT_BF16: tl.constexpr,
-                   BLOCK: tl.constexpr, FLOOR: tl.constexpr, QMAX: tl.constexpr):
+                   BLOCK: tl.constexpr, FLOOR: tl.constexpr, QMAX: tl.constexpr, RECIPROCAL: tl.constexpr):
     """One row: x (+ y * gate) (* cam_scale + cam_shift) -> written back when WRITE_X; then
     LN(x) * (1 + w) + b (MODULATE: w, b are scale, shift) or LN(x) * w + b (affine), rounded to
     the compute dtype, quantized."""
@@ -96,7 +121,7 @@ def _norm_quantize(x_ptr, y_ptr, gate_ptr, cs_ptr, csh_ptr, xo_ptr, w_ptr, b_ptr
         out = out.to(tl.bfloat16).to(tl.float32)
     else:
         out = out.to(tl.float16).to(tl.float32)
-    _store_quantized(out, mask, offs, row, q_ptr, s_ptr, stride_q, FLOOR, QMAX)
+    _store_quantized(out, mask, offs, row, q_ptr, s_ptr, stride_q, FLOOR, QMAX, RECIPROCAL)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -114,7 +139,7 @@ def _vector(t: torch.Tensor, k: int) -> torch.Tensor:
 def _norm_launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, dtype: torch.dtype, *,
                  modulate: bool, y: torch.Tensor | None = None, gate: torch.Tensor | None = None,
                  cam: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 write_x: bool = False, codes: torch.dtype = torch.float8_e4m3fn
+                 write_x: bool = False, codes: torch.dtype = torch.float8_e4m3fn, launch: Launch = MEASURED
                  ) -> tuple[torch.Tensor | None, QuantizedRows]:
     k = x.shape[-1]
     xr = _rows(x)
@@ -132,36 +157,38 @@ def _norm_launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, 
         xr.stride(0), yr.stride(0), cs.stride(0), x_out.stride(0) if write_x else 0, q.stride(0),
         HAS_Y=y is not None, HAS_GATE=gate is not None, HAS_CAM=cam is not None, WRITE_X=write_x,
         MODULATE=modulate, ROUND_NORM=x.dtype != torch.float32 and not write_x, OUT_BF16=dtype == torch.bfloat16,
-        BLOCK=block, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8 if block >= 8192 else 4)
+        BLOCK=block, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, RECIPROCAL=launch.reciprocal, num_warps=launch.warps(block))
     lead = x.shape[:-1]
     return (x_out.view(*lead, k) if write_x else None), (q.view(*lead, k), scale.view(*lead, 1))
 
 
 def modulated_norm_q(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float,
-                     dtype: torch.dtype) -> QuantizedRows:
+                     dtype: torch.dtype, launch: Launch = MEASURED) -> QuantizedRows:
     """kernels.modulated_norm_q."""
-    return _norm_launch(x, scale, shift, eps, dtype, modulate=True)[1]
+    return _norm_launch(x, scale, shift, eps, dtype, modulate=True, launch=launch)[1]
 
 
 def attn_camera_norm_q(x: torch.Tensor, attn: torch.Tensor, gate: torch.Tensor, cam_scale: torch.Tensor,
                        cam_shift: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor, eps: float,
-                       dtype: torch.dtype) -> tuple[torch.Tensor, QuantizedRows]:
+                       dtype: torch.dtype, launch: Launch = MEASURED) -> tuple[torch.Tensor, QuantizedRows]:
     """kernels.attn_camera_norm_q (the residual comes back in float32, as the gate promotes it)."""
     x_out, q = _norm_launch(x, norm_weight, norm_bias, eps, dtype, modulate=False, y=attn, gate=gate,
-                            cam=(cam_scale, cam_shift), write_x=True)
+                            cam=(cam_scale, cam_shift), write_x=True, launch=launch)
     return x_out, q
 
 
 def cross_residual_norm_q(x: torch.Tensor, cross: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                          eps: float, dtype: torch.dtype) -> tuple[torch.Tensor, QuantizedRows]:
+                          eps: float, dtype: torch.dtype, launch: Launch = MEASURED
+                          ) -> tuple[torch.Tensor, QuantizedRows]:
     """kernels.cross_residual_norm_q for a float32 residual (the fast block's after its first
     residual add)."""
     assert x.dtype == torch.float32, "the fused cross residual + norm takes a float32 residual"
-    x_out, q = _norm_launch(x, scale, shift, eps, dtype, modulate=True, y=cross, write_x=True)
+    x_out, q = _norm_launch(x, scale, shift, eps, dtype, modulate=True, y=cross, write_x=True, launch=launch)
     return x_out, q
 
 
-def _launch(x: torch.Tensor, gelu: bool, codes: torch.dtype = torch.float8_e4m3fn) -> QuantizedRows:
+def _launch(x: torch.Tensor, gelu: bool, codes: torch.dtype = torch.float8_e4m3fn,
+            launch: Launch = MEASURED) -> QuantizedRows:
     """`codes` float32 keeps the clamped quotients unrounded (the interpreter tests: Triton's
     interpreter does not round to e4m3 as the hardware does)."""
     k = x.shape[-1]
@@ -172,15 +199,16 @@ def _launch(x: torch.Tensor, gelu: bool, codes: torch.dtype = torch.float8_e4m3f
     scale = torch.empty((rows.shape[0], 1), dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(k)
     _quantize_rows[(rows.shape[0],)](rows, q, scale, k, rows.stride(0), q.stride(0), GELU=gelu, BLOCK=block,
-                                     FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8 if block >= 8192 else 4)
+                                     FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, RECIPROCAL=launch.reciprocal,
+                                     num_warps=launch.warps(block))
     return q.view(x.shape), scale.view(*x.shape[:-1], 1)
 
 
-def quantize_rows(x: torch.Tensor) -> QuantizedRows:
+def quantize_rows(x: torch.Tensor, launch: Launch = MEASURED) -> QuantizedRows:
     """x [..., K] -> (float8_e4m3fn [..., K], float32 scales [..., 1]), as kernels.quantize_rows."""
-    return _launch(x, gelu=False)
+    return _launch(x, gelu=False, launch=launch)
 
 
-def gelu_quantize(y: torch.Tensor) -> QuantizedRows:
+def gelu_quantize(y: torch.Tensor, launch: Launch = MEASURED) -> QuantizedRows:
     """quantize_rows(gelu_tanh(y)) with y read once, as kernels.gelu_quantize."""
-    return _launch(y, gelu=True)
+    return _launch(y, gelu=True, launch=launch)

@@ -26,13 +26,14 @@ from model.accel import triton_quant as tq  # noqa: E402
 from model.accel.kernels import E4M3_MAX, SCALE_FLOOR  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
+WARPS_TIMED = (4, 16, 32)  # besides 8
 CONSTS = {"FLOOR": SCALE_FLOOR, "QMAX": E4M3_MAX}
 
 
-def _compile(fn, types: dict[str, str], consts: dict) -> None:
+def _compile(fn, types: dict[str, str], consts: dict, num_warps: int = 8) -> None:
     signature = dict(types, **{name: "constexpr" for name in consts})
     triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts), target=HOPPER,
-                   options={"num_warps": 8})
+                   options={"num_warps": num_warps})
 
 
 NORM_ARGS = {"y_ptr": "*bf16", "gate_ptr": "*fp32", "cs_ptr": "*bf16", "csh_ptr": "*bf16", "xo_ptr": "*fp32",
@@ -53,11 +54,17 @@ NORM_VARIANTS = {  # what modulated_norm_q / attn_camera_norm_q / cross_residual
 def check_every_kernel_variant_compiles_for_hopper():
     rows = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "K": "i32", "stride_x": "i32",
             "stride_q": "i32"}
-    for gelu, block in ((False, 8192), (True, 16384)):  # attention outputs (5120), the FFN's GELU (13824)
-        _compile(tq._quantize_rows, rows, dict(CONSTS, GELU=gelu, BLOCK=block))
-    for x_type, flags in NORM_VARIANTS.values():
-        _compile(tq._norm_quantize, {"x_ptr": f"*{x_type}", **NORM_ARGS},
-                 dict(CONSTS, **flags, OUT_BF16=True, BLOCK=8192))
+    for reciprocal in (False, True):
+        for gelu, block in ((False, 8192), (True, 16384)):  # attention outputs (5120), the FFN's GELU (13824)
+            _compile(tq._quantize_rows, rows, dict(CONSTS, GELU=gelu, BLOCK=block, RECIPROCAL=reciprocal))
+        for x_type, flags in NORM_VARIANTS.values():
+            _compile(tq._norm_quantize, {"x_ptr": f"*{x_type}", **NORM_ARGS},
+                     dict(CONSTS, **flags, OUT_BF16=True, BLOCK=8192, RECIPROCAL=reciprocal))
+    for warps in WARPS_TIMED:  # what benchmarks.run.triton_quant_timings launches
+        _compile(tq._quantize_rows, rows, dict(CONSTS, GELU=True, BLOCK=16384, RECIPROCAL=False), warps)
+        _compile(tq._norm_quantize, {"x_ptr": "*fp32", **NORM_ARGS},
+                 dict(CONSTS, **NORM_VARIANTS["modulated, float32 residual"][1], OUT_BF16=True, BLOCK=8192,
+                      RECIPROCAL=False), warps)
 
 
 def _quotients(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,6 +125,21 @@ def check_norm_regions(residual: torch.dtype):
         _check(got, want, rtol=2 * ULP)
 
 
+def check_reciprocal_codes():
+    """Launch(reciprocal=True): the same scales, quotients within two float32 roundings."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(23, 320, generator=gen).to(HALF) * 3
+    fast = tq.Launch(reciprocal=True)
+    _check(tq._launch(x, gelu=False, codes=torch.float32, launch=fast), x, rtol=2.5e-7)
+    scale, shift = torch.randn(1, 1, 320, generator=gen) * 0.1, torch.randn(1, 1, 320, generator=gen) * 0.1
+    x32 = torch.randn(1, 23, 320, generator=gen)
+    _, got = tq._norm_launch(x32, scale, shift, 1e-6, HALF, modulate=True, codes=torch.float32, launch=fast)
+    _check(got, kn.modulated_norm(x32, scale, shift, 1e-6, HALF), rtol=2 * ULP)
+    exact = tq._launch(x, gelu=False, codes=torch.float32)[0]
+    assert not torch.equal(tq._launch(x, gelu=False, codes=torch.float32, launch=fast)[0], exact), \
+        "the reciprocal path gave the division's bits on every code: is RECIPROCAL reaching the kernel?"
+
+
 def check_public_functions():
     x = torch.randn(1, 12, 64).to(HALF)
     q, scale = tq.quantize_rows(x)
@@ -138,6 +160,7 @@ def main(mode: str) -> None:
         check_every_kernel_variant_compiles_for_hopper()
     elif mode == "interpret":
         check_row_quantization()
+        check_reciprocal_codes()
         for residual in (torch.float32, HALF):
             check_norm_regions(residual)
         check_public_functions()
