@@ -2,7 +2,8 @@
 
 The app serves the embedded tiny model on CPU with two DiT replicas of two session slots each
 (capacity 4: the affinity and admission tests fill it), a short idle TTL (the expiry test waits
-it out) and debug fields on (replica ids and recoveries in frame replies). Ray starts once:
+it out) and debug fields on (replica ids and recoveries in frame replies). It is deployed as a
+config, as `serve deploy` and KubeRay do, so that `redeploy` can update it in place. Ray starts once:
 each start costs ~15 s on a 2-core machine. A second app in the same Ray instance
 (`strict_server`, route prefix /strict, started on first use) has API keys, quotas, tight
 connection limits, a 2-chunk cap, recovery out of reach (tiny journal budget), two size
@@ -146,9 +147,25 @@ def _run_app(port: int, args: dict, name: str, prefix: str, headers: Optional[di
     return Server(http=f"http://{base}", ws=f"ws://{base}{CAMERA_PATH}", headers=headers or {})
 
 
+def _apply_config(port: int, args: dict, name: str, prefix: str, deployments: tuple[dict, ...] = ()) -> None:
+    """Deploy `name` as a config, as `serve deploy` and KubeRay apply serveConfigV2 (Serve then
+    keeps every replica whose own options did not change when only `deployments` changes)."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    config = ServeDeploySchema.model_validate({
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": name, "route_prefix": prefix, "import_path": "deployments.app:build_app",
+                          "args": args, "deployments": list(deployments)}]})
+    _get_global_client().deploy_apps(config)
+
+
 @pytest.fixture(scope="session")
 def server(ray_port: int) -> Server:
-    return _run_app(ray_port, APP_ARGS, "lwf", "/")
+    """The shared app, deployed as a config (`redeploy` updates it in place)."""
+    _apply_config(ray_port, APP_ARGS, "lwf", "/")
+    wait_healthy(f"http://127.0.0.1:{ray_port}")
+    return Server(http=f"http://127.0.0.1:{ray_port}", ws=f"ws://127.0.0.1:{ray_port}{CAMERA_PATH}")
 
 
 @pytest.fixture(scope="session")
@@ -405,22 +422,13 @@ def replicas_of(server: Server):
 
 @pytest.fixture(scope="session")
 def redeploy(server: Server, ray_port: int):
-    """`redeploy(dit_replicas)`: the shared app applied as a config (as `serve deploy` and KubeRay
-    apply serveConfigV2) with the same `args` and `deployments: [{DiTDeployment, num_replicas}]`:
-    an in-place update of the DiT alone (Serve drains the replicas it removes); returns once the
-    app is running with that many DiT replicas. The first call turns the app (started with
-    `serve.run`) into a config-deployed one: that replaces every replica once."""
-    from ray.serve.context import _get_global_client
-    from ray.serve.schema import ServeDeploySchema
+    """`redeploy(dit_replicas)`: the shared app's config applied again with the same `args` and
+    `deployments: [{DiTDeployment, num_replicas}]`: an in-place update of the DiT alone (Serve
+    drains the replicas it removes); returns once that many DiT replicas run."""
 
     def run(dit_replicas: int) -> None:
-        config = ServeDeploySchema.model_validate({
-            "http_options": {"host": "127.0.0.1", "port": ray_port},
-            "applications": [{"name": "lwf", "route_prefix": "/", "import_path": "deployments.app:build_app",
-                              "args": APP_ARGS,
-                              "deployments": [{"name": "DiTDeployment", "num_replicas": dit_replicas}]}]})
-        _get_global_client().deploy_apps(config, _blocking=True)
-        deadline = time.monotonic() + 120
+        _apply_config(ray_port, APP_ARGS, "lwf", "/", ({"name": "DiTDeployment", "num_replicas": dit_replicas},))
+        deadline = time.monotonic() + 180
         while len(replica_ids("lwf").get("DiTDeployment", ())) != dit_replicas:
             assert time.monotonic() < deadline, f"DiT not at {dit_replicas} replicas: {replica_ids('lwf')}"
             time.sleep(0.5)

@@ -196,7 +196,6 @@ def test_scaling_the_dit_down_drains_its_replica_and_rebuilds_its_sessions(serve
         return await asyncio.gather(*sessions), homes
 
     server.wait_held(0)
-    redeploy(2)  # as a config: from here on, a change of `deployments:` alone is applied in place
     before = replicas_of("lwf")
     try:
         results, homes = asyncio.run(go())
