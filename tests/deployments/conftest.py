@@ -149,7 +149,9 @@ def _run_app(port: int, args: dict, name: str, prefix: str, headers: Optional[di
 
 def _apply_config(port: int, args: dict, name: str, prefix: str, deployments: tuple[dict, ...] = ()) -> None:
     """Deploy `name` as a config, as `serve deploy` and KubeRay apply serveConfigV2 (Serve then
-    keeps every replica whose own options did not change when only `deployments` changes)."""
+    keeps every replica whose own options did not change when only `deployments` changes).
+    A config lists every config-deployed app: the others (`_run_app`'s) are left alone, but an
+    app applied here under another name would delete `lwf`."""
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
