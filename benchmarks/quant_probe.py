@@ -31,7 +31,7 @@ TOKENS, DIM, FFN_DIM = 4524, 5120, 13824
 WARPS = (None, 4, 8, 16, 32)  # None: the kernels' own choice (triton_quant.MEASURED)
 
 
-def cases(device: torch.device) -> dict[str, tuple[Callable, tuple, int]]:
+def cases(device: torch.device) -> dict[str, tuple[str, tuple, int]]:
     """name -> (function of `model.accel.kernels` / `triton_quant` by name, its arguments, bytes moved)."""
     gen = torch.Generator(device=device).manual_seed(7)
 
@@ -43,16 +43,16 @@ def cases(device: torch.device) -> dict[str, tuple[Callable, tuple, int]]:
     scale, shift, gate = (r(1, 1, DIM, dtype=torch.float32) * 0.1 for _ in range(3))
     cam_scale, cam_shift = r(1, TOKENS, 2 * DIM).chunk(2, dim=-1)
     w, b = r(DIM, dtype=torch.float32), r(DIM, dtype=torch.float32) * 0.1
-    rows, codes = TOKENS * DIM, TOKENS * DIM  # elements of one [4524, 5120] tensor; e4m3: 1 byte each
-    out = codes + 4 * TOKENS
+    n = TOKENS * DIM  # elements of one [4524, 5120] tensor
+    out = n + 4 * TOKENS  # its e4m3 codes (1 byte each) and float32 row scales
     return {
-        "quantize_rows": ("quantize_rows", (attn,), 2 * rows + out),
-        "gelu_quantize": ("gelu_quantize", (h,), 2 * TOKENS * FFN_DIM + TOKENS * FFN_DIM + 4 * TOKENS),
-        "modulated_norm_q": ("modulated_norm_q", (x, scale, shift, 1e-6, torch.bfloat16), 4 * rows + out),
+        "quantize_rows": ("quantize_rows", (attn,), 2 * n + out),
+        "gelu_quantize": ("gelu_quantize", (h,), 3 * TOKENS * FFN_DIM + 4 * TOKENS),
+        "modulated_norm_q": ("modulated_norm_q", (x, scale, shift, 1e-6, torch.bfloat16), 4 * n + out),
         "attn_camera_norm_q": ("attn_camera_norm_q", (x, attn, gate, cam_scale, cam_shift, w, b, 1e-6,
-                                                      torch.bfloat16), (4 + 2 + 4 + 4) * rows + out),
+                                                      torch.bfloat16), (4 + 2 + 4 + 4) * n + out),
         "cross_residual_norm_q": ("cross_residual_norm_q", (x, cross, scale, shift, 1e-6, torch.bfloat16),
-                                  (4 + 2 + 4) * rows + out),
+                                  (4 + 2 + 4) * n + out),
     }
 
 

@@ -19,7 +19,7 @@ max(amax, 1e-12) / 448 and the quotient is clamped to ±448 before the e4m3 conv
 Launch knobs (`Launch`): the warps per program, and `reciprocal`: codes as v * (QMAX / amax)
 instead of the IEEE-rounded quotient v / scale (one multiply instead of a division per element;
 a code may differ where the quotient sits at an e4m3 rounding boundary). The defaults are the
-measured kernels; `benchmarks.run.triton_quant_timings` times the alternatives on the device.
+measured kernels; `benchmarks/quant_probe.py` times the alternatives on the device.
 
 Only imported on CUDA with Triton (`BlockKernels.build(..., triton_quant=True)`).
 """
@@ -55,10 +55,10 @@ def _store_quantized(v, mask, offs, row, q_ptr, s_ptr, stride_q, FLOOR: tl.const
                      RECIPROCAL: tl.constexpr):
     """One row's e4m3 codes and scale: scale = max(amax, FLOOR) / QMAX, codes = v / scale
     (RECIPROCAL: v * (QMAX / max(amax, FLOOR)))."""
-    amax = tl.max(tl.where(mask, tl.abs(v), 0.0), axis=0)
-    scale = tl.maximum(amax, FLOOR) / QMAX
+    amax = tl.maximum(tl.max(tl.where(mask, tl.abs(v), 0.0), axis=0), FLOOR)
+    scale = amax / QMAX
     if RECIPROCAL:
-        q = tl.clamp(v * (QMAX / tl.maximum(amax, FLOOR)), -QMAX, QMAX)
+        q = tl.clamp(v * (QMAX / amax), -QMAX, QMAX)
     else:
         q = tl.clamp(tl.div_rn(v, scale), -QMAX, QMAX)
     tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)

@@ -65,7 +65,6 @@ STRICT_BUCKETS = ["32*48", "48*32"]
 STRICT_MAX_AREA = 4096
 STRICT_BUDGET_MIB = 12.0  # one tiny 32x48 session of 2041 frames (8.4 MiB held) fits, two do not
 STRICT_ATTENTION_TOKENS = 4096  # 6 tokens per latent frame at 32x48: 682 latent frames
-STRICT_IDLE_TTL_S = 2.0
 STRICT_ARGS = {
     # Output sizes from two buckets (warmed up in the replicas' constructors), a 4096-pixel cap.
     "model": {"preset": "tiny", "default_size": TEST_SIZE, "size_buckets": STRICT_BUCKETS,
@@ -73,7 +72,7 @@ STRICT_ARGS = {
     # A 2-chunk cap, a 2 s TTL (1 s expired sessions between two chunks on a loaded 2-core
     # machine), and a journal budget below one decoded image: never recoverable.
     # An explicit 12 MiB session budget and a 4096-token attention bound (admission tests).
-    "sessions": {"max_sessions": 4, "idle_ttl_s": STRICT_IDLE_TTL_S, "routing_stats_period_s": 0.5, "max_chunks": 2,
+    "sessions": {"max_sessions": 4, "idle_ttl_s": 2.0, "routing_stats_period_s": 0.5, "max_chunks": 2,
                  "journal_max_mib": 1.0, "kv_budget_gib": STRICT_BUDGET_MIB / 1024,
                  "max_attention_tokens": STRICT_ATTENTION_TOKENS, "resume_grace_s": 0},
     "dit": {"num_cpus": 0.1},

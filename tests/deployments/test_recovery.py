@@ -16,8 +16,6 @@ from model.session import DiTSessionSpec, PastChunk
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply
 
-STRICT_IDLE_TTL_S = 2.0  # conftest.STRICT_ARGS (below the 4 s idle-connection limit with a sweep)
-
 LONG_FRAMES = 57  # 5 chunks (12k - 3 frames)
 KILL_CHUNKS = 4  # max_pending_chunks: all of them may be in flight at once
 
@@ -133,11 +131,13 @@ def test_a_session_that_cannot_be_rebuilt_gets_session_lost(strict_server, stric
     """The strict app's journal budget is below one image: once its idle TTL dropped the
     session, the next chunk is `session_lost` and the replicas hold nothing."""
 
+    ttl = strict_server.sessions()["idle_ttl_s"]  # the strict app's, as its model card announces it
+
     async def go():
         async with strict_connect(api_keys[4]) as c:
             await c.infer("gone", example, 0, first=True)
             first = await c.recv()
-            await asyncio.sleep(STRICT_IDLE_TTL_S + 1.0)  # the TTL + a sweep period (0.5 s) + margin; < 4 s idle
+            await asyncio.sleep(ttl + 1.0)  # the TTL + a sweep period (0.5 s) + margin; < 4 s idle
             await c.infer("gone", example, 1, first=False)
             lost = await c.recv()
         return first, lost
