@@ -229,23 +229,32 @@ def _top_ops(prof: object, device: torch.device, path: Path, rows: int) -> dict:
             "top": [{"op": e.key, "ms": getattr(e, key) / 1e3, "calls": e.count} for e in top]}
 
 
-def _profiler() -> object:
+def _profiler(record_shapes: bool = False) -> object:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    return profile(activities=activities)
+    return profile(activities=activities, record_shapes=record_shapes)
 
 
 def profile_vae(engine: VaeEngine, inputs: Inputs, latents: list[torch.Tensor], path: Path) -> dict:
-    """Device time per op of the second chunk's conditioning encode and decode."""
+    """Device time per op of the second chunk's conditioning encode and decode; beside `path`
+    the same per (op, input shapes) (`*_shapes.txt`: which layers the copies belong to)."""
+    from torch.profiler import record_function
+
     path.parent.mkdir(parents=True, exist_ok=True)
     session = engine.open(inputs.image, inputs.height, inputs.width)
     engine.condition(session)
     engine.decode_float(session, latents[0])
-    with _profiler() as prof:
-        engine.condition(session)
-        engine.decode_float(session, latents[1])
+    with _profiler(record_shapes=True) as prof:
+        with record_function("vae_encode"):
+            engine.condition(session)
+        with record_function("vae_decode"):
+            engine.decode_float(session, latents[1])
     engine.close(session)
+    key = "self_device_time_total" if engine.device.type == "cuda" else "self_cpu_time_total"
+    by_shape = prof.key_averages(group_by_input_shape=True)
+    path.with_name(path.stem + "_shapes.txt").write_text(by_shape.table(sort_by=key, row_limit=80, max_name_column_width=40,
+                                                                         max_shapes_column_width=120))
     return _top_ops(prof, engine.device, path, 15)
 
 
