@@ -126,7 +126,8 @@ class BlockKernels:
     With `quantize_inputs` (FP8 GEMMs only: `quant` "fused" or "triton") the regions that feed a
     GEMM return its input as `QuantizedRows` (modulated_norm, attn_camera_norm's and
     cross_residual_norm's second output) and the FFN's activation is `gelu_quantize`; "triton"
-    runs those and `quantize_rows` as the one-pass kernels of `model/accel/triton_quant.py`."""
+    runs those four as the one-pass kernels of `model/accel/triton_quant.py` with their tuned
+    launches (`quantize_rows` stays the compiled function: as fast, exact codes)."""
 
     modulated_norm: Callable[..., Tensor | QuantizedRows]
     rms_norm: Callable[..., Tensor]
@@ -158,8 +159,8 @@ class BlockKernels:
         if quant == "triton":  # CUDA with Triton
             from model.accel import triton_quant as tq
 
-            fns = (tq.modulated_norm_q, fns[1], fns[2], tq.attn_camera_norm_q, tq.cross_residual_norm_q,
-                   fns[5], tq.quantize_rows, tq.gelu_quantize)
+            fns = (tq.tuned("modulated_norm_q"), fns[1], fns[2], tq.tuned("attn_camera_norm_q"),
+                   tq.tuned("cross_residual_norm_q"), fns[5], fns[6], tq.tuned("gelu_quantize"))
         return cls(*fns, attention=attention, compiled=compile, quant=quant)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

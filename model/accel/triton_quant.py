@@ -18,14 +18,17 @@ max(amax, 1e-12) / 448 and the quotient is clamped to ±448 before the e4m3 conv
 
 Launch knobs (`Launch`): the warps per program, and `reciprocal`: codes as v * (QMAX / amax)
 instead of the IEEE-rounded quotient v / scale (one multiply instead of a division per element;
-a code may differ where the quotient sits at an e4m3 rounding boundary). The defaults are the
-measured kernels; `benchmarks/quant_probe.py` times the alternatives on the device.
+a code may differ where the quotient sits at an e4m3 rounding boundary). The functions' default
+is the first measured launch (MEASURED); `TUNED` holds each kernel's fastest launch from
+`benchmarks/quant_probe.py` (the division made them issue-bound), which the DiT runs.
 
 Only imported on CUDA with Triton (`BlockKernels.build(..., triton_quant=True)`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import triton
@@ -47,7 +50,25 @@ class Launch:
         return self.num_warps or (8 if block >= 8192 else 4)
 
 
-MEASURED = Launch()
+MEASURED = Launch()  # the first launch measured in the DiT (round 2): IEEE division, the default warps
+
+# The fastest launch of each kernel at the DiT's shapes (one chunk at 464x832: 4524 rows of 5120,
+# the FFN's 13824), on the H200 (`python -m benchmarks.quant_probe`, results in
+# benchmarks/results/h200_round2_quant_probe.json): with the reciprocal every kernel beats the
+# compiled region it replaces (GELU 205 -> 87 us, modulated norm 124 -> 58, attention + camera
+# norm 129 -> 111, cross residual norm 105 -> 85), without it three of the five did not.
+# `quantize_rows` has none: the compiled function is as fast (39 against 41 us) with exact codes.
+TUNED: dict[str, Launch] = {
+    "gelu_quantize": Launch(8, reciprocal=True),
+    "modulated_norm_q": Launch(None, reciprocal=True),
+    "attn_camera_norm_q": Launch(4, reciprocal=True),
+    "cross_residual_norm_q": Launch(4, reciprocal=True),
+}
+
+
+def tuned(name: str) -> Callable[..., object]:
+    """The kernel function `name` with its TUNED launch."""
+    return partial(globals()[name], launch=TUNED[name])
 
 
 @triton.jit

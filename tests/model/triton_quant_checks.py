@@ -155,6 +155,24 @@ def check_public_functions():
     assert x_new.shape == x32.shape and q.dtype == torch.float8_e4m3fn and scale.shape == (1, 12, 1)
 
 
+def check_block_kernels_run_the_tuned_launches():
+    """fp8_quant="triton": the four kernels with their TUNED launches (the reciprocal), the row
+    quantization the plain function; each gives the scales of the function it replaces."""
+    fns = kn.BlockKernels.build("default", compile=False, quant="triton")
+    for name, fn in (("modulated_norm_q", fns.modulated_norm), ("attn_camera_norm_q", fns.attn_camera_norm),
+                     ("cross_residual_norm_q", fns.cross_residual_norm), ("gelu_quantize", fns.gelu_quantize)):
+        assert fn.func is getattr(tq, name) and fn.keywords == {"launch": tq.TUNED[name]}, (name, fn)
+        assert tq.TUNED[name].reciprocal, name
+    assert fns.quantize_rows is kn.quantize_rows
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(9, 320, generator=gen).to(HALF) * 2
+    torch.testing.assert_close(fns.gelu_quantize(h)[1], kn.gelu_quantize(h)[1], rtol=2 * ULP, atol=0)
+    x32 = torch.randn(1, 9, 320, generator=gen)
+    scale, shift = torch.randn(1, 1, 320, generator=gen) * 0.1, torch.randn(1, 1, 320, generator=gen) * 0.1
+    torch.testing.assert_close(fns.modulated_norm(x32, scale, shift, 1e-6, HALF)[1],
+                               kn.modulated_norm_q(x32, scale, shift, 1e-6, HALF)[1], rtol=2 * ULP, atol=0)
+
+
 def main(mode: str) -> None:
     if mode == "compile":
         check_every_kernel_variant_compiles_for_hopper()
@@ -164,6 +182,7 @@ def main(mode: str) -> None:
         for residual in (torch.float32, HALF):
             check_norm_regions(residual)
         check_public_functions()
+        check_block_kernels_run_the_tuned_launches()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     print(f"{mode}: ok")
