@@ -20,6 +20,7 @@ from typing import Any, Generic, Optional, TypeVar
 import torch
 from ray import serve
 
+from deployments import stall_counters
 from deployments.autoscaling_policy import LOAD, REFUSED, replica_load
 from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog, log_typed_errors_as_info
@@ -75,21 +76,28 @@ class SessionHost(Generic[S]):
                 state = self._table.get(key)  # closed while queued -> SessionLost
                 if prepare is not None:
                     prepare(key, state)
+                device = getattr(self, "_device", "cpu")
+                counters = stall_counters.snapshot(device)
                 started = time.perf_counter()
                 try:
                     return await _in_thread(fn, state, *args)
                 finally:
-                    self._record_call(key, fn, started - queued, time.perf_counter() - started)
+                    ran_s = time.perf_counter() - started
+                    self._record_call(key, fn, started - queued, ran_s,
+                                      lambda: stall_counters.moved(counters, stall_counters.snapshot(device)))
 
-    def _record_call(self, key: str, fn: Callable[..., Any], waited_s: float, ran_s: float) -> None:
+    def _record_call(self, key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
+                     counters_moved: Callable[[], dict[str, int]] = dict) -> None:
         """Per-call wait and run times: Prometheus histograms, and a log line for a slow call
-        (a stall inside the replica shows as a long run; a long wait is other sessions' work)."""
+        (a stall inside the replica shows as a long run; a long wait is other sessions' work)
+        with the process counters that moved during it (`stall_counters`: a compile, the
+        allocator's retries, cudaMalloc / cudaFree)."""
         call = getattr(fn, "__name__", "call").lstrip("_")
         if self._metrics is not None:
             self._metrics.observe_call(call, waited_s, ran_s)
         if ran_s >= self.slow_call_s:
             self._log.warning("slow call", fields={"session": key, "call": call, "wait_s": round(waited_s, 3),
-                                                   "run_s": round(ran_s, 3)})
+                                                   "run_s": round(ran_s, 3), **counters_moved()})
 
     async def _compute_on_early(self, key: str, fn: Callable[..., T], *args: Any,
                                 prepare: Optional[Callable[[str, S], None]] = None) -> T:

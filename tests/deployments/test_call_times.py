@@ -73,3 +73,23 @@ def test_a_failing_call_is_recorded_too():
     except RuntimeError:
         pass
     assert [c[0] for c in host._metrics.calls] == ["fails"] and host._log.warnings == []
+
+
+def _compiles(state: str, seconds: float) -> str:
+    import torch
+
+    fn = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+    fn(torch.ones(3, 5, 7))  # a graph no earlier call built
+    time.sleep(seconds)
+    return state
+
+
+def test_a_slow_call_that_compiled_says_so():
+    host = _host(slow_call_s=0.1)
+    assert asyncio.run(host._compute_on("a", _compiles, 0.15)) == "a"
+    assert asyncio.run(host._compute_on("b", _decode, 0.15)) == "b"
+    (msg_a, fields_a), (msg_b, fields_b) = host._log.warnings
+    assert msg_a == msg_b == "slow call"
+    assert fields_a["compiled_graphs"] == 1 and fields_a["call"] == "compiles"
+    assert "compiled_graphs" not in fields_b  # nothing moved during b: only the times
+    assert set(fields_b) == {"session", "call", "wait_s", "run_s"}
