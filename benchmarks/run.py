@@ -46,6 +46,9 @@ VAE_VARIANTS = {
                                                         vae_pad_in_conv=True, vae_fold_bias=True),
     "bf16_compiled_write_once": AccelOptions(vae_channels_last=True, vae_compile=True, vae_pad_in_conv=True,
                                              vae_fold_bias=True, vae_write_once=True),
+    # session 4: a chunk's frames in one encoder / decoder call (on top of fold_bias)
+    "bf16_compiled_fold_bias_batched": AccelOptions(vae_channels_last=True, vae_compile=True, vae_pad_in_conv=True,
+                                                    vae_fold_bias=True, vae_batch_frames=True),
 }
 
 
@@ -349,12 +352,14 @@ def _vae_variants(b: Bench, vae32: torch.nn.Module, latents: list[torch.Tensor],
         engine = VaeEngine(optimize_vae(copy.deepcopy(vae32).to(torch.bfloat16), options))
         try:
             _, t_warm = timed(lambda: run_vae(engine, b.inputs, latents[:3]), dev)  # cuDNN autotuning, compile
-            run = run_vae(engine, b.inputs, latents)
+            with PeakMemory(dev) as mem:
+                run = run_vae(engine, b.inputs, latents)
         except Exception:  # one failing variant must not cost the end-to-end run
             out[f"vae_{name}"] = {"error": traceback.format_exc(limit=6)}
             continue
         per_chunk = (sum(run.encode_s) + sum(run.decode_s)) / len(latents)
         out[f"vae_{name}"] = {"warmup_3chunks_s": t_warm, "encode_s": run.encode_s, "decode_s": run.decode_s,
+                              "peak_above_start_gib": (mem.peak - mem.start) / GIB,
                               "mean_encode_s": sum(run.encode_s) / len(latents),
                               "mean_decode_s": sum(run.decode_s) / len(latents), **compare(run, ref)}
         if per_chunk < best_time:

@@ -38,7 +38,17 @@ SPACE_STRIDE = 8  # pixels per latent pixel
 
 
 class WanVAE(nn.Module):
-    """Encoder, decoder and the 1x1x1 convs around the latent; keys == Wan2.1_VAE.pth."""
+    """Encoder, decoder and the 1x1x1 convs around the latent; keys == Wan2.1_VAE.pth.
+
+    `batch_frames` (off: the reference's call pattern, the goldens' path): after a stream's
+    first frame, all frames of a chunk go through the encoder / decoder in one call instead of
+    one call per latent frame. The same function (every temporal op is causal with its history
+    in the cache; the temporal up/downsampling's windows do not depend on where a call starts),
+    fewer and larger calls: each conv's history is copied in and cut out once per chunk, not
+    once per latent frame (`AccelOptions.vae_batch_frames`).
+    """
+
+    batch_frames: bool = False
 
     def __init__(self, cfg: VAEConfig) -> None:
         super().__init__()
@@ -80,10 +90,8 @@ class WanVAE(nn.Module):
         size = _check_video(video, cache)
         x = video.to(device=self.device, dtype=self.dtype)[None]  # [1, 3, T, h, w]
         # frame 0 alone on a stream's first call, then groups of 4 frames (-> 1 latent frame each)
-        first_end = 1 if cache.is_empty else TIME_STRIDE
-        bounds = [0, *range(first_end, x.shape[2] + 1, TIME_STRIDE)]
         outs = []
-        for start, end in zip(bounds[:-1], bounds[1:]):
+        for start, end in _groups(x.shape[2], cache.is_empty, TIME_STRIDE, self.batch_frames):
             step = CacheStep(cache.frames)
             outs.append(self.encoder(x[:, :, start:end], step))
             cache = step.finish("encoder", size)
@@ -106,9 +114,9 @@ class WanVAE(nn.Module):
         z = z / (1.0 / std).view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
         x = self.conv2(z.to(self.dtype))
         outs = []
-        for i in range(x.shape[2]):  # one latent frame per decoder call
+        for start, end in _groups(x.shape[2], cache.is_empty, 1, self.batch_frames):
             step = CacheStep(cache.frames)
-            outs.append(self.decoder(x[:, :, i : i + 1], step))
+            outs.append(self.decoder(x[:, :, start:end], step))
             cache = step.finish("decoder", size)
         video = torch.cat(outs, dim=2)[0].float().clamp(-1.0, 1.0)  # [3, n, 8lh, 8lw]
         return video, cache
@@ -120,6 +128,16 @@ class WanVAE(nn.Module):
     def decode(self, z: Tensor) -> Tensor:
         """Whole latent [z_dim, t, lh, lw] -> video [3, 1 + 4(t-1), 8lh, 8lw] (fresh cache)."""
         return self.decode_chunk(z, VaeCache.empty())[0]
+
+
+def _groups(n: int, first: bool, step: int, batched: bool) -> list[tuple[int, int]]:
+    """[start, end) of the encoder / decoder calls over n frames: frame 0 alone on a stream's
+    first call, then `step` frames per call, or (batched) all the rest in one."""
+    start = 1 if first else 0
+    head = [(0, 1)] if first else []
+    if batched:
+        return head + ([(start, n)] if n > start else [])
+    return head + [(i, i + step) for i in range(start, n, step)]
 
 
 def _check_video(video: Tensor, cache: VaeCache) -> tuple[int, int]:

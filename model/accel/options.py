@@ -48,6 +48,9 @@ class AccelOptions:
       SiLU, the residual add) instead of a pass of their own; needs vae_pad_in_conv.
     vae_write_once: the residual blocks' RMSNorm + SiLU kernels write straight into their conv's
       input buffer (cached frames ahead of the new ones): no `cat` copy; needs vae_fold_bias.
+    vae_batch_frames: a chunk's frames through the encoder / decoder in one call instead of one
+      call per latent frame (`WanVAE.batch_frames`): the same function, each conv's history
+      copied once per chunk; larger activations while a call runs.
     """
 
     fast: bool = False
@@ -63,6 +66,7 @@ class AccelOptions:
     vae_pad_in_conv: bool = False
     vae_fold_bias: bool = False
     vae_write_once: bool = False
+    vae_batch_frames: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -83,7 +87,7 @@ class AccelOptions:
     @property
     def any(self) -> bool:
         return (self.fast or self.skip_final_update or self.vae_channels_last or self.vae_compile
-                or self.vae_pad_in_conv)
+                or self.vae_pad_in_conv or self.vae_batch_frames)
 
     @classmethod
     def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,

@@ -107,8 +107,8 @@ def _owner(block: FastDiTBlock, name: str) -> tuple[object, str]:
 @torch.no_grad()
 def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
     """cuDNN autotuning and native-dtype upsampling on CUDA, channels-last conv weights, a
-    compiled RMSNorm + SiLU, conv inputs written once and conv biases folded when asked (in
-    place)."""
+    compiled RMSNorm + SiLU, conv inputs written once, conv biases folded and a chunk's frames
+    in one call when asked (in place)."""
     if vae.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         native_upsampling(vae)
@@ -125,6 +125,8 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
             fold_conv_bias(vae)
     if options.vae_write_once:
         write_once(vae, compiled(norm_silu_cat) if options.vae_compile else norm_silu_cat)
+    if options.vae_batch_frames:
+        vae.batch_frames = True
     if options.vae_channels_last:
         for module in vae.modules():
             if isinstance(module, nn.Conv3d):

@@ -114,6 +114,21 @@ def test_decode_one_latent_per_chunk(vae):
     assert torch.equal(torch.cat(parts, dim=1), whole(vae, name, "decode"))
 
 
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_batched_calls_reproduce_the_golden_streams(vae, name):
+    """batch_frames (all frames after the first in one encoder / decoder call) computes the
+    reference's per-latent-frame calls: the golden latents and video."""
+    g = load_golden(name)
+    try:
+        vae.batch_frames = True
+        z = vae.encode(encoder_input(g))
+        video = vae.decode(g["latents"])
+    finally:
+        del vae.batch_frames  # back to the class default for the other tests
+    assert rel_err(z, g["vae_encode"]["latent"]) <= TOL
+    assert rel_err(video, g["video"]) <= TOL
+
+
 def test_fresh_cache_per_chunk_is_not_seamless(vae):
     """The reference's per-call decode() clears the cache: 3 + 3 latents -> 9 + 9 frames."""
     name = "tiny_00.pt"
