@@ -13,7 +13,6 @@ cache-update call per past chunk), so that it continues bit for bit where it sto
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -79,7 +78,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         if model.warmup:
             sizes = model.serving_sizes()
             allow_recompiles(len(sizes))
-            report = await asyncio.to_thread(warm_up_dit, self._engine, sizes)
+            report = await self.compute_thread.run(warm_up_dit, self._engine, sizes)
         resident = resident_model_bytes(model.device, self._engine.dit)
         budget = session_budget(sessions.kv_budget_gib, cap, resident)
         table: SessionTable[DiTSlot] = SessionTable(

@@ -21,6 +21,7 @@ import torch
 from ray import serve
 
 from deployments import stall_counters
+from deployments.compute_thread import ComputeThread
 from deployments.autoscaling_policy import LOAD, REFUSED, replica_load
 from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog, log_typed_errors_as_info
@@ -59,10 +60,23 @@ class SessionHost(Generic[S]):
         period = min(max(table.idle_ttl_s / 4, SWEEP_PERIOD_MIN_S), SWEEP_PERIOD_MAX_S)
         self._sweeper = asyncio.get_running_loop().create_task(self._expire_forever(period))
 
+    @property
+    def compute_thread(self) -> ComputeThread:
+        """The replica's one model thread (deployments/compute_thread.py says why one); the
+        deployments run their warm-up on it before `_start_host`."""
+        thread = self.__dict__.get("_compute_thread")
+        if thread is None:
+            thread = self._compute_thread = ComputeThread(f"lwf-{type(self).__name__}")
+        return thread
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the model thread (callers hold the compute lock)."""
+        return await self.compute_thread.run(fn, *args)
+
     async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
         """Run model work in the worker thread, one job at a time per replica."""
         async with self._lock:
-            return await _in_thread(fn, *args)
+            return await self._run(fn, *args)
 
     async def _compute_on(self, key: str, fn: Callable[..., T], *args: Any,
                           prepare: Optional[Callable[[str, S], None]] = None) -> T:
@@ -80,7 +94,7 @@ class SessionHost(Generic[S]):
                 counters = stall_counters.snapshot(device)
                 started = time.perf_counter()
                 try:
-                    return await _in_thread(fn, state, *args)
+                    return await self._run(fn, state, *args)
                 finally:
                     ran_s = time.perf_counter() - started
                     self._record_call(key, fn, started - queued, ran_s,
@@ -141,13 +155,13 @@ class SessionHost(Generic[S]):
             async with self._lock:
                 if not self._table.start_building(key):  # closed while it waited for its turn
                     raise SessionLost("the session was closed before it was opened; start a new one")
-                state = await _in_thread(build)
+                state = await self._run(build)
         except BaseException:
             self._table.pop(key)
             raise
         if not self._table.add(key, state):  # closed meanwhile: nobody will close it again
             async with self._lock.urgent():
-                await _in_thread(self._release, state)
+                await self._run(self._release, state)
             self._publish()
             self._log.info("session closed while opening; freed", fields={"session": key})
             raise SessionLost("the session was closed while it was being opened; start a new one")
@@ -166,7 +180,7 @@ class SessionHost(Generic[S]):
             state, nbytes = retired
             try:
                 async with self._lock.urgent():  # ahead of other sessions' queued chunks
-                    await _in_thread(self._release, state)
+                    await self._run(self._release, state)
             finally:
                 self._table.released(nbytes)
             self._log.info("session closed", fields={"session": key})
@@ -216,7 +230,7 @@ class SessionHost(Generic[S]):
             async with self._lock.urgent():
                 expired = self._table.pop_expired()
                 for _, state in expired:
-                    await _in_thread(self._release, state)
+                    await self._run(self._release, state)
             self._expired_total += len(expired)
             for key, _ in expired:
                 self._metrics.expired.inc()
@@ -240,14 +254,3 @@ def resident_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-
-async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` in a worker thread. A thread cannot be stopped: when the caller is cancelled
-    (e.g. its client left), wait for the thread to end before giving the lock up, so that no
-    other job touches the session's tensors meanwhile."""
-    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.shield(job)
-    except asyncio.CancelledError:
-        await asyncio.gather(job, return_exceptions=True)
-        raise

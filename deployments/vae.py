@@ -18,7 +18,6 @@ sessions alone let three 464x832 sessions run a 0.10 share of an H200 out of mem
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -63,10 +62,10 @@ class VaeDeployment(SessionHost[VaeSlot]):
         if model.warmup:  # compile, cuDNN autotuning and x264 at every serving size, before traffic
             sizes = model.serving_sizes()
             allow_recompiles(len(sizes))
-            report = await asyncio.to_thread(warm_up_vae, self._engine, sizes,
+            report = await self.compute_thread.run(warm_up_vae, self._engine, sizes,
                                              consumer=lambda hw: Fmp4Muxer(hw[1], hw[0], FPS).add_chunk)
         # The caches' shapes, read from one probe session (at a warmed size: no new compilation).
-        self._layout = await asyncio.to_thread(CacheLayout.probe, self._engine, *model.serving_sizes()[:1])
+        self._layout = await self.compute_thread.run(CacheLayout.probe, self._engine, *model.serving_sizes()[:1])
         resident = resident_model_bytes(model.device, self._engine.vae)
         budget = None  # on the CPU without vae_budget_gib: slots only, as before
         if sessions.vae_budget_gib is not None or cap is not None:

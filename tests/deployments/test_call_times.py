@@ -5,41 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from deployments.priority_lock import PriorityLock
-from deployments.session_host import SessionHost
-from deployments.session_table import SessionTable
-
-
-class _Metrics:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, float, float]] = []
-
-    def observe_call(self, call: str, waited_s: float, ran_s: float) -> None:
-        self.calls.append((call, waited_s, ran_s))
-
-
-class _Log:
-    def __init__(self) -> None:
-        self.warnings: list[tuple[str, dict]] = []
-
-    def info(self, *args, **kwargs) -> None:
-        pass
-
-    def warning(self, msg: str, fields: dict) -> None:
-        self.warnings.append((msg, fields))
-
-
-def _host(slow_call_s: float) -> SessionHost:
-    host = object.__new__(SessionHost)
-    host.slow_call_s = slow_call_s
-    host._table = SessionTable(8, None, idle_ttl_s=60.0, retry_after_s=1.0)
-    host._lock = PriorityLock()
-    host._metrics, host._log = _Metrics(), _Log()
-    for key in ("a", "b"):
-        host._table.admit(key, 1)
-        host._table.start_building(key)
-        host._table.add(key, key)
-    return host
+from session_host_stub import stub_host as _host
 
 
 def _decode(state: str, seconds: float) -> str:
