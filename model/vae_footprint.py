@@ -32,6 +32,10 @@ from model.vae_cache import CACHE_T
 
 WORKING_ROWS = 12  # full-resolution activation tensors of one call (calibration: module docstring)
 CHUNK_STEP_FRAMES = 4  # video frames one decoder step (one latent frame) or encoder step produces / takes
+# With WanVAE.batch_frames a chunk's 12 frames go through in one call: measured on the H200 at
+# 464x832 (benchmarks/results/h200_round2_vae_batched.json) its peak rose 0.49 GiB over the
+# per-latent-frame calls, about 0.6 of one WORKING_ROWS frame row (0.83 GiB there): one more row.
+BATCHED_EXTRA_FRAMES = 1
 MUXER_FRAMES = 4  # YUV 4:2:0 frames of x264 state per session (reference, reconstruction, input, bitstream)
 PROBE_SIZE = (32, 32)  # output pixels of the probe when no serving size is given (levels 32, 16, 8, 4)
 GRAY = 127
@@ -69,6 +73,7 @@ class CacheLayout:
     slots: tuple[_Slot, ...]
     image_itemsize: int  # the preprocessed image [3, H, W]
     host_muxer: bool  # the muxer's host memory is on the budget's device (a CPU VAE)
+    batched: bool = False  # the VAE runs a chunk's frames in one call (WanVAE.batch_frames)
 
     @classmethod
     def probe(cls, engine, size: tuple[int, int] = PROBE_SIZE) -> "CacheLayout":
@@ -86,7 +91,7 @@ class CacheLayout:
             itemsize = session.image.element_size()
         finally:
             engine.close(session)
-        return cls(slots, itemsize, engine.device.type == "cpu")
+        return cls(slots, itemsize, engine.device.type == "cpu", bool(engine.vae.batch_frames))
 
     def footprint(self, height: int, width: int) -> VaeFootprint:
         caches = sum(s.nbytes(height, width) for s in self.slots)
@@ -95,6 +100,7 @@ class CacheLayout:
         full = [s for s in self.slots if s.scale_h == 1 and s.scale_w == 1]
         channels = max((s.channels for s in full), default=3)
         itemsize = max((s.itemsize for s in self.slots), default=4)
-        activations = WORKING_ROWS * channels * (CHUNK_STEP_FRAMES + CACHE_T) * height * width * itemsize
+        frames = CHUNK_STEP_FRAMES + CACHE_T + (BATCHED_EXTRA_FRAMES if self.batched else 0)
+        activations = WORKING_ROWS * channels * frames * height * width * itemsize
         chunk = CHUNK_VIDEO_FRAMES * height * width * 3 * (4 + 1)  # decoded float32 + its uint8 frames
         return VaeFootprint(caches + image + muxer, activations + chunk)

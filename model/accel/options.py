@@ -7,6 +7,7 @@ recorded outputs bit for bit. `AccelOptions.for_serving` maps the serving flags 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import Literal, get_args
 
 import torch
@@ -29,9 +30,9 @@ class AccelOptions:
       with `_scaled_mm`); changes the numerics (reported by the benchmark), off by default.
     fp8_quant: where the FP8 GEMMs' inputs are quantized: "gemm" (a pass of its own before each
       GEMM), "fused" (inside the compiled region that makes the input: the norms, the FFN's
-      GELU) or "triton" (those regions and the quantization as one-pass Triton kernels,
-      model/accel/triton_quant.py; CUDA; measured no faster than "fused", nothing turns it on).
-      Not "gemm" needs `fp8`.
+      GELU) or "triton" (the four regions that feed a GEMM as one-pass Triton kernels with their
+      tuned launches, model/accel/triton_quant.py; CUDA; the serving choice: 8.45 against
+      8.68 s for "fused"). Not "gemm" needs `fp8`.
     fp8_camera: the camera modulation's GEMMs (3 per block, once per chunk) in FP8 too; needs
       `fp8`. Measured: -1.6 % time but 5x the deviation (7e-2 from float32, against 1.4e-2):
       the camera scale multiplies the whole residual stream. Nothing turns it on.
@@ -96,12 +97,15 @@ class AccelOptions:
         attention, channels-last VAE convolutions with their padding inside the conv (the same
         function in bf16; with `vae_compile` also the folded conv biases, round 2), plus the
         opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`: FP8
-        GEMMs, on CUDA with fast accumulation and, compiled, their inputs quantized in the
-        compiled regions: round 2's fastest FP8 variant); on the CPU the plain path unless one of
-        the flags is asked for."""
+        GEMMs, on CUDA with fast accumulation and, compiled, their inputs quantized by the tuned
+        Triton kernels where Triton is installed, else in the compiled regions: round 2's fastest
+        FP8 variant), and a chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %,
+        +0.5 GiB while a call runs); on the CPU the plain path unless one of the flags is asked
+        for."""
         if torch.device(device).type == "cuda":
+            quant = ("triton" if find_spec("triton") is not None else "fused") if fp8 and compile else "gemm"
             return cls(fast=True, attention="cudnn", compile=compile, fp8=fp8, skip_final_update=True,
-                       fp8_quant="fused" if fp8 and compile else "gemm", fp8_fast_accum=fp8,
+                       fp8_quant=quant, fp8_fast_accum=fp8,
                        vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,
-                       vae_fold_bias=vae_compile)
+                       vae_fold_bias=vae_compile, vae_batch_frames=True)
         return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)

@@ -162,10 +162,13 @@ def test_camera_gemms_in_fp8_are_opt_in_and_close():
 
 
 def test_a_gpu_replicas_fp8_options_compute_the_plain_fp8_function():
-    """The serving FP8 options (fast accumulation, inputs quantized in the compiled regions)
-    applied on the CPU, eager: the same latents as the FP8 GEMMs quantizing their own inputs."""
+    """The serving FP8 options (fast accumulation, inputs quantized before the GEMMs: by the
+    Triton kernels on a GPU, whose function tests/model/test_triton_quant.py checks against the
+    compiled regions') applied on the CPU, eager, with the regions' quantization: the same
+    latents as the FP8 GEMMs quantizing their own inputs."""
     serving = AccelOptions.for_serving("cuda", compile=True, fp8=True)
-    assert serving.fp8_quant == "fused" and serving.fp8_fast_accum and not serving.fp8_camera
+    assert serving.fp8_quant == "triton" and serving.fp8_fast_accum and not serving.fp8_camera
+    serving = replace(serving, fp8_quant="fused")  # the Triton kernels need a GPU
     assert AccelOptions.for_serving("cuda", compile=False, fp8=True).fp8_quant == "gemm"
     assert AccelOptions.for_serving("cuda").fp8_quant == "gemm" and not AccelOptions.for_serving("cuda").fp8_fast_accum
     plain = init_dit_random(PRESETS["tiny"].dit, torch.bfloat16, "cpu", 4)

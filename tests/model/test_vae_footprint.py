@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from model.factory import load_vae_engine
-from model.vae_footprint import CacheLayout
+from camera.frames import CHUNK_VIDEO_FRAMES
+from model.vae_cache import CACHE_T
+from model.vae_footprint import BATCHED_EXTRA_FRAMES, CHUNK_STEP_FRAMES, CacheLayout
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +39,21 @@ def test_the_footprint_grows_with_the_output_area(engine):
     small, large = layout.footprint(32, 48), layout.footprint(64, 96)
     assert 3.5 * small.held < large.held <= 4 * small.held
     assert large.working == 4 * small.working
+
+
+
+def test_batched_calls_reserve_one_more_frame_row_while_a_call_runs(engine):
+    """A VAE that runs a chunk's frames in one call (the GPU replicas') holds the same caches
+    and reserves BATCHED_EXTRA_FRAMES more full-resolution frame rows of activations per call."""
+    per_step = CacheLayout.probe(engine, (32, 48))
+    try:
+        engine.vae.batch_frames = True
+        batched = CacheLayout.probe(engine, (32, 48))
+    finally:
+        del engine.vae.batch_frames
+    assert batched.batched and not per_step.batched
+    a, b = per_step.footprint(64, 96), batched.footprint(64, 96)
+    assert b.held == a.held
+    decoded = CHUNK_VIDEO_FRAMES * 64 * 96 * 3 * 5  # the chunk in float32 and uint8, in both
+    row = (a.working - decoded) // (CHUNK_STEP_FRAMES + CACHE_T)  # one frame of every working row
+    assert row > 0 and b.working - a.working == BATCHED_EXTRA_FRAMES * row
