@@ -28,12 +28,12 @@ class ComputeThread:
     def __init__(self, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the thread. A thread cannot be stopped: when the caller is cancelled
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on the thread. A thread cannot be stopped: when the caller is cancelled
         (e.g. its client left), wait for the job to end before returning, so that whoever holds
         the compute lock gives it up only when no job touches the session's tensors."""
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._pool, functools.partial(fn, *args))
+        job = loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:

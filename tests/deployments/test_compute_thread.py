@@ -66,3 +66,15 @@ def test_a_cancelled_caller_waits_for_its_job_to_end():
 
     assert asyncio.run(go())  # the job had ended when the cancellation reached the caller
     thread.shutdown()
+
+
+def test_keyword_arguments_reach_the_job():
+    """VaeDeployment's warm-up passes its muxer factory by keyword (`consumer=`)."""
+    thread = ComputeThread("test")
+
+    def job(a: int, *, consumer) -> tuple[int, str, int]:
+        return a, consumer(), threading.get_ident()
+
+    a, made, ident = asyncio.run(thread.run(job, 3, consumer=lambda: "muxer"))
+    assert (a, made) == (3, "muxer") and ident != threading.get_ident()
+    thread.shutdown()
