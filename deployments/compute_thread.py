@@ -40,6 +40,11 @@ class ComputeThread:
             await asyncio.gather(job, return_exceptions=True)
             raise
 
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on the thread, waited for here (a synchronous constructor's
+        warm-up)."""
+        return self._pool.submit(fn, *args, **kwargs).result()
+
     def shutdown(self) -> None:
         """No new jobs; the one running ends on its own."""
         self._pool.shutdown(wait=False)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
+from deployments.compute_thread import ComputeThread
 from deployments.config import ModelArgs
 from deployments.log import get_log
 from deployments.memory import cap_process, memory_report
@@ -27,9 +28,11 @@ class TextEncoderDeployment:
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = model.prompt_cache_size
         self._lock = asyncio.Lock()
+        self._thread = ComputeThread("lwf-TextEncoderDeployment")  # per-thread cuBLAS state: compute_thread.py
         self._log = get_log("text_encoder", preset=model.preset)
-        # One prompt through the encoder before traffic; its embedding is not cached.
-        report = warm_up_text(self._engine) if model.warmup else WarmupReport()
+        # One prompt through the encoder before traffic, on the thread the calls run on; its
+        # embedding is not cached.
+        report = self._thread.call(warm_up_text, self._engine) if model.warmup else WarmupReport()
         self._info = {"warmup_s": round(report.seconds, 3), "memory_cap_bytes": cap,
                       "random_weights": model.random_weights}
         if model.random_weights:
@@ -42,7 +45,7 @@ class TextEncoderDeployment:
             self._cache.move_to_end(prompt)
             return hit
         async with self._lock:
-            tensor = await asyncio.to_thread(self._engine.encode, prompt)
+            tensor = await self._thread.run(self._engine.encode, prompt)
         emb = tensor.numpy()  # CPU float32
         emb.setflags(write=False)
         if self._cache_size:

@@ -78,3 +78,11 @@ def test_keyword_arguments_reach_the_job():
     a, made, ident = asyncio.run(thread.run(job, 3, consumer=lambda: "muxer"))
     assert (a, made) == (3, "muxer") and ident != threading.get_ident()
     thread.shutdown()
+
+
+def test_a_synchronous_call_runs_on_the_thread_too():
+    """TextEncoderDeployment's constructor warms up with `call`, its encodes use `run`."""
+    thread = ComputeThread("test")
+    warm = thread.call(_ident)
+    assert warm != threading.get_ident() and asyncio.run(thread.run(_ident)) == warm
+    thread.shutdown()
