@@ -254,11 +254,17 @@ def profile_vae(engine: VaeEngine, inputs: Inputs, latents: list[torch.Tensor], 
         with record_function("vae_decode"):
             engine.decode_float(session, latents[1])
     engine.close(session)
-    key = "self_device_time_total" if engine.device.type == "cuda" else "self_cpu_time_total"
+    _write_shapes_table(prof, engine.device, path)
+    return _top_ops(prof, engine.device, path, 15)
+
+
+def _write_shapes_table(prof: object, device: torch.device, path: Path) -> None:
+    """The profile per (op, input shapes) beside `path` (`*_shapes.txt`): which layer a copy or
+    a slow kernel belongs to (the profiler must have recorded shapes)."""
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     by_shape = prof.key_averages(group_by_input_shape=True)
     path.with_name(path.stem + "_shapes.txt").write_text(by_shape.table(sort_by=key, row_limit=80, max_name_column_width=40,
                                                                          max_shapes_column_width=120))
-    return _top_ops(prof, engine.device, path, 15)
 
 
 def stage_profile(b: Bench) -> dict:
@@ -296,6 +302,9 @@ def _profile_by_kind(b: Bench, filename: str) -> dict:
             kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + e.self_device_time_total / 1e6
     path = Path(b.args.out).with_name(filename)
     path.write_text(prof.key_averages().table(sort_by="self_device_time_total", row_limit=60))
+    with _profiler(record_shapes=True) as shaped:  # apart: recording shapes slows the host
+        run_dit(engine, b.inputs, 1)
+    _write_shapes_table(shaped, b.device, path)
     busy = sum(kinds.values())
     return {"wall_s": wall, "chunk_s": run.chunk_s, "device_s_by_kind": kinds, "device_busy_s": busy,
             "busy_fraction": busy / wall}
