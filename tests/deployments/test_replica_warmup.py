@@ -1,0 +1,86 @@
+"""The model replicas' constructors as the GPU configs run them (warm-up on), here on the CPU
+with the tiny model at one small size bucket and without Ray: each warms up on its one model
+thread, and the session calls after it run on that same thread (deployments/compute_thread.py:
+cuDNN's autotuned plans and cuBLAS state are per thread)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from deployments import dit as dit_module
+from deployments import session_host
+from deployments import text_encoder as text_module
+from deployments import vae as vae_module
+from deployments.config import ModelArgs, SessionArgs
+from deployments.wire import DiTOpenSpec
+
+MODEL = ModelArgs(preset="tiny", device="cpu", warmup=True, size_buckets=["32*48"], default_size="32*48")
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """Where each warm-up ran: {name: thread ident}; outside Ray, a replica context stub."""
+    seen: dict[str, int] = {}
+    ctx = types.SimpleNamespace(replica_id=types.SimpleNamespace(unique_id="test-replica"))
+    monkeypatch.setattr(session_host.serve, "get_replica_context", lambda: ctx)
+    for module, name in ((vae_module, "warm_up_vae"), (dit_module, "warm_up_dit"), (text_module, "warm_up_text")):
+        real = getattr(module, name)
+
+        def traced(*args, _real=real, _name=name, **kwargs):
+            seen[_name] = threading.get_ident()
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, traced)
+    return seen
+
+
+def _instance(deployment):
+    cls = deployment.func_or_class
+    return cls.__new__(cls)
+
+
+def test_vae_replica_warms_up_and_serves_on_one_thread(threads):
+    async def go():
+        vae = _instance(vae_module.VaeDeployment)
+        await vae.__init__(MODEL, SessionArgs(), 4)
+        calls: list[int] = []
+        engine = vae._engine
+        for name in ("condition", "decode"):
+            real = getattr(engine, name)
+            setattr(engine, name, lambda *a, _real=real: (calls.append(threading.get_ident()), _real(*a))[1])
+        await vae.open("s", np.full((40, 60, 3), 100, np.uint8), 32, 48)
+        y = await vae.condition("s")
+        out = await vae.decode("s", np.zeros((16, 3, 4, 6), np.float32))
+        stats = await vae.stats()
+        await vae.close("s")
+        return y, out, calls, stats
+
+    y, out, calls, stats = asyncio.run(go())
+    assert y.shape == (20, 3, 4, 6) and out["num_frames"] == 9 and out["video"]
+    assert stats["warmed_sizes"] == [[32, 48]]
+    assert len(calls) == 2 and set(calls) == {threads["warm_up_vae"]} != {threading.get_ident()}
+
+
+def test_dit_and_text_replicas_warm_up_on_their_model_thread(threads):
+    async def go():
+        dit = _instance(dit_module.DiTDeployment)
+        await dit.__init__(MODEL, SessionArgs())
+        text = text_module.TextEncoderDeployment.func_or_class(MODEL)
+        step_thread: list[int] = []
+        real = dit._engine.step
+        dit._engine.step = lambda *a, **k: (step_thread.append(threading.get_ident()), real(*a, **k))[1]
+        emb = await text.encode("a cat")
+        await dit.open("s", DiTOpenSpec(context=emb, height=32, width=48, seed=1, total_latent_frames=6,
+                                              translation_scale=None, intrinsics_resolution=(32, 48)))
+        poses = np.tile(np.eye(4, dtype=np.float32), (12, 1, 1))
+        await dit.step("s", np.zeros((20, 3, 4, 6), np.float32), poses, np.array([[40, 40, 24, 16.0]], np.float32))
+        return dit, text, step_thread
+
+    dit, text, step_thread = asyncio.run(go())
+    assert dit._replica_info["warmed_sizes"] == [[32, 48]]
+    assert step_thread == [threads["warm_up_dit"]] and threads["warm_up_dit"] != threading.get_ident()
+    assert threads["warm_up_text"] != threading.get_ident()
