@@ -49,6 +49,10 @@ VAE_VARIANTS = {
     # session 4: a chunk's frames in one encoder / decoder call (on top of fold_bias)
     "bf16_compiled_fold_bias_batched": AccelOptions(vae_channels_last=True, vae_compile=True, vae_pad_in_conv=True,
                                                     vae_fold_bias=True, vae_batch_frames=True),
+    # and the decoder's upsample + conv3x3 as one low-resolution conv with a pixel shuffle
+    "bf16_compiled_batched_upsample_in_conv": AccelOptions(vae_channels_last=True, vae_compile=True,
+                                                           vae_pad_in_conv=True, vae_fold_bias=True,
+                                                           vae_batch_frames=True, vae_upsample_in_conv=True),
 }
 
 

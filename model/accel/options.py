@@ -52,6 +52,9 @@ class AccelOptions:
     vae_batch_frames: a chunk's frames through the encoder / decoder in one call instead of one
       call per latent frame (`WanVAE.batch_frames`): the same function, each conv's history
       copied once per chunk; larger activations while a call runs.
+    vae_upsample_in_conv: the decoder's nearest 2x upsampling and the 3x3 conv after it as one
+      conv at the low resolution with 4x the output channels and a pixel shuffle
+      (model/accel/vae_upsample.py); the same function up to the rounding of summed taps.
     """
 
     fast: bool = False
@@ -68,6 +71,7 @@ class AccelOptions:
     vae_fold_bias: bool = False
     vae_write_once: bool = False
     vae_batch_frames: bool = False
+    vae_upsample_in_conv: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -88,7 +92,8 @@ class AccelOptions:
     @property
     def any(self) -> bool:
         return (self.fast or self.skip_final_update or self.vae_channels_last or self.vae_compile
-                or self.vae_pad_in_conv or self.vae_batch_frames)
+                or self.vae_pad_in_conv or self.vae_batch_frames
+                or self.vae_upsample_in_conv)
 
     @classmethod
     def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,

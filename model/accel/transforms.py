@@ -21,6 +21,7 @@ from model.accel.projection import Fp8Projection, Projection
 from model.accel.vae_fast import (bias_norm_silu, bias_residual, compiled, compiled_norm_silu, fold_conv_bias,
                                   fuse_norm_silu, native_upsampling, norm_silu_cat, pad_in_conv, rms_norm_silu,
                                   write_once)
+from model.accel.vae_upsample import upsample_in_conv
 from model.dit import CausalDiT
 from model.vae import WanVAE
 
@@ -133,4 +134,6 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
                 module.weight.data = module.weight.data.to(memory_format=torch.channels_last_3d)
             elif isinstance(module, nn.Conv2d):
                 module.weight.data = module.weight.data.to(memory_format=torch.channels_last)
+    if options.vae_upsample_in_conv:  # after the layout: the phase weights keep the conv's
+        upsample_in_conv(vae)
     return vae

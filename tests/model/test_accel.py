@@ -219,7 +219,8 @@ def test_vae_transforms_keep_the_streams():
     assert max(norm_rel(b, a) for a, b in zip(results[0], results[2])) < 1e-5
 
 
-@pytest.mark.parametrize("level", ["pad_in_conv", "fold_bias", "write_once", "batched", "fold_bias_batched"])
+@pytest.mark.parametrize("level", ["pad_in_conv", "fold_bias", "write_once", "batched", "fold_bias_batched",
+                                   "upsample_in_conv"])
 def test_vae_written_once_transforms_keep_the_streams(level):
     """Round 2's VAE transforms (padding inside the conv, biases folded into the next kernel,
     norms writing into the conv's input buffer, a chunk's frames in one call) compute the plain
@@ -228,7 +229,9 @@ def test_vae_written_once_transforms_keep_the_streams(level):
              "fold_bias": dict(vae_pad_in_conv=True, vae_fold_bias=True),
              "write_once": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_write_once=True),
              "batched": dict(vae_batch_frames=True),
-             "fold_bias_batched": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True)}[level]
+             "fold_bias_batched": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True),
+             "upsample_in_conv": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True,
+                                      vae_upsample_in_conv=True)}[level]
     vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
     fast = optimize_vae(copy.deepcopy(vae), AccelOptions(vae_channels_last=True, **flags))
     gen = torch.Generator().manual_seed(1)

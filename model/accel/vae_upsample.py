@@ -1,0 +1,73 @@
+"""The decoder's nearest 2x upsampling and the 3x3 conv after it as one conv at the low resolution.
+
+`Upsample.resample` is nearest-exact 2x (U[y, x] = X[y // 2, x // 2]) then a 3x3 conv with zero
+padding 1. An output pixel of row parity a reads source rows {i - 1, i} (a = 0: taps W0 and
+W1 + W2) or {i, i + 1} (a = 1: taps W0 + W1 and W2); columns likewise. So the four output
+phases (a, b) are four 3x3 kernels over the low-resolution input (each the original with two
+taps summed and one zero, padding 1 at the low resolution covers the border exactly), run as
+one conv with 4 x C_out channels, and a pixel shuffle puts the phases in place.
+
+Same function up to the rounding of the summed taps; no upsampled input (4x the input's bytes)
+is ever written, and the conv's output width is 4 x C_out (cuDNN's 96-channel convs ran at
+434 TFLOP/s where wider ones reached 640, docs/PERFORMANCE.md). Opt-in:
+`AccelOptions.vae_upsample_in_conv`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.vae import WanVAE
+from model.vae_blocks import NearestUpsample2x, Upsample
+
+# Row (or column) taps of the phase kernels from the original three: PHASE_TAPS[a] @ [W0, W1, W2].
+PHASE_TAPS = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0]],
+                           [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])
+
+
+def phase_weights(weight: Tensor) -> Tensor:
+    """[C_out, C_in, 3, 3] -> [4 * C_out, C_in, 3, 3], phases (a, b) outermost, in float32."""
+    w = weight.float()
+    taps = PHASE_TAPS.to(w.device)
+    phases = [torch.einsum("ry,oiyx,cx->oirc", taps[a], w, taps[b]) for a in (0, 1) for b in (0, 1)]
+    return torch.cat(phases, dim=0)
+
+
+class UpsampleConv2x(nn.Module):
+    """nearest 2x + conv3x3(padding 1) as one conv at the input's resolution + a pixel shuffle."""
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        super().__init__()
+        assert conv.kernel_size == (3, 3) and conv.padding == (1, 1) and conv.stride == (1, 1), conv
+        self.out_channels = conv.out_channels
+        weight = phase_weights(conv.weight).to(conv.weight.dtype)
+        if not conv.weight.is_contiguous():  # channels-last weights stay channels-last
+            weight = weight.contiguous(memory_format=torch.channels_last)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        bias = None if conv.bias is None else conv.bias.detach().repeat(4)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, _, h, w = x.shape
+        c = self.out_channels
+        y = F.conv2d(x, self.weight, self.bias, padding=1)  # [n, (a, b, c), h, w]
+        if y.is_contiguous(memory_format=torch.channels_last):
+            # memory [n, h, w, a, b, c] -> [n, h, a, w, b, c]: one copy, the result channels-last
+            z = y.permute(0, 2, 3, 1).reshape(n, h, w, 2, 2, c).permute(0, 1, 3, 2, 4, 5)
+            return z.reshape(n, 2 * h, 2 * w, c).permute(0, 3, 1, 2)
+        z = y.reshape(n, 2, 2, c, h, w).permute(0, 3, 4, 1, 5, 2)  # [n, c, h, a, w, b]
+        return z.reshape(n, c, 2 * h, 2 * w)
+
+
+def upsample_in_conv(vae: WanVAE) -> int:
+    """Every decoder Upsample's (nearest 2x, conv3x3) becomes an UpsampleConv2x (in place);
+    returns how many."""
+    n = 0
+    for module in vae.modules():
+        if isinstance(module, Upsample):
+            up, conv = module.resample
+            assert isinstance(up, NearestUpsample2x) and isinstance(conv, nn.Conv2d), module.resample
+            module.resample = UpsampleConv2x(conv)
+            n += 1
+    return n
