@@ -57,7 +57,7 @@ API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps", 
 # a key per test group: quotas and connection caps count per key
 STRICT_PREFIX = "/strict"
 STRICT_ORIGIN = "https://app.example"
-STRICT_LIMITS = {"max_messages_per_s": 20, "message_burst": 40, "first_message_timeout_s": 2.0, "idle_timeout_s": 4.0,
+STRICT_LIMITS = {"max_messages_per_s": 20, "message_burst": 40, "first_message_timeout_s": 2.0, "idle_timeout_s": 7.0,
                  "max_connections_per_client": 6}
 STRICT_CONNECTIONS_PER_KEY = 3
 STRICT_MAX_MESSAGE_BYTES = 256 * 1024
@@ -69,10 +69,12 @@ STRICT_ARGS = {
     # Output sizes from two buckets (warmed up in the replicas' constructors), a 4096-pixel cap.
     "model": {"preset": "tiny", "default_size": TEST_SIZE, "size_buckets": STRICT_BUCKETS,
               "max_output_area": STRICT_MAX_AREA},
-    # A 2-chunk cap, a 2 s TTL (1 s expired sessions between two chunks on a loaded 2-core
-    # machine), and a journal budget below one decoded image: never recoverable.
+    # A 2-chunk cap, a 4 s TTL (1 and 2 s expired sessions between two chunks on a loaded
+    # 2-core machine: a DiT session idles while the VAE conditions its chunk, once 3.7 s; the
+    # connection idle timeout above stays longer than the TTL + a sweep, for the session_lost
+    # test), and a journal budget below one decoded image: never recoverable.
     # An explicit 12 MiB session budget and a 4096-token attention bound (admission tests).
-    "sessions": {"max_sessions": 4, "idle_ttl_s": 2.0, "routing_stats_period_s": 0.5, "max_chunks": 2,
+    "sessions": {"max_sessions": 4, "idle_ttl_s": 4.0, "routing_stats_period_s": 0.5, "max_chunks": 2,
                  "journal_max_mib": 1.0, "kv_budget_gib": STRICT_BUDGET_MIB / 1024,
                  "max_attention_tokens": STRICT_ATTENTION_TOKENS, "resume_grace_s": 0},
     "dit": {"num_cpus": 0.1},

@@ -137,7 +137,7 @@ def test_a_session_that_cannot_be_rebuilt_gets_session_lost(strict_server, stric
         async with strict_connect(api_keys[4]) as c:
             await c.infer("gone", example, 0, first=True)
             first = await c.recv()
-            await asyncio.sleep(ttl + 1.0)  # the TTL + a sweep period (0.5 s) + margin; < 4 s idle
+            await asyncio.sleep(ttl + 1.0)  # the TTL + a sweep period (0.5 s) + margin; < the 7 s idle timeout
             await c.infer("gone", example, 1, first=False)
             lost = await c.recv()
         return first, lost
