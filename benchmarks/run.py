@@ -227,9 +227,13 @@ def stage_fast_cudnn(b: Bench) -> dict:
                        numerics=True, repeats=2)
 
 
+def _self_time_key(device: torch.device) -> str:
+    return "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+
+
 def _top_ops(prof: object, device: torch.device, path: Path, rows: int) -> dict:
     events = prof.key_averages()
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    key = _self_time_key(device)
     path.write_text(events.table(sort_by=key, row_limit=40))
     top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:rows]
     return {"self_time_total_ms": sum(getattr(e, key) for e in events) / 1e3,
@@ -265,10 +269,9 @@ def profile_vae(engine: VaeEngine, inputs: Inputs, latents: list[torch.Tensor], 
 def _write_shapes_table(prof: object, device: torch.device, path: Path) -> None:
     """The profile per (op, input shapes) beside `path` (`*_shapes.txt`): which layer a copy or
     a slow kernel belongs to (the profiler must have recorded shapes)."""
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     by_shape = prof.key_averages(group_by_input_shape=True)
-    path.with_name(path.stem + "_shapes.txt").write_text(by_shape.table(sort_by=key, row_limit=80, max_name_column_width=40,
-                                                                         max_shapes_column_width=120))
+    path.with_name(path.stem + "_shapes.txt").write_text(by_shape.table(
+        sort_by=_self_time_key(device), row_limit=80, max_name_column_width=40, max_shapes_column_width=120))
 
 
 def stage_profile(b: Bench) -> dict:

@@ -21,8 +21,8 @@ import torch
 from ray import serve
 
 from deployments import stall_counters
-from deployments.compute_thread import ComputeThread
 from deployments.autoscaling_policy import LOAD, REFUSED, replica_load
+from deployments.compute_thread import ComputeThread
 from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog, log_typed_errors_as_info
 from deployments.memory import memory_report
@@ -90,15 +90,14 @@ class SessionHost(Generic[S]):
                 state = self._table.get(key)  # closed while queued -> SessionLost
                 if prepare is not None:
                     prepare(key, state)
-                device = getattr(self, "_device", "cpu")
-                counters = stall_counters.snapshot(device)
+                counters = stall_counters.snapshot(self._device)
                 started = time.perf_counter()
                 try:
                     return await self._run(fn, state, *args)
                 finally:
                     ran_s = time.perf_counter() - started
                     self._record_call(key, fn, started - queued, ran_s,
-                                      lambda: stall_counters.moved(counters, stall_counters.snapshot(device)))
+                                      lambda: stall_counters.moved(counters, stall_counters.snapshot(self._device)))
 
     def _record_call(self, key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
                      counters_moved: Callable[[], dict[str, int]] = dict) -> None:

@@ -32,6 +32,7 @@ class _Log:
 def stub_host(slow_call_s: float) -> SessionHost:
     host = object.__new__(SessionHost)
     host.slow_call_s = slow_call_s
+    host._device = "cpu"
     host._table = SessionTable(8, None, idle_ttl_s=60.0, retry_after_s=1.0)
     host._lock = PriorityLock()
     host._metrics, host._log = _Metrics(), _Log()

@@ -18,6 +18,7 @@ from deployments.session_table import SessionTable
 
 def _host() -> SessionHost:
     host = object.__new__(SessionHost)
+    host._device = "cpu"
     host._table = SessionTable(8, None, idle_ttl_s=60.0, retry_after_s=1.0)
     host._lock = PriorityLock()
     host._jobs = set()

@@ -64,6 +64,7 @@ def test_a_close_overtakes_the_chunks_queued_on_the_replica():
 
     async def go() -> list[str]:
         host = object.__new__(SessionHost)
+        host._device = "cpu"
         order: list[str] = []
         host._table = SessionTable(8, None, idle_ttl_s=60.0, retry_after_s=1.0)
         host._lock = PriorityLock()
