@@ -53,6 +53,10 @@ VAE_VARIANTS = {
     "bf16_compiled_batched_upsample_in_conv": AccelOptions(vae_channels_last=True, vae_compile=True,
                                                            vae_pad_in_conv=True, vae_fold_bias=True,
                                                            vae_batch_frames=True, vae_upsample_in_conv=True),
+    # the same with 2x2 phase kernels (16 of the 36 multiplies)
+    "bf16_compiled_batched_upsample_2x2": AccelOptions(vae_channels_last=True, vae_compile=True, vae_pad_in_conv=True,
+                                                       vae_fold_bias=True, vae_batch_frames=True,
+                                                       vae_upsample_in_conv=True, vae_upsample_kernel=2),
 }
 
 

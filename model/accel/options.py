@@ -55,6 +55,8 @@ class AccelOptions:
     vae_upsample_in_conv: the decoder's nearest 2x upsampling and the 3x3 conv after it as one
       conv at the low resolution with 4x the output channels and a pixel shuffle
       (model/accel/vae_upsample.py); the same function up to the rounding of summed taps.
+    vae_upsample_kernel: 3 (each phase a 3x3 kernel, 5 of its taps zero) or 2 (the 2x2 taps
+      alone: 16 of 36 multiplies); needs vae_upsample_in_conv for 2.
     """
 
     fast: bool = False
@@ -72,6 +74,7 @@ class AccelOptions:
     vae_write_once: bool = False
     vae_batch_frames: bool = False
     vae_upsample_in_conv: bool = False
+    vae_upsample_kernel: int = 3
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -88,6 +91,10 @@ class AccelOptions:
             raise ValueError("vae_fold_bias needs vae_pad_in_conv")
         if self.vae_write_once and not self.vae_fold_bias:
             raise ValueError("vae_write_once needs vae_fold_bias")
+        if self.vae_upsample_kernel not in (2, 3):
+            raise ValueError(f"vae_upsample_kernel must be 2 or 3, got {self.vae_upsample_kernel}")
+        if self.vae_upsample_kernel == 2 and not self.vae_upsample_in_conv:
+            raise ValueError("vae_upsample_kernel=2 is a form of vae_upsample_in_conv: set it")
 
     @property
     def any(self) -> bool:

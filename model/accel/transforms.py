@@ -135,5 +135,5 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
             elif isinstance(module, nn.Conv2d):
                 module.weight.data = module.weight.data.to(memory_format=torch.channels_last)
     if options.vae_upsample_in_conv:  # after the layout: the phase weights keep the conv's
-        upsample_in_conv(vae)
+        upsample_in_conv(vae, options.vae_upsample_kernel)
     return vae

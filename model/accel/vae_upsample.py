@@ -11,6 +11,13 @@ Same function up to the rounding of the summed taps; no upsampled input (4x the 
 is ever written, and the conv's output width is 4 x C_out (cuDNN's 96-channel convs ran at
 434 TFLOP/s where wider ones reached 640, docs/PERFORMANCE.md). Opt-in:
 `AccelOptions.vae_upsample_in_conv`.
+
+Each phase reads only a 2x2 block of source pixels, so the 3x3 phase kernels carry 5 zero taps of
+9. `kernel=2` drops them: one 2x2 conv with padding 1 over the low-resolution input gives
+(h + 1) x (w + 1) positions; position (p, q) holds phase (a, b) of the output pixel
+(2p - a, 2q - b) (rows {p - 1, p} are what both row phases read there), so the shuffle reads
+phase (a, b) at position (i + a, j + b) for output (2i + a, 2j + b). 16 of the 36 multiplies
+per output pixel and source pixel; the shuffle is still one copy.
 """
 from __future__ import annotations
 
@@ -24,24 +31,29 @@ from model.vae_blocks import NearestUpsample2x, Upsample
 # Row (or column) taps of the phase kernels from the original three: PHASE_TAPS[a] @ [W0, W1, W2].
 PHASE_TAPS = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0]],
                            [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])
+# The same without the zero row: phase a's taps over source rows {p - 1, p} of a 2x2 conv.
+PHASE_TAPS_2 = torch.stack([PHASE_TAPS[0, :2], PHASE_TAPS[1, 1:]])
 
 
-def phase_weights(weight: Tensor) -> Tensor:
-    """[C_out, C_in, 3, 3] -> [4 * C_out, C_in, 3, 3], phases (a, b) outermost, in float32."""
+def phase_weights(weight: Tensor, kernel: int = 3) -> Tensor:
+    """[C_out, C_in, 3, 3] -> [4 * C_out, C_in, kernel, kernel], phases (a, b) outermost, in
+    float32."""
+    assert kernel in (2, 3), kernel
     w = weight.float()
-    taps = PHASE_TAPS.to(w.device)
+    taps = (PHASE_TAPS if kernel == 3 else PHASE_TAPS_2).to(w.device)
     phases = [torch.einsum("ry,oiyx,cx->oirc", taps[a], w, taps[b]) for a in (0, 1) for b in (0, 1)]
     return torch.cat(phases, dim=0)
 
 
 class UpsampleConv2x(nn.Module):
-    """nearest 2x + conv3x3(padding 1) as one conv at the input's resolution + a pixel shuffle."""
+    """nearest 2x + conv3x3(padding 1) as one conv at the input's resolution (3x3 or 2x2 phase
+    kernels) + a pixel shuffle."""
 
-    def __init__(self, conv: nn.Conv2d) -> None:
+    def __init__(self, conv: nn.Conv2d, kernel: int = 3) -> None:
         super().__init__()
         assert conv.kernel_size == (3, 3) and conv.padding == (1, 1) and conv.stride == (1, 1), conv
-        self.out_channels = conv.out_channels
-        weight = phase_weights(conv.weight).to(conv.weight.dtype)
+        self.out_channels, self.kernel = conv.out_channels, kernel
+        weight = phase_weights(conv.weight, kernel).to(conv.weight.dtype)
         if not conv.weight.is_contiguous():  # channels-last weights stay channels-last
             weight = weight.contiguous(memory_format=torch.channels_last)
         self.weight = nn.Parameter(weight, requires_grad=False)
@@ -49,6 +61,8 @@ class UpsampleConv2x(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernel == 2:
+            return self._forward_2x2(x)
         n, _, h, w = x.shape
         c = self.out_channels
         y = F.conv2d(x, self.weight, self.bias, padding=1)  # [n, (a, b, c), h, w]
@@ -59,15 +73,27 @@ class UpsampleConv2x(nn.Module):
         z = y.reshape(n, 2, 2, c, h, w).permute(0, 3, 4, 1, 5, 2)  # [n, c, h, a, w, b]
         return z.reshape(n, c, 2 * h, 2 * w)
 
+    def _forward_2x2(self, x: Tensor) -> Tensor:
+        n, _, h, w = x.shape
+        c = self.out_channels
+        y = F.conv2d(x, self.weight, self.bias, padding=1)  # [n, (a, b, c), h + 1, w + 1]
+        sn, sc, sh, sw = y.stride()
+        # output (i, a, j, b, ch) reads y[(a, b, ch), i + a, j + b]: a strided view, one copy
+        if y.is_contiguous(memory_format=torch.channels_last):  # memory [n, h+1, w+1, a, b, c]
+            z = y.as_strided((n, h, 2, w, 2, c), (sn, sh, sh + 2 * c, sw, sw + c, 1), y.storage_offset())
+            return z.reshape(n, 2 * h, 2 * w, c).permute(0, 3, 1, 2)
+        z = y.as_strided((n, c, h, 2, w, 2), (sn, sc, sh, sh + 2 * c * sc, sw, sw + c * sc), y.storage_offset())
+        return z.reshape(n, c, 2 * h, 2 * w)
 
-def upsample_in_conv(vae: WanVAE) -> int:
-    """Every decoder Upsample's (nearest 2x, conv3x3) becomes an UpsampleConv2x (in place);
-    returns how many."""
+
+def upsample_in_conv(vae: WanVAE, kernel: int = 3) -> int:
+    """Every decoder Upsample's (nearest 2x, conv3x3) becomes an UpsampleConv2x with `kernel`
+    x `kernel` phase kernels (in place); returns how many."""
     n = 0
     for module in vae.modules():
         if isinstance(module, Upsample):
             up, conv = module.resample
             assert isinstance(up, NearestUpsample2x) and isinstance(conv, nn.Conv2d), module.resample
-            module.resample = UpsampleConv2x(conv)
+            module.resample = UpsampleConv2x(conv, kernel)
             n += 1
     return n
