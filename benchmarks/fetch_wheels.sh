@@ -6,6 +6,7 @@
 #
 #   .whlray/  ray 2.60.0 alone (travels in a call of its own: install_wheels.py .whlray /tmp/site)
 #   .whl/     the rest: Serve's and the ingress's packages, av, ftfy (benchmarks.run's text encoder)
+#             and the cuDNN frontend (attention="cudnn_fp8"; 1.14.1: no dependencies of its own)
 #
 # Versions are the ones this project's CPU environment runs with, except grpcio-reflection,
 # which must match the image's grpcio (1.84.0). `--no-deps`: the image already holds the rest.
@@ -26,7 +27,8 @@ fetch .whl grpcio-reflection==1.84.0 protobuf==7.36.2 \
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
     typing-extensions==4.16.0 opentelemetry-api==1.45.2 importlib-metadata \
     av==18.1.0 msgpack-numpy==0.4.8 ftfy==6.3.1 wcwidth==0.9.4 watchfiles==1.3.0 \
-    jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+    jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 \
+    nvidia-cudnn-frontend==1.14.1
 du -sh .whl
 # ray's wheel (79 MB) is over one call's 64 MiB: drop what Serve never imports (install_wheels.py
 # skips the same members), repacked under the same name.

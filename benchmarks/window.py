@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fp8-quant", choices=FP8_QUANT_MODES, default="gemm",
                    help="fp8: where the GEMM inputs are quantized (AccelOptions.fp8_quant)")
     p.add_argument("--fp8-fast-accum", action="store_true", help="fp8: AccelOptions.fp8_fast_accum")
+    p.add_argument("--fp8-attention", action="store_true",
+                   help="fp8: the self-attention as cuDNN's FP8 SDPA too (AccelOptions.attention='cudnn_fp8')")
     p.add_argument("--out", type=Path, default=Path("window.json"))
     args = p.parse_args(argv)
     height, width = (int(s) for s in args.size.split("*"))
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
                              random_weights=random_weights, kv_fp8=args.kv_fp8)
     result: dict = {"preset": args.preset, "device": args.device, "size": [height, width], "window":
                     [args.local, args.sink], "chunks": args.chunks, "compile": args.compile, "kv_fp8": args.kv_fp8,
-                    "fp8_quant": args.fp8_quant, "fp8_fast_accum": args.fp8_fast_accum, "load_s": time.perf_counter() - t0,
+                    "fp8_quant": args.fp8_quant, "fp8_fast_accum": args.fp8_fast_accum,
+                    "fp8_attention": args.fp8_attention, "load_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "runs": {}}
 
     def save() -> None:
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
         if precision not in ("bf16", "fp8") or (precision == "bf16" and "fp8" in result["runs"]):
             raise SystemExit(f"unknown or misordered precision {precision!r}")
         if precision == "fp8":
-            options = replace(options, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum)
+            options = replace(options, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum,
+                              attention="cudnn_fp8" if args.fp8_attention else options.attention)
             optimize_dit(engine.dit, options)  # quantizes the weights, the kernels as asked
         rows: list[dict] = []
         run = result["runs"][precision] = {"per_chunk": rows}

@@ -26,6 +26,7 @@ _BACKENDS: dict[str, list[SDPBackend] | None] = {
               SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
     "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
 }
+_BACKENDS["cudnn_fp8"] = _BACKENDS["cudnn"]  # the cross-attention's (the self-attention's is FP8)
 
 
 def modulated_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
@@ -140,6 +141,7 @@ class BlockKernels:
     attention: str
     compiled: bool
     quant: str = "gemm"
+    fp8_attention: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
 
     @property
     def quantize_inputs(self) -> bool:
@@ -161,7 +163,18 @@ class BlockKernels:
 
             fns = (tq.tuned("modulated_norm_q"), fns[1], fns[2], tq.tuned("attn_camera_norm_q"),
                    tq.tuned("cross_residual_norm_q"), fns[5], fns[6], tq.tuned("gelu_quantize"))
-        return cls(*fns, attention=attention, compiled=compile, quant=quant)
+        fp8_attention = None
+        if attention == "cudnn_fp8":
+            from model.accel.fp8_attention import CudnnFp8Attention
+
+            fp8_attention = CudnnFp8Attention(compile=compile)
+        return cls(*fns, attention=attention, compiled=compile, quant=quant, fp8_attention=fp8_attention)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return attend(q, k, v, self.attention)
+
+    def attend_self(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The self-attention over the session's cache: FP8 with "cudnn_fp8", else `attend`."""
+        if self.fp8_attention is not None:
+            return self.fp8_attention(q, k, v)
         return attend(q, k, v, self.attention)

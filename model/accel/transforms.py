@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from model.accel.fast_block import FastDiTBlock
+from model.accel.fp8_attention import available as fp8_attention_available
 from model.accel.kernels import BlockKernels
 from model.accel.options import AccelOptions
 from model.accel.projection import Fp8Projection, Projection
@@ -33,8 +34,12 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
     """Give `dit` the fast blocks (in place) per `options`; returns it. No-op unless fast."""
     if not options.fast:
         return dit
+    device = next(dit.parameters()).device
     if options.fp8:  # before any block changes: quantizing kernels need the FP8 GEMMs
-        _require_fp8(next(dit.parameters()).device)
+        _require_fp8(device)
+    if options.attention == "cudnn_fp8" and not fp8_attention_available(device):
+        raise ValueError(f"attention='cudnn_fp8' needs an sm_90 GPU and the cuDNN frontend "
+                         f"(pip install nvidia-cudnn-frontend); {device} has not")
     kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant)
     dit.rope_dtype = torch.float32
     for block in dit.blocks:

@@ -90,7 +90,7 @@ class UlyssesFastSelfAttention(UlyssesSelfAttention, FastSelfAttention):
         return q, k, v.unflatten(-1, (self.num_heads, self.head_dim))
 
     def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.kernels.attend(q, k, v)
+        return self.kernels.attend_self(q, k, v)
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(x)

@@ -1,0 +1,144 @@
+"""Self-attention in FP8 e4m3 through cuDNN's fused FP8 SDPA (opt-in: `attention="cudnn_fp8"`).
+
+cuDNN's FP8 flash attention (Hopper) takes Q, K and V as e4m3 codes with one descale factor
+each (per tensor), computes S = Q K^T * dq * dk / sqrt(D) in float32, quantizes the softmax's
+unnormalised probabilities (<= 1) with the scale 448 for the P V product and writes O in bf16.
+The fast block's Q, K and V are bf16: `quantize_tensor` makes each tensor's codes and descale
+(amax / 448) in one reduction and one pointwise pass, with no host sync (the scales stay on the
+device). K and V are the session's whole visible cache, so their quantization is a pass over
+the cache per call; the FP8 product has to win that back.
+
+The graphs are built once per (query tokens, key tokens, heads, head_dim) and cached (a session
+sees one key length per chunk). Needs the `cudnn` Python frontend (nvidia-cudnn-frontend,
+a wheel with no dependencies of its own) beside PyTorch's cuDNN 9, and an sm_90 GPU; `available`
+says whether it can run here. Measured against bf16 cuDNN attention in docs/PERFORMANCE.md.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from importlib.util import find_spec
+
+import torch
+from torch import Tensor
+
+E4M3_MAX = 448.0
+SCALE_FLOOR = 1e-12  # amax floor of an all-zero tensor (its descale must not be 0)
+MAX_GRAPHS = 64  # built graphs kept per process (one per key length a session reaches)
+
+
+def quantize_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x -> (float8_e4m3fn codes of x's shape, float32 descale [1]) with x ~= codes * descale."""
+    descale = (x.abs().amax().float().clamp(min=SCALE_FLOOR) / E4M3_MAX).reshape(1)
+    codes = (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes, descale
+
+
+def available(device: torch.device | str) -> bool:
+    """Whether the cuDNN FP8 attention can run on `device` (CUDA sm_90+, the frontend installed)."""
+    device = torch.device(device)
+    return (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+            and find_spec("cudnn") is not None)
+
+
+class CudnnFp8Attention:
+    """Unmasked FP8 SDPA: q [1, S, H, D], k and v [1, n, H, D] (bf16, rows of H*D) -> [1, S, H*D].
+
+    out_fp8: O in e4m3 with the scale 448 / amax(V) (O is a convex combination of V's rows, so
+    |O| <= amax(V)), dequantized to bf16 after; for cuDNN builds without bf16 output.
+    """
+
+    def __init__(self, compile: bool = True, out_fp8: bool = False) -> None:
+        self.out_fp8 = out_fp8
+        self._quantize = torch.compile(quantize_tensor, dynamic=True) if compile else quantize_tensor
+        self._graphs: OrderedDict[tuple, tuple] = OrderedDict()
+        self._handles: dict[int, object] = {}
+        self._lock = threading.Lock()
+        self._consts: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def _cudnn(self):
+        try:
+            import cudnn
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise RuntimeError("attention='cudnn_fp8' needs the cuDNN frontend: pip install "
+                               "nvidia-cudnn-frontend") from e
+        return cudnn
+
+    def _handle(self, device: torch.device):
+        cudnn = self._cudnn()
+        index = device.index if device.index is not None else (
+            torch.cuda.current_device() if device.type == "cuda" else -1)
+        if index not in self._handles:
+            self._handles[index] = cudnn.create_handle()
+        return self._handles[index]
+
+    def _build(self, s: int, n: int, h: int, d: int, device: torch.device) -> tuple:
+        cudnn = self._cudnn()
+        handle = self._handle(device)
+        g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+
+        def rows(name: str, length: int):  # [1, length, H, D] memory seen as [B, H, S, D]
+            return g.tensor(name=name, dim=[1, h, length, d], stride=[length * h * d, d, h * d, 1],
+                            data_type=cudnn.data_type.FP8_E4M3)
+
+        def scalar(name: str):
+            return g.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT)
+
+        q, k, v = rows("q", s), rows("k", n), rows("v", n)
+        scalars = [scalar(name) for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")]
+        o, _, amax_s, amax_o = g.sdpa_fp8(q=q, k=k, v=v, descale_q=scalars[0], descale_k=scalars[1],
+                                          descale_v=scalars[2], descale_s=scalars[3], scale_s=scalars[4],
+                                          scale_o=scalars[5], is_inference=True, attn_scale=1.0 / math.sqrt(d),
+                                          use_causal_mask=False)
+        o.set_output(True).set_dim([1, h, s, d]).set_stride([s * h * d, d, h * d, 1]).set_data_type(
+            cudnn.data_type.FP8_E4M3 if self.out_fp8 else cudnn.data_type.BFLOAT16)
+        for amax in (amax_s, amax_o):
+            amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        return g, (q, k, v, *scalars, o, amax_s, amax_o), int(g.get_workspace_size())
+
+    def graph(self, s: int, n: int, h: int, d: int, device: torch.device) -> tuple:
+        key = (s, n, h, d, str(device))
+        with self._lock:
+            if key in self._graphs:
+                self._graphs.move_to_end(key)
+                return self._graphs[key]
+            built = self._build(s, n, h, d, device)
+            self._graphs[key] = built
+            while len(self._graphs) > MAX_GRAPHS:
+                self._graphs.popitem(last=False)
+            return built
+
+    def _p_scales(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(descale_s, scale_s) on `device`: P <= 1 is quantized with the scale 448."""
+        key = device.index if device.index is not None else -1
+        if key not in self._consts:
+            self._consts[key] = (torch.full((1,), 1.0 / E4M3_MAX, device=device),
+                                 torch.full((1,), E4M3_MAX, device=device))
+        return self._consts[key]
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        _, s, h, d = q.shape
+        n = k.shape[1]
+        assert k.shape == v.shape == (1, n, h, d), (q.shape, k.shape, v.shape)
+        g, t, workspace_bytes = self.graph(s, n, h, d, q.device)
+        (qc, dq), (kc, dk), (vc, dv) = (self._quantize(x.contiguous()) for x in (q, k, v))
+        descale_s, scale_s = self._p_scales(q.device)
+        scale_o = (1.0 / dv) if self.out_fp8 else torch.ones_like(dv)
+        out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if self.out_fp8 else torch.bfloat16, device=q.device)
+        amax_s, amax_o = torch.empty(2, 1, device=q.device).unbind(0)
+        workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device)
+        cudnn = self._cudnn()
+        handle = self._handle(q.device)
+        cudnn.set_stream(handle, torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0)
+        buffers = (qc, kc, vc, dq, dk, dv, descale_s, scale_s, scale_o, out, amax_s, amax_o)
+        g.execute(dict(zip(t, buffers)), workspace, handle=handle)
+        if self.out_fp8:
+            out = (out.float() * dv).to(q.dtype)
+        return out.flatten(2)

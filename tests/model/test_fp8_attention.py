@@ -1,0 +1,148 @@
+"""model/accel/fp8_attention.py: per-tensor e4m3 quantization, and the cuDNN FP8 SDPA graph's
+wiring (layouts, scales, output) checked against a stand-in `cudnn` module that computes what
+the FP8 SDPA is documented to compute (the real one needs an sm_90 GPU: benchmarks/
+fp8_attention_probe.py measures it there)."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.accel import AccelOptions, optimize_dit
+from model.accel.fp8_attention import E4M3_MAX, SCALE_FLOOR, CudnnFp8Attention, available, quantize_tensor
+from model.config import DiTConfig
+from model.dit_loader import init_dit_random
+
+
+def test_quantize_tensor_one_scale_for_the_tensor():
+    x = torch.randn(3, 50, 4, 8, generator=torch.Generator().manual_seed(0)) * 7
+    codes, descale = quantize_tensor(x)
+    assert codes.dtype == torch.float8_e4m3fn and codes.shape == x.shape and descale.shape == (1,)
+    assert descale.item() == pytest.approx(x.abs().max().item() / E4M3_MAX)
+    assert codes.float().abs().max().item() == E4M3_MAX  # the largest element lands on 448
+    back = codes.float() * descale
+    normal = x.abs() > 2 ** -6 * descale  # e4m3's normal range: 3 mantissa bits
+    assert ((back - x).abs()[normal] <= x.abs()[normal] * 2 ** -4 + 1e-12).all()
+    zeros, floor = quantize_tensor(torch.zeros(4, 4))
+    assert not zeros.float().any() and floor.item() == pytest.approx(SCALE_FLOOR / E4M3_MAX)
+
+
+class _Tensor:
+    def __init__(self, name="", dim=None, stride=None, data_type=None):
+        self.name, self.dim, self.stride, self.data_type, self.output = name, dim, stride, data_type, False
+
+    def set_output(self, on):
+        self.output = on
+        return self
+
+    def set_dim(self, dim):
+        self.dim = dim
+        return self
+
+    def set_stride(self, stride):
+        self.stride = stride
+        return self
+
+    def set_data_type(self, data_type):
+        self.data_type = data_type
+        return self
+
+
+class _Graph:
+    """What cuDNN's FP8 SDPA computes: S = Q K^T dq dk scale; O = softmax(S) (V dv) * scale_o
+    (P's own scale and descale cancel), Q/K/V/O read and written through their dims/strides."""
+
+    builds = 0
+
+    def __init__(self, **kwargs):
+        self.tensors = []
+
+    def tensor(self, name, dim, stride, data_type):
+        t = _Tensor(name, list(dim), list(stride), data_type)
+        self.tensors.append(t)
+        return t
+
+    def sdpa_fp8(self, q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, is_inference,
+                 attn_scale, use_causal_mask):
+        assert is_inference and not use_causal_mask
+        self.io = dict(q=q, k=k, v=v, dq=descale_q, dk=descale_k, dv=descale_v, ds=descale_s, ss=scale_s,
+                       so=scale_o, o=_Tensor("o"), amax_s=_Tensor("amax_s"), amax_o=_Tensor("amax_o"))
+        self.attn_scale = attn_scale
+        return self.io["o"], None, self.io["amax_s"], self.io["amax_o"]
+
+    def validate(self):
+        assert all(self.io[name].output for name in ("o", "amax_s", "amax_o"))
+
+    def build_operation_graph(self):
+        pass
+
+    def create_execution_plans(self, modes):
+        assert modes
+
+    def check_support(self):
+        pass
+
+    def build_plans(self):
+        _Graph.builds += 1
+
+    def get_workspace_size(self):
+        return 0
+
+    def execute(self, buffers, workspace, handle=None):
+        t = {name: buffers[ref] for name, ref in self.io.items()}
+        view = lambda name: t[name].as_strided(self.io[name].dim, self.io[name].stride)  # noqa: E731
+        assert all(self.io[n].data_type == "FP8_E4M3" and t[n].dtype == torch.float8_e4m3fn for n in "qkv")
+        q, k, v = (view(n).float() for n in "qkv")
+        s = q @ k.transpose(-1, -2) * t["dq"] * t["dk"] * self.attn_scale
+        o = torch.softmax(s, dim=-1) * t["ss"] @ (v * t["dv"]) * t["ds"] * t["so"]
+        view("o").copy_(o.to(t["o"].dtype))
+
+
+@pytest.fixture
+def fake_cudnn(monkeypatch):
+    enum = lambda *names: types.SimpleNamespace(**{n: n for n in names})  # noqa: E731
+    module = types.SimpleNamespace(
+        data_type=enum("FP8_E4M3", "BFLOAT16", "FLOAT"), heur_mode=enum("A", "FALLBACK"),
+        create_handle=lambda: object(), set_stream=lambda handle, stream: None, pygraph=_Graph)
+    monkeypatch.setitem(sys.modules, "cudnn", module)
+    _Graph.builds = 0
+    return module
+
+
+@pytest.mark.parametrize("out_fp8", [False, True])
+def test_the_graph_attends_like_sdpa_up_to_fp8_rounding(fake_cudnn, out_fp8):
+    gen = torch.Generator().manual_seed(1)
+    s, n, h, d = 6, 10, 3, 16
+    # three different scales: a descale wired to the wrong operand shows
+    q, k, v = (torch.randn(1, length, h, d, generator=gen).mul(c).bfloat16() for length, c in ((s, 1), (n, 0.3), (n, 5)))
+    attention = CudnnFp8Attention(compile=False, out_fp8=out_fp8)
+    got = attention(q, k, v)
+    want = F.scaled_dot_product_attention(*(x.float().transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+    assert got.shape == (1, s, h * d) and got.dtype == torch.bfloat16
+    err = (got.float() - want.flatten(2)).norm() / want.norm()
+    assert err < (0.08 if out_fp8 else 0.05), err
+    assert err > 1e-3  # it did run in e4m3 (the stand-in rounds nothing itself)
+    # a head's output depends on that head only (the [1, S, H, D] rows are read per head)
+    q2 = q.clone()
+    q2[:, :, 1] = 0
+    again = attention(q2, k, v)
+    assert torch.equal(again.view(1, s, h, d)[:, :, 0].float().sign(), got.view(1, s, h, d)[:, :, 0].float().sign())
+
+
+def test_graphs_are_built_once_per_key_length(fake_cudnn):
+    attention = CudnnFp8Attention(compile=False)
+    q = torch.randn(1, 4, 2, 16).bfloat16()
+    for n in (8, 8, 12, 8):
+        kv = torch.randn(1, n, 2, 16).bfloat16()
+        attention(q, kv, kv)
+    assert _Graph.builds == 2
+
+
+def test_cudnn_fp8_is_refused_where_it_cannot_run():
+    assert not available("cpu")
+    dit = init_dit_random(DiTConfig(dim=64, ffn_dim=128, num_heads=4, num_layers=1), torch.float32, "cpu", 0)
+    with pytest.raises(ValueError, match="cudnn_fp8"):
+        optimize_dit(dit, AccelOptions(fast=True, attention="cudnn_fp8"))
