@@ -476,6 +476,17 @@ def triton_quant_check(device: torch.device, tokens: int, dim: int, ffn_dim: int
     return out
 
 
+def _build_fp8_attention_graphs(b: Bench) -> float:
+    """Build the FP8 attention's cuDNN graph for each key length the run reaches (a serving
+    replica builds one per new length on first use); returns the seconds it took."""
+    cfg, tokens = b.cfg.dit, b.frame_seqlen() * 3
+    fp8 = b.dit.blocks[0].kernels.fp8_attention
+    t0 = time.perf_counter()
+    for chunk in range(b.inputs.chunks):
+        fp8.graph(tokens, (chunk + 1) * tokens, cfg.num_heads, cfg.dim // cfg.num_heads, b.device)
+    return time.perf_counter() - t0
+
+
 def stage_fp8(b: Bench) -> dict:
     """FP8 GEMMs (opt-in), one change at a time (FP8_VARIANTS); each variant's times, its error
     against float32 and against the fastest exact bf16 run; the fastest stays for the later
@@ -499,6 +510,8 @@ def stage_fp8(b: Bench) -> dict:
         try:
             optimize_dit(b.dit, options)
             _set_bias_epilogue(b.dit, epilogue)
+            if options.attention == "cudnn_fp8":  # the cuDNN graphs of every key length, untimed
+                out[f"{name}_graph_build_s"] = _build_fp8_attention_graphs(b)
             engine = b.engine(skip_final=True)
             _, t_warm = timed(lambda: run_dit(engine, b.inputs, 1), b.device)
             num = b.numerics(engine) if b.reference is not None else {}

@@ -37,7 +37,7 @@ class FastSelfAttention(SelfAttention):
         k = kn.qk_norm_rope(k, self.norm_k.weight, rope.cos, rope.sin, self.norm_k.eps, self.num_heads)
         v = v.unflatten(-1, (self.num_heads, self.head_dim))  # [1, S, H, D]
         k_all, v_all = cache.update(k[0], v[0], start)  # [n, H, D] each
-        return self.out(kn.attend_self(q, k_all[None], v_all[None]))
+        return self.out(kn.attend_self(q, k_all[None], v_all[None], quantized=isinstance(self.out, Fp8Projection)))
 
 
 class FastCrossAttention(CrossAttention):

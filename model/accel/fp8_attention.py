@@ -2,16 +2,22 @@
 
 cuDNN's FP8 flash attention (Hopper) takes Q, K and V as e4m3 codes with one descale factor
 each (per tensor), computes S = Q K^T * dq * dk / sqrt(D) in float32, quantizes the softmax's
-unnormalised probabilities (<= 1) with the scale 448 for the P V product and writes O in bf16.
-The fast block's Q, K and V are bf16: `quantize_tensor` makes each tensor's codes and descale
-(amax / 448) in one reduction and one pointwise pass, with no host sync (the scales stay on the
-device). K and V are the session's whole visible cache, so their quantization is a pass over
-the cache per call; the FP8 product has to win that back.
+unnormalised probabilities (<= 1) with the scale 448 for the P V product, and writes O in e4m3
+too (bf16 output is Blackwell-only): O is a convex combination of V's rows, so |O| <= amax(V)
+and the scale 448 / amax(V) cannot overflow. With FP8 GEMMs the codes go straight into the
+output projection (`codes`: the per-row scales its GEMM takes are all amax(V) / 448), which
+quantizes its input to e4m3 anyway; else they are dequantized to bf16.
+
+Q, K and V are bf16: `quantize_tensor` makes each tensor's codes and descale (amax / 448) with
+no host sync (the scales stay on the device; on CUDA the two-pass Triton kernels of
+`triton_tensor_quant`). K and V are the session's whole visible cache, so their quantization
+is a pass over the cache per call; the FP8 product has to win that back (measured: kernel
+826-883 TFLOP/s against bf16 cuDNN's 620-635 at the DiT's shapes on the H200).
 
 The graphs are built once per (query tokens, key tokens, heads, head_dim) and cached (a session
 sees one key length per chunk). Needs the `cudnn` Python frontend (nvidia-cudnn-frontend,
 a wheel with no dependencies of its own) beside PyTorch's cuDNN 9, and an sm_90 GPU; `available`
-says whether it can run here. Measured against bf16 cuDNN attention in docs/PERFORMANCE.md.
+says whether it can run here.
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ from importlib.util import find_spec
 
 import torch
 from torch import Tensor
+
+from model.accel.kernels import QuantizedRows
 
 E4M3_MAX = 448.0
 SCALE_FLOOR = 1e-12  # amax floor of an all-zero tensor (its descale must not be 0)
@@ -43,15 +51,10 @@ def available(device: torch.device | str) -> bool:
 
 
 class CudnnFp8Attention:
-    """Unmasked FP8 SDPA: q [1, S, H, D], k and v [1, n, H, D] (bf16, rows of H*D) -> [1, S, H*D].
+    """Unmasked FP8 SDPA: q [1, S, H, D], k and v [1, n, H, D] (bf16, rows of H*D) -> O [1, S, H*D]
+    as e4m3 codes with row scales (`codes`) or in q's dtype (calling it)."""
 
-    out_fp8: O in e4m3 with the scale 448 / amax(V) (O is a convex combination of V's rows, so
-    |O| <= amax(V)), dequantized to bf16 after; for cuDNN builds without bf16 output.
-    """
-
-    def __init__(self, compile: bool = True, out_fp8: bool = False) -> None:
-        self.out_fp8 = out_fp8
-        self._quantize = torch.compile(quantize_tensor, dynamic=True) if compile else quantize_tensor
+    def __init__(self) -> None:
         self._graphs: OrderedDict[tuple, tuple] = OrderedDict()
         self._handles: dict[int, object] = {}
         self._lock = threading.Lock()
@@ -93,7 +96,7 @@ class CudnnFp8Attention:
                                           scale_o=scalars[5], is_inference=True, attn_scale=1.0 / math.sqrt(d),
                                           use_causal_mask=False)
         o.set_output(True).set_dim([1, h, s, d]).set_stride([s * h * d, d, h * d, 1]).set_data_type(
-            cudnn.data_type.FP8_E4M3 if self.out_fp8 else cudnn.data_type.BFLOAT16)
+            cudnn.data_type.FP8_E4M3)
         for amax in (amax_s, amax_o):
             amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
         g.validate()
@@ -103,7 +106,11 @@ class CudnnFp8Attention:
         g.build_plans()
         return g, (q, k, v, *scalars, o, amax_s, amax_o), int(g.get_workspace_size())
 
-    def graph(self, s: int, n: int, h: int, d: int, device: torch.device) -> tuple:
+    def graph(self, s: int, n: int, h: int, d: int, device: torch.device | str) -> tuple:
+        """The built graph for s queries and n keys (built on first use, kept LRU)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         key = (s, n, h, d, str(device))
         with self._lock:
             if key in self._graphs:
@@ -123,22 +130,33 @@ class CudnnFp8Attention:
                                  torch.full((1,), E4M3_MAX, device=device))
         return self._consts[key]
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    @staticmethod
+    def _quantize(x: Tensor) -> tuple[Tensor, Tensor]:
+        x = x.contiguous()
+        if x.is_cuda and find_spec("triton") is not None:
+            from model.accel.triton_tensor_quant import quantize_tensor as on_device
+
+            return on_device(x)
+        return quantize_tensor(x)
+
+    def codes(self, q: Tensor, k: Tensor, v: Tensor) -> QuantizedRows:
+        """O [1, S, H*D] as (e4m3 codes, float32 row scales [1, S, 1]): O ~= codes * scales."""
         _, s, h, d = q.shape
         n = k.shape[1]
         assert k.shape == v.shape == (1, n, h, d), (q.shape, k.shape, v.shape)
         g, t, workspace_bytes = self.graph(s, n, h, d, q.device)
-        (qc, dq), (kc, dk), (vc, dv) = (self._quantize(x.contiguous()) for x in (q, k, v))
+        (qc, dq), (kc, dk), (vc, dv) = (self._quantize(x) for x in (q, k, v))
         descale_s, scale_s = self._p_scales(q.device)
-        scale_o = (1.0 / dv) if self.out_fp8 else torch.ones_like(dv)
-        out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if self.out_fp8 else torch.bfloat16, device=q.device)
+        out = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
         amax_s, amax_o = torch.empty(2, 1, device=q.device).unbind(0)
         workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device)
         cudnn = self._cudnn()
         handle = self._handle(q.device)
         cudnn.set_stream(handle, torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0)
-        buffers = (qc, kc, vc, dq, dk, dv, descale_s, scale_s, scale_o, out, amax_s, amax_o)
+        buffers = (qc, kc, vc, dq, dk, dv, descale_s, scale_s, 1.0 / dv, out, amax_s, amax_o)
         g.execute(dict(zip(t, buffers)), workspace, handle=handle)
-        if self.out_fp8:
-            out = (out.float() * dv).to(q.dtype)
-        return out.flatten(2)
+        return out.flatten(2), dv.expand(s, 1).reshape(1, s, 1).contiguous()
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        codes, scales = self.codes(q, k, v)
+        return (codes.float() * scales).to(q.dtype)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.dit_block import layer_norm
+
+if TYPE_CHECKING:
+    from model.accel.fp8_attention import CudnnFp8Attention
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 SCALE_FLOOR = 1e-12  # amax floor of an all-zero row (its scale must not be 0)
@@ -141,7 +145,7 @@ class BlockKernels:
     attention: str
     compiled: bool
     quant: str = "gemm"
-    fp8_attention: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+    fp8_attention: "CudnnFp8Attention | None" = None
 
     @property
     def quantize_inputs(self) -> bool:
@@ -167,14 +171,15 @@ class BlockKernels:
         if attention == "cudnn_fp8":
             from model.accel.fp8_attention import CudnnFp8Attention
 
-            fp8_attention = CudnnFp8Attention(compile=compile)
+            fp8_attention = CudnnFp8Attention()
         return cls(*fns, attention=attention, compiled=compile, quant=quant, fp8_attention=fp8_attention)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return attend(q, k, v, self.attention)
 
-    def attend_self(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The self-attention over the session's cache: FP8 with "cudnn_fp8", else `attend`."""
+    def attend_self(self, q: Tensor, k: Tensor, v: Tensor, quantized: bool = False) -> Tensor | QuantizedRows:
+        """The self-attention over the session's cache: FP8 with "cudnn_fp8" (with `quantized`
+        its e4m3 output as it is, for an FP8 GEMM), else `attend`."""
         if self.fp8_attention is not None:
-            return self.fp8_attention(q, k, v)
+            return self.fp8_attention.codes(q, k, v) if quantized else self.fp8_attention(q, k, v)
         return attend(q, k, v, self.attention)

@@ -23,6 +23,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from model.accel import kernels as kn  # noqa: E402
 from model.accel import triton_quant as tq  # noqa: E402
+from model.accel import triton_tensor_quant as tt  # noqa: E402
 from model.accel.kernels import E4M3_MAX, SCALE_FLOOR  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -60,6 +61,10 @@ def check_every_kernel_variant_compiles_for_hopper():
         for x_type, flags in NORM_VARIANTS.values():
             _compile(tq._norm_quantize, {"x_ptr": f"*{x_type}", **NORM_ARGS},
                      dict(CONSTS, **flags, OUT_BF16=True, BLOCK=8192, RECIPROCAL=reciprocal))
+    tensor = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "N": "i32"}  # fp8_attention's per-tensor Q, K, V
+    _compile(tt._abs_max, tensor, {"BLOCK": tt.BLOCK})
+    _compile(tt._quantize_by_amax, dict(tensor, q_ptr="*fp8e4nv", descale_ptr="*fp32"),
+             dict(CONSTS, BLOCK=tt.BLOCK))
     for warps in WARPS_TIMED:  # what benchmarks.run.triton_quant_timings launches
         _compile(tq._quantize_rows, rows, dict(CONSTS, GELU=True, BLOCK=16384, RECIPROCAL=False), warps)
         _compile(tq._norm_quantize, {"x_ptr": "*fp32", **NORM_ARGS},
@@ -125,6 +130,21 @@ def check_norm_regions(residual: torch.dtype):
         _check(got, want, rtol=2 * ULP)
 
 
+def check_tensor_quantization():
+    """triton_tensor_quant: one amax over every program's block, descale = amax / 448, codes =
+    x * 448 / amax (within two float32 roundings of the division), the largest at 448."""
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(3 * tt.BLOCK + 17, generator=gen) * 3).to(HALF)
+    x[2 * tt.BLOCK + 5] = -40.0  # the amax sits in a later program's block
+    codes, descale = tt.quantize_tensor(x, codes=torch.float32)
+    assert codes.shape == x.shape and descale.shape == (1,)
+    assert descale.item() == (torch.tensor(40.0) / E4M3_MAX).item()  # float32 division
+    torch.testing.assert_close(codes, (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX), rtol=2.5e-7, atol=1e-5)
+    assert codes[2 * tt.BLOCK + 5].item() == -E4M3_MAX
+    zeros, floor = tt.quantize_tensor(torch.zeros(5, 7, dtype=HALF), codes=torch.float32)
+    assert not zeros.any() and floor.item() == (torch.tensor(SCALE_FLOOR) / E4M3_MAX).item()
+
+
 def check_reciprocal_codes():
     """Launch(reciprocal=True): the same scales, quotients within two float32 roundings."""
     gen = torch.Generator().manual_seed(2)
@@ -179,6 +199,7 @@ def main(mode: str) -> None:
     elif mode == "interpret":
         check_row_quantization()
         check_reciprocal_codes()
+        check_tensor_quantization()
         for residual in (torch.float32, HALF):
             check_norm_regions(residual)
         check_public_functions()
