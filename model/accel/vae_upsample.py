@@ -57,33 +57,31 @@ class UpsampleConv2x(nn.Module):
         if not conv.weight.is_contiguous():  # channels-last weights stay channels-last
             weight = weight.contiguous(memory_format=torch.channels_last)
         self.weight = nn.Parameter(weight, requires_grad=False)
-        bias = None if conv.bias is None else conv.bias.detach().repeat(4)
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        # the bias is added by the shuffle's copy (conv then add, as F.conv2d with a bias does it)
+        self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.kernel == 2:
-            return self._forward_2x2(x)
         n, _, h, w = x.shape
         c = self.out_channels
-        y = F.conv2d(x, self.weight, self.bias, padding=1)  # [n, (a, b, c), h, w]
-        if y.is_contiguous(memory_format=torch.channels_last):
-            # memory [n, h, w, a, b, c] -> [n, h, a, w, b, c]: one copy, the result channels-last
-            z = y.permute(0, 2, 3, 1).reshape(n, h, w, 2, 2, c).permute(0, 1, 3, 2, 4, 5)
-            return z.reshape(n, 2 * h, 2 * w, c).permute(0, 3, 1, 2)
-        z = y.reshape(n, 2, 2, c, h, w).permute(0, 3, 4, 1, 5, 2)  # [n, c, h, a, w, b]
-        return z.reshape(n, c, 2 * h, 2 * w)
-
-    def _forward_2x2(self, x: Tensor) -> Tensor:
-        n, _, h, w = x.shape
-        c = self.out_channels
-        y = F.conv2d(x, self.weight, self.bias, padding=1)  # [n, (a, b, c), h + 1, w + 1]
+        y = F.conv2d(x, self.weight, None, padding=1)  # [n, (a, b, c), h (+ 1), w (+ 1)]
         sn, sc, sh, sw = y.stride()
-        # output (i, a, j, b, ch) reads y[(a, b, ch), i + a, j + b]: a strided view, one copy
-        if y.is_contiguous(memory_format=torch.channels_last):  # memory [n, h+1, w+1, a, b, c]
-            z = y.as_strided((n, h, 2, w, 2, c), (sn, sh, sh + 2 * c, sw, sw + c, 1), y.storage_offset())
-            return z.reshape(n, 2 * h, 2 * w, c).permute(0, 3, 1, 2)
-        z = y.as_strided((n, c, h, 2, w, 2), (sn, sc, sh, sh + 2 * c * sc, sw, sw + c * sc), y.storage_offset())
-        return z.reshape(n, c, 2 * h, 2 * w)
+        last = y.is_contiguous(memory_format=torch.channels_last)
+        # the source of output (i, a, j, b, ch) as a strided view of y: 3x3 phases read
+        # y[(a, b, ch), i, j], 2x2 phases y[(a, b, ch), i + a, j + b]
+        da, db = (sh, sw) if self.kernel == 2 else (0, 0)
+        if last:  # memory [n, h, w, a, b, c] -> out [n, h, a, w, b, c], channels-last
+            src = y.as_strided((n, h, 2, w, 2, c), (sn, sh, da + 2 * c, sw, db + c, 1), y.storage_offset())
+            out = torch.empty((n, 2 * h, 2 * w, c), dtype=y.dtype, device=y.device)
+            dst, bias = out.view(n, h, 2, w, 2, c), self.bias
+        else:
+            src = y.as_strided((n, c, h, 2, w, 2), (sn, sc, sh, da + 2 * c * sc, sw, db + c * sc), y.storage_offset())
+            out = torch.empty((n, c, 2 * h, 2 * w), dtype=y.dtype, device=y.device)
+            dst, bias = out.view(n, c, h, 2, w, 2), None if self.bias is None else self.bias.view(c, 1, 1, 1, 1)
+        if bias is None:
+            dst.copy_(src)
+        else:
+            torch.add(src, bias, out=dst)  # one pass: the shuffle and the bias
+        return out.permute(0, 3, 1, 2) if last else out
 
 
 def upsample_in_conv(vae: WanVAE, kernel: int = 3) -> int:
