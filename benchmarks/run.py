@@ -57,15 +57,6 @@ VAE_VARIANTS = {
     "bf16_compiled_batched_upsample_2x2": AccelOptions(vae_channels_last=True, vae_compile=True, vae_pad_in_conv=True,
                                                        vae_fold_bias=True, vae_batch_frames=True,
                                                        vae_upsample_in_conv=True, vae_upsample_kernel=2),
-    # session 5: + the thin (3-channel) convs with zero-padded channels
-    "bf16_compiled_batched_upsample_2x2_pad8": AccelOptions(vae_channels_last=True, vae_compile=True,
-                                                            vae_pad_in_conv=True, vae_fold_bias=True,
-                                                            vae_batch_frames=True, vae_upsample_in_conv=True,
-                                                            vae_upsample_kernel=2, vae_pad_channels=8),
-    "bf16_compiled_batched_upsample_2x2_pad16": AccelOptions(vae_channels_last=True, vae_compile=True,
-                                                             vae_pad_in_conv=True, vae_fold_bias=True,
-                                                             vae_batch_frames=True, vae_upsample_in_conv=True,
-                                                             vae_upsample_kernel=2, vae_pad_channels=16),
 }
 
 

@@ -60,9 +60,6 @@ class AccelOptions:
       (model/accel/vae_upsample.py); the same function up to the rounding of summed taps.
     vae_upsample_kernel: 3 (each phase a 3x3 kernel, 5 of its taps zero) or 2 (the 2x2 taps
       alone: 16 of 36 multiplies); needs vae_upsample_in_conv for 2.
-    vae_pad_channels: 0 (off) or a multiple (8, 16) to zero-pad the channels of the VAE's thin
-      convs to (the encoder's 3 input channels, the decoder's 3 output channels: cuDNN has no
-      fast kernel for 3; model/accel/vae_thin_conv.py); needs vae_pad_in_conv.
     """
 
     fast: bool = False
@@ -81,7 +78,6 @@ class AccelOptions:
     vae_batch_frames: bool = False
     vae_upsample_in_conv: bool = False
     vae_upsample_kernel: int = 3
-    vae_pad_channels: int = 0
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -100,10 +96,6 @@ class AccelOptions:
             raise ValueError("vae_write_once needs vae_fold_bias")
         if self.vae_upsample_kernel not in (2, 3):
             raise ValueError(f"vae_upsample_kernel must be 2 or 3, got {self.vae_upsample_kernel}")
-        if self.vae_pad_channels < 0 or self.vae_pad_channels % 8:
-            raise ValueError(f"vae_pad_channels must be 0 or a multiple of 8, got {self.vae_pad_channels}")
-        if self.vae_pad_channels and not self.vae_pad_in_conv:
-            raise ValueError("vae_pad_channels needs vae_pad_in_conv")
         if self.vae_upsample_kernel == 2 and not self.vae_upsample_in_conv:
             raise ValueError("vae_upsample_kernel=2 is a form of vae_upsample_in_conv: set it")
 

@@ -22,7 +22,6 @@ from model.accel.projection import Fp8Projection, Projection
 from model.accel.vae_fast import (bias_norm_silu, bias_residual, compiled, compiled_norm_silu, fold_conv_bias,
                                   fuse_norm_silu, native_upsampling, norm_silu_cat, pad_in_conv, rms_norm_silu,
                                   write_once)
-from model.accel.vae_thin_conv import pad_thin_convs
 from model.accel.vae_upsample import upsample_in_conv
 from model.dit import CausalDiT
 from model.vae import WanVAE
@@ -142,6 +141,4 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
                 module.weight.data = module.weight.data.to(memory_format=torch.channels_last)
     if options.vae_upsample_in_conv:  # after the layout: the phase weights keep the conv's
         upsample_in_conv(vae, options.vae_upsample_kernel)
-    if options.vae_pad_channels:  # after the layout, as the phase weights
-        pad_thin_convs(vae, options.vae_pad_channels)
     return vae

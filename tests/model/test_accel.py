@@ -220,7 +220,7 @@ def test_vae_transforms_keep_the_streams():
 
 
 @pytest.mark.parametrize("level", ["pad_in_conv", "fold_bias", "write_once", "batched", "fold_bias_batched",
-                                   "upsample_in_conv", "upsample_2x2", "pad_channels"])
+                                   "upsample_in_conv", "upsample_2x2"])
 def test_vae_written_once_transforms_keep_the_streams(level):
     """Round 2's VAE transforms (padding inside the conv, biases folded into the next kernel,
     norms writing into the conv's input buffer, a chunk's frames in one call) compute the plain
@@ -233,9 +233,7 @@ def test_vae_written_once_transforms_keep_the_streams(level):
              "upsample_in_conv": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True,
                                       vae_upsample_in_conv=True),
              "upsample_2x2": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True,
-                                  vae_upsample_in_conv=True, vae_upsample_kernel=2),
-             "pad_channels": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True,
-                                  vae_upsample_in_conv=True, vae_upsample_kernel=2, vae_pad_channels=8)}[level]
+                                  vae_upsample_in_conv=True, vae_upsample_kernel=2)}[level]
     vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
     fast = optimize_vae(copy.deepcopy(vae), AccelOptions(vae_channels_last=True, **flags))
     gen = torch.Generator().manual_seed(1)
@@ -266,7 +264,3 @@ def test_vae_round2_options_are_checked():
         AccelOptions(vae_upsample_kernel=2)
     with pytest.raises(ValueError, match="2 or 3"):
         AccelOptions(vae_upsample_in_conv=True, vae_upsample_kernel=4)
-    with pytest.raises(ValueError, match="vae_pad_in_conv"):
-        AccelOptions(vae_pad_channels=8)
-    with pytest.raises(ValueError, match="multiple of 8"):
-        AccelOptions(vae_pad_in_conv=True, vae_pad_channels=12)
