@@ -46,6 +46,11 @@ class ModelArgs(_Strict):
     compile: bool = False
     vae_compile: bool = False
     fp8: bool = False
+    # Opt-in: the DiT's self-attention as cuDNN's fused FP8 SDPA (Q, K, V per tensor in e4m3;
+    # CUDA sm_90 with the nvidia-cudnn-frontend package). With `fp8` its e4m3 output feeds the
+    # FP8 output projection. 81 frames 7.33 s against 8.31 (FP8 GEMMs), deviation from bf16
+    # 5.1e-2 against 1.0e-2 (docs/PERFORMANCE.md, session 5).
+    fp8_attention: bool = False
     # Storage of the sessions' self-attention KV caches: the compute dtype (exact), or "fp8"
     # (opt-in): float8 e4m3 with a scale per token and head, ~half the bytes of a bf16 cache, so
     # about twice the full-attention sessions per replica; changed numerics (docs/PERFORMANCE.md).
@@ -84,6 +89,8 @@ class ModelArgs(_Strict):
         if self.checkpoint is None and not self.random_weights and self.preset != "tiny":
             raise ValueError(f"preset {self.preset!r} needs model.checkpoint (or model.random_weights "
                              "for load tests); only 'tiny' is embedded")
+        if self.fp8_attention and self.device != "cuda":
+            raise ValueError("model.fp8_attention runs cuDNN's FP8 attention: it needs device: cuda")
         dh, dw = (int(x) for x in self.default_size.split("*"))
         if dh * dw > self.max_output_area:
             raise ValueError(f"model.default_size {self.default_size} is over model.max_output_area "

@@ -287,7 +287,8 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
             raise ValueError(f"SPDiTDeployment over {parallel} ranks needs a placement group of {parallel} "
                              "bundles (deploy it through sp_dit.bind_dit)")
         device = rank_device(model.device)
-        options = AccelOptions.for_serving(device, compile=model.compile, fp8=model.fp8)
+        options = AccelOptions.for_serving(device, compile=model.compile, fp8=model.fp8,
+                                           fp8_attention=model.fp8_attention)
         init_method = _rendezvous()
         names = [f"{uuid.uuid4().hex[:12]}-rank{r}" for r in range(1, parallel)]
         ranks = [

@@ -107,20 +107,25 @@ class AccelOptions:
 
     @classmethod
     def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,
-                    vae_compile: bool = False) -> "AccelOptions":
+                    vae_compile: bool = False, fp8_attention: bool = False) -> "AccelOptions":
         """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
         attention, channels-last VAE convolutions with their padding inside the conv (the same
         function in bf16; with `vae_compile` also the folded conv biases, round 2), plus the
         opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`: FP8
         GEMMs, on CUDA with fast accumulation and, compiled, their inputs quantized by the tuned
         Triton kernels where Triton is installed, else in the compiled regions: round 2's fastest
-        FP8 variant), and a chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %,
-        +0.5 GiB while a call runs); on the CPU the plain path unless one of the flags is asked
+        FP8 variant; `fp8_attention`: the self-attention in FP8 through cuDNN, CUDA only), a
+        chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %, +0.5 GiB while a
+        call runs) and the decoder's upsampling inside its conv with 2x2 phase kernels (session
+        5: decode 110 -> 98 ms); on the CPU the plain path unless one of the flags is asked
         for."""
         if torch.device(device).type == "cuda":
             quant = ("triton" if find_spec("triton") is not None else "fused") if fp8 and compile else "gemm"
-            return cls(fast=True, attention="cudnn", compile=compile, fp8=fp8, skip_final_update=True,
-                       fp8_quant=quant, fp8_fast_accum=fp8,
+            return cls(fast=True, attention="cudnn_fp8" if fp8_attention else "cudnn", compile=compile, fp8=fp8,
+                       skip_final_update=True, fp8_quant=quant, fp8_fast_accum=fp8,
                        vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,
-                       vae_fold_bias=vae_compile, vae_batch_frames=True)
+                       vae_fold_bias=vae_compile, vae_batch_frames=True, vae_upsample_in_conv=True,
+                       vae_upsample_kernel=2)
+        if fp8_attention:
+            raise ValueError("fp8_attention runs cuDNN's FP8 attention: CUDA only")
         return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)

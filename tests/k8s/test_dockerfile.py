@@ -75,9 +75,10 @@ def test_image_installs_the_package_after_copying_it():
     assert copies, "the build context (.) must be copied into the image"
     installs = [
         i for i, (word, args) in enumerate(steps)
-        if word == "RUN" and re.search(r"pip install [^&]*\s\.(\s|$)", args)
+        if word == "RUN" and re.search(r"pip install [^&]*\s(\.|\"\.\[gpu\]\")(\s|$)", args)
     ]
-    assert installs and installs[-1] > copies[0], "pip install . must follow the COPY"
+    assert installs and installs[-1] > copies[0], "pip install . (or .[gpu]) must follow the COPY"
+    assert '".[gpu]"' in steps[installs[-1]][1], "the GPU image takes the gpu extra (model.fp8_attention's frontend)"
     torch = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "torch" in args]
     assert torch and torch[0] < installs[-1], "torch (CUDA build) goes in before the package"
 

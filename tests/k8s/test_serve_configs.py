@@ -221,8 +221,10 @@ def test_gpu_configs_run_the_measured_fast_path(name):
     assert m.size_buckets and all(h * w <= m.max_output_area for h, w in m.bucket_sizes())
     dit = AccelOptions.for_serving(m.device, compile=m.compile, fp8=m.fp8)
     assert dit.fast and dit.attention == "cudnn" and dit.compile and dit.skip_final_update
+    assert not m.fp8_attention, name  # opt-in (changes the numerics)
     vae = AccelOptions.for_serving(m.device, vae_compile=m.vae_compile)
-    assert vae.vae_channels_last and vae.vae_compile
+    assert vae.vae_channels_last and vae.vae_compile and vae.vae_batch_frames
+    assert vae.vae_upsample_in_conv and vae.vae_upsample_kernel == 2  # session 5: decode 110 -> 98 ms
     assert args.sessions.kv_budget_gib is None  # from the replica's cap, never "free memory at start"
     # Each replica's num_gpus is also its memory cap: the shares of one card add up to at most 1.
     if args.dit_parallel == 1 and args.dit.num_gpus < 1:
@@ -273,6 +275,12 @@ def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_on
     assert kvfp8.sessions.max_sessions > window.sessions.max_sessions
     assert kvfp8.dit.num_gpus + kvfp8.vae.num_gpus + kvfp8.text_encoder.num_gpus <= 1.0 + 1e-9
     assert kvfp8.vae.num_gpus > window.vae.num_gpus  # the VAE bounded the bf16-KV runs at 3 sessions
+    # .window_fp8.yaml: the window config with the opt-in FP8 GEMMs and FP8 self-attention
+    fp8 = load("benchmarks/serve_config.h200.window_fp8.yaml")
+    assert fp8.model.fp8 and fp8.model.fp8_attention and not gpu.model.fp8_attention
+    assert fp8.model.model_dump(exclude=differ | {"fp8", "fp8_attention"}) == gpu.model.model_dump(
+        exclude=differ | {"fp8", "fp8_attention"})
+    assert fp8.model_dump(exclude={"model"}) == window.model_dump(exclude={"model"})
 
 
 def test_random_weights_are_never_a_default_and_need_no_checkpoint():

@@ -149,3 +149,15 @@ def test_cudnn_fp8_is_refused_where_it_cannot_run():
     dit = init_dit_random(DiTConfig(dim=64, ffn_dim=128, num_heads=4, num_layers=1), torch.float32, "cpu", 0)
     with pytest.raises(ValueError, match="cudnn_fp8"):
         optimize_dit(dit, AccelOptions(fast=True, attention="cudnn_fp8"))
+
+
+def test_serving_turns_it_on_only_where_asked_and_only_on_cuda():
+    from deployments.config import ModelArgs
+
+    assert AccelOptions.for_serving("cuda", compile=True, fp8=True).attention == "cudnn"
+    assert AccelOptions.for_serving("cuda", compile=True, fp8=True, fp8_attention=True).attention == "cudnn_fp8"
+    with pytest.raises(ValueError, match="CUDA only"):
+        AccelOptions.for_serving("cpu", fp8_attention=True)
+    with pytest.raises(ValueError, match="fp8_attention"):
+        ModelArgs(fp8_attention=True)  # the tiny CPU default
+    assert ModelArgs(preset="tiny", device="cuda", fp8_attention=True).fp8_attention
