@@ -220,6 +220,7 @@ class WorldIngress:
             "vae_dtype": m.vae_dtype,
             "kv_cache": m.kv_cache,
             "fp8": m.fp8,
+            "fp8_attention": m.fp8_attention,
             "device": m.device,
             "local_attn_size": m.local_attn_size,
             "sink_size": m.sink_size,
