@@ -14,6 +14,9 @@ the chunk time once the window is full, and the spread of the allocated memory (
 flat: the window's caches are allocated at open and never grow). The JSON is rewritten after
 every chunk, so a run cut short keeps what it measured.
 
+`--profile` adds one steady-state chunk per precision under the profiler (device time per
+kernel kind and per op, busy fraction): what a windowed chunk is made of.
+
 CPU smoke run (the embedded tiny model): `python -m benchmarks.window --preset tiny --device cpu
 --size 32*48 --chunks 8 --precisions bf16 --local 6 --sink 3 --out /tmp/window.json`.
 """
@@ -53,8 +56,12 @@ def _memory(device: torch.device) -> tuple[int, int]:
     return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
 
 
-def run_session(engine, height: int, width: int, chunks: int, record: list[dict], save) -> None:
-    """One open-ended session of `chunks` chunks; appends one row per chunk to `record`."""
+def run_session(engine, height: int, width: int, chunks: int, record: list[dict], save,
+                profile: Path | None = None) -> dict | None:
+    """One open-ended session of `chunks` chunks; appends one row per chunk to `record`.
+    With `profile`, one more chunk (the steady state, not in `record`) runs under the profiler:
+    its table per op goes to `profile` (per op and input shapes beside it); returns the device
+    time per kernel kind and how busy the device was."""
     device = engine.device
     gen = torch.Generator().manual_seed(SEED)
     context = torch.randn(TEXT_TOKENS, engine.cfg.text_dim, generator=gen)
@@ -79,8 +86,37 @@ def run_session(engine, height: int, width: int, chunks: int, record: list[dict]
             print(f"chunk {k:3d}: {1000 * seconds:7.1f} ms  allocated {allocated / 2**30:6.2f} GiB  "
                   f"peak {peak / 2**30:6.2f} GiB", flush=True)
             save()
+        if profile is not None:
+            poses, intrinsics = dolly_chunk(chunks)
+            return profile_chunk(lambda: engine.step(session, y, poses, intrinsics), device, profile)
+        return None
     finally:
         engine.close(session)
+
+
+def profile_chunk(step, device: torch.device, path: Path) -> dict:
+    """Profile one call of `step` (synchronised: it returns CPU latents): device time per kernel
+    kind, busy fraction (kernel time / wall), the per-op table at `path`, per shapes beside it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.run import _write_shapes_table, kernel_kind
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    with profile(activities=activities, record_shapes=True) as prof:
+        t0 = time.perf_counter()
+        step()
+        wall = time.perf_counter() - t0
+    kinds: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
+            kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + e.self_device_time_total / 1e6
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=60))
+    _write_shapes_table(prof, device, path)
+    busy = sum(kinds.values())
+    return {"wall_s": wall, "device_s_by_kind": kinds, "device_busy_s": busy,
+            "busy_fraction": busy / wall if device.type == "cuda" else None}
 
 
 def summarise(rows: list[dict], full_from: int) -> dict:
@@ -118,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fp8-fast-accum", action="store_true", help="fp8: AccelOptions.fp8_fast_accum")
     p.add_argument("--fp8-attention", action="store_true",
                    help="fp8: the self-attention as cuDNN's FP8 SDPA too (AccelOptions.attention='cudnn_fp8')")
+    p.add_argument("--profile", action="store_true", help="after the chunks, profile one steady-state chunk "
+                   "per precision: <out>_<precision>_profile{,_shapes}.txt, by kernel kind in the JSON")
     p.add_argument("--out", type=Path, default=Path("window.json"))
     args = p.parse_args(argv)
     height, width = (int(s) for s in args.size.split("*"))
@@ -150,8 +188,13 @@ def main(argv: list[str] | None = None) -> None:
             optimize_dit(engine.dit, options)  # quantizes the weights, the kernels as asked
         rows: list[dict] = []
         run = result["runs"][precision] = {"per_chunk": rows}
-        run_session(engine, height, width, args.chunks, rows, save)
+        profile = args.out.with_name(f"{args.out.stem}_{precision}_profile.txt") if args.profile else None
+        profiled = run_session(engine, height, width, args.chunks, rows, save, profile)
         run["summary"] = summarise(rows, full_from)
+        if profiled is not None:
+            run["profile"] = profiled
+            print(f"{precision} profile: busy {profiled['busy_fraction']}, device s by kind "
+                  f"{ {k: round(v, 4) for k, v in profiled['device_s_by_kind'].items()} }", flush=True)
         save()
         s = run["summary"]
         if "mean_dit_s" in s:

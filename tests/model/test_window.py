@@ -19,3 +19,15 @@ def test_an_open_ended_session_keeps_its_memory_fixed(tmp_path):
     assert [r["kv_local_end"] for r in rows] == [3 * frame_tokens, 6 * frame_tokens] + [6 * frame_tokens] * 6
     assert rows[-1]["kv_global_end"] == 8 * 3 * frame_tokens  # positions keep counting (RoPE offset)
     assert result["runs"]["bf16"]["summary"]["window_full_from_chunk"] == 2
+
+
+def test_the_window_benchmark_profiles_a_steady_state_chunk(tmp_path):
+    out = tmp_path / "w.json"
+    main(["--preset", "tiny", "--device", "cpu", "--size", "32*48", "--chunks", "3", "--precisions", "bf16",
+          "--local", "3", "--sink", "0", "--profile", "--out", str(out)])
+    run = json.loads(out.read_text())["runs"]["bf16"]
+    assert len(run["per_chunk"]) == 3  # the profiled chunk is not a timed row
+    assert run["profile"]["wall_s"] > 0
+    table = (tmp_path / "w_bf16_profile.txt").read_text()
+    assert "aten::" in table  # the model's ops were recorded
+    assert (tmp_path / "w_bf16_profile_shapes.txt").read_text().count("[") > 0
