@@ -1,9 +1,13 @@
 """The benchmarks' own arithmetic: idle gaps from a trace, kernel kinds, the FP8 rows of the report."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
 from benchmarks.gaps import HostFrames, idle_gaps
 from benchmarks.report import dit_rows, summary
-from benchmarks.run import kernel_kind
+from benchmarks.run import device_busy_s, device_time_by_kind, kernel_kind
 
 
 def _kernel(ts: float, dur: float, name: str, corr: int) -> dict:
@@ -35,6 +39,35 @@ def test_kernel_kinds():
     assert kernel_kind("triton_red_fused__to_copy_abs_amax_clamp_div_0") == "compiled"
     assert kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
     assert kernel_kind("_quantize_rows") == "other"
+
+
+def _avg(key: str, device: str, us: float, annotation: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(key=key, device_type=SimpleNamespace(name=device), self_device_time_total=us,
+                           is_user_annotation=annotation)
+
+
+def test_device_time_by_kind_leaves_out_annotations_and_host_ops():
+    events = [
+        _avg("nvjet_sm90_qqtst_128x128", "CUDA", 3000),
+        _avg("aten::_scaled_mm", "CPU", 3000),  # the host op launching it: same time, not device time
+        _avg("triton_red_fused_add_0", "CUDA", 500),
+        _avg("## Call CompiledFxGraph abc ##", "CUDA", 500, annotation=True),  # spans the triton kernel
+        _avg("Memcpy DtoD (Device -> Device)", "CUDA", 250),
+        _avg("Memset (Device)", "CUDA", 0),
+    ]
+    assert device_time_by_kind(events) == {"gemm": 0.003, "compiled": 0.0005, "copy": 0.00025}
+
+
+def test_device_busy_is_the_union_of_the_trace_device_events():
+    class Prof:  # what `export_chrome_trace` writes, reduced to what is read
+        def export_chrome_trace(self, path: str) -> None:
+            events = [_kernel(0, 10, "a", 1), _kernel(5, 10, "b", 2),
+                      {"ph": "X", "cat": "gpu_memcpy", "ts": 30, "dur": 5, "name": "Memcpy"},
+                      {"ph": "X", "cat": "gpu_user_annotation", "ts": 0, "dur": 100, "name": "## Call ##"},
+                      {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1000, "name": "aten::mm"}]
+            Path(path).write_text(json.dumps({"traceEvents": events}))
+
+    assert device_busy_s(Prof()) == 20e-6  # 0-15 and 30-35
 
 
 def test_the_report_lists_fp8_variants_and_takes_the_fastest():
