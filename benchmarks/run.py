@@ -306,7 +306,9 @@ def device_time_by_kind(events) -> dict[str, float]:
     CompiledFxGraph`, `record_function`) span kernels counted already and are left out."""
     kinds: dict[str, float] = {}
     for e in events:
-        if e.device_type.name == "CUDA" and e.self_device_time_total > 0 and not e.is_user_annotation:
+        # `is_user_annotation` may be missing in older profilers; inductor's ranges are "## ... ##"
+        annotation = getattr(e, "is_user_annotation", False) or e.key.startswith("## ")
+        if e.device_type.name == "CUDA" and e.self_device_time_total > 0 and not annotation:
             kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + e.self_device_time_total / 1e6
     return kinds
 

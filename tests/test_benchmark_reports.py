@@ -54,6 +54,8 @@ def test_device_time_by_kind_leaves_out_annotations_and_host_ops():
         _avg("## Call CompiledFxGraph abc ##", "CUDA", 500, annotation=True),  # spans the triton kernel
         _avg("Memcpy DtoD (Device -> Device)", "CUDA", 250),
         _avg("Memset (Device)", "CUDA", 0),
+        SimpleNamespace(key="## Call CompiledFxGraph def ##", device_type=SimpleNamespace(name="CUDA"),
+                        self_device_time_total=500),  # a profiler without the flag
     ]
     assert device_time_by_kind(events) == {"gemm": 0.003, "compiled": 0.0005, "copy": 0.00025}
 
