@@ -83,106 +83,130 @@ async def stream_session(channel: Channel, messages: Sequence[bytes], *, pipelin
     `resume`: survive dropped sockets (the channel must be `Reconnectable`)."""
     if pipeline < 1:
         raise ValueError(f"pipeline must be >= 1, got {pipeline}")
-    result = StreamResult(started_at=clock())
-    inflight: deque[tuple[int, float]] = deque()  # (request index, sent at)
-    next_k = 0
-    busy_since: Optional[float] = None
-    token: Optional[str] = None
+    stream = _Stream(channel, messages, pipeline, on_chunk, on_busy, busy_timeout_s, reply_timeout_s, clock,
+                     StreamResult(started_at=clock()))
+    while stream.next_k < len(messages) or stream.inflight:
+        try:
+            await stream.turn()
+        except ConnectionClosed:
+            if resume is None or stream.token is None:  # not resumable (before chunk 0, or not asked)
+                raise
+            await stream.resume(resume)
+    return stream.result
 
-    def take(reply: FrameReply, k: int, sent_at: float) -> None:
-        nonlocal token
+
+@dataclass
+class _Stream:
+    """One session's stream: what is sent, what is in flight, what came back."""
+
+    channel: Channel
+    messages: Sequence[bytes]
+    pipeline: int
+    on_chunk: Optional[Callable[[ChunkStat, FrameReply], None]]
+    on_busy: Optional[Callable[[ServerError], None]]
+    busy_timeout_s: float
+    reply_timeout_s: Optional[float]
+    clock: Callable[[], float]
+    result: StreamResult
+    inflight: deque[tuple[int, float]] = field(default_factory=deque)  # (request index, sent at)
+    next_k: int = 0  # the next request to send
+    busy_since: Optional[float] = None  # when the current run of `busy` replies began
+    token: Optional[str] = None  # the session's resume token (its first frame reply's)
+
+    def take(self, reply: FrameReply, k: int, sent_at: float) -> None:
+        """Reply `k` (sent at `sent_at`) into the video and the stats."""
         if reply.client_chunk_id is not None and reply.client_chunk_id != k:
             raise ServerError(ErrorCode.BAD_MESSAGE, f"expected chunk {k}, got {reply.client_chunk_id}")
-        token = reply.resume_token or token
-        stat = ChunkStat(k, reply.num_frames, sent_at, clock(), dict(reply.stage_durations))
-        result.video.append(reply.video)
-        result.stats.append(stat)
-        if on_chunk is not None:
-            on_chunk(stat, reply)
+        self.token = reply.resume_token or self.token
+        stat = ChunkStat(k, reply.num_frames, sent_at, self.clock(), dict(reply.stage_durations))
+        self.result.video.append(reply.video)
+        self.result.stats.append(stat)
+        if self.on_chunk is not None:
+            self.on_chunk(stat, reply)
 
-    while next_k < len(messages) or inflight:
-        try:
-            busy_since, next_k = await _turn(channel, messages, pipeline, inflight, next_k, busy_since, take,
-                                             on_busy, busy_timeout_s, reply_timeout_s, clock)
-        except ConnectionClosed:
-            if resume is None or token is None:  # not resumable (before chunk 0, or not asked)
-                raise
-            next_k = await _resume(channel, resume, token, result, inflight, take, reply_timeout_s, clock)
-            inflight.clear()  # the server has every chunk before next_k; the rest are sent again
-    return result
+    async def turn(self) -> None:
+        """Fill the pipeline, then handle one reply."""
+        while self.next_k < len(self.messages) and len(self.inflight) < self.pipeline:
+            await self.channel.send(self.messages[self.next_k])
+            self.inflight.append((self.next_k, self.clock()))
+            self.next_k += 1
+        reply = await self.channel.receive(self.reply_timeout_s)
+        k, sent_at = self.inflight[0]
+        if isinstance(reply, FrameReply):
+            self.inflight.popleft()
+            self.take(reply, k, sent_at)
+            self.busy_since = None
+        elif isinstance(reply, ErrorReply) and reply.code is ErrorCode.BUSY:
+            await self._retry_after_busy(ServerError.from_reply(reply), k)
+        elif isinstance(reply, ErrorReply):
+            raise ServerError.from_reply(reply)
+        else:
+            raise ServerError(ErrorCode.BAD_MESSAGE, f"expected a `frame` reply, got `{reply.type}`")
 
-
-async def _turn(channel: Channel, messages: Sequence[bytes], pipeline: int, inflight: deque, next_k: int,
-                busy_since: Optional[float], take: Callable[[FrameReply, int, float], None],
-                on_busy: Optional[Callable[[ServerError], None]], busy_timeout_s: float,
-                reply_timeout_s: Optional[float], clock: Callable[[], float]) -> tuple[Optional[float], int]:
-    """Fill the pipeline, then handle one reply: (busy_since, next_k) afterwards."""
-    while next_k < len(messages) and len(inflight) < pipeline:
-        await channel.send(messages[next_k])
-        inflight.append((next_k, clock()))
-        next_k += 1
-    reply = await channel.receive(reply_timeout_s)
-    k, sent_at = inflight[0]
-    if isinstance(reply, FrameReply):
-        inflight.popleft()
-        take(reply, k, sent_at)
-        return None, next_k
-    if isinstance(reply, ErrorReply) and reply.code is ErrorCode.BUSY:
-        err = ServerError.from_reply(reply)
-        busy_since = clock() if busy_since is None else busy_since
-        if clock() - busy_since + err.retry_after_s > busy_timeout_s:
+    async def _retry_after_busy(self, err: ServerError, k: int) -> None:
+        """Request `k` was rejected: drop it and the later ones in flight, send again from `k`
+        after the server's `retry_after_s` (or raise once busy outlasts `busy_timeout_s`)."""
+        self.busy_since = self.clock() if self.busy_since is None else self.busy_since
+        if self.clock() - self.busy_since + err.retry_after_s > self.busy_timeout_s:
             raise err
-        await _drain_rejected(channel, len(inflight) - 1, reply_timeout_s)
-        inflight.clear()
-        if on_busy is not None:
-            on_busy(err)
+        await _drain_rejected(self.channel, len(self.inflight) - 1, self.reply_timeout_s)
+        self.inflight.clear()
+        if self.on_busy is not None:
+            self.on_busy(err)
         await asyncio.sleep(err.retry_after_s)
-        return busy_since, k
-    if isinstance(reply, ErrorReply):
-        raise ServerError.from_reply(reply)
-    raise ServerError(ErrorCode.BAD_MESSAGE, f"expected a `frame` reply, got `{reply.type}`")
+        self.next_k = k
 
+    async def resume(self, policy: ResumePolicy) -> None:
+        """Reconnect and resume the session: take the replies the server sends again, then send
+        from the chunk its `resumed` names (the server has every chunk before it)."""
+        reconnect = getattr(self.channel, "reconnect", None)
+        if reconnect is None:
+            raise ServerError(ErrorCode.SESSION_LOST, "the socket dropped and this channel cannot reconnect")
+        assert self.token is not None
+        sent_at = dict(self.inflight)
+        last: Exception | None = None
+        for attempt in range(policy.attempts):
+            if attempt:
+                await asyncio.sleep(policy.backoff_s * 2 ** (attempt - 1))
+            try:
+                await reconnect()
+                await self.channel.send(encode_resume(policy.session_id, self.token,
+                                                      resume_from=len(self.result.stats)))
+                next_k = await self._take_replayed(sent_at)
+            except (ConnectionClosed, OSError) as e:
+                last = e
+                continue
+            if isinstance(next_k, ServerError):
+                last = next_k  # the server may not have parked it yet: try again
+                continue
+            self.result.resumes += 1
+            self.next_k = next_k
+            self.inflight.clear()  # the rest are sent again
+            return
+        if isinstance(last, ServerError):
+            raise last
+        raise ServerError(ErrorCode.SESSION_LOST, f"the socket dropped and {policy.attempts} resumes failed: {last}")
 
-async def _resume(channel: Channel, policy: ResumePolicy, token: str, result: StreamResult, inflight: deque,
-                  take: Callable[[FrameReply, int, float], None], timeout_s: Optional[float],
-                  clock: Callable[[], float]) -> int:
-    """Reconnect and resume the session: take the replies the server sends again, return the
-    chunk its `resumed` names (the next one to send)."""
-    reconnect = getattr(channel, "reconnect", None)
-    if reconnect is None:
-        raise ServerError(ErrorCode.SESSION_LOST, "the socket dropped and this channel cannot reconnect")
-    sent_at = dict(inflight)
-    last: Exception | None = None
-    for attempt in range(policy.attempts):
-        if attempt:
-            await asyncio.sleep(policy.backoff_s * 2 ** (attempt - 1))
-        try:
-            await reconnect()
-            await channel.send(encode_resume(policy.session_id, token, resume_from=len(result.stats)))
-            while True:
-                reply = await channel.receive(timeout_s)
-                k = len(result.stats)
-                if isinstance(reply, FrameReply):
-                    take(reply, k, sent_at.get(k, clock()))
-                    result.replayed += 1
-                elif isinstance(reply, ResumeOk):
-                    if reply.next_chunk_id != k:
-                        raise ServerError(ErrorCode.BAD_MESSAGE, f"resumed at chunk {reply.next_chunk_id}, "
-                                                                 f"but {k} chunks were received")
-                    result.resumes += 1
-                    return reply.next_chunk_id
-                elif isinstance(reply, ErrorReply) and reply.code is ErrorCode.UNAUTHORIZED:
-                    last = ServerError.from_reply(reply)  # the server may not have parked it yet
-                    break
-                elif isinstance(reply, ErrorReply):
-                    raise ServerError.from_reply(reply)
-                else:
-                    raise ServerError(ErrorCode.BAD_MESSAGE, f"expected `frame` or `resumed`, got `{reply.type}`")
-        except (ConnectionClosed, OSError) as e:
-            last = e
-    if isinstance(last, ServerError):
-        raise last
-    raise ServerError(ErrorCode.SESSION_LOST, f"the socket dropped and {policy.attempts} resumes failed: {last}")
+    async def _take_replayed(self, sent_at: dict[int, float]) -> int | ServerError:
+        """After `resume`: the replies sent again, then the chunk `resumed` names, or the
+        `unauthorized` error of a server that has not seen the old socket end yet."""
+        while True:
+            reply = await self.channel.receive(self.reply_timeout_s)
+            k = len(self.result.stats)
+            if isinstance(reply, FrameReply):
+                self.take(reply, k, sent_at.get(k, self.clock()))
+                self.result.replayed += 1
+            elif isinstance(reply, ResumeOk):
+                if reply.next_chunk_id != k:
+                    raise ServerError(ErrorCode.BAD_MESSAGE, f"resumed at chunk {reply.next_chunk_id}, "
+                                                             f"but {k} chunks were received")
+                return reply.next_chunk_id
+            elif isinstance(reply, ErrorReply) and reply.code is ErrorCode.UNAUTHORIZED:
+                return ServerError.from_reply(reply)
+            elif isinstance(reply, ErrorReply):
+                raise ServerError.from_reply(reply)
+            else:
+                raise ServerError(ErrorCode.BAD_MESSAGE, f"expected `frame` or `resumed`, got `{reply.type}`")
 
 
 async def _drain_rejected(channel: Channel, count: int, timeout_s: Optional[float]) -> None:
