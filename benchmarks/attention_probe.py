@@ -6,7 +6,9 @@ One chunk's queries (3 latent frames, 4524 tokens at 464x832, 40 heads of 128) a
 key/value lengths a session sees (the chunk alone, chunks 0-2, the window of 18 latent
 frames = 6 chunks). Per kernel: TFLOP/s (4 S n H D FLOPs, the best of a few timed runs) and
 the error of its output against a float32 SDPA on the same bf16 inputs (norm-relative).
-Kernels: PyTorch SDPA with the cuDNN and the flash backend; the Triton kernel of
+Kernels: PyTorch SDPA with the cuDNN and the flash backend; FlashAttention's CuTe DSL kernels
+(`flash_attn.cute`, the flash-attn-4 wheel: FA3-class on sm_90; a row with its import error
+where it is not installed: `FA4=1 bash benchmarks/fetch_wheels.sh` fetches it); the Triton kernel of
 `benchmarks/triton_attention.py` in bf16 over a sweep of tile configurations, and in FP8.
 Also: the FFN's up projection with GELU as two ops vs the cuBLASLt GELU epilogue.
 """
@@ -58,6 +60,15 @@ def sdpa(q, k, v, backend: SDPBackend | None) -> torch.Tensor:
     return out.transpose(1, 2).flatten(2)[0]
 
 
+def fa4(q, k, v) -> torch.Tensor:
+    """FlashAttention's CuTe DSL forward on [S, H, D] rows (its native [B, S, H, D] layout:
+    no transposes) -> [S, H * D]."""
+    from flash_attn.cute import flash_attn_func
+
+    out = flash_attn_func(q[None], k[None], v[None])
+    return (out[0] if isinstance(out, tuple) else out)[0].flatten(1)
+
+
 def attention_probe(device: torch.device, sweep: str) -> dict:
     from benchmarks import triton_attention as ta
 
@@ -80,6 +91,11 @@ def attention_probe(device: torch.device, sweep: str) -> dict:
                 row[name] = {"tflops": flops / t / 1e12, "ms": t * 1e3, "err": rel(sdpa(q, k, v, backend), ref)}
             except Exception as e:  # noqa: BLE001
                 row[name] = {"error": repr(e)[:300]}
+        try:
+            t = bench(lambda: fa4(q, k, v))  # the first call compiles the kernel (a warm-up call)
+            row["fa4"] = {"tflops": flops / t / 1e12, "ms": t * 1e3, "err": rel(fa4(q, k, v), ref)}
+        except Exception as e:  # noqa: BLE001
+            row["fa4"] = {"error": repr(e)[-300:]}
         best = None
         for cfg in configs:
             key = "triton_bf16" if cfg is None else "triton_bf16_" + "_".join(f"{x}" for x in cfg.values())
@@ -109,7 +125,7 @@ def attention_probe(device: torch.device, sweep: str) -> dict:
             row[key] = r
         out[f"kv_{chunks}_chunks"] = row
         print(json.dumps({k2: (v2 if not isinstance(v2, dict) else {a: b for a, b in v2.items()})
-                          for k2, v2 in row.items() if k2 in ("kv_tokens", "cudnn", "flash", "triton_bf16",
+                          for k2, v2 in row.items() if k2 in ("kv_tokens", "cudnn", "flash", "fa4", "triton_bf16",
                                                                "triton_bf16_best", "triton_fp8")}), flush=True)
         if row.get("triton_bf16_best"):
             print("best", row["triton_bf16_best"], row[row["triton_bf16_best"]], flush=True)

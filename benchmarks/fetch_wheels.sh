@@ -8,6 +8,17 @@
 #   .whl/     the rest: Serve's and the ingress's packages, av, ftfy (benchmarks.run's text encoder)
 #             and the cuDNN frontend (attention="cudnn_fp8"; 1.14.1: no dependencies of its own)
 #
+# FA4=1 also fetches FlashAttention's CuTe DSL kernels (flash-attn-4: FA3-class bf16 attention on
+# sm_90, for benchmarks/attention_probe.py) with their CUDA 13 libraries. Their largest wheel
+# (nvidia-cutlass-dsl-libs-cu13, 92 MB) is over one call's carry: it is cut into three parts,
+# one per call, joined on the device (a warm machine keeps /tmp between calls):
+#
+#   call 1, carry [".whlfa4_1"]: mkdir -p /tmp/fa4 && cp .whlfa4_1/* /tmp/fa4/
+#   call 2, carry [".whlfa4_2"]: cp .whlfa4_2/* /tmp/fa4/
+#   call 3, carry [".whlfa4"]:   cp .whlfa4/*.part-* /tmp/fa4/ && cat /tmp/fa4/*.part-* > .whlfa4/$(cat .whlfa4/JOINED)
+#                                && python3 benchmarks/install_wheels.py .whlfa4 /tmp/site
+#                                && PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.attention_probe --sweep none ...
+#
 # Versions are the ones this project's CPU environment runs with, except grpcio-reflection,
 # which must match the image's grpcio (1.84.0). `--no-deps`: the image already holds the rest.
 set -euo pipefail
@@ -45,3 +56,18 @@ for wheel in Path(".whlray").glob("ray-*.whl"):
     tmp.replace(wheel)
 PY
 du -sh .whlray
+
+if [ "${FA4:-0}" = 1 ]; then
+    rm -rf .whlfa4 .whlfa4_1 .whlfa4_2
+    fetch .whlfa4 flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
+        nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 cuda-bindings==13.5.0 \
+        cuda-pathfinder apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5 einops==0.8.2 \
+        protobuf==7.36.2
+    big=$(cd .whlfa4 && ls nvidia_cutlass_dsl_libs_cu13-*.whl)
+    echo "$big" > .whlfa4/JOINED
+    split -n 3 -d -a 2 ".whlfa4/$big" ".whlfa4/$big.part-"  # parts 00, 01, 02: joined in this order
+    rm ".whlfa4/$big"
+    mkdir -p .whlfa4_1 .whlfa4_2
+    mv ".whlfa4/$big.part-00" .whlfa4_1/ && mv ".whlfa4/$big.part-01" .whlfa4_2/
+    du -sh .whlfa4 .whlfa4_1 .whlfa4_2
+fi

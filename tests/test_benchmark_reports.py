@@ -84,3 +84,30 @@ def test_the_report_lists_fp8_variants_and_takes_the_fastest():
     assert out["dit_total_s"] == 10.8 and out["dit_fp8_total_s"] == 8.7
     # round 1's layout: the fp8 stage's own series
     assert summary({"stages": {"fp8": run(9.4)}})["dit_fp8_total_s"] == 9.4
+
+
+def test_the_fa4_probe_feeds_the_cute_kernel_its_native_layout(monkeypatch):
+    """benchmarks.attention_probe.fa4 hands [S, H, D] rows to flash_attn.cute as [B, S, H, D] and
+    reads [S, H * D] back from its (out, lse) pair: checked against SDPA with a stand-in module
+    (the real kernel needs an sm_90 GPU)."""
+    import sys
+    import types
+
+    import torch
+
+    from benchmarks.attention_probe import fa4, sdpa
+
+    def flash_attn_func(q, k, v):  # [B, S, H, D] in and out, as FlashAttention's interface
+        out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                               v.transpose(1, 2)).transpose(1, 2)
+        return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 3, 8, generator=gen) for n in (5, 7, 7))
+    out = fa4(q, k, v)
+    assert out.shape == (5, 24)
+    torch.testing.assert_close(out, sdpa(q, k, v, None))
