@@ -364,6 +364,19 @@ def stage_compile(b: Bench) -> dict:
     return out
 
 
+def stage_compile_fa4(b: Bench) -> dict:
+    """The compiled exact path with FlashAttention's CuTe DSL kernels in place of cuDNN's
+    (`attention="fa4"`; an error row where flash-attn-4 is not installed). The later stages run
+    it only if it is the faster one."""
+    try:
+        out = _fast_stage(b, AccelOptions(fast=True, attention="fa4", compile=True, skip_final_update=True),
+                          "fast_fa4_compile", numerics=True, repeats=2)
+    finally:
+        _restore_best(b)
+    out["kept"] = b.best_fast == "fast_fa4_compile"
+    return out
+
+
 def stage_pipeline(b: Bench) -> dict:
     """VAE variants against float32, then the end-to-end chunk loop with the fastest one."""
     assert b.fast is not None
@@ -565,6 +578,7 @@ STAGES: dict[str, Callable[[Bench], dict]] = {
     "profile": stage_profile,
     "pipeline": stage_pipeline,
     "compile": stage_compile,
+    "compile_fa4": stage_compile_fa4,
     "pipeline_compiled": stage_pipeline_compiled,
     "profile_compiled": stage_profile_compiled,
     "fp8": stage_fp8,

@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fp8-fast-accum", action="store_true", help="fp8: AccelOptions.fp8_fast_accum")
     p.add_argument("--fp8-attention", action="store_true",
                    help="fp8: the self-attention as cuDNN's FP8 SDPA too (AccelOptions.attention='cudnn_fp8')")
+    p.add_argument("--attention", choices=("cudnn", "fa4"), default="cudnn",
+                   help="the attention kernels (fa4: FlashAttention's CuTe DSL kernels, flash-attn-4)")
     p.add_argument("--profile", action="store_true", help="after the chunks, profile one steady-state chunk "
                    "per precision: <out>_<precision>_profile{,_shapes}.txt, by kernel kind in the JSON")
     p.add_argument("--out", type=Path, default=Path("window.json"))
@@ -160,13 +162,15 @@ def main(argv: list[str] | None = None) -> None:
     random_weights = args.preset != "tiny"  # the tiny preset is the embedded model
     t0 = time.perf_counter()
     options = AccelOptions.for_serving(args.device, compile=args.compile)
+    if args.attention != "cudnn":
+        options = replace(options, attention=args.attention)
     engine = load_dit_engine(args.preset, None, torch.bfloat16, args.device, local_attn_size=args.local,
                              sink_size=args.sink, options=options,
                              random_weights=random_weights, kv_fp8=args.kv_fp8)
     result: dict = {"preset": args.preset, "device": args.device, "size": [height, width], "window":
                     [args.local, args.sink], "chunks": args.chunks, "compile": args.compile, "kv_fp8": args.kv_fp8,
                     "fp8_quant": args.fp8_quant, "fp8_fast_accum": args.fp8_fast_accum,
-                    "fp8_attention": args.fp8_attention, "load_s": time.perf_counter() - t0,
+                    "fp8_attention": args.fp8_attention, "attention": args.attention, "load_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "runs": {}}
 
     def save() -> None:

@@ -78,10 +78,14 @@ def test_the_report_lists_fp8_variants_and_takes_the_fastest():
               "fp8": {"quantize_s": 0.2, "fastest": "fp8_b", "fp8_a": run(9.5), "fp8_b": run(8.7),
                       "fp8_c": {"error": "Traceback"}}}
     rows = dit_rows(stages)
-    assert [name for name, _ in rows] == ["eager_bf16", "fast_flash", "fast_cudnn", "compile", "fp8_a", "fp8_b",
-                                          "fp8_c"]
+    assert [name for name, _ in rows] == ["eager_bf16", "fast_flash", "fast_cudnn", "compile", "compile_fa4",
+                                          "fp8_a", "fp8_b", "fp8_c"]
     out = summary({"stages": stages})
     assert out["dit_total_s"] == 10.8 and out["dit_fp8_total_s"] == 8.7
+    # the FA4 variant counts as the exact path's number only where it was kept (faster)
+    assert summary({"stages": {**stages, "compile_fa4": {**run(10.9), "kept": False}}})["dit_total_s"] == 10.8
+    assert summary({"stages": {**stages, "compile_fa4": {**run(9.9), "kept": True}}})["dit_total_s"] == 9.9
+    assert summary({"stages": {**stages, "compile_fa4": {"error": "Traceback"}}})["dit_total_s"] == 10.8
     # round 1's layout: the fp8 stage's own series
     assert summary({"stages": {"fp8": run(9.4)}})["dit_fp8_total_s"] == 9.4
 

@@ -31,6 +31,7 @@ _BACKENDS: dict[str, list[SDPBackend] | None] = {
     "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
 }
 _BACKENDS["cudnn_fp8"] = _BACKENDS["cudnn"]  # the cross-attention's (the self-attention's is FP8)
+_BACKENDS["fa4"] = None  # not SDPA: model/accel/fa4_attention.py
 
 
 def modulated_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
@@ -92,6 +93,10 @@ def quantize_rows(x: Tensor) -> QuantizedRows:
 
 def attend(q: Tensor, k: Tensor, v: Tensor, attention: str) -> Tensor:
     """Unmasked SDPA with a backend preference: [1, S, H, D] x [1, n, H, D] -> [1, S, H*D]."""
+    if attention == "fa4":
+        from model.accel.fa4_attention import attend_fa4
+
+        return attend_fa4(q, k.to(q.dtype), v.to(q.dtype))
     backends = _BACKENDS[attention]
     args = (q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2))
     if backends is None:

@@ -12,7 +12,7 @@ from typing import Literal, get_args
 
 import torch
 
-Attention = Literal["default", "cudnn", "flash", "cudnn_fp8"]
+Attention = Literal["default", "cudnn", "flash", "cudnn_fp8", "fa4"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(Attention)
 Fp8Quant = Literal["gemm", "fused", "triton"]
 FP8_QUANT_MODES: tuple[str, ...] = get_args(Fp8Quant)
@@ -27,7 +27,9 @@ class AccelOptions:
     attention: SDPA backend preference of the fast block ("default" = PyTorch's choice);
       "cudnn_fp8": self-attention as cuDNN's fused FP8 SDPA (Q, K, V in e4m3 with one scale
       each, model/accel/fp8_attention.py; CUDA sm_90 with the cuDNN frontend; changes the
-      numerics, opt-in), cross-attention as "cudnn".
+      numerics, opt-in), cross-attention as "cudnn". "fa4": both attentions through
+      FlashAttention's CuTe DSL kernels (model/accel/fa4_attention.py; CUDA sm_90 with the
+      flash-attn-4 wheel; exact bf16 attention, a benchmark option until measured).
     compile: torch.compile the fast block's elementwise regions (needs `fast`).
     fp8: FP8 e4m3 GEMMs with per-row/per-column scales (needs `fast`; Hopper or a CPU torch
       with `_scaled_mm`); changes the numerics (reported by the benchmark), off by default.

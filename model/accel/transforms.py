@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from model.accel.fast_block import FastDiTBlock
+from model.accel.fa4_attention import available as fa4_available
 from model.accel.fp8_attention import available as fp8_attention_available
 from model.accel.kernels import BlockKernels
 from model.accel.options import AccelOptions
@@ -40,6 +41,9 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
     if options.attention == "cudnn_fp8" and not fp8_attention_available(device):
         raise ValueError(f"attention='cudnn_fp8' needs an sm_90 GPU and the cuDNN frontend "
                          f"(pip install nvidia-cudnn-frontend); {device} has not")
+    if options.attention == "fa4" and not fa4_available(device):
+        raise ValueError(f"attention='fa4' needs an sm_90 GPU and FlashAttention's CuTe DSL kernels "
+                         f"(pip install flash-attn-4); {device} has not")
     kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant)
     dit.rope_dtype = torch.float32
     for block in dit.blocks:

@@ -1,0 +1,73 @@
+"""model/accel/fa4_attention.py: `attention="fa4"` wired into the fast block, checked on the CPU
+against a stand-in `flash_attn.cute` that computes what FlashAttention's interface computes
+([B, S, H, D] in and out, an (out, lse) pair). The real kernels need an sm_90 GPU: the `fa4`
+row of benchmarks/attention_probe.py and the `compile_fa4` stage of benchmarks/run.py measure
+them there."""
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.accel import AccelOptions, optimize_dit, transforms
+from model.accel.fa4_attention import available
+from model.config import DiTConfig
+from model.dit_loader import init_dit_random
+from model.factory import load_dit_engine
+from model.session import DiTSessionSpec
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    """The stand-in kernel; records (query tokens, key tokens) of every call."""
+    calls: list[tuple[int, int]] = []
+
+    def flash_attn_func(q, k, v):
+        assert q.shape[0] == 1 and q.shape[2:] == k.shape[2:] == v.shape[2:] and k.shape == v.shape
+        calls.append((q.shape[1], k.shape[1]))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out.transpose(1, 2), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    package = types.ModuleType("flash_attn")
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    monkeypatch.setattr(transforms, "fa4_available", lambda device: True)
+    return calls
+
+
+def _two_chunks(options: AccelOptions) -> tuple[torch.Tensor, int]:
+    engine = load_dit_engine("tiny", None, "float32", "cpu", options=options)
+    spec = DiTSessionSpec(context=torch.randn(4, engine.cfg.text_dim, generator=torch.Generator().manual_seed(1)),
+                          height=32, width=48, seed=7, total_latent_frames=6)
+    session = engine.open(spec)
+    poses = np.tile(np.eye(4), (12, 1, 1))
+    poses[:, 0, 3] = np.linspace(0, 0.5, 12)
+    latents = [engine.step(session, torch.zeros(20, 3, 4, 6), poses, np.array([[40, 40, 24, 16.0]])).latents
+               for _ in range(2)]
+    return torch.cat(latents, dim=1), engine.cfg.num_layers
+
+
+def test_fa4_is_refused_where_it_cannot_run():
+    assert not available("cpu")
+    dit = init_dit_random(DiTConfig(dim=64, ffn_dim=128, num_heads=4, num_layers=1), torch.float32, "cpu", 0)
+    with pytest.raises(ValueError, match="fa4"):
+        optimize_dit(dit, AccelOptions(fast=True, attention="fa4"))
+
+
+def test_the_fast_dit_attends_through_fa4_as_through_sdpa(fake_fa4):
+    want, _ = _two_chunks(AccelOptions(fast=True, attention="cudnn", skip_final_update=True))
+    assert not fake_fa4  # SDPA's path never reaches the stand-in
+    got, layers = _two_chunks(AccelOptions(fast=True, attention="fa4", skip_final_update=True))
+    assert ((got - want).norm() / want.norm()).item() < 1e-5
+    # 9 DiT calls (the last chunk's cache update skipped), each a self- and a cross-attention per layer
+    assert len(fake_fa4) == 9 * layers * 2
+    chunk_tokens = (32 // 8) * (48 // 8) // 4 * 3
+    self_calls = [c for c in fake_fa4 if c[0] == c[1] or c[1] == 2 * chunk_tokens]
+    assert {n for _, n in self_calls} == {chunk_tokens, 2 * chunk_tokens}  # the second chunk reads the cache
