@@ -235,8 +235,11 @@ def test_fp8_stays_opt_in_with_its_measured_deviation_next_to_it():
     from support import REPO
 
     text = (REPO / "serve_config.gpu.yaml").read_text()
-    before = text[:text.index("fp8: false")]
-    assert "1.5-1.8e-2" in before[-400:] and "9.50 s" in before[-400:]
+    before = text[:text.index("fp8: false")][-500:]
+    log = (REPO / "docs" / "PERFORMANCE.md").read_text()
+    # the time and the deviation stated beside the switch are the measured ones of the log
+    for measured in ("8.31", "8.45", "1.04e-2", "7.33 s", "5.1e-2"):
+        assert measured in before and measured in log, measured
 
 
 def test_the_fp8_kv_cache_stays_opt_in_with_its_measured_deviation_next_to_it():
