@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from model.accel.fa4_attention import attend_fa4
+
 TOKENS = 4524  # 3 latent frames x 29 x 52 patches
 HEADS, HEAD_DIM = 40, 128
 KV_CHUNKS = (1, 3, 6)
@@ -63,10 +65,7 @@ def sdpa(q, k, v, backend: SDPBackend | None) -> torch.Tensor:
 def fa4(q, k, v) -> torch.Tensor:
     """FlashAttention's CuTe DSL forward on [S, H, D] rows (its native [B, S, H, D] layout:
     no transposes) -> [S, H * D]."""
-    from flash_attn.cute import flash_attn_func
-
-    out = flash_attn_func(q[None], k[None], v[None])
-    return (out[0] if isinstance(out, tuple) else out)[0].flatten(1)
+    return attend_fa4(q[None], k[None], v[None])[0]
 
 
 def attention_probe(device: torch.device, sweep: str) -> dict:

@@ -326,6 +326,15 @@ def device_busy_s(prof: object) -> float:
     return busy_us / 1e6
 
 
+def profile_report(prof: object, device: torch.device, path: Path, shapes: object | None = None) -> dict:
+    """Write `prof`'s per-op table at `path` and the per (op, input shapes) one beside it (from
+    `shapes`, a profile that recorded them; else `prof`); device time per kernel kind and busy time."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=_self_time_key(device), row_limit=60))
+    _write_shapes_table(prof if shapes is None else shapes, device, path)
+    return {"device_s_by_kind": device_time_by_kind(prof.key_averages()), "device_busy_s": device_busy_s(prof)}
+
+
 def _profile_by_kind(b: Bench, filename: str) -> dict:
     """The current path's device time by kernel kind over a 2-chunk session, and how busy the
     device was (kernel time / wall time: < 1 means the host left it idle)."""
@@ -333,15 +342,10 @@ def _profile_by_kind(b: Bench, filename: str) -> dict:
     run_dit(engine, b.inputs, 2)  # warm
     with _profiler() as prof:
         run, wall = timed(lambda: run_dit(engine, b.inputs, 2), b.device)
-    kinds = device_time_by_kind(prof.key_averages())
-    path = Path(b.args.out).with_name(filename)
-    path.write_text(prof.key_averages().table(sort_by="self_device_time_total", row_limit=60))
     with _profiler(record_shapes=True) as shaped:  # apart: recording shapes slows the host
         run_dit(engine, b.inputs, 1)
-    _write_shapes_table(shaped, b.device, path)
-    busy = device_busy_s(prof)
-    return {"wall_s": wall, "chunk_s": run.chunk_s, "device_s_by_kind": kinds, "device_busy_s": busy,
-            "busy_fraction": busy / wall}
+    report = profile_report(prof, b.device, Path(b.args.out).with_name(filename), shapes=shaped)
+    return {"wall_s": wall, "chunk_s": run.chunk_s, **report, "busy_fraction": report["device_busy_s"] / wall}
 
 
 def stage_profile_compiled(b: Bench) -> dict:

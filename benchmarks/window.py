@@ -99,20 +99,16 @@ def profile_chunk(step, device: torch.device, path: Path) -> dict:
     kind, busy fraction (kernel time / wall), the per-op table at `path`, per shapes beside it."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.run import _self_time_key, _write_shapes_table, device_busy_s, device_time_by_kind
+    from benchmarks.run import profile_report
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=True) as prof:
         t0 = time.perf_counter()
         step()
         wall = time.perf_counter() - t0
-    kinds = device_time_by_kind(prof.key_averages())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(prof.key_averages().table(sort_by=_self_time_key(device), row_limit=60))
-    _write_shapes_table(prof, device, path)
-    busy = device_busy_s(prof)
-    return {"wall_s": wall, "device_s_by_kind": kinds, "device_busy_s": busy,
-            "busy_fraction": busy / wall if device.type == "cuda" else None}
+    report = profile_report(prof, device, path)
+    return {"wall_s": wall, **report,
+            "busy_fraction": report["device_busy_s"] / wall if device.type == "cuda" else None}
 
 
 def summarise(rows: list[dict], full_from: int) -> dict:

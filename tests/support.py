@@ -79,3 +79,30 @@ def wait_healthy(http: str, timeout_s: float = 180.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"the serve app at {http} did not become healthy within {timeout_s:g} s")
         time.sleep(0.5)
+
+
+def install_fake_fa4(monkeypatch) -> list[tuple[int, int]]:
+    """A stand-in `flash_attn.cute` computing what FlashAttention's interface computes ([B, S, H, D]
+    in and out, an (out, lse) pair) with SDPA, for CPU tests of code that calls it; returns the
+    (query tokens, key tokens) of every call."""
+    import sys
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    calls: list[tuple[int, int]] = []
+
+    def flash_attn_func(q, k, v):
+        assert q.shape[0] == 1 and q.shape[2:] == k.shape[2:] == v.shape[2:] and k.shape == v.shape
+        calls.append((q.shape[1], k.shape[1]))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out.transpose(1, 2), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    package = types.ModuleType("flash_attn")
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    return calls

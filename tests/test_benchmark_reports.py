@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from benchmarks.gaps import HostFrames, idle_gaps
 from benchmarks.report import dit_rows, summary
 from benchmarks.run import device_busy_s, device_time_by_kind, kernel_kind
+from support import install_fake_fa4
 
 
 def _kernel(ts: float, dur: float, name: str, corr: int) -> dict:
@@ -94,24 +95,14 @@ def test_the_fa4_probe_feeds_the_cute_kernel_its_native_layout(monkeypatch):
     """benchmarks.attention_probe.fa4 hands [S, H, D] rows to flash_attn.cute as [B, S, H, D] and
     reads [S, H * D] back from its (out, lse) pair: checked against SDPA with a stand-in module
     (the real kernel needs an sm_90 GPU)."""
-    import sys
-    import types
-
     import torch
 
     from benchmarks.attention_probe import fa4, sdpa
 
-    def flash_attn_func(q, k, v):  # [B, S, H, D] in and out, as FlashAttention's interface
-        out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                               v.transpose(1, 2)).transpose(1, 2)
-        return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])
-
-    cute = types.ModuleType("flash_attn.cute")
-    cute.flash_attn_func = flash_attn_func
-    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
-    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    calls = install_fake_fa4(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(n, 3, 8, generator=gen) for n in (5, 7, 7))
     out = fa4(q, k, v)
+    assert calls == [(5, 7)]
     assert out.shape == (5, 24)
     torch.testing.assert_close(out, sdpa(q, k, v, None))

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from model.accel.fa4_attention import attend_fa4
 from model.dit_block import layer_norm
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ _BACKENDS: dict[str, list[SDPBackend] | None] = {
     "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
 }
 _BACKENDS["cudnn_fp8"] = _BACKENDS["cudnn"]  # the cross-attention's (the self-attention's is FP8)
-_BACKENDS["fa4"] = None  # not SDPA: model/accel/fa4_attention.py
 
 
 def modulated_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
@@ -93,9 +93,7 @@ def quantize_rows(x: Tensor) -> QuantizedRows:
 
 def attend(q: Tensor, k: Tensor, v: Tensor, attention: str) -> Tensor:
     """Unmasked SDPA with a backend preference: [1, S, H, D] x [1, n, H, D] -> [1, S, H*D]."""
-    if attention == "fa4":
-        from model.accel.fa4_attention import attend_fa4
-
+    if attention == "fa4":  # not SDPA
         return attend_fa4(q, k.to(q.dtype), v.to(q.dtype))
     backends = _BACKENDS[attention]
     args = (q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2))

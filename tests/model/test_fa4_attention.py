@@ -5,13 +5,9 @@ row of benchmarks/attention_probe.py and the `compile_fa4` stage of benchmarks/r
 them there."""
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from model.accel import AccelOptions, optimize_dit, transforms
 from model.accel.fa4_attention import available
@@ -19,25 +15,13 @@ from model.config import DiTConfig
 from model.dit_loader import init_dit_random
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
+from support import install_fake_fa4
 
 
 @pytest.fixture
 def fake_fa4(monkeypatch):
-    """The stand-in kernel; records (query tokens, key tokens) of every call."""
-    calls: list[tuple[int, int]] = []
-
-    def flash_attn_func(q, k, v):
-        assert q.shape[0] == 1 and q.shape[2:] == k.shape[2:] == v.shape[2:] and k.shape == v.shape
-        calls.append((q.shape[1], k.shape[1]))
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return out.transpose(1, 2), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
-
-    cute = types.ModuleType("flash_attn.cute")
-    cute.flash_attn_func = flash_attn_func
-    package = types.ModuleType("flash_attn")
-    package.cute = cute
-    monkeypatch.setitem(sys.modules, "flash_attn", package)
-    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    """The stand-in kernel (`optimize_dit` told it is available); records (query tokens, key tokens)."""
+    calls = install_fake_fa4(monkeypatch)
     monkeypatch.setattr(transforms, "fa4_available", lambda device: True)
     return calls
 
