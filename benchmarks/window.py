@@ -57,11 +57,11 @@ def _memory(device: torch.device) -> tuple[int, int]:
 
 
 def run_session(engine, height: int, width: int, chunks: int, record: list[dict], save,
-                profile: Path | None = None) -> dict | None:
+                profile: Path | None = None, kept: list | None = None) -> dict | None:
     """One open-ended session of `chunks` chunks; appends one row per chunk to `record`.
     With `profile`, one more chunk (the steady state, not in `record`) runs under the profiler:
     its table per op goes to `profile` (per op and input shapes beside it); returns the device
-    time per kernel kind and how busy the device was."""
+    time per kernel kind and how busy the device was. `kept`: each chunk's latents appended."""
     device = engine.device
     gen = torch.Generator().manual_seed(SEED)
     context = torch.randn(TEXT_TOKENS, engine.cfg.text_dim, generator=gen)
@@ -76,12 +76,14 @@ def run_session(engine, height: int, width: int, chunks: int, record: list[dict]
                 torch.cuda.reset_peak_memory_stats(device)
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            engine.step(session, y, poses, intrinsics)  # returns CPU latents: synchronised
+            latents = engine.step(session, y, poses, intrinsics)  # CPU latents: synchronised
             seconds = time.perf_counter() - t0
             allocated, peak = _memory(device)
             record.append({"chunk": k, "dit_s": seconds, "allocated_bytes": allocated, "peak_bytes": peak,
                            "cache_bytes": session.caches.nbytes, "kv_local_end": session.caches.local_end,
                            "kv_global_end": session.caches.global_end})
+            if kept is not None:
+                kept.append(latents.latents)
             assert session.caches.nbytes == cache_bytes, "the window's caches grew"
             print(f"chunk {k:3d}: {1000 * seconds:7.1f} ms  allocated {allocated / 2**30:6.2f} GiB  "
                   f"peak {peak / 2**30:6.2f} GiB", flush=True)
@@ -146,10 +148,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fp8-fast-accum", action="store_true", help="fp8: AccelOptions.fp8_fast_accum")
     p.add_argument("--fp8-attention", action="store_true",
                    help="fp8: the self-attention as cuDNN's FP8 SDPA too (AccelOptions.attention='cudnn_fp8')")
+    p.add_argument("--kv-codes", action="store_true",
+                   help="fp8 with --fp8-attention: the self-attention caches as its e4m3 codes (AccelOptions.kv_codes)")
     p.add_argument("--attention", choices=("cudnn", "fa4"), default="cudnn",
                    help="the attention kernels (fa4: FlashAttention's CuTe DSL kernels, flash-attn-4)")
     p.add_argument("--profile", action="store_true", help="after the chunks, profile one steady-state chunk "
                    "per precision: <out>_<precision>_profile{,_shapes}.txt, by kernel kind in the JSON")
+    p.add_argument("--save-latents", action="store_true", help="each chunk's latents (float32) to "
+                   "<out>_<precision>_latents.pt: the deviation between runs, computed afterwards")
     p.add_argument("--out", type=Path, default=Path("window.json"))
     args = p.parse_args(argv)
     height, width = (int(s) for s in args.size.split("*"))
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {"preset": args.preset, "device": args.device, "size": [height, width], "window":
                     [args.local, args.sink], "chunks": args.chunks, "compile": args.compile, "kv_fp8": args.kv_fp8,
                     "fp8_quant": args.fp8_quant, "fp8_fast_accum": args.fp8_fast_accum,
-                    "fp8_attention": args.fp8_attention, "attention": args.attention, "load_s": time.perf_counter() - t0,
+                    "fp8_attention": args.fp8_attention, "kv_codes": args.kv_codes, "attention": args.attention, "load_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "runs": {}}
 
     def save() -> None:
@@ -180,12 +186,16 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"unknown or misordered precision {precision!r}")
         if precision == "fp8":
             options = replace(options, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum,
-                              attention="cudnn_fp8" if args.fp8_attention else options.attention)
+                              attention="cudnn_fp8" if args.fp8_attention else options.attention,
+                              kv_codes=args.kv_codes)
             optimize_dit(engine.dit, options)  # quantizes the weights, the kernels as asked
         rows: list[dict] = []
         run = result["runs"][precision] = {"per_chunk": rows}
         profile = args.out.with_name(f"{args.out.stem}_{precision}_profile.txt") if args.profile else None
-        profiled = run_session(engine, height, width, args.chunks, rows, save, profile)
+        kept: list | None = [] if args.save_latents else None
+        profiled = run_session(engine, height, width, args.chunks, rows, save, profile, kept)
+        if kept is not None:
+            torch.save(torch.stack(kept), args.out.with_name(f"{args.out.stem}_{precision}_latents.pt"))
         run["summary"] = summarise(rows, full_from)
         if profiled is not None:
             run["profile"] = profiled

@@ -161,6 +161,12 @@ class DiTEngine:
         return next(self.dit.parameters()).device
 
     @property
+    def kv_codes(self) -> bool:
+        """Whether sessions' self-attention caches hold the FP8 attention's codes (set on the
+        model by `optimize_dit` with `AccelOptions.kv_codes`; model/kv_codes.py)."""
+        return bool(getattr(getattr(self, "dit", None), "kv_codes", False))
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.dit.dtype
 
@@ -179,7 +185,7 @@ class DiTEngine:
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         """Bytes of a session's KV and cross-attention caches holding `kv_frames` latent frames."""
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
-        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype, fp8=self.kv_fp8)
+        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype, fp8=self.kv_fp8, codes=self.kv_codes)
 
     def token_share(self, tokens: int) -> int:
         """Tokens of a chunk this engine's device computes (all of them; sharded engines: its part)."""
@@ -199,7 +205,9 @@ class DiTEngine:
         camera = cfg.num_layers * 2 * tokens * cfg.dim * itemsize
         activations = tokens * (ACTIVATION_F32_ROWS * cfg.dim * 4 + ACTIVATION_FFN_ROWS * cfg.ffn_dim * itemsize)
         sampler = SAMPLER_TENSORS * 4 * latent_cells * CHUNK_LATENT_FRAMES
-        if self.kv_fp8:  # one layer's K/V read back in the compute dtype, the new chunk's float32 quantisation
+        # FP8 KV: one layer's K/V read back in the compute dtype, the new chunk's float32
+        # quantisation (the code cache reads nothing back: attention takes its codes)
+        if self.kv_fp8 and not self.kv_codes:
             visible = kv_frames * lat_h * lat_w // 4
             if self.max_attention_size is not None:
                 visible = min(visible, self.max_attention_size)
@@ -210,7 +218,7 @@ class DiTEngine:
         """A new session's KV and cross-attention caches (sharded engines override this)."""
         return DiTCaches.allocate(
             self.session_cfg(spec.full_attention), spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
-            max_attention_size=self.max_attention_size, fp8=self.kv_fp8,
+            max_attention_size=self.max_attention_size, fp8=self.kv_fp8, codes=self.kv_codes,
         )
 
     @torch.inference_mode()

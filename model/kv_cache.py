@@ -65,14 +65,19 @@ class SelfAttnKVCache:
     def _stored(self) -> tuple[str, ...]:
         return ("k", "v", "k_scale", "v_scale") if self.fp8 else ("k", "v")
 
-    def update(
-        self, k: torch.Tensor, v: torch.Tensor, start: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
         """Write the chunk's K/V [L, heads, head_dim] at absolute token `start`.
 
-        Returns the K/V that the chunk attends to, [n, heads, head_dim] views of the cache.
+        Returns the K/V that the chunk attends to, [n, heads, head_dim] views of the cache
+        (subclasses: in their own form, see `_write` / `_read`).
         """
-        n_new = k.shape[0]
+        new, lo = self._place(k.shape[0], start)
+        self._write(new, k, v)
+        return self._read(lo, k, v)
+
+    def _place(self, n_new: int, start: int) -> tuple[slice, int]:
+        """Make room for `n_new` tokens at absolute token `start` (evicting with a window,
+        growing without one); returns their slots and the first slot the chunk attends to."""
         end = start + n_new
         advance = end - self.global_end
         if self.rolling and end > self.global_end and n_new + self.local_end > self.capacity:
@@ -100,19 +105,23 @@ class SelfAttnKVCache:
                 f"chunk at token {start} is before the cache's history (global end "
                 f"{self.global_end}); reset the cache to restart a session"
             )
-        new = slice(local_end - n_new, local_end)
+        self.global_end, self.local_end = end, local_end
+        lo = 0 if self.max_attention_size is None else max(0, local_end - self.max_attention_size)
+        return slice(local_end - n_new, local_end), lo
+
+    def _write(self, new: slice, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.fp8:
             (self.k[new], self.k_scale[new]), (self.v[new], self.v_scale[new]) = quantize(k), quantize(v)
         else:
             self.k[new] = k
             self.v[new] = v
-        self.global_end, self.local_end = end, local_end
-        lo = 0 if self.max_attention_size is None else max(0, local_end - self.max_attention_size)
-        if self.fp8:
-            return self._read(self.k, self.k_scale, k, lo), self._read(self.v, self.v_scale, v, lo)
-        return self.k[lo:local_end], self.v[lo:local_end]
 
-    def _read(self, q: torch.Tensor, scale: torch.Tensor, exact: torch.Tensor, lo: int) -> torch.Tensor:
+    def _read(self, lo: int, k: torch.Tensor, v: torch.Tensor):
+        if self.fp8:
+            return self._dequantized(self.k, self.k_scale, k, lo), self._dequantized(self.v, self.v_scale, v, lo)
+        return self.k[lo : self.local_end], self.v[lo : self.local_end]
+
+    def _dequantized(self, q: torch.Tensor, scale: torch.Tensor, exact: torch.Tensor, lo: int) -> torch.Tensor:
         """Slots [lo, local_end) in the compute dtype: the past dequantised, the chunk just
         written (`exact`, its last tokens) as computed."""
         out = torch.empty(self.local_end - lo, *q.shape[1:], dtype=self.dtype, device=q.device)
@@ -184,13 +193,15 @@ class DiTCaches:
         device: torch.device | str,
         max_attention_size: int | None = None,
         fp8: bool = False,
+        codes: bool = False,
     ) -> "DiTCaches":
         """Fresh zeroed caches for one session (never shared with another session).
 
         Capacity: `frame_seqlen * local_attn_size` with a window, else `frame_seqlen *
         total_latent_frames` (one chunk when the length is unknown; grows on demand).
         `max_attention_size` (tokens) shrinks the visible window; None = the whole cache.
-        `fp8`: self-attention K/V stored as float8 with per-token, per-head scales.
+        `fp8`: self-attention K/V stored as float8 with per-token, per-head scales; `codes`: as
+        the FP8 attention's e4m3 codes with one descale per layer and tensor (model/kv_codes.py).
         """
         if frame_seqlen <= 0:
             raise ValueError(f"frame_seqlen must be positive, got {frame_seqlen}")
@@ -203,20 +214,17 @@ class DiTCaches:
             raise ValueError(f"total_latent_frames must be positive, got {total_latent_frames}")
         else:
             frames = total_latent_frames
-        self_attn = [
-            SelfAttnKVCache(
-                frame_seqlen * frames,
-                cfg.num_heads,
-                cfg.head_dim,
-                dtype,
-                device,
-                rolling=rolling,
-                sink_tokens=cfg.sink_size * frame_seqlen,
-                max_attention_size=max_attention_size,
-                fp8=fp8,
-            )
-            for _ in range(cfg.num_layers)
-        ]
+        if codes:
+            from model.kv_codes import Fp8CodesKVCache
+
+            def layer() -> SelfAttnKVCache:
+                return Fp8CodesKVCache(frame_seqlen * frames, cfg.num_heads, cfg.head_dim, dtype, device, rolling,
+                                       cfg.sink_size * frame_seqlen, max_attention_size)
+        else:
+            def layer() -> SelfAttnKVCache:
+                return SelfAttnKVCache(frame_seqlen * frames, cfg.num_heads, cfg.head_dim, dtype, device, rolling,
+                                       cfg.sink_size * frame_seqlen, max_attention_size, fp8=fp8)
+        self_attn = [layer() for _ in range(cfg.num_layers)]
         cross = [
             CrossAttnCache(cfg.text_len, cfg.num_heads, cfg.head_dim, dtype, device)
             for _ in range(cfg.num_layers)
@@ -224,12 +232,19 @@ class DiTCaches:
         return cls(self_attn, cross)
 
     @staticmethod
-    def kv_bytes(cfg: DiTConfig, frame_seqlen: int, kv_frames: int, dtype: torch.dtype, fp8: bool = False) -> int:
-        """Bytes of a session's caches holding `kv_frames` latent frames (admission control)."""
+    def kv_bytes(cfg: DiTConfig, frame_seqlen: int, kv_frames: int, dtype: torch.dtype, fp8: bool = False,
+                 codes: bool = False) -> int:
+        """Bytes of a session's caches holding `kv_frames` latent frames (admission control;
+        `fp8` / `codes` as `allocate`)."""
         itemsize = torch.empty((), dtype=dtype).element_size()
         tokens = frame_seqlen * kv_frames
         scale_size = torch.empty((), dtype=SCALE_DTYPE).element_size()
-        self_attn = tokens * (cfg.dim + cfg.num_heads * scale_size) if fp8 else tokens * cfg.dim * itemsize
+        if codes:  # one byte per element, a descale per tensor
+            self_attn = tokens * cfg.dim + scale_size
+        elif fp8:
+            self_attn = tokens * (cfg.dim + cfg.num_heads * scale_size)
+        else:
+            self_attn = tokens * cfg.dim * itemsize
         per_layer = 2 * (self_attn + cfg.text_len * cfg.dim * itemsize)
         return cfg.num_layers * per_layer
 

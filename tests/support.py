@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,3 +108,88 @@ def install_fake_fa4(monkeypatch) -> list[tuple[int, int]]:
     monkeypatch.setitem(sys.modules, "flash_attn", package)
     monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
     return calls
+
+
+class _FakeCudnnTensor:
+    def __init__(self, name="", dim=None, stride=None, data_type=None):
+        self.name, self.dim, self.stride, self.data_type, self.output = name, dim, stride, data_type, False
+
+    def set_output(self, on):
+        self.output = on
+        return self
+
+    def set_dim(self, dim):
+        self.dim = dim
+        return self
+
+    def set_stride(self, stride):
+        self.stride = stride
+        return self
+
+    def set_data_type(self, data_type):
+        self.data_type = data_type
+        return self
+
+
+class FakeCudnnGraph:
+    """What cuDNN's FP8 SDPA computes: S = Q K^T dq dk scale; O = softmax(S) (V dv) * scale_o in
+    e4m3 (P's own scale and descale cancel), Q/K/V/O read and written through their
+    dims/strides."""
+
+    builds = 0
+
+    def __init__(self, **kwargs):
+        self.tensors = []
+
+    def tensor(self, name, dim, stride, data_type):
+        t = _FakeCudnnTensor(name, list(dim), list(stride), data_type)
+        self.tensors.append(t)
+        return t
+
+    def sdpa_fp8(self, q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, is_inference,
+                 attn_scale, use_causal_mask):
+        assert is_inference and not use_causal_mask
+        self.io = dict(q=q, k=k, v=v, dq=descale_q, dk=descale_k, dv=descale_v, ds=descale_s, ss=scale_s,
+                       so=scale_o, o=_FakeCudnnTensor("o"), amax_s=_FakeCudnnTensor("amax_s"), amax_o=_FakeCudnnTensor("amax_o"))
+        self.attn_scale = attn_scale
+        return self.io["o"], None, self.io["amax_s"], self.io["amax_o"]
+
+    def validate(self):
+        assert all(self.io[name].output for name in ("o", "amax_s", "amax_o"))
+
+    def build_operation_graph(self):
+        pass
+
+    def create_execution_plans(self, modes):
+        assert modes
+
+    def check_support(self):
+        pass
+
+    def build_plans(self):
+        FakeCudnnGraph.builds += 1
+
+    def get_workspace_size(self):
+        return 0
+
+    def execute(self, buffers, workspace, handle=None):
+        import torch
+
+        t = {name: buffers[ref] for name, ref in self.io.items()}
+        view = lambda name: t[name].as_strided(self.io[name].dim, self.io[name].stride)  # noqa: E731
+        assert all(self.io[n].data_type == "FP8_E4M3" and t[n].dtype == torch.float8_e4m3fn for n in "qkvo")
+        q, k, v = (view(n).float() for n in "qkv")
+        s = q @ k.transpose(-1, -2) * t["dq"] * t["dk"] * self.attn_scale
+        o = torch.softmax(s, dim=-1) * t["ss"] @ (v * t["dv"]) * t["ds"] * t["so"]
+        view("o").copy_(o.to(t["o"].dtype))
+
+
+def install_fake_cudnn(monkeypatch):
+    """A stand-in `cudnn` module (FakeCudnnGraph) in sys.modules for this test."""
+    enum = lambda *names: types.SimpleNamespace(**{n: n for n in names})  # noqa: E731
+    module = types.SimpleNamespace(
+        data_type=enum("FP8_E4M3", "BFLOAT16", "FLOAT"), heur_mode=enum("A", "FALLBACK"),
+        create_handle=lambda: object(), set_stream=lambda handle, stream: None, pygraph=FakeCudnnGraph)
+    monkeypatch.setitem(sys.modules, "cudnn", module)
+    FakeCudnnGraph.builds = 0
+    return module

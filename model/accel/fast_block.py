@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.accel.kernels import BlockKernels
+from model.accel.kernels import BlockKernels, batched
 from model.accel.projection import Fp8Projection, Projection
 from model.dit_block import CrossAttention, DiTBlock, SelfAttention
 from model.kv_cache import CrossAttnCache, SelfAttnKVCache
@@ -36,8 +36,8 @@ class FastSelfAttention(SelfAttention):
         q = kn.qk_norm_rope(q, self.norm_q.weight, rope.cos, rope.sin, self.norm_q.eps, self.num_heads)
         k = kn.qk_norm_rope(k, self.norm_k.weight, rope.cos, rope.sin, self.norm_k.eps, self.num_heads)
         v = v.unflatten(-1, (self.num_heads, self.head_dim))  # [1, S, H, D]
-        k_all, v_all = cache.update(k[0], v[0], start)  # [n, H, D] each
-        return self.out(kn.attend_self(q, k_all[None], v_all[None], quantized=isinstance(self.out, Fp8Projection)))
+        k_all, v_all = cache.update(k[0], v[0], start)  # [n, H, D] each (or a code cache's codes)
+        return self.out(kn.attend_self(q, batched(k_all), batched(v_all), quantized=isinstance(self.out, Fp8Projection)))
 
 
 class FastCrossAttention(CrossAttention):

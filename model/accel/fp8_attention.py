@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from model.accel.kernels import QuantizedRows
+from model.kv_codes import TensorCodes
 
 E4M3_MAX = 448.0
 SCALE_FLOOR = 1e-12  # amax floor of an all-zero tensor (its descale must not be 0)
@@ -139,13 +140,17 @@ class CudnnFp8Attention:
             return on_device(x)
         return quantize_tensor(x)
 
-    def codes(self, q: Tensor, k: Tensor, v: Tensor) -> QuantizedRows:
-        """O [1, S, H*D] as (e4m3 codes, float32 row scales [1, S, 1]): O ~= codes * scales."""
+    def codes(self, q: Tensor, k: Tensor | TensorCodes, v: Tensor | TensorCodes) -> QuantizedRows:
+        """O [1, S, H*D] as (e4m3 codes, float32 row scales [1, S, 1]): O ~= codes * scales.
+        K and V come in bf16 (quantized here, per call) or as the code cache's (codes, descale)
+        (model/kv_codes.py: taken as they are)."""
         _, s, h, d = q.shape
-        n = k.shape[1]
-        assert k.shape == v.shape == (1, n, h, d), (q.shape, k.shape, v.shape)
+        (kc, dk), (vc, dv) = (x if isinstance(x, tuple) else self._quantize(x) for x in (k, v))
+        n = kc.shape[1]
+        assert kc.shape == vc.shape == (1, n, h, d), (q.shape, kc.shape, vc.shape)
+        assert kc.dtype == vc.dtype == torch.float8_e4m3fn and dk.shape == dv.shape == (1,)
         g, t, workspace_bytes = self.graph(s, n, h, d, q.device)
-        (qc, dq), (kc, dk), (vc, dv) = (self._quantize(x) for x in (q, k, v))
+        qc, dq = self._quantize(q)
         descale_s, scale_s = self._p_scales(q.device)
         out = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
         amax_s, amax_o = torch.empty(2, 1, device=q.device).unbind(0)
@@ -157,6 +162,6 @@ class CudnnFp8Attention:
         g.execute(dict(zip(t, buffers)), workspace, handle=handle)
         return out.flatten(2), dv.expand(s, 1).reshape(1, s, 1).contiguous()
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def __call__(self, q: Tensor, k: Tensor | TensorCodes, v: Tensor | TensorCodes) -> Tensor:
         codes, scales = self.codes(q, k, v)
         return (codes.float() * scales).to(q.dtype)

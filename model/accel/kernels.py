@@ -21,6 +21,7 @@ from model.dit_block import layer_norm
 
 if TYPE_CHECKING:
     from model.accel.fp8_attention import CudnnFp8Attention
+    from model.kv_codes import TensorCodes
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 SCALE_FLOOR = 1e-12  # amax floor of an all-zero row (its scale must not be 0)
@@ -180,9 +181,18 @@ class BlockKernels:
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return attend(q, k, v, self.attention)
 
-    def attend_self(self, q: Tensor, k: Tensor, v: Tensor, quantized: bool = False) -> Tensor | QuantizedRows:
-        """The self-attention over the session's cache: FP8 with "cudnn_fp8" (with `quantized`
-        its e4m3 output as it is, for an FP8 GEMM), else `attend`."""
+    def attend_self(self, q: Tensor, k: Tensor | TensorCodes, v: Tensor | TensorCodes,
+                    quantized: bool = False) -> Tensor | QuantizedRows:
+        """The self-attention over the session's cache ([1, n, H, D] K/V, or the code cache's
+        (codes, descale) with "cudnn_fp8"): FP8 with "cudnn_fp8" (with `quantized` its e4m3
+        output as it is, for an FP8 GEMM), else `attend`."""
         if self.fp8_attention is not None:
             return self.fp8_attention.codes(q, k, v) if quantized else self.fp8_attention(q, k, v)
+        if isinstance(k, tuple):
+            raise ValueError(f"a code cache (model/kv_codes.py) is read by attention='cudnn_fp8', not {self.attention!r}")
         return attend(q, k, v, self.attention)
+
+
+def batched(kv: Tensor | TensorCodes) -> Tensor | TensorCodes:
+    """A cache's [n, H, D] K or V (or its (codes, descale)) with the batch dimension: [1, n, H, D]."""
+    return (kv[0][None], kv[1]) if isinstance(kv, tuple) else kv[None]

@@ -30,6 +30,9 @@ class AccelOptions:
       numerics, opt-in), cross-attention as "cudnn". "fa4": both attentions through
       FlashAttention's CuTe DSL kernels (model/accel/fa4_attention.py; CUDA sm_90 with the
       flash-attn-4 wheel; exact bf16 attention, a benchmark option until measured).
+    kv_codes: with "cudnn_fp8", sessions' self-attention caches hold the e4m3 codes that the FP8
+      attention reads, one running descale per layer and tensor (model/kv_codes.py): a call
+      quantizes its own rows only, not the whole cache again; half a bf16 cache's bytes.
     compile: torch.compile the fast block's elementwise regions (needs `fast`).
     fp8: FP8 e4m3 GEMMs with per-row/per-column scales (needs `fast`; Hopper or a CPU torch
       with `_scaled_mm`); changes the numerics (reported by the benchmark), off by default.
@@ -66,6 +69,7 @@ class AccelOptions:
 
     fast: bool = False
     attention: Attention = "default"
+    kv_codes: bool = False
     compile: bool = False
     fp8: bool = False
     fp8_quant: Fp8Quant = "gemm"
@@ -86,6 +90,8 @@ class AccelOptions:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
         if (self.compile or self.fp8 or self.attention != "default") and not self.fast:
             raise ValueError("compile, fp8 and the attention backend apply to the fast block: set fast=True")
+        if self.kv_codes and self.attention != "cudnn_fp8":
+            raise ValueError("kv_codes is the FP8 attention's cache: set attention='cudnn_fp8'")
         if self.fp8_quant not in FP8_QUANT_MODES:
             raise ValueError(f"fp8_quant must be one of {FP8_QUANT_MODES}, got {self.fp8_quant!r}")
         if (self.fp8_fast_accum or self.fp8_camera) and not self.fp8:

@@ -46,6 +46,7 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
                          f"(pip install flash-attn-4); {device} has not")
     kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant)
     dit.rope_dtype = torch.float32
+    dit.kv_codes = options.kv_codes  # DiTEngine allocates sessions' caches by it (model/kv_codes.py)
     for block in dit.blocks:
         if isinstance(block, FastDiTBlock):
             block.set_kernels(kernels)

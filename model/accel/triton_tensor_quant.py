@@ -53,3 +53,97 @@ def quantize_tensor(x: torch.Tensor, codes: torch.dtype = torch.float8_e4m3fn) -
     _abs_max[grid](x, amax, n, BLOCK=BLOCK, num_warps=8)
     _quantize_by_amax[grid](x, amax, q, descale, n, BLOCK=BLOCK, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8)
     return q, descale
+
+
+# The FP8 attention's code cache (model/kv_codes.py): K and V of one DiT call go into their
+# layer's e4m3 cache with one running descale per tensor. Each kernel handles K (program_id(1)
+# 0) and V (1) in one launch; the descale cells are read by all three and written by the last.
+ROWS, COLS = 8, 1024  # a block of the new rows: 8 rows x 1024 of their H*D elements
+RESCALE_BLOCK = 16384  # codes per program of the rescale (its programs return at once unless it grows)
+
+
+@triton.jit
+def _rows_abs_max(k_ptr, v_ptr, amax_ptr, L, C, stride_k, stride_v, ROWS: tl.constexpr, COLS: tl.constexpr):
+    which = tl.program_id(1)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(2) * COLS + tl.arange(0, COLS)
+    mask = (rows[:, None] < L) & (cols[None, :] < C)
+    if which == 0:
+        x = tl.load(k_ptr + rows[:, None].to(tl.int64) * stride_k + cols[None, :], mask=mask, other=0.0)
+    else:
+        x = tl.load(v_ptr + rows[:, None].to(tl.int64) * stride_v + cols[None, :], mask=mask, other=0.0)
+    tl.atomic_max(amax_ptr + which, tl.max(tl.max(tl.abs(x.to(tl.float32)), axis=1), axis=0))
+
+
+@triton.jit
+def _grown(descale_ptr, amax_ptr, which, FLOOR: tl.constexpr, QMAX: tl.constexpr):
+    old = tl.load(descale_ptr + which)
+    return old, tl.maximum(old, tl.maximum(tl.load(amax_ptr + which), FLOOR) / QMAX)
+
+
+@triton.jit
+def _rescale_codes(ck_ptr, cv_ptr, descale_ptr, amax_ptr, N, BLOCK: tl.constexpr, FLOOR: tl.constexpr,
+                   QMAX: tl.constexpr):
+    which = tl.program_id(1)
+    old, new = _grown(descale_ptr, amax_ptr, which, FLOOR, QMAX)
+    if old < new:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < N
+        ratio = old / new
+        if which == 0:
+            c = tl.load(ck_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(ck_ptr + offs, (c * ratio).to(ck_ptr.dtype.element_ty), mask=mask)
+        else:
+            c = tl.load(cv_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(cv_ptr + offs, (c * ratio).to(cv_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _quantize_rows_by(k_ptr, v_ptr, ck_ptr, cv_ptr, descale_ptr, amax_ptr, L, C, stride_k, stride_v,
+                      ROWS: tl.constexpr, COLS: tl.constexpr, FLOOR: tl.constexpr, QMAX: tl.constexpr):
+    # the descale is stored by the first program; a program that reads it after that computes the
+    # same value (max is idempotent), so the order of programs does not matter
+    which = tl.program_id(1)
+    _, new = _grown(descale_ptr, amax_ptr, which, FLOOR, QMAX)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(2) * COLS + tl.arange(0, COLS)
+    mask = (rows[:, None] < L) & (cols[None, :] < C)
+    out = rows[:, None].to(tl.int64) * C + cols[None, :]
+    if which == 0:
+        x = tl.load(k_ptr + rows[:, None].to(tl.int64) * stride_k + cols[None, :], mask=mask, other=0.0)
+        q = tl.minimum(tl.maximum(x.to(tl.float32) / new, -QMAX), QMAX)
+        tl.store(ck_ptr + out, q.to(ck_ptr.dtype.element_ty), mask=mask)
+    else:
+        x = tl.load(v_ptr + rows[:, None].to(tl.int64) * stride_v + cols[None, :], mask=mask, other=0.0)
+        q = tl.minimum(tl.maximum(x.to(tl.float32) / new, -QMAX), QMAX)
+        tl.store(cv_ptr + out, q.to(cv_ptr.dtype.element_ty), mask=mask)
+    if (tl.program_id(0) == 0) & (tl.program_id(2) == 0):
+        tl.store(descale_ptr + which, new)
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """[L, H, D] (rows of H*D elements, contiguous within a row) as [L, H*D] and its row stride."""
+    flat = x.flatten(1)
+    if flat.stride(1) != 1:
+        flat = flat.contiguous()
+    return flat, flat.stride(0)
+
+
+def append_codes(codes: tuple[torch.Tensor, torch.Tensor], descale: torch.Tensor,
+                 new: tuple[torch.Tensor, torch.Tensor], start: int) -> None:
+    """model/kv_codes.append_codes_reference in four launches (a memset and three kernels) for K
+    and V together: the new rows read twice (amax, codes), the cached codes only when the descale
+    grew. `codes` are contiguous [cap, H, D] caches; `new` rows may be strided views."""
+    (k, stride_k), (v, stride_v) = _rows(new[0]), _rows(new[1])
+    ck, cv = codes
+    assert ck.is_contiguous() and cv.is_contiguous() and k.shape == v.shape and descale.shape == (2,)
+    L, C = k.shape
+    amax = torch.zeros(2, dtype=torch.float32, device=k.device)
+    grid = (triton.cdiv(L, ROWS), 2, triton.cdiv(C, COLS))
+    _rows_abs_max[grid](k, v, amax, L, C, stride_k, stride_v, ROWS=ROWS, COLS=COLS, num_warps=4)
+    if start:
+        n = start * C
+        _rescale_codes[(triton.cdiv(n, RESCALE_BLOCK), 2)](ck, cv, descale, amax, n, BLOCK=RESCALE_BLOCK,
+                                                           FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8)
+    _quantize_rows_by[grid](k, v, ck[start:], cv[start:], descale, amax, L, C, stride_k, stride_v, ROWS=ROWS,
+                            COLS=COLS, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=4)

@@ -7,7 +7,7 @@ import pytest
 
 from model.conditioning import load_image_rgb
 from model.pipeline import WorldPipeline
-from support import EXAMPLES, TINY_CKPT
+from support import EXAMPLES, TINY_CKPT, install_fake_cudnn
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +21,9 @@ def example(shared_dir):
     d = EXAMPLES / "00"
     return (load_image_rgb(d / "image.jpg"), (d / "prompt.txt").read_text(),
             np.load(d / "poses.npy"), np.load(d / "intrinsics.npy"))
+
+
+@pytest.fixture
+def fake_cudnn(monkeypatch):
+    """cuDNN's FP8 SDPA as a stand-in computing what it is documented to compute (tests/support.py)."""
+    return install_fake_cudnn(monkeypatch)

@@ -4,9 +4,6 @@ the FP8 SDPA is documented to compute (the real one needs an sm_90 GPU: benchmar
 fp8_attention_probe.py measures it there)."""
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +12,7 @@ from model.accel import AccelOptions, optimize_dit
 from model.accel.fp8_attention import E4M3_MAX, SCALE_FLOOR, CudnnFp8Attention, available, quantize_tensor
 from model.config import DiTConfig
 from model.dit_loader import init_dit_random
+from support import FakeCudnnGraph
 
 
 def test_quantize_tensor_one_scale_for_the_tensor():
@@ -28,89 +26,6 @@ def test_quantize_tensor_one_scale_for_the_tensor():
     assert ((back - x).abs()[normal] <= x.abs()[normal] * 2 ** -4 + 1e-12).all()
     zeros, floor = quantize_tensor(torch.zeros(4, 4))
     assert not zeros.float().any() and floor.item() == pytest.approx(SCALE_FLOOR / E4M3_MAX)
-
-
-class _Tensor:
-    def __init__(self, name="", dim=None, stride=None, data_type=None):
-        self.name, self.dim, self.stride, self.data_type, self.output = name, dim, stride, data_type, False
-
-    def set_output(self, on):
-        self.output = on
-        return self
-
-    def set_dim(self, dim):
-        self.dim = dim
-        return self
-
-    def set_stride(self, stride):
-        self.stride = stride
-        return self
-
-    def set_data_type(self, data_type):
-        self.data_type = data_type
-        return self
-
-
-class _Graph:
-    """What cuDNN's FP8 SDPA computes: S = Q K^T dq dk scale; O = softmax(S) (V dv) * scale_o in
-    e4m3 (P's own scale and descale cancel), Q/K/V/O read and written through their
-    dims/strides."""
-
-    builds = 0
-
-    def __init__(self, **kwargs):
-        self.tensors = []
-
-    def tensor(self, name, dim, stride, data_type):
-        t = _Tensor(name, list(dim), list(stride), data_type)
-        self.tensors.append(t)
-        return t
-
-    def sdpa_fp8(self, q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, is_inference,
-                 attn_scale, use_causal_mask):
-        assert is_inference and not use_causal_mask
-        self.io = dict(q=q, k=k, v=v, dq=descale_q, dk=descale_k, dv=descale_v, ds=descale_s, ss=scale_s,
-                       so=scale_o, o=_Tensor("o"), amax_s=_Tensor("amax_s"), amax_o=_Tensor("amax_o"))
-        self.attn_scale = attn_scale
-        return self.io["o"], None, self.io["amax_s"], self.io["amax_o"]
-
-    def validate(self):
-        assert all(self.io[name].output for name in ("o", "amax_s", "amax_o"))
-
-    def build_operation_graph(self):
-        pass
-
-    def create_execution_plans(self, modes):
-        assert modes
-
-    def check_support(self):
-        pass
-
-    def build_plans(self):
-        _Graph.builds += 1
-
-    def get_workspace_size(self):
-        return 0
-
-    def execute(self, buffers, workspace, handle=None):
-        t = {name: buffers[ref] for name, ref in self.io.items()}
-        view = lambda name: t[name].as_strided(self.io[name].dim, self.io[name].stride)  # noqa: E731
-        assert all(self.io[n].data_type == "FP8_E4M3" and t[n].dtype == torch.float8_e4m3fn for n in "qkvo")
-        q, k, v = (view(n).float() for n in "qkv")
-        s = q @ k.transpose(-1, -2) * t["dq"] * t["dk"] * self.attn_scale
-        o = torch.softmax(s, dim=-1) * t["ss"] @ (v * t["dv"]) * t["ds"] * t["so"]
-        view("o").copy_(o.to(t["o"].dtype))
-
-
-@pytest.fixture
-def fake_cudnn(monkeypatch):
-    enum = lambda *names: types.SimpleNamespace(**{n: n for n in names})  # noqa: E731
-    module = types.SimpleNamespace(
-        data_type=enum("FP8_E4M3", "BFLOAT16", "FLOAT"), heur_mode=enum("A", "FALLBACK"),
-        create_handle=lambda: object(), set_stream=lambda handle, stream: None, pygraph=_Graph)
-    monkeypatch.setitem(sys.modules, "cudnn", module)
-    _Graph.builds = 0
-    return module
 
 
 def test_the_graph_attends_like_sdpa_up_to_fp8_rounding(fake_cudnn):
@@ -141,7 +56,7 @@ def test_graphs_are_built_once_per_key_length(fake_cudnn):
     for n in (8, 8, 12, 8):
         kv = torch.randn(1, n, 2, 16).bfloat16()
         attention(q, kv, kv)
-    assert _Graph.builds == 2
+    assert FakeCudnnGraph.builds == 2
 
 
 def test_cudnn_fp8_is_refused_where_it_cannot_run():

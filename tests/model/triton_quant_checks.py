@@ -65,6 +65,13 @@ def check_every_kernel_variant_compiles_for_hopper():
     _compile(tt._abs_max, tensor, {"BLOCK": tt.BLOCK})
     _compile(tt._quantize_by_amax, dict(tensor, q_ptr="*fp8e4nv", descale_ptr="*fp32"),
              dict(CONSTS, BLOCK=tt.BLOCK))
+    rows2d = {"k_ptr": "*bf16", "v_ptr": "*bf16", "L": "i32", "C": "i32", "stride_k": "i32", "stride_v": "i32"}
+    blocks = {"ROWS": tt.ROWS, "COLS": tt.COLS}  # the FP8 attention's code cache (model/kv_codes.py)
+    _compile(tt._rows_abs_max, dict(rows2d, amax_ptr="*fp32"), blocks, num_warps=4)
+    _compile(tt._rescale_codes, {"ck_ptr": "*fp8e4nv", "cv_ptr": "*fp8e4nv", "descale_ptr": "*fp32",
+                                 "amax_ptr": "*fp32", "N": "i32"}, dict(CONSTS, BLOCK=tt.RESCALE_BLOCK))
+    _compile(tt._quantize_rows_by, dict(rows2d, ck_ptr="*fp8e4nv", cv_ptr="*fp8e4nv", descale_ptr="*fp32",
+                                        amax_ptr="*fp32"), dict(CONSTS, **blocks), num_warps=4)
     for warps in WARPS_TIMED:  # what benchmarks.run.triton_quant_timings launches
         _compile(tq._quantize_rows, rows, dict(CONSTS, GELU=True, BLOCK=16384, RECIPROCAL=False), warps)
         _compile(tq._norm_quantize, {"x_ptr": "*fp32", **NORM_ARGS},
@@ -145,6 +152,30 @@ def check_tensor_quantization():
     assert not zeros.any() and floor.item() == (torch.tensor(SCALE_FLOOR) / E4M3_MAX).item()
 
 
+def check_code_cache():
+    """triton_tensor_quant.append_codes: model/kv_codes.append_codes_reference's descales and
+    (unrounded: float32 codes) quotients, K a contiguous tensor, V a strided view of a fused
+    projection; the cached codes rescaled only when a louder chunk grows the descale."""
+    from model.kv_codes import append_codes_reference
+
+    gen = torch.Generator().manual_seed(4)
+    heads, dim = 2, 640  # rows of 1280: two column blocks, the second partial
+    got = (torch.zeros(40, heads, dim), torch.zeros(40, heads, dim), torch.zeros(2))
+    want = tuple(t.clone() for t in got)
+    start = 0
+    for amp in (1.0, 3.0, 0.5, 5.0):
+        fused = (torch.randn(9, 3 * heads * dim, generator=gen) * amp).to(HALF)
+        k = fused[:, : heads * dim].unflatten(-1, (heads, dim)).contiguous()
+        v = fused[:, 2 * heads * dim :].unflatten(-1, (heads, dim))
+        tt.append_codes(got[:2], got[2], (k, v), start)
+        append_codes_reference(want[:2], want[2], (k, v), start)
+        start += 9
+        torch.testing.assert_close(got[2], want[2], rtol=0, atol=0)
+        for g, w in zip(got[:2], want[:2]):
+            torch.testing.assert_close(g, w, rtol=2.5e-7, atol=1e-5)
+    assert got[0][:start].abs().max().item() == E4M3_MAX
+
+
 def check_reciprocal_codes():
     """Launch(reciprocal=True): the same scales, quotients within two float32 roundings."""
     gen = torch.Generator().manual_seed(2)
@@ -200,6 +231,7 @@ def main(mode: str) -> None:
         check_row_quantization()
         check_reciprocal_codes()
         check_tensor_quantization()
+        check_code_cache()
         for residual in (torch.float32, HALF):
             check_norm_regions(residual)
         check_public_functions()

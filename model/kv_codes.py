@@ -1,0 +1,83 @@
+"""The self-attention cache of the FP8 attention, kept in the codes that attention reads
+(`AccelOptions.kv_codes`, with `attention="cudnn_fp8"`).
+
+cuDNN's FP8 SDPA takes K and V as e4m3 codes with one descale per tensor. A bf16 cache makes
+every call quantize the whole visible cache again (2 x 22620 rows per call in a full window,
+5 calls per chunk: 91 % of the FP8 attention's quantization, docs/PERFORMANCE.md). This cache
+stores the codes themselves with one running descale per layer and tensor: a call quantizes
+only its own rows, with descale = max(descale, amax(new rows) / 448). When that grows, the
+codes already cached are multiplied by old / new and rounded again (one pass over the cache,
+skipped on the device by the kernel itself when the scale did not grow: no host sync), so every
+cached row always dequantizes with the one current descale. Half the bytes of a bf16 cache.
+
+The descale only grows within a session (reset: back to zero), so rows written early lose a
+little precision when a later chunk is louder; the numerics against the bf16 cache are measured
+by the benchmarks (docs/PERFORMANCE.md).
+"""
+from __future__ import annotations
+
+from importlib.util import find_spec
+
+import torch
+from torch import Tensor
+
+from model.kv_cache import SelfAttnKVCache
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+AMAX_FLOOR = 1e-12  # amax floor of an all-zero chunk (its descale must not be 0)
+TensorCodes = tuple[Tensor, Tensor]  # (e4m3 codes [n, H, D], float32 descale [1]): x ~= codes * descale
+
+
+def append_codes_reference(codes: tuple[Tensor, Tensor], descale: Tensor, new: tuple[Tensor, Tensor],
+                           start: int) -> None:
+    """Write K and V's `new` rows [L, H, D] as codes at slot `start` of `codes` ([cap, H, D]
+    each), growing `descale` ([2]: K's, V's) to cover them and rescaling slots [0, start).
+    The function the Triton kernels compute (`triton_tensor_quant.append_codes`); codes of
+    another dtype than e4m3 (float32: the quotients unrounded) are written in theirs."""
+    for i, (c, x) in enumerate(zip(codes, new)):
+        old = descale[i : i + 1]
+        grown = torch.maximum(old, x.abs().amax().float().clamp(min=AMAX_FLOOR).reshape(1) / E4M3_MAX)
+        if start:
+            c[:start] = (c[:start].float() * (old / grown)).to(c.dtype)
+        c[start : start + x.shape[0]] = (x.float() / grown).clamp(-E4M3_MAX, E4M3_MAX).to(c.dtype)
+        old.copy_(grown)
+
+
+def append_codes(codes: tuple[Tensor, Tensor], descale: Tensor, new: tuple[Tensor, Tensor], start: int) -> None:
+    """`append_codes_reference`, on CUDA by three Triton kernels for K and V together (amax of the
+    new rows; the rescale, which returns at once when the descale did not grow; the codes)."""
+    if codes[0].is_cuda and find_spec("triton") is not None:
+        from model.accel.triton_tensor_quant import append_codes as on_device
+
+        on_device(codes, descale, new, start)
+    else:
+        append_codes_reference(codes, descale, new, start)
+
+
+class Fp8CodesKVCache(SelfAttnKVCache):
+    """One layer's self-attention cache as e4m3 codes with one running descale per tensor.
+
+    `update` returns ((K codes, K descale), (V codes, V descale)) over the slots the chunk
+    attends to: what `CudnnFp8Attention.codes` takes without quantizing them again."""
+
+    def __init__(self, capacity: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
+                 rolling: bool = False, sink_tokens: int = 0, max_attention_size: int | None = None) -> None:
+        super().__init__(capacity, heads, head_dim, E4M3, device, rolling, sink_tokens, max_attention_size)
+        self.dtype = dtype  # the chunk's K/V as they come in
+        self.descale = torch.zeros(2, dtype=torch.float32, device=device)  # K's, V's
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.descale.nbytes
+
+    def _write(self, new: slice, k: Tensor, v: Tensor) -> None:
+        append_codes((self.k, self.v), self.descale, (k, v), new.start)
+
+    def _read(self, lo: int, k: Tensor, v: Tensor) -> tuple[TensorCodes, TensorCodes]:
+        end = self.local_end
+        return (self.k[lo:end], self.descale[0:1]), (self.v[lo:end], self.descale[1:2])
+
+    def reset(self) -> None:
+        super().reset()
+        self.descale.zero_()
