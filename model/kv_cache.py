@@ -7,8 +7,9 @@ denoising calls of a chunk overwrite the same slot and the t = 0 call writes the
 that later chunks read. With a window (`local_attn_size` != -1) a new chunk that does not
 fit evicts the oldest tokens after the sink; without one the capacity grows on demand.
 With `fp8` the self-attention cache stores float8 with per-token, per-head scales
-(model/kv_quant.py) and hands attention a compute-dtype copy; the cross-attention cache keeps
-the compute dtype (512 tokens per layer).
+(model/kv_quant.py) and hands attention a compute-dtype copy; the FP8 attention's code cache
+(model/kv_codes.py, a subclass) stores the e4m3 codes attention reads. The cross-attention
+cache keeps the compute dtype (512 tokens per layer).
 """
 from __future__ import annotations
 
