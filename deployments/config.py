@@ -49,7 +49,8 @@ class ModelArgs(_Strict):
     # Opt-in: the DiT's self-attention as cuDNN's fused FP8 SDPA (Q, K, V per tensor in e4m3;
     # CUDA sm_90 with the nvidia-cudnn-frontend package). With `fp8` its e4m3 output feeds the
     # FP8 output projection. 81 frames 7.33 s against 8.31 (FP8 GEMMs), deviation from bf16
-    # 5.1e-2 against 1.0e-2 (docs/PERFORMANCE.md, session 5).
+    # 5.1e-2 against 1.0e-2 (docs/PERFORMANCE.md, session 5). Its cache holds the e4m3 codes it
+    # reads (session 6: half the cache bytes, windowed FP8 chunk 1.222 -> 1.166 s).
     fp8_attention: bool = False
     # Storage of the sessions' self-attention KV caches: the compute dtype (exact), or "fp8"
     # (opt-in): float8 e4m3 with a scale per token and head, ~half the bytes of a bf16 cache, so

@@ -122,14 +122,16 @@ class AccelOptions:
         opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`: FP8
         GEMMs, on CUDA with fast accumulation and, compiled, their inputs quantized by the tuned
         Triton kernels where Triton is installed, else in the compiled regions: round 2's fastest
-        FP8 variant; `fp8_attention`: the self-attention in FP8 through cuDNN, CUDA only), a
+        FP8 variant; `fp8_attention`: the self-attention in FP8 through cuDNN, CUDA only, its
+        cache in its own codes: session 6, windowed FP8 chunk 1.222 -> 1.166 s), a
         chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %, +0.5 GiB while a
         call runs) and the decoder's upsampling inside its conv with 2x2 phase kernels (session
         5: decode 110 -> 98 ms); on the CPU the plain path unless one of the flags is asked
         for."""
         if torch.device(device).type == "cuda":
             quant = ("triton" if find_spec("triton") is not None else "fused") if fp8 and compile else "gemm"
-            return cls(fast=True, attention="cudnn_fp8" if fp8_attention else "cudnn", compile=compile, fp8=fp8,
+            return cls(fast=True, attention="cudnn_fp8" if fp8_attention else "cudnn", kv_codes=fp8_attention,
+                       compile=compile, fp8=fp8,
                        skip_final_update=True, fp8_quant=quant, fp8_fast_accum=fp8,
                        vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,
                        vae_fold_bias=vae_compile, vae_batch_frames=True, vae_upsample_in_conv=True,

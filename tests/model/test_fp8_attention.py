@@ -70,7 +70,9 @@ def test_serving_turns_it_on_only_where_asked_and_only_on_cuda():
     from deployments.config import ModelArgs
 
     assert AccelOptions.for_serving("cuda", compile=True, fp8=True).attention == "cudnn"
-    assert AccelOptions.for_serving("cuda", compile=True, fp8=True, fp8_attention=True).attention == "cudnn_fp8"
+    served = AccelOptions.for_serving("cuda", compile=True, fp8=True, fp8_attention=True)
+    assert served.attention == "cudnn_fp8" and served.kv_codes  # its cache in its own codes (session 6)
+    assert not AccelOptions.for_serving("cuda", compile=True, fp8=True).kv_codes
     with pytest.raises(ValueError, match="CUDA only"):
         AccelOptions.for_serving("cpu", fp8_attention=True)
     with pytest.raises(ValueError, match="fp8_attention"):
