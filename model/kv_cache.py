@@ -13,6 +13,8 @@ cache keeps the compute dtype (512 tokens per layer).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES
@@ -216,16 +218,11 @@ class DiTCaches:
         else:
             frames = total_latent_frames
         if codes:
-            from model.kv_codes import Fp8CodesKVCache
-
-            def layer() -> SelfAttnKVCache:
-                return Fp8CodesKVCache(frame_seqlen * frames, cfg.num_heads, cfg.head_dim, dtype, device, rolling,
-                                       cfg.sink_size * frame_seqlen, max_attention_size)
+            from model.kv_codes import Fp8CodesKVCache as layer
         else:
-            def layer() -> SelfAttnKVCache:
-                return SelfAttnKVCache(frame_seqlen * frames, cfg.num_heads, cfg.head_dim, dtype, device, rolling,
-                                       cfg.sink_size * frame_seqlen, max_attention_size, fp8=fp8)
-        self_attn = [layer() for _ in range(cfg.num_layers)]
+            layer = functools.partial(SelfAttnKVCache, fp8=fp8)
+        self_attn = [layer(frame_seqlen * frames, cfg.num_heads, cfg.head_dim, dtype, device, rolling,
+                           cfg.sink_size * frame_seqlen, max_attention_size) for _ in range(cfg.num_layers)]
         cross = [
             CrossAttnCache(cfg.text_len, cfg.num_heads, cfg.head_dim, dtype, device)
             for _ in range(cfg.num_layers)

@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from model.kv_cache import SelfAttnKVCache
+from model.kv_quant import FP8_MAX as E4M3_MAX
+from model.kv_quant import KV_FP8 as E4M3
 
-E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-12  # amax floor of an all-zero chunk (its descale must not be 0)
 TensorCodes = tuple[Tensor, Tensor]  # (e4m3 codes [n, H, D], float32 descale [1]): x ~= codes * descale
 
