@@ -164,7 +164,7 @@ class DiTEngine:
     def kv_codes(self) -> bool:
         """Whether sessions' self-attention caches hold the FP8 attention's codes (set on the
         model by `optimize_dit` with `AccelOptions.kv_codes`; model/kv_codes.py)."""
-        return bool(getattr(getattr(self, "dit", None), "kv_codes", False))
+        return bool(getattr(self.dit, "kv_codes", False))
 
     @property
     def dtype(self) -> torch.dtype:

@@ -98,6 +98,8 @@ def test_admission_counts_the_fp8_cache_and_its_read_back():
     cfg = PRESETS["lingbot-world-fast"].dit
 
     class Shape(DiTEngine):  # the accounting only: no weights needed
+        dit = None  # no model: its options (kv_codes) are off
+
         def __init__(self, kv_fp8: bool) -> None:
             self.cfg, self.kv_fp8 = cfg, kv_fp8
 
