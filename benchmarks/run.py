@@ -462,16 +462,21 @@ def stage_pipeline_compiled(b: Bench) -> dict:
             **_end_to_end(b, 1)}
 
 
-FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum, fp8_camera, attention),
-    # one change each (attention None: the exact run's backend)
-    ("fp8_bias_add", False, "gemm", False, False, None),  # round 1's FP8 path (the baseline)
-    ("fp8_bias_epilogue", True, "gemm", False, False, None),
-    ("fp8_fused_quant", True, "fused", False, False, None),
-    ("fp8_fused_quant_fast_accum", True, "fused", True, False, None),
-    ("fp8_triton_quant_fast_accum", True, "triton", True, False, None),
+FP8_ATTENTION = {"attention": "cudnn_fp8"}
+FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum, fp8_camera, other AccelOptions),
+    # one change each (no attention among the others: the exact run's backend)
+    ("fp8_bias_add", False, "gemm", False, False, {}),  # round 1's FP8 path (the baseline)
+    ("fp8_bias_epilogue", True, "gemm", False, False, {}),
+    ("fp8_fused_quant", True, "fused", False, False, {}),
+    ("fp8_fused_quant_fast_accum", True, "fused", True, False, {}),
+    ("fp8_triton_quant_fast_accum", True, "triton", True, False, {}),
     # session 5: the self-attention as cuDNN's FP8 SDPA (model/accel/fp8_attention.py)
-    ("fp8_triton_quant_fast_accum_fp8_attention", True, "triton", True, False, "cudnn_fp8"),
-    ("fp8_triton_quant_fast_accum_camera", True, "triton", True, True, None),  # last: releases the camera weights
+    ("fp8_triton_quant_fast_accum_fp8_attention", True, "triton", True, False, FP8_ATTENTION),
+    # session 6: its cache in its own codes (model/kv_codes.py); session 7: Q and K by their bounds
+    ("fp8_triton_quant_fast_accum_fp8_attention_codes", True, "triton", True, False, FP8_ATTENTION | {"kv_codes": True}),
+    ("fp8_triton_quant_fast_accum_fp8_attention_codes_bound", True, "triton", True, False,
+     FP8_ATTENTION | {"kv_codes": True, "qk_bound_scales": True}),
+    ("fp8_triton_quant_fast_accum_camera", True, "triton", True, True, {}),  # last: releases the camera weights
 )
 
 
@@ -536,11 +541,12 @@ def stage_fp8(b: Bench) -> dict:
     _, t_q = timed(lambda: enable_fp8(b.dit), b.device)
     out: dict = {"quantize_s": t_q}
     best: tuple[float, AccelOptions, bool, str] | None = None
-    for name, epilogue, quant, fast_accum, camera, attention in FP8_VARIANTS:
+    for name, epilogue, quant, fast_accum, camera, others in FP8_VARIANTS:
         if name not in b.args.fp8_variants:
             continue
         options = replace(b.best_options, fp8=True, fp8_quant=quant, fp8_fast_accum=fast_accum, fp8_camera=camera,
-                          attention=attention or b.best_options.attention)
+                          **{"attention": b.best_options.attention, "kv_codes": False, "qk_bound_scales": False,
+                             **others})
         if quant == "triton" and "triton_quant_check" not in out:
             try:
                 cfg = b.cfg.dit

@@ -36,6 +36,7 @@ from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, parse_size
 from model.accel import AccelOptions, optimize_dit
 from model.accel.options import FP8_QUANT_MODES
 from model.factory import load_dit_engine
+from model.kv_codes import Fp8CodesKVCache
 from model.session import DiTSessionSpec
 
 SEED = 1234
@@ -140,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--local", type=int, default=15, help="window, latent frames (local_attn_size)")
     p.add_argument("--sink", type=int, default=3, help="sink, latent frames (sink_size)")
     p.add_argument("--precisions", default="bf16,fp8", help="comma list of bf16, fp8 (fp8 runs second: it "
-                                                            "quantizes the same weights)")
+                   "quantizes the same weights) and fp8 variants after it, one session each: fp8+bound (the FP8 "
+                   "attention's Q and K with the bound scales, AccelOptions.qk_bound_scales), fp8+shift (the "
+                   "code cache's window shifted as the base cache's, not a ring), or both")
     p.add_argument("--compile", action="store_true", help="the compiled regions (as serve_config.gpu.yaml)")
     p.add_argument("--kv-fp8", action="store_true", help="the FP8 KV cache (model.kv_cache: fp8)")
     p.add_argument("--fp8-quant", choices=FP8_QUANT_MODES, default="gemm",
@@ -182,20 +185,28 @@ def main(argv: list[str] | None = None) -> None:
     # The window holds `local` frames: it is full after ceil(local / 3) chunks, then rolls.
     full_from = -(-args.local // CHUNK_LATENT_FRAMES)
     for precision in precisions:
-        if precision not in ("bf16", "fp8") or (precision == "bf16" and "fp8" in result["runs"]):
+        base, *variant = precision.split("+")
+        if (base not in ("bf16", "fp8") or (base == "bf16" and (variant or "fp8" in result["runs"]))
+                or not set(variant) <= {"bound", "shift"}):
             raise SystemExit(f"unknown or misordered precision {precision!r}")
-        if precision == "fp8":
-            options = replace(options, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum,
+        if variant and not args.kv_codes:
+            raise SystemExit(f"{precision}: the variants are the code cache's: pass --kv-codes")
+        if base == "fp8":
+            options = replace(options, fast=True, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum,
                               attention="cudnn_fp8" if args.fp8_attention else options.attention,
-                              kv_codes=args.kv_codes)
-            optimize_dit(engine.dit, options)  # quantizes the weights, the kernels as asked
+                              kv_codes=args.kv_codes, qk_bound_scales="bound" in variant)
+            optimize_dit(engine.dit, options)  # quantizes the weights once, the kernels as asked
+            Fp8CodesKVCache.ring = "shift" not in variant  # the sessions' caches are made at open
         rows: list[dict] = []
         run = result["runs"][precision] = {"per_chunk": rows}
-        profile = args.out.with_name(f"{args.out.stem}_{precision}_profile.txt") if args.profile else None
+        if base == "fp8" and args.kv_codes:
+            run.update(kv_ring=Fp8CodesKVCache.ring, qk_bound_scales=options.qk_bound_scales)
+        tag = precision.replace("+", "_")
+        profile = args.out.with_name(f"{args.out.stem}_{tag}_profile.txt") if args.profile else None
         kept: list | None = [] if args.save_latents else None
         profiled = run_session(engine, height, width, args.chunks, rows, save, profile, kept)
         if kept is not None:
-            torch.save(torch.stack(kept), args.out.with_name(f"{args.out.stem}_{precision}_latents.pt"))
+            torch.save(torch.stack(kept), args.out.with_name(f"{args.out.stem}_{tag}_latents.pt"))
         run["summary"] = summarise(rows, full_from)
         if profiled is not None:
             run["profile"] = profiled

@@ -74,7 +74,7 @@ class SelfAttnKVCache:
         Returns the K/V that the chunk attends to, [n, heads, head_dim] views of the cache
         (subclasses: in their own form, see `_write` / `_read`).
         """
-        new, lo = self._place(k.shape[0], start)
+        new, lo = self._place(v.shape[0], start)
         self._write(new, k, v)
         return self._read(lo, k, v)
 

@@ -29,52 +29,102 @@ AMAX_FLOOR = 1e-12  # amax floor of an all-zero chunk (its descale must not be 0
 TensorCodes = tuple[Tensor, Tensor]  # (e4m3 codes [n, H, D], float32 descale [1]): x ~= codes * descale
 
 
-def append_codes_reference(codes: tuple[Tensor, Tensor], descale: Tensor, new: tuple[Tensor, Tensor],
-                           start: int) -> None:
-    """Write K and V's `new` rows [L, H, D] as codes at slot `start` of `codes` ([cap, H, D]
-    each), growing `descale` ([2]: K's, V's) to cover them and rescaling slots [0, start).
-    The function the Triton kernels compute (`triton_tensor_quant.append_codes`); codes of
-    another dtype than e4m3 (float32: the quotients unrounded) are written in theirs."""
+def append_codes_reference(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,
+                           rescale: int | None = None) -> None:
+    """Write K and V's `new` rows [L, H, D] (or one tensor's) as codes at slot `start` of `codes`
+    ([cap, H, D] each), growing `descale` ([2]: K's, V's; [1] for one) to cover them and
+    rescaling slots [0, rescale) (default [0, start)). The function the Triton kernels compute
+    (`triton_tensor_quant.append_codes`); codes of another dtype than e4m3 (float32: the
+    quotients unrounded) are written in theirs."""
+    rescale = start if rescale is None else rescale
     for i, (c, x) in enumerate(zip(codes, new)):
         old = descale[i : i + 1]
         grown = torch.maximum(old, x.abs().amax().float().clamp(min=AMAX_FLOOR).reshape(1) / E4M3_MAX)
-        if start:
-            c[:start] = (c[:start].float() * (old / grown)).to(c.dtype)
+        if rescale:
+            c[:rescale] = (c[:rescale].float() * (old / grown)).to(c.dtype)
         c[start : start + x.shape[0]] = (x.float() / grown).clamp(-E4M3_MAX, E4M3_MAX).to(c.dtype)
         old.copy_(grown)
 
 
-def append_codes(codes: tuple[Tensor, Tensor], descale: Tensor, new: tuple[Tensor, Tensor], start: int) -> None:
+def append_codes(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,
+                 rescale: int | None = None) -> None:
     """`append_codes_reference`, on CUDA by three Triton kernels for K and V together (amax of the
     new rows; the rescale, which returns at once when the descale did not grow; the codes)."""
     if codes[0].is_cuda and find_spec("triton") is not None:
         from model.accel.triton_tensor_quant import append_codes as on_device
 
-        on_device(codes, descale, new, start)
+        on_device(codes, descale, new, start, rescale)
     else:
-        append_codes_reference(codes, descale, new, start)
+        append_codes_reference(codes, descale, new, start, rescale)
 
 
 class Fp8CodesKVCache(SelfAttnKVCache):
     """One layer's self-attention cache as e4m3 codes with one running descale per tensor.
 
     `update` returns ((K codes, K descale), (V codes, V descale)) over the slots the chunk
-    attends to: what `CudnnFp8Attention.codes` takes without quantizing them again."""
+    attends to: what `CudnnFp8Attention.codes` takes without quantizing them again. K may come
+    coded already (`TensorCodes`: codes [L, H, D] with the fixed descale they were made with, the
+    fast block's bound scales, `AccelOptions.qk_bound_scales`): copied as they are, K's descale
+    set to theirs (a session's K must then always come so); V is quantized here.
+
+    A window whose whole cache is visible (rolling, no `max_attention_size` below it) is a ring:
+    the sink keeps its slots, and a chunk's rows go to the slots of the tokens it evicts, token t
+    at slot sink + (t - sink) mod (capacity - sink); nothing moves (the base class shifts the
+    kept rows down, a copy of most of the window per chunk and layer). The FP8 attention is
+    unmasked and the keys carry their positions (RoPE before caching), so the slots' order
+    changes only the order of the softmax's sums. A ring does not rewind: a chunk may rewrite
+    the last one's tokens (the denoising calls) or come after them, not end before them.
+    """
+
+    ring = True  # the class's switch for the benchmarks' A/B (False: the base class's shifting window)
 
     def __init__(self, capacity: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
                  rolling: bool = False, sink_tokens: int = 0, max_attention_size: int | None = None) -> None:
         super().__init__(capacity, heads, head_dim, E4M3, device, rolling, sink_tokens, max_attention_size)
         self.dtype = dtype  # the chunk's K/V as they come in
         self.descale = torch.zeros(2, dtype=torch.float32, device=device)  # K's, V's
+        self.is_ring = self.ring and rolling and (max_attention_size is None or max_attention_size >= capacity)
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.descale.nbytes
 
-    def _write(self, new: slice, k: Tensor, v: Tensor) -> None:
-        append_codes((self.k, self.v), self.descale, (k, v), new.start)
+    def update(self, k: Tensor | TensorCodes, v: Tensor, start: int) -> tuple[TensorCodes, TensorCodes]:
+        if not self.is_ring:
+            return super().update(k, v, start)
+        n, end = v.shape[0], start + v.shape[0]
+        ring = self.capacity - self.sink_tokens
+        if end < self.global_end:
+            raise ValueError(f"chunk ending at token {end} is before the cache's end {self.global_end}: a ring "
+                             "cache does not rewind; reset the cache to restart a session")
+        if n > ring and end > self.capacity:
+            raise ValueError(f"a chunk of {n} tokens does not fit the window of {self.capacity} tokens with a "
+                             f"sink of {self.sink_tokens}")
+        self.global_end, self.local_end = end, min(end, self.capacity)
+        t = start
+        while t < end:  # one piece, or two where the chunk wraps around the ring's end
+            slot = t if t < self.sink_tokens else self.sink_tokens + (t - self.sink_tokens) % ring
+            rows = slice(t - start, t - start + min(end - t, self.capacity - slot))
+            self._write_rows(slot, k, v, rows, self.local_end)
+            t += rows.stop - rows.start
+        return self._read(0, k, v)
 
-    def _read(self, lo: int, k: Tensor, v: Tensor) -> tuple[TensorCodes, TensorCodes]:
+    def _write(self, new: slice, k: Tensor | TensorCodes, v: Tensor) -> None:
+        self._write_rows(new.start, k, v, slice(0, v.shape[0]), new.start)
+
+    def _write_rows(self, slot: int, k: Tensor | TensorCodes, v: Tensor, rows: slice, rescale: int) -> None:
+        """Rows `rows` of the chunk's K and V at `slot`; when a descale grows, slots [0, rescale)
+        are rescaled (everything valid but the rows written here)."""
+        if isinstance(k, tuple):
+            codes, descale = k
+            piece = codes[rows]
+            self.k[slot : slot + piece.shape[0]] = piece
+            self.descale[0:1].copy_(descale)
+            append_codes((self.v,), self.descale[1:2], (v[rows],), slot, rescale)
+        else:
+            append_codes((self.k, self.v), self.descale, (k[rows], v[rows]), slot, rescale)
+
+    def _read(self, lo: int, k: Tensor | TensorCodes, v: Tensor) -> tuple[TensorCodes, TensorCodes]:
         end = self.local_end
         return (self.k[lo:end], self.descale[0:1]), (self.v[lo:end], self.descale[1:2])
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.accel.kernels import BlockKernels, batched
+from model.accel.kernels import E4M3_MAX, BlockKernels, batched, rope_norm_bound
 from model.accel.projection import Fp8Projection, Projection
 from model.dit_block import CrossAttention, DiTBlock, SelfAttention
 from model.kv_cache import CrossAttnCache, SelfAttnKVCache
@@ -24,20 +24,36 @@ class FastSelfAttention(SelfAttention):
     qkv: AnyProjection  # q, k, v fused: [dim] -> [3 * dim]
     out: AnyProjection
     kernels: BlockKernels
+    qk_descales: tuple[Tensor, Tensor] | None = None  # the bound scales of Q and K ([1] each), or None
 
     def adopt(self, kernels: BlockKernels) -> None:
         self.qkv = Projection.fuse([self.q, self.k, self.v])
         self.out = Projection.of(self.o)
         self.kernels = kernels
 
+    def use_bound_scales(self, on: bool) -> None:
+        """Q and K as e4m3 codes with fixed descales, bound / 448 (`rope_norm_bound` of their norm
+        weights), made by their norm + RoPE region: for the FP8 attention over a code cache
+        (`AccelOptions.qk_bound_scales`). Off: per-call amax scales."""
+        device = self.norm_q.weight.device
+        self.qk_descales = tuple(torch.tensor([rope_norm_bound(norm.weight) / E4M3_MAX], dtype=torch.float32,
+                                              device=device) for norm in (self.norm_q, self.norm_k)) if on else None
+
     def forward(self, a: Tensor, rope: RopeTable, cache: SelfAttnKVCache, start: int) -> Tensor:
         kn = self.kernels
         q, k, v = self.qkv(a).chunk(3, dim=-1)  # [1, S, dim] views of [1, S, 3 * dim]
-        q = kn.qk_norm_rope(q, self.norm_q.weight, rope.cos, rope.sin, self.norm_q.eps, self.num_heads)
-        k = kn.qk_norm_rope(k, self.norm_k.weight, rope.cos, rope.sin, self.norm_k.eps, self.num_heads)
         v = v.unflatten(-1, (self.num_heads, self.head_dim))  # [1, S, H, D]
-        k_all, v_all = cache.update(k[0], v[0], start)  # [n, H, D] each (or a code cache's codes)
-        return self.out(kn.attend_self(q, batched(k_all), batched(v_all), quantized=isinstance(self.out, Fp8Projection)))
+        args = (rope.cos, rope.sin)
+        if self.qk_descales is None:
+            q = kn.qk_norm_rope(q, self.norm_q.weight, *args, self.norm_q.eps, self.num_heads)
+            k = kn.qk_norm_rope(k, self.norm_k.weight, *args, self.norm_k.eps, self.num_heads)[0]
+        else:  # (codes, descale): the FP8 attention reads Q as it is, the code cache copies K's codes
+            dq, dk = self.qk_descales
+            q = kn.qk_norm_rope_codes(q, self.norm_q.weight, *args, self.norm_q.eps, self.num_heads, dq), dq
+            k = kn.qk_norm_rope_codes(k, self.norm_k.weight, *args, self.norm_k.eps, self.num_heads, dk)[0], dk
+        k_all, v_all = cache.update(k, v[0], start)  # [n, H, D] each (or a code cache's codes)
+        quantized = isinstance(self.out, Fp8Projection)
+        return self.out(kn.attend_self(q, batched(k_all), batched(v_all), quantized=quantized, dtype=v.dtype))
 
 
 class FastCrossAttention(CrossAttention):

@@ -140,28 +140,35 @@ class CudnnFp8Attention:
             return on_device(x)
         return quantize_tensor(x)
 
-    def codes(self, q: Tensor, k: Tensor | TensorCodes, v: Tensor | TensorCodes) -> QuantizedRows:
+    def codes(self, q: Tensor | TensorCodes, k: Tensor | TensorCodes, v: Tensor | TensorCodes) -> QuantizedRows:
         """O [1, S, H*D] as (e4m3 codes, float32 row scales [1, S, 1]): O ~= codes * scales.
-        K and V come in bf16 (quantized here, per call) or as the code cache's (codes, descale)
-        (model/kv_codes.py: taken as they are)."""
-        _, s, h, d = q.shape
-        (kc, dk), (vc, dv) = (x if isinstance(x, tuple) else self._quantize(x) for x in (k, v))
+        Q, K and V come in bf16 (quantized here, per call) or as (codes, descale) (the code
+        cache's K and V, model/kv_codes.py; Q and K made with the bound scales): taken as they are."""
+        (qc, dq), (kc, dk), (vc, dv) = (x if isinstance(x, tuple) else self._quantize(x) for x in (q, k, v))
+        _, s, h, d = qc.shape
         n = kc.shape[1]
-        assert kc.shape == vc.shape == (1, n, h, d), (q.shape, kc.shape, vc.shape)
+        assert kc.shape == vc.shape == (1, n, h, d), (qc.shape, kc.shape, vc.shape)
         assert kc.dtype == vc.dtype == torch.float8_e4m3fn and dk.shape == dv.shape == (1,)
-        g, t, workspace_bytes = self.graph(s, n, h, d, q.device)
-        qc, dq = self._quantize(q)
-        descale_s, scale_s = self._p_scales(q.device)
-        out = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
-        amax_s, amax_o = torch.empty(2, 1, device=q.device).unbind(0)
-        workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device)
+        assert qc.dtype == torch.float8_e4m3fn and dq.shape == (1,)
+        device = qc.device
+        g, t, workspace_bytes = self.graph(s, n, h, d, device)
+        descale_s, scale_s = self._p_scales(device)
+        out = torch.empty(qc.shape, dtype=torch.float8_e4m3fn, device=device)
+        amax_s, amax_o = torch.empty(2, 1, device=device).unbind(0)
+        workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
         cudnn = self._cudnn()
-        handle = self._handle(q.device)
-        cudnn.set_stream(handle, torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0)
+        handle = self._handle(device)
+        cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream if qc.is_cuda else 0)
         buffers = (qc, kc, vc, dq, dk, dv, descale_s, scale_s, 1.0 / dv, out, amax_s, amax_o)
         g.execute(dict(zip(t, buffers)), workspace, handle=handle)
         return out.flatten(2), dv.expand(s, 1).reshape(1, s, 1).contiguous()
 
-    def __call__(self, q: Tensor, k: Tensor | TensorCodes, v: Tensor | TensorCodes) -> Tensor:
+    def __call__(self, q: Tensor | TensorCodes, k: Tensor | TensorCodes, v: Tensor | TensorCodes,
+                 dtype: torch.dtype | None = None) -> Tensor:
+        """O [1, S, H*D] in `dtype` (by default q's; needed when q comes as codes)."""
+        if dtype is None:
+            if isinstance(q, tuple):
+                raise ValueError("the FP8 attention's output dtype: pass it when Q comes as codes")
+            dtype = q.dtype
         codes, scales = self.codes(q, k, v)
-        return (codes.float() * scales).to(q.dtype)
+        return (codes.float() * scales).to(dtype)

@@ -7,6 +7,7 @@ table's dtype (float32 on the fast path).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from model.kv_codes import TensorCodes
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+ROUNDING_MARGIN = 1.02  # rope_norm_bound's room for roundings
 SCALE_FLOOR = 1e-12  # amax floor of an all-zero row (its scale must not be 0)
 
 _BACKENDS: dict[str, list[SDPBackend] | None] = {
@@ -56,6 +58,22 @@ def qk_norm_rope(t: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float
     a, b = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # [1, S, H, D/2, 2]
     return rotated.flatten(-2).to(t.dtype)
+
+
+def qk_norm_rope_codes(t: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, heads: int,
+                       descale: Tensor) -> Tensor:
+    """`qk_norm_rope` as float8_e4m3fn codes with a fixed descale [1] (the FP8 attention's bound
+    scales, `rope_norm_bound`): the rotated bf16 value divided, clamped, rounded, in the same
+    region (no bf16 [1, S, H, D] written for a quantization pass to read back twice)."""
+    x = qk_norm_rope(t, weight, cos, sin, eps, heads)
+    return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def rope_norm_bound(weight: Tensor) -> float:
+    """A bound on |qk_norm_rope(t, weight, ...)| for any t: RMSNorm makes sum_i n_i^2 <= dim, so
+    each rotated pair of n_i w_i has a norm <= sqrt(dim) max|w|; times a margin for the roundings
+    to bf16 and float32 on the way (three of at most 2^-8 each)."""
+    return math.sqrt(weight.numel()) * weight.detach().abs().max().float().item() * ROUNDING_MARGIN
 
 
 def attn_camera_norm(
@@ -141,6 +159,7 @@ class BlockKernels:
     modulated_norm: Callable[..., Tensor | QuantizedRows]
     rms_norm: Callable[..., Tensor]
     qk_norm_rope: Callable[..., Tensor]
+    qk_norm_rope_codes: Callable[..., Tensor]
     attn_camera_norm: Callable[..., tuple[Tensor, Tensor | QuantizedRows]]
     cross_residual_norm: Callable[..., tuple[Tensor, Tensor | QuantizedRows]]
     gated_residual: Callable[..., Tensor]
@@ -158,7 +177,7 @@ class BlockKernels:
     @classmethod
     def build(cls, attention: str, compile: bool, quant: str = "gemm") -> "BlockKernels":
         fused = quant != "gemm"
-        fns = (modulated_norm_q if fused else modulated_norm, rms_norm, qk_norm_rope,
+        fns = (modulated_norm_q if fused else modulated_norm, rms_norm, qk_norm_rope, qk_norm_rope_codes,
                attn_camera_norm_q if fused else attn_camera_norm,
                cross_residual_norm_q if fused else cross_residual_norm,
                gated_residual, quantize_rows, gelu_quantize)
@@ -169,8 +188,8 @@ class BlockKernels:
         if quant == "triton":  # CUDA with Triton
             from model.accel import triton_quant as tq
 
-            fns = (tq.tuned("modulated_norm_q"), fns[1], fns[2], tq.tuned("attn_camera_norm_q"),
-                   tq.tuned("cross_residual_norm_q"), fns[5], fns[6], tq.tuned("gelu_quantize"))
+            fns = (tq.tuned("modulated_norm_q"), *fns[1:4], tq.tuned("attn_camera_norm_q"),
+                   tq.tuned("cross_residual_norm_q"), *fns[6:8], tq.tuned("gelu_quantize"))
         fp8_attention = None
         if attention == "cudnn_fp8":
             from model.accel.fp8_attention import CudnnFp8Attention
@@ -181,14 +200,15 @@ class BlockKernels:
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return attend(q, k, v, self.attention)
 
-    def attend_self(self, q: Tensor, k: Tensor | TensorCodes, v: Tensor | TensorCodes,
-                    quantized: bool = False) -> Tensor | QuantizedRows:
+    def attend_self(self, q: Tensor | TensorCodes, k: Tensor | TensorCodes, v: Tensor | TensorCodes,
+                    quantized: bool = False, dtype: torch.dtype | None = None) -> Tensor | QuantizedRows:
         """The self-attention over the session's cache ([1, n, H, D] K/V, or the code cache's
-        (codes, descale) with "cudnn_fp8"): FP8 with "cudnn_fp8" (with `quantized` its e4m3
-        output as it is, for an FP8 GEMM), else `attend`."""
+        (codes, descale) with "cudnn_fp8", Q too with the bound scales): FP8 with "cudnn_fp8"
+        (with `quantized` its e4m3 output as it is, for an FP8 GEMM, else in `dtype`, by default
+        q's), else `attend`."""
         if self.fp8_attention is not None:
-            return self.fp8_attention.codes(q, k, v) if quantized else self.fp8_attention(q, k, v)
-        if isinstance(k, tuple):
+            return self.fp8_attention.codes(q, k, v) if quantized else self.fp8_attention(q, k, v, dtype)
+        if isinstance(k, tuple) or isinstance(q, tuple):
             raise ValueError(f"a code cache (model/kv_codes.py) is read by attention='cudnn_fp8', not {self.attention!r}")
         return attend(q, k, v, self.attention)
 

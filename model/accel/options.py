@@ -33,6 +33,11 @@ class AccelOptions:
     kv_codes: with "cudnn_fp8", sessions' self-attention caches hold the e4m3 codes that the FP8
       attention reads, one running descale per layer and tensor (model/kv_codes.py): a call
       quantizes its own rows only, not the whole cache again; half a bf16 cache's bytes.
+    qk_bound_scales: with kv_codes, Q and K quantized with a fixed descale per layer, a bound of
+      their values / 448 (RMSNorm then RoPE: |x| <= sqrt(dim) max|norm weight|), inside the
+      compiled norm + RoPE region that makes them: no amax pass, no bf16 Q/K written and read
+      back, and K's cached codes never rescaled; a value far below the bound keeps e4m3's
+      relative precision (3 mantissa bits) down to 2^-6 of a code.
     compile: torch.compile the fast block's elementwise regions (needs `fast`).
     fp8: FP8 e4m3 GEMMs with per-row/per-column scales (needs `fast`; Hopper or a CPU torch
       with `_scaled_mm`); changes the numerics (reported by the benchmark), off by default.
@@ -70,6 +75,7 @@ class AccelOptions:
     fast: bool = False
     attention: Attention = "default"
     kv_codes: bool = False
+    qk_bound_scales: bool = False
     compile: bool = False
     fp8: bool = False
     fp8_quant: Fp8Quant = "gemm"
@@ -92,6 +98,8 @@ class AccelOptions:
             raise ValueError("compile, fp8 and the attention backend apply to the fast block: set fast=True")
         if self.kv_codes and self.attention != "cudnn_fp8":
             raise ValueError("kv_codes is the FP8 attention's cache: set attention='cudnn_fp8'")
+        if self.qk_bound_scales and not self.kv_codes:
+            raise ValueError("qk_bound_scales writes K into the FP8 attention's code cache: set kv_codes=True")
         if self.fp8_quant not in FP8_QUANT_MODES:
             raise ValueError(f"fp8_quant must be one of {FP8_QUANT_MODES}, got {self.fp8_quant!r}")
         if (self.fp8_fast_accum or self.fp8_camera) and not self.fp8:

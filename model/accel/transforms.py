@@ -52,6 +52,7 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
             block.set_kernels(kernels)
         else:
             FastDiTBlock.adopt(block, kernels)
+        block.self_attn.use_bound_scales(options.qk_bound_scales)
     if options.fp8:
         enable_fp8(dit, camera=options.fp8_camera)
         for block in dit.blocks:

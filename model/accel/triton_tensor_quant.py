@@ -57,7 +57,8 @@ def quantize_tensor(x: torch.Tensor, codes: torch.dtype = torch.float8_e4m3fn) -
 
 # The FP8 attention's code cache (model/kv_codes.py): K and V of one DiT call go into their
 # layer's e4m3 cache with one running descale per tensor. Each kernel handles K (program_id(1)
-# 0) and V (1) in one launch; the descale cells are read by all three and written by the last.
+# 0) and V (1) in one launch (a grid of one along that axis: the first pair of pointers alone);
+# the descale cells are read by all three and written by the last.
 ROWS, COLS = 8, 1024  # a block of the new rows: 8 rows x 1024 of their H*D elements
 RESCALE_BLOCK = 16384  # codes per program of the rescale (its programs return at once unless it grows)
 
@@ -129,21 +130,25 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return flat, flat.stride(0)
 
 
-def append_codes(codes: tuple[torch.Tensor, torch.Tensor], descale: torch.Tensor,
-                 new: tuple[torch.Tensor, torch.Tensor], start: int) -> None:
+def append_codes(codes: tuple[torch.Tensor, ...], descale: torch.Tensor, new: tuple[torch.Tensor, ...], start: int,
+                 rescale: int | None = None) -> None:
     """model/kv_codes.append_codes_reference in four launches (a memset and three kernels) for K
-    and V together: the new rows read twice (amax, codes), the cached codes only when the descale
+    and V together (or one tensor alone: the V of a cache whose K comes coded): the new rows read
+    twice (amax, codes), the cached codes [0, rescale) (default: [0, start)) only when the descale
     grew. `codes` are contiguous [cap, H, D] caches; `new` rows may be strided views."""
-    (k, stride_k), (v, stride_v) = _rows(new[0]), _rows(new[1])
-    ck, cv = codes
-    assert ck.is_contiguous() and cv.is_contiguous() and k.shape == v.shape and descale.shape == (2,)
+    assert len(codes) == len(new) == descale.shape[0] in (1, 2) and descale.is_contiguous()
+    (k, stride_k), (v, stride_v) = _rows(new[0]), _rows(new[-1])
+    ck, cv = codes[0], codes[-1]
+    assert ck.is_contiguous() and cv.is_contiguous() and k.shape == v.shape
     L, C = k.shape
-    amax = torch.zeros(2, dtype=torch.float32, device=k.device)
-    grid = (triton.cdiv(L, ROWS), 2, triton.cdiv(C, COLS))
+    tensors = len(codes)
+    amax = torch.zeros(tensors, dtype=torch.float32, device=k.device)
+    grid = (triton.cdiv(L, ROWS), tensors, triton.cdiv(C, COLS))
     _rows_abs_max[grid](k, v, amax, L, C, stride_k, stride_v, ROWS=ROWS, COLS=COLS, num_warps=4)
-    if start:
-        n = start * C
-        _rescale_codes[(triton.cdiv(n, RESCALE_BLOCK), 2)](ck, cv, descale, amax, n, BLOCK=RESCALE_BLOCK,
-                                                           FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8)
+    rescale = start if rescale is None else rescale
+    if rescale:
+        n = rescale * C
+        _rescale_codes[(triton.cdiv(n, RESCALE_BLOCK), tensors)](ck, cv, descale, amax, n, BLOCK=RESCALE_BLOCK,
+                                                                 FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8)
     _quantize_rows_by[grid](k, v, ck[start:], cv[start:], descale, amax, L, C, stride_k, stride_v, ROWS=ROWS,
                             COLS=COLS, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=4)

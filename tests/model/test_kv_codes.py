@@ -47,32 +47,120 @@ def test_one_descale_per_tensor_grows_with_a_louder_chunk_and_rescales_the_past(
     assert not torch.equal(ck[:4].view(torch.uint8), first.view(torch.uint8))
 
 
-@settings(max_examples=40, deadline=None)
+def _visible_tokens(cache: SelfAttnKVCache, lo: int = 0) -> list[int]:
+    """The absolute token each visible slot [lo, local_end) holds: a shifting window keeps the
+    sink then the newest tokens in order, a ring (model/kv_codes.py) puts token t at slot
+    sink + (t - sink) mod (capacity - sink)."""
+    sink, end, n = cache.sink_tokens, cache.global_end, cache.local_end
+    if not cache.rolling or end <= cache.capacity:
+        tokens = list(range(n)) if not cache.rolling else list(range(min(sink, n))) + list(range(end - (n - min(sink, n)), end))
+    elif getattr(cache, "is_ring", False):
+        ring = cache.capacity - sink
+        newest = {sink + (t - sink) % ring: t for t in range(end - ring, end)}
+        tokens = list(range(sink)) + [newest[j] for j in range(sink, cache.capacity)]
+    else:
+        tokens = list(range(sink)) + list(range(end - (n - sink), end))
+    return tokens[lo:]
+
+
+def _by_token(rows: torch.Tensor, tokens: list[int]) -> dict[int, torch.Tensor]:
+    assert len(tokens) == rows.shape[0] == len(set(tokens))
+    return dict(zip(tokens, rows))
+
+
+@settings(max_examples=60, deadline=None)
 @given(capacity=st.integers(4, 24), sink=st.integers(0, 6), n=st.integers(1, 6), chunks=st.integers(1, 7),
-       rolling=st.booleans(), max_attention=st.one_of(st.none(), st.integers(1, 30)))
-def test_code_cache_follows_the_exact_cache(capacity, sink, n, chunks, rolling, max_attention):
-    """Any sequence of chunks (window or growth, the denoising calls overwriting a chunk's
-    slots): the exact cache's slots, each within e4m3's rounding of its running descale."""
+       rolling=st.booleans(), max_attention=st.one_of(st.none(), st.integers(1, 30)), coded_k=st.booleans())
+def test_code_cache_follows_the_exact_cache(capacity, sink, n, chunks, rolling, max_attention, coded_k):
+    """Any sequence of chunks (window, ring or growth, the denoising calls overwriting a chunk's
+    slots): the exact cache's tokens, each within e4m3's rounding of its running descale; K given
+    as codes with a fixed descale (the bound scales) is cached as it is."""
     assume(not rolling or sink + n <= capacity)
     kw = dict(rolling=rolling, sink_tokens=sink if rolling else 0, max_attention_size=max_attention)
     exact = SelfAttnKVCache(capacity, 2, 8, torch.float32, "cpu", **kw)
     codes = Fp8CodesKVCache(capacity, 2, 8, torch.float32, "cpu", **kw)
+    assert codes.is_ring == (rolling and (max_attention is None or max_attention >= capacity))
     gen = torch.Generator().manual_seed(capacity * 1000 + n)
+    k_descale = torch.tensor([8.0 / E4M3_MAX])  # |K| < 4 * 2 below
     for c in range(chunks):
         for _ in range(2):
             amp = float(torch.rand(1, generator=gen)) * 4
-            k, v = amp * torch.randn(n, 2, 8, generator=gen), torch.randn(n, 2, 8, generator=gen)
+            k, v = amp * torch.randn(n, 2, 8, generator=gen).clamp(-2, 2), torch.randn(n, 2, 8, generator=gen)
+            k_in = ((k / k_descale).to(E4M3), k_descale) if coded_k else k
             ke, ve = exact.update(k, v, c * n)
-            (kc, dk), (vc, dv) = codes.update(k, v, c * n)
+            (kc, dk), (vc, dv) = codes.update(k_in, v, c * n)
             assert (codes.global_end, codes.local_end, codes.capacity) == (exact.global_end, exact.local_end,
                                                                            exact.capacity)
             assert kc.shape == ke.shape and kc.dtype == E4M3 and dk.shape == dv.shape == (1,)
-            for got, d, want in ((kc, dk, ke), (vc, dv, ve)):
+            lo = exact.local_end - ke.shape[0]
+            tokens = _visible_tokens(codes, lo)
+            want_k, want_v = _by_token(ke, _visible_tokens(exact, lo)), _by_token(ve, _visible_tokens(exact, lo))
+            got_k, got_v = _by_token(kc, tokens), _by_token(vc, tokens)
+            assert got_k.keys() == want_k.keys()
+            if coded_k:
+                assert dk.item() == k_descale.item()
+                for t in range(c * n, (c + 1) * n):  # the chunk's codes as they were given
+                    if t in got_k:
+                        assert torch.equal(got_k[t].view(torch.uint8), k_in[0][t - c * n].view(torch.uint8))
+            for got, d, want in ((got_k, dk, want_k), (got_v, dv, want_v)):
+                g, w = torch.stack([got[t] for t in want]), torch.stack(list(want.values()))
                 # a row rescaled r times is rounded r + 1 times; bound it by the chunks seen
-                assert _within_e4m3(got.float() * d, want, d.item(), roundings=2 * chunks + 1)
-                assert d.item() >= want.abs().max().item() / E4M3_MAX * (1 - 1e-6)  # no element saturates
+                assert _within_e4m3(g.float() * d, w, d.item(), roundings=2 * chunks + 1)
+                assert d.item() >= w.abs().max().item() / E4M3_MAX * (1 - 1e-6)  # no element saturates
     codes.reset()
     assert codes.global_end == 0 and not codes.descale.any()
+
+
+def test_a_ring_writes_only_the_evicted_tokens_slots_and_does_not_rewind():
+    """Window of 10 with a sink of 2: after it fills, a chunk of 3 lands on the slots of the 3
+    oldest tokens after the sink (wrapping around the end), every other slot's bytes stay."""
+    cache = Fp8CodesKVCache(10, 1, 4, torch.float32, "cpu", rolling=True, sink_tokens=2)
+    gen = torch.Generator().manual_seed(1)
+    d = torch.tensor([0.01])
+    chunk = lambda: ((torch.randn(3, 1, 4, generator=gen) / d).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), d)
+    v = lambda: torch.randn(3, 1, 4, generator=gen)
+    for start in (0, 3, 6):  # tokens 0-8 in slots 0-8
+        cache.update(chunk(), v(), start)
+    before = cache.k.view(torch.uint8).clone()
+    k = chunk()
+    cache.update(k, v(), 9)  # tokens 9, 10, 11 evict 2, 3, 4 (the oldest after the sink): slots 9, 2, 3
+    after = cache.k.view(torch.uint8)
+    changed = (after != before).any(dim=(1, 2)).nonzero().flatten().tolist()
+    assert set(changed) <= {9, 2, 3} and torch.equal(after[[9, 2, 3]], k[0].view(torch.uint8))
+    assert (cache.global_end, cache.local_end) == (12, 10)
+    cache.update(chunk(), v(), 9)  # the chunk's next denoising call rewrites the same slots
+    with pytest.raises(ValueError, match="does not rewind"):
+        cache.update(chunk(), v(), 3)
+    Fp8CodesKVCache.ring = False
+    try:
+        assert not Fp8CodesKVCache(10, 1, 4, torch.float32, "cpu", rolling=True, sink_tokens=2).is_ring
+    finally:
+        Fp8CodesKVCache.ring = True
+
+
+def test_the_bound_scales_bound_the_norm_and_rope_region():
+    """rope_norm_bound: no input of any loudness reaches past it (a row with all its energy on
+    the channel of the largest weight comes close), so the fixed descale never saturates."""
+    from model.accel.kernels import ROUNDING_MARGIN, qk_norm_rope, qk_norm_rope_codes, rope_norm_bound
+
+    dim, heads = 64, 4
+    gen = torch.Generator().manual_seed(2)
+    weight = (torch.rand(dim, generator=gen) * 2 + 0.1).to(torch.bfloat16)
+    angles = torch.rand(5, 1, dim // heads // 2, generator=gen) * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    rows = torch.randn(1, 5, dim, generator=gen) * torch.tensor([1e-3, 1.0, 1e3, 1.0, 1.0])[None, :, None]
+    spike = int(weight.float().abs().argmax())
+    rows[0, 3] = 0.0
+    rows[0, 3, spike] = 5.0  # all the energy on the largest weight's channel
+    rows[0, 4, spike] = 1e4
+    bound = rope_norm_bound(weight)
+    out = qk_norm_rope(rows.to(torch.bfloat16), weight, cos, sin, 1e-6, heads).float()
+    assert out.abs().max().item() <= bound
+    assert out[0, 3].abs().max().item() >= 0.7 * bound / ROUNDING_MARGIN  # the bound is near tight there
+    descale = torch.tensor([bound / E4M3_MAX])
+    codes = qk_norm_rope_codes(rows.to(torch.bfloat16), weight, cos, sin, 1e-6, heads, descale)
+    assert codes.dtype == E4M3 and (out / descale).abs().max().item() < E4M3_MAX  # nothing clamped
+    assert _within_e4m3(codes.float() * descale, out, descale.item())
 
 
 def test_allocation_and_admission_count_a_byte_per_element():
@@ -88,6 +176,8 @@ def test_allocation_and_admission_count_a_byte_per_element():
 def test_kv_codes_belongs_to_the_fp8_attention():
     with pytest.raises(ValueError, match="cudnn_fp8"):
         AccelOptions(fast=True, attention="cudnn", kv_codes=True)
+    with pytest.raises(ValueError, match="kv_codes"):
+        AccelOptions(fast=True, attention="cudnn_fp8", qk_bound_scales=True)
 
 
 @pytest.fixture
@@ -125,11 +215,17 @@ def test_the_fast_block_attends_through_the_code_cache(fp8_dit):
     session_caches = engine.allocate_caches(_spec_for(engine))
     assert isinstance(session_caches.self_attn[0], Fp8CodesKVCache)
     codes = _chunks(engine, 3)
-    for e, p, c in zip(exact, per_call, codes):
-        err_codes, err_per_call = (((x - e).norm() / e.norm()).item() for x in (c, p))
+    bound = _chunks(DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8", kv_codes=True,
+                                                                 qk_bound_scales=True))), 3)
+    assert all(b.self_attn.qk_descales is not None for b in fp8_dit.blocks)
+    for e, p, c, b in zip(exact, per_call, codes, bound):
+        err_codes, err_per_call, err_bound = (((x - e).norm() / e.norm()).item() for x in (c, p, b))
         assert 0 < err_codes < 2 * err_per_call, (err_codes, err_per_call)  # as close as the per-call codes
+        assert 0 < err_bound < 2 * err_per_call, (err_bound, err_per_call)  # and with the bound scales
         assert not torch.equal(c, p)  # a different quantization of K and V, not the per-call path again
+        assert not torch.equal(b, c)  # Q and K quantized by their bounds, not by their amax
     assert not DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8"))).kv_codes
+    assert all(b.self_attn.qk_descales is None for b in fp8_dit.blocks)  # off again
 
 
 def _spec_for(engine: DiTEngine):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.window import main
 
 
@@ -31,3 +33,36 @@ def test_the_window_benchmark_profiles_a_steady_state_chunk(tmp_path):
     table = (tmp_path / "w_bf16_profile.txt").read_text()
     assert "aten::" in table  # the model's ops were recorded
     assert (tmp_path / "w_bf16_profile_shapes.txt").read_text().count("[") > 0
+
+
+def test_the_window_benchmark_runs_the_code_cache_variants(tmp_path, fake_cudnn, monkeypatch):
+    """fp8 variants, one session each on the same quantized weights: the ring (default), the
+    shifting window and the bound scales; with a stand-in cuDNN on the CPU."""
+    import torch
+
+    from model.accel import transforms
+    from model.kv_codes import Fp8CodesKVCache
+
+    monkeypatch.setattr(transforms, "fp8_attention_available", lambda device: True)
+    monkeypatch.setattr(Fp8CodesKVCache, "ring", True)
+    out = tmp_path / "w.json"
+    main(["--preset", "tiny", "--device", "cpu", "--size", "32*48", "--chunks", "5", "--local", "9", "--sink", "3",
+          "--precisions", "bf16,fp8,fp8+shift,fp8+bound", "--fp8-attention", "--kv-codes", "--save-latents",
+          "--out", str(out)])
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == ["bf16", "fp8", "fp8+shift", "fp8+bound"]
+    latents = {name: torch.load(tmp_path / f"w_{name.replace('+', '_')}_latents.pt") for name in runs}
+    frame_tokens = (32 // 8) * (48 // 8) // 4
+    for name in ("fp8", "fp8+shift", "fp8+bound"):
+        assert [r["kv_local_end"] for r in runs[name]["per_chunk"]] == [3 * frame_tokens, 6 * frame_tokens] + [
+            9 * frame_tokens] * 3  # full from chunk 2 on; chunks 3 and 4 wrap around the ring
+        err = ((latents[name] - latents["bf16"]).norm() / latents["bf16"].norm()).item()
+        assert 0 < err < 0.2, (name, err)
+    assert [(runs[n]["kv_ring"], runs[n]["qk_bound_scales"]) for n in list(runs)[1:]] == [
+        (True, False), (False, False), (True, True)]
+    # the ring and the shifting window hold the same keys in another order (the attention's
+    # e4m3 output mostly rounds the sums' order away)
+    torch.testing.assert_close(latents["fp8"], latents["fp8+shift"], rtol=0, atol=5e-2 * latents["fp8"].abs().max().item())
+    assert not torch.equal(latents["fp8+bound"], latents["fp8"])
+    with pytest.raises(SystemExit, match="kv-codes"):
+        main(["--preset", "tiny", "--device", "cpu", "--precisions", "fp8+bound", "--out", str(out)])

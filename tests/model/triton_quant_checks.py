@@ -174,6 +174,15 @@ def check_code_cache():
         for g, w in zip(got[:2], want[:2]):
             torch.testing.assert_close(g, w, rtol=2.5e-7, atol=1e-5)
     assert got[0][:start].abs().max().item() == E4M3_MAX
+    # V alone (a cache whose K comes coded), a ring's write: the rows at slot 4, every valid slot
+    # [0, 36) rescaled when the descale grows
+    for amp in (2.0, 9.0):
+        v = (torch.randn(9, heads, dim, generator=gen) * amp).to(HALF)
+        tt.append_codes(got[1:2], got[2][1:], (v,), 4, rescale=36)
+        append_codes_reference(want[1:2], want[2][1:], (v,), 4, rescale=36)
+        torch.testing.assert_close(got[2], want[2], rtol=0, atol=0)
+        torch.testing.assert_close(got[1], want[1], rtol=2.5e-7, atol=1e-5)
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)  # K untouched
 
 
 def check_reciprocal_codes():
