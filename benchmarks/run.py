@@ -381,6 +381,19 @@ def stage_compile_fa4(b: Bench) -> dict:
     return out
 
 
+def stage_compile_fa4_rope(b: Bench) -> dict:
+    """The FlashAttention stage's path with the Q / K norm + RoPE as one Triton pass per row
+    (`triton_rope`, model/accel/triton_rope.py; session 7); kept for the later stages only if it is
+    the fastest exact variant."""
+    try:
+        out = _fast_stage(b, AccelOptions(fast=True, attention="fa4", compile=True, triton_rope=True,
+                                          skip_final_update=True), "fast_fa4_rope_compile", numerics=True, repeats=2)
+    finally:
+        _restore_best(b)
+    out["kept"] = b.best_fast == "fast_fa4_rope_compile"
+    return out
+
+
 def stage_pipeline(b: Bench) -> dict:
     """VAE variants against float32, then the end-to-end chunk loop with the fastest one."""
     assert b.fast is not None
@@ -476,6 +489,8 @@ FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum,
     ("fp8_triton_quant_fast_accum_fp8_attention_codes", True, "triton", True, False, FP8_ATTENTION | {"kv_codes": True}),
     ("fp8_triton_quant_fast_accum_fp8_attention_codes_bound", True, "triton", True, False,
      FP8_ATTENTION | {"kv_codes": True, "qk_bound_scales": True}),
+    ("fp8_triton_quant_fast_accum_fp8_attention_codes_bound_rope", True, "triton", True, False,
+     FP8_ATTENTION | {"kv_codes": True, "qk_bound_scales": True, "triton_rope": True}),
     ("fp8_triton_quant_fast_accum_camera", True, "triton", True, True, {}),  # last: releases the camera weights
 )
 
@@ -546,7 +561,7 @@ def stage_fp8(b: Bench) -> dict:
             continue
         options = replace(b.best_options, fp8=True, fp8_quant=quant, fp8_fast_accum=fast_accum, fp8_camera=camera,
                           **{"attention": b.best_options.attention, "kv_codes": False, "qk_bound_scales": False,
-                             **others})
+                             "triton_rope": b.best_options.triton_rope, **others})
         if quant == "triton" and "triton_quant_check" not in out:
             try:
                 cfg = b.cfg.dit
@@ -589,6 +604,7 @@ STAGES: dict[str, Callable[[Bench], dict]] = {
     "pipeline": stage_pipeline,
     "compile": stage_compile,
     "compile_fa4": stage_compile_fa4,
+    "compile_fa4_rope": stage_compile_fa4_rope,
     "pipeline_compiled": stage_pipeline_compiled,
     "profile_compiled": stage_profile_compiled,
     "fp8": stage_fp8,

@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precisions", default="bf16,fp8", help="comma list of bf16, fp8 (fp8 runs second: it "
                    "quantizes the same weights) and fp8 variants after it, one session each: fp8+bound (the FP8 "
                    "attention's Q and K with the bound scales, AccelOptions.qk_bound_scales), fp8+shift (the "
-                   "code cache's window shifted as the base cache's, not a ring), or both")
+                   "code cache's window shifted as the base cache's, not a ring), or both; +rope on either "
+                   "base: the Q / K norm + RoPE as one Triton pass (AccelOptions.triton_rope, CUDA)")
     p.add_argument("--compile", action="store_true", help="the compiled regions (as serve_config.gpu.yaml)")
     p.add_argument("--kv-fp8", action="store_true", help="the FP8 KV cache (model.kv_cache: fp8)")
     p.add_argument("--fp8-quant", choices=FP8_QUANT_MODES, default="gemm",
@@ -182,23 +183,28 @@ def main(argv: list[str] | None = None) -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
+    applied = options  # what the loader gave the model
     # The window holds `local` frames: it is full after ceil(local / 3) chunks, then rolls.
     full_from = -(-args.local // CHUNK_LATENT_FRAMES)
     for precision in precisions:
         base, *variant = precision.split("+")
-        if (base not in ("bf16", "fp8") or (base == "bf16" and (variant or "fp8" in result["runs"]))
-                or not set(variant) <= {"bound", "shift"}):
+        if (base not in ("bf16", "fp8") or (base == "bf16" and "fp8" in result["runs"])
+                or not set(variant) <= ({"rope"} if base == "bf16" else {"bound", "shift", "rope"})):
             raise SystemExit(f"unknown or misordered precision {precision!r}")
-        if variant and not args.kv_codes:
-            raise SystemExit(f"{precision}: the variants are the code cache's: pass --kv-codes")
+        if {"bound", "shift"} & set(variant) and not args.kv_codes:
+            raise SystemExit(f"{precision}: bound and shift are the code cache's: pass --kv-codes")
+        options = replace(options, triton_rope="rope" in variant)
         if base == "fp8":
             options = replace(options, fast=True, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum,
                               attention="cudnn_fp8" if args.fp8_attention else options.attention,
                               kv_codes=args.kv_codes, qk_bound_scales="bound" in variant)
-            optimize_dit(engine.dit, options)  # quantizes the weights once, the kernels as asked
             Fp8CodesKVCache.ring = "shift" not in variant  # the sessions' caches are made at open
+        if options != applied:
+            optimize_dit(engine.dit, options)  # fp8: quantizes the weights once; the kernels as asked
+            applied = options
         rows: list[dict] = []
         run = result["runs"][precision] = {"per_chunk": rows}
+        run["triton_rope"] = options.triton_rope
         if base == "fp8" and args.kv_codes:
             run.update(kv_ring=Fp8CodesKVCache.ring, qk_bound_scales=options.qk_bound_scales)
         tag = precision.replace("+", "_")

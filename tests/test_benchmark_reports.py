@@ -80,13 +80,17 @@ def test_the_report_lists_fp8_variants_and_takes_the_fastest():
                       "fp8_c": {"error": "Traceback"}}}
     rows = dit_rows(stages)
     assert [name for name, _ in rows] == ["eager_bf16", "fast_flash", "fast_cudnn", "compile", "compile_fa4",
-                                          "fp8_a", "fp8_b", "fp8_c"]
+                                          "compile_fa4_rope", "fp8_a", "fp8_b", "fp8_c"]
     out = summary({"stages": stages})
     assert out["dit_total_s"] == 10.8 and out["dit_fp8_total_s"] == 8.7
     # the FA4 variant counts as the exact path's number only where it was kept (faster)
     assert summary({"stages": {**stages, "compile_fa4": {**run(10.9), "kept": False}}})["dit_total_s"] == 10.8
     assert summary({"stages": {**stages, "compile_fa4": {**run(9.9), "kept": True}}})["dit_total_s"] == 9.9
     assert summary({"stages": {**stages, "compile_fa4": {"error": "Traceback"}}})["dit_total_s"] == 10.8
+    # and the FA4 + Triton RoPE variant after it likewise
+    both = {**stages, "compile_fa4": {**run(9.9), "kept": True}}
+    assert summary({"stages": {**both, "compile_fa4_rope": {**run(9.6), "kept": True}}})["dit_total_s"] == 9.6
+    assert summary({"stages": {**both, "compile_fa4_rope": {**run(10.0), "kept": False}}})["dit_total_s"] == 9.9
     # round 1's layout: the fp8 stage's own series
     assert summary({"stages": {"fp8": run(9.4)}})["dit_fp8_total_s"] == 9.4
 

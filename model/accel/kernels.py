@@ -154,7 +154,9 @@ class BlockKernels:
     GEMM return its input as `QuantizedRows` (modulated_norm, attn_camera_norm's and
     cross_residual_norm's second output) and the FFN's activation is `gelu_quantize`; "triton"
     runs those four as the one-pass kernels of `model/accel/triton_quant.py` with their tuned
-    launches (`quantize_rows` stays the compiled function: as fast, exact codes)."""
+    launches (`quantize_rows` stays the compiled function: as fast, exact codes). `triton_rope`:
+    the self-attention's Q / K norm + RoPE (and their codes) as `model/accel/triton_rope.py`'s
+    one-pass kernel."""
 
     modulated_norm: Callable[..., Tensor | QuantizedRows]
     rms_norm: Callable[..., Tensor]
@@ -169,13 +171,14 @@ class BlockKernels:
     compiled: bool
     quant: str = "gemm"
     fp8_attention: "CudnnFp8Attention | None" = None
+    triton_rope: bool = False
 
     @property
     def quantize_inputs(self) -> bool:
         return self.quant != "gemm"
 
     @classmethod
-    def build(cls, attention: str, compile: bool, quant: str = "gemm") -> "BlockKernels":
+    def build(cls, attention: str, compile: bool, quant: str = "gemm", triton_rope: bool = False) -> "BlockKernels":
         fused = quant != "gemm"
         fns = (modulated_norm_q if fused else modulated_norm, rms_norm, qk_norm_rope, qk_norm_rope_codes,
                attn_camera_norm_q if fused else attn_camera_norm,
@@ -190,12 +193,17 @@ class BlockKernels:
 
             fns = (tq.tuned("modulated_norm_q"), *fns[1:4], tq.tuned("attn_camera_norm_q"),
                    tq.tuned("cross_residual_norm_q"), *fns[6:8], tq.tuned("gelu_quantize"))
+        if triton_rope:  # CUDA with Triton
+            from model.accel import triton_rope as tr
+
+            fns = (*fns[:2], tr.qk_norm_rope, tr.qk_norm_rope_codes, *fns[4:])
         fp8_attention = None
         if attention == "cudnn_fp8":
             from model.accel.fp8_attention import CudnnFp8Attention
 
             fp8_attention = CudnnFp8Attention()
-        return cls(*fns, attention=attention, compiled=compile, quant=quant, fp8_attention=fp8_attention)
+        return cls(*fns, attention=attention, compiled=compile, quant=quant, fp8_attention=fp8_attention,
+                   triton_rope=triton_rope)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return attend(q, k, v, self.attention)

@@ -39,6 +39,9 @@ class AccelOptions:
       back, and K's cached codes never rescaled; a value far below the bound keeps e4m3's
       relative precision (3 mantissa bits) down to 2^-6 of a code.
     compile: torch.compile the fast block's elementwise regions (needs `fast`).
+    triton_rope: the self-attention's Q / K RMSNorm + RoPE as one Triton pass per row
+      (model/accel/triton_rope.py; CUDA with Triton; needs `fast`): the row read once, written
+      once (bf16, or the bound scales' codes), where the compiled region reads it twice.
     fp8: FP8 e4m3 GEMMs with per-row/per-column scales (needs `fast`; Hopper or a CPU torch
       with `_scaled_mm`); changes the numerics (reported by the benchmark), off by default.
     fp8_quant: where the FP8 GEMMs' inputs are quantized: "gemm" (a pass of its own before each
@@ -77,6 +80,7 @@ class AccelOptions:
     kv_codes: bool = False
     qk_bound_scales: bool = False
     compile: bool = False
+    triton_rope: bool = False
     fp8: bool = False
     fp8_quant: Fp8Quant = "gemm"
     fp8_camera: bool = False
@@ -94,8 +98,9 @@ class AccelOptions:
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
-        if (self.compile or self.fp8 or self.attention != "default") and not self.fast:
-            raise ValueError("compile, fp8 and the attention backend apply to the fast block: set fast=True")
+        if (self.compile or self.fp8 or self.triton_rope or self.attention != "default") and not self.fast:
+            raise ValueError("compile, fp8, triton_rope and the attention backend apply to the fast block: set "
+                             "fast=True")
         if self.kv_codes and self.attention != "cudnn_fp8":
             raise ValueError("kv_codes is the FP8 attention's cache: set attention='cudnn_fp8'")
         if self.qk_bound_scales and not self.kv_codes:

@@ -11,6 +11,8 @@ backend or the compile setting; the fusion happens once.
 """
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import torch
 from torch import nn
 
@@ -41,10 +43,13 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
     if options.attention == "cudnn_fp8" and not fp8_attention_available(device):
         raise ValueError(f"attention='cudnn_fp8' needs an sm_90 GPU and the cuDNN frontend "
                          f"(pip install nvidia-cudnn-frontend); {device} has not")
+    if options.triton_rope and (device.type != "cuda" or find_spec("triton") is None):
+        raise ValueError(f"triton_rope runs a Triton kernel: CUDA with triton installed; {device} has not")
     if options.attention == "fa4" and not fa4_available(device):
         raise ValueError(f"attention='fa4' needs an sm_90 GPU and FlashAttention's CuTe DSL kernels "
                          f"(pip install flash-attn-4); {device} has not")
-    kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant)
+    kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant,
+                                 triton_rope=options.triton_rope)
     dit.rope_dtype = torch.float32
     dit.kv_codes = options.kv_codes  # DiTEngine allocates sessions' caches by it (model/kv_codes.py)
     for block in dit.blocks:

@@ -184,6 +184,14 @@ def test_options_are_checked():
         AccelOptions(compile=True)
     with pytest.raises(ValueError, match="attention"):
         AccelOptions(fast=True, attention="sparse")
+    with pytest.raises(ValueError, match="fast=True"):
+        AccelOptions(triton_rope=True)
+
+
+def test_the_triton_rope_is_refused_off_cuda():
+    engine, _, _ = _two_chunk_run(FAST)
+    with pytest.raises(ValueError, match="triton_rope.*CUDA"):
+        optimize_dit(engine.dit, AccelOptions(fast=True, triton_rope=True))
 
 
 def test_serving_options_keep_the_function():

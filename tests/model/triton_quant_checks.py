@@ -23,6 +23,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from model.accel import kernels as kn  # noqa: E402
 from model.accel import triton_quant as tq  # noqa: E402
+from model.accel import triton_rope as tr  # noqa: E402
 from model.accel import triton_tensor_quant as tt  # noqa: E402
 from model.accel.kernels import E4M3_MAX, SCALE_FLOOR  # noqa: E402
 
@@ -72,6 +73,11 @@ def check_every_kernel_variant_compiles_for_hopper():
                                  "amax_ptr": "*fp32", "N": "i32"}, dict(CONSTS, BLOCK=tt.RESCALE_BLOCK))
     _compile(tt._quantize_rows_by, dict(rows2d, ck_ptr="*fp8e4nv", cv_ptr="*fp8e4nv", descale_ptr="*fp32",
                                         amax_ptr="*fp32"), dict(CONSTS, **blocks), num_warps=4)
+    rope = {"t_ptr": "*bf16", "w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "descale_ptr": "*fp32",
+            "stride_t": "i32", "eps": "fp32"}  # the Q / K norm + RoPE at the DiT's width
+    for out, codes in (("*bf16", False), ("*fp8e4nv", True)):
+        _compile(tr._norm_rope, dict(rope, out_ptr=out), dict(DIM=5120, HALF_D=64, PAIRS=4096, CODES=codes,
+                                                              QMAX=E4M3_MAX), num_warps=tr.WARPS)
     for warps in WARPS_TIMED:  # what benchmarks.run.triton_quant_timings launches
         _compile(tq._quantize_rows, rows, dict(CONSTS, GELU=True, BLOCK=16384, RECIPROCAL=False), warps)
         _compile(tq._norm_quantize, {"x_ptr": "*fp32", **NORM_ARGS},
@@ -185,6 +191,30 @@ def check_code_cache():
         torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)  # K untouched
 
 
+def check_norm_rope():
+    """triton_rope: kernels.qk_norm_rope's values (rows strided as the fused projection's q / k
+    slices, a width whose pairs do not fill a power of two) and, as codes with a fixed descale,
+    its quotients; the RoPE table of each token applied to every head."""
+    gen = torch.Generator().manual_seed(6)
+    heads, head_dim, tokens = 3, 16, 7  # dim 48: 24 pairs in a block of 32
+    dim = heads * head_dim
+    fused = (torch.randn(1, tokens, 3 * dim, generator=gen) * 5).to(HALF)
+    t = fused[..., dim : 2 * dim]  # k's slice: rows of stride 3 * dim
+    weight = (torch.rand(dim, generator=gen) + 0.5).to(HALF)
+    angles = torch.rand(tokens, 1, head_dim // 2, generator=gen) * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    want = kn.qk_norm_rope(t, weight, cos, sin, 1e-6, heads)
+    got = tr.qk_norm_rope(t, weight, cos, sin, 1e-6, heads)
+    assert got.shape == (1, tokens, heads, head_dim) and got.dtype == HALF
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 * ULP, atol=1e-3)
+    descale = torch.tensor([kn.rope_norm_bound(weight) / E4M3_MAX])
+    quotients = tr.qk_norm_rope_codes(t, weight, cos, sin, 1e-6, heads, descale, codes=torch.float32)
+    torch.testing.assert_close(quotients, want.float() / descale, rtol=2 * ULP, atol=1e-3 / descale.item())
+    assert quotients.abs().max().item() < E4M3_MAX
+    codes = tr.qk_norm_rope_codes(t, weight, cos, sin, 1e-6, heads, descale)
+    assert codes.dtype == torch.float8_e4m3fn and codes.shape == got.shape
+
+
 def check_reciprocal_codes():
     """Launch(reciprocal=True): the same scales, quotients within two float32 roundings."""
     gen = torch.Generator().manual_seed(2)
@@ -224,6 +254,9 @@ def check_block_kernels_run_the_tuned_launches():
         assert fn.func is getattr(tq, name) and fn.keywords == {"launch": tq.TUNED[name]}, (name, fn)
         assert tq.TUNED[name].reciprocal, name
     assert fns.quantize_rows is kn.quantize_rows
+    assert fns.qk_norm_rope is kn.qk_norm_rope and not fns.triton_rope
+    roped = kn.BlockKernels.build("default", compile=False, triton_rope=True)
+    assert roped.qk_norm_rope is tr.qk_norm_rope and roped.qk_norm_rope_codes is tr.qk_norm_rope_codes
     gen = torch.Generator().manual_seed(3)
     h = torch.randn(9, 320, generator=gen).to(HALF) * 2
     torch.testing.assert_close(fns.gelu_quantize(h)[1], kn.gelu_quantize(h)[1], rtol=2 * ULP, atol=0)
@@ -241,6 +274,7 @@ def main(mode: str) -> None:
         check_reciprocal_codes()
         check_tensor_quantization()
         check_code_cache()
+        check_norm_rope()
         for residual in (torch.float32, HALF):
             check_norm_regions(residual)
         check_public_functions()

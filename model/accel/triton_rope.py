@@ -1,0 +1,76 @@
+"""The self-attention's Q / K RMSNorm + RoPE as one Triton pass per row (CUDA; opt-in
+`AccelOptions.rope_kernel="triton"`): `kernels.qk_norm_rope` and `qk_norm_rope_codes`.
+
+One program holds one token's row of `dim` elements as pairs [dim / 2, 2] in registers: the sum
+of squares, the normalized row rounded to the input's dtype and times the weight (rounded again),
+each pair rotated by its token's cos / sin (float32) and rounded to the input's dtype, then
+written as it is or as e4m3 codes with a fixed descale (the bound scales). The row is read once
+and written once. The compiled region does the same work in a looped reduction that reads the row
+twice plus a strided RoPE pass: 84 us per call for [4524, 5120] on the H200 where the bytes allow
+~22 (docs/PERFORMANCE.md, session 7).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from model.accel.kernels import E4M3_MAX
+
+WARPS = 8
+
+
+@triton.jit
+def _norm_rope(t_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, descale_ptr, stride_t, eps,
+               DIM: tl.constexpr, HALF_D: tl.constexpr, PAIRS: tl.constexpr, CODES: tl.constexpr,
+               QMAX: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.arange(0, PAIRS)  # pair index within the row
+    offs = 2 * p[:, None] + tl.arange(0, 2)[None, :]  # [PAIRS, 2]: the row's elements
+    mask = offs < DIM
+    x = tl.load(t_ptr + row * stride_t + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / DIM + eps)
+    n = (x * rstd).to(t_ptr.dtype.element_ty).to(tl.float32)  # RMSNorm, rounded as type_as(t)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    n = (n * w).to(t_ptr.dtype.element_ty).to(tl.float32)  # times the weight, in t's dtype
+    a, b = tl.split(n)  # [PAIRS] each: the pairs' first and second elements
+    j = row * HALF_D + p % HALF_D  # the pair's frequency within its head
+    pmask = p < DIM // 2
+    c = tl.load(cos_ptr + j, mask=pmask, other=0.0)
+    s = tl.load(sin_ptr + j, mask=pmask, other=0.0)
+    r = tl.join(a * c - b * s, a * s + b * c).to(t_ptr.dtype.element_ty)  # [PAIRS, 2]
+    dst = out_ptr + row * DIM + offs
+    if CODES:
+        q = tl.minimum(tl.maximum(r.to(tl.float32) / tl.load(descale_ptr), -QMAX), QMAX)
+        tl.store(dst, q.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(dst, r, mask=mask)
+
+
+def _launch(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, heads: int,
+            descale: torch.Tensor | None, codes: torch.dtype) -> torch.Tensor:
+    *lead, dim = t.shape
+    rows = t.reshape(-1, dim)  # a view for the fused projection's q / k slices (rows strided)
+    assert rows.stride(1) == 1, "rows must be contiguous within a row"
+    half = dim // heads // 2
+    n = rows.shape[0]
+    assert cos.shape == sin.shape == (n, 1, half) and cos.dtype == sin.dtype == torch.float32
+    assert weight.shape == (dim,) and dim % 2 == 0
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(*lead, heads, dim // heads, dtype=t.dtype if descale is None else codes, device=t.device)
+    _norm_rope[(n,)](rows, weight, cos, sin, out, descale if descale is not None else cos, rows.stride(0), eps,
+                     DIM=dim, HALF_D=half, PAIRS=triton.next_power_of_2(dim // 2), CODES=descale is not None,
+                     QMAX=E4M3_MAX, num_warps=WARPS)
+    return out
+
+
+def qk_norm_rope(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                 heads: int) -> torch.Tensor:
+    """`kernels.qk_norm_rope`: [..., dim] -> [..., heads, head_dim] in t's dtype."""
+    return _launch(t, weight, cos, sin, eps, heads, None, t.dtype)
+
+
+def qk_norm_rope_codes(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                       heads: int, descale: torch.Tensor, codes: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """`kernels.qk_norm_rope_codes`; `codes` float32 keeps the quotients unrounded (the tests)."""
+    return _launch(t, weight, cos, sin, eps, heads, descale, codes)
