@@ -52,6 +52,12 @@ class ModelArgs(_Strict):
     # 5.1e-2 against 1.0e-2 (docs/PERFORMANCE.md, session 5). Its cache holds the e4m3 codes it
     # reads (session 6: half the cache bytes, windowed FP8 chunk 1.222 -> 1.166 s).
     fp8_attention: bool = False
+    # The DiT's attention kernels on CUDA: cuDNN's through torch SDPA, or "fa4": FlashAttention's
+    # CuTe DSL kernels (the `fa4` extra: flash-attn-4 with NVIDIA's CUTLASS DSL and its CUDA 13
+    # libraries; measured on torch 2.11+cu130): exact bf16 attention, 81 frames 10.83 -> 10.27 s,
+    # windowed chunk 1.75 -> 1.65-1.68 s (docs/PERFORMANCE.md, session 7). With fp8_attention the
+    # self-attention is cuDNN's FP8 either way.
+    attention: Literal["cudnn", "fa4"] = "cudnn"
     # Storage of the sessions' self-attention KV caches: the compute dtype (exact), or "fp8"
     # (opt-in): float8 e4m3 with a scale per token and head, ~half the bytes of a bf16 cache, so
     # about twice the full-attention sessions per replica; changed numerics (docs/PERFORMANCE.md).
@@ -92,6 +98,8 @@ class ModelArgs(_Strict):
                              "for load tests); only 'tiny' is embedded")
         if self.fp8_attention and self.device != "cuda":
             raise ValueError("model.fp8_attention runs cuDNN's FP8 attention: it needs device: cuda")
+        if self.attention != "cudnn" and self.device != "cuda":
+            raise ValueError(f"model.attention {self.attention!r} runs GPU kernels: it needs device: cuda")
         dh, dw = (int(x) for x in self.default_size.split("*"))
         if dh * dw > self.max_output_area:
             raise ValueError(f"model.default_size {self.default_size} is over model.max_output_area "

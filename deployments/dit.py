@@ -65,7 +65,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
             model.preset, model.checkpoint, model.dtype, model.device,
             local_attn_size=model.local_attn_size, sink_size=model.sink_size,
             options=AccelOptions.for_serving(model.device, compile=model.compile, fp8=model.fp8,
-                                              fp8_attention=model.fp8_attention),
+                                              fp8_attention=model.fp8_attention, attention=model.attention),
             random_weights=model.random_weights, kv_fp8=model.kv_cache == "fp8",
         )
         await self._ready(model, sessions, cap)

@@ -221,6 +221,7 @@ class WorldIngress:
             "kv_cache": m.kv_cache,
             "fp8": m.fp8,
             "fp8_attention": m.fp8_attention,
+            "attention": m.attention,
             "device": m.device,
             "local_attn_size": m.local_attn_size,
             "sink_size": m.sink_size,

@@ -288,7 +288,7 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
                              "bundles (deploy it through sp_dit.bind_dit)")
         device = rank_device(model.device)
         options = AccelOptions.for_serving(device, compile=model.compile, fp8=model.fp8,
-                                           fp8_attention=model.fp8_attention)
+                                           fp8_attention=model.fp8_attention, attention=model.attention)
         init_method = _rendezvous()
         names = [f"{uuid.uuid4().hex[:12]}-rank{r}" for r in range(1, parallel)]
         ranks = [

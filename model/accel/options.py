@@ -128,27 +128,35 @@ class AccelOptions:
 
     @classmethod
     def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,
-                    vae_compile: bool = False, fp8_attention: bool = False) -> "AccelOptions":
+                    vae_compile: bool = False, fp8_attention: bool = False,
+                    attention: Literal["cudnn", "fa4"] = "cudnn") -> "AccelOptions":
         """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
-        attention, channels-last VAE convolutions with their padding inside the conv (the same
+        attention (`attention="fa4"`: FlashAttention's CuTe DSL kernels, session 7: 81 frames
+        10.83 -> 10.27 s, windowed bf16 chunk 1.75 -> 1.65-1.68 s; needs the flash-attn-4 wheel),
+        the Q / K norm + RoPE as one Triton pass where Triton is installed (session 7: windowed
+        chunk -11 ms bf16, -19 ms FP8), channels-last VAE convolutions with their padding inside the conv (the same
         function in bf16; with `vae_compile` also the folded conv biases, round 2), plus the
         opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`: FP8
         GEMMs, on CUDA with fast accumulation and, compiled, their inputs quantized by the tuned
         Triton kernels where Triton is installed, else in the compiled regions: round 2's fastest
         FP8 variant; `fp8_attention`: the self-attention in FP8 through cuDNN, CUDA only, its
-        cache in its own codes: session 6, windowed FP8 chunk 1.222 -> 1.166 s), a
+        cache in its own codes: session 6, windowed FP8 chunk 1.222 -> 1.166 s, a ring when
+        windowed, Q and K by their bound scales: session 7, 1.173 -> 1.164 s), a
         chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %, +0.5 GiB while a
         call runs) and the decoder's upsampling inside its conv with 2x2 phase kernels (session
         5: decode 110 -> 98 ms); on the CPU the plain path unless one of the flags is asked
         for."""
         if torch.device(device).type == "cuda":
             quant = ("triton" if find_spec("triton") is not None else "fused") if fp8 and compile else "gemm"
-            return cls(fast=True, attention="cudnn_fp8" if fp8_attention else "cudnn", kv_codes=fp8_attention,
+            if attention not in ("cudnn", "fa4"):
+                raise ValueError(f"a replica's attention is 'cudnn' or 'fa4', got {attention!r}")
+            return cls(fast=True, attention="cudnn_fp8" if fp8_attention else attention, kv_codes=fp8_attention,
+                       qk_bound_scales=fp8_attention, triton_rope=find_spec("triton") is not None,
                        compile=compile, fp8=fp8,
                        skip_final_update=True, fp8_quant=quant, fp8_fast_accum=fp8,
                        vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,
                        vae_fold_bias=vae_compile, vae_batch_frames=True, vae_upsample_in_conv=True,
                        vae_upsample_kernel=2)
-        if fp8_attention:
-            raise ValueError("fp8_attention runs cuDNN's FP8 attention: CUDA only")
+        if fp8_attention or attention != "cudnn":
+            raise ValueError("fp8_attention and attention='fa4' run GPU kernels: CUDA only")
         return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)

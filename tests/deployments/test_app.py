@@ -37,6 +37,7 @@ def test_healthz_and_model_card(server):
     card = httpx.get(f"{server.http}/v1/models", timeout=30).json()["data"][0]
     assert card["id"] == "tiny" and card["dtype"] == "float32" and card["device"] == "cpu"
     assert card["fp8"] is False and card["fp8_attention"] is False and card["kv_cache"] == "dtype"
+    assert card["attention"] == "cudnn"
     assert card["default_size"] == TEST_SIZE and card["default_resolution"] == [32, 48]
     assert card["sessions"]["replicas"] == 2 and card["sessions"]["capacity"] == 4
     assert card["limits"]["max_num_frames"] == 4093  # AppArgs.sessions.max_frames reaches the codec

@@ -219,8 +219,9 @@ def test_gpu_configs_run_the_measured_fast_path(name):
     assert (m.preset, m.device, m.dtype, m.vae_dtype) == ("lingbot-world-fast", "cuda", "bfloat16", "bfloat16")
     assert m.compile and m.vae_compile and not m.fp8 and m.warmup, name
     assert m.size_buckets and all(h * w <= m.max_output_area for h, w in m.bucket_sizes())
-    dit = AccelOptions.for_serving(m.device, compile=m.compile, fp8=m.fp8)
+    dit = AccelOptions.for_serving(m.device, compile=m.compile, fp8=m.fp8, attention=m.attention)
     assert dit.fast and dit.attention == "cudnn" and dit.compile and dit.skip_final_update
+    assert m.attention == "cudnn", name  # fa4 needs the fa4 extra's CUDA 13 libraries in the image
     assert not m.fp8_attention, name  # opt-in (changes the numerics)
     vae = AccelOptions.for_serving(m.device, vae_compile=m.vae_compile)
     assert vae.vae_channels_last and vae.vae_compile and vae.vae_batch_frames

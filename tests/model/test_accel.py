@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
+from importlib.util import find_spec
 
 import numpy as np
 import pytest
@@ -201,7 +203,9 @@ def test_serving_options_keep_the_function():
     _, plain, plain_calls = _two_chunk_run(AccelOptions())
     _, cpu, cpu_calls = _two_chunk_run(AccelOptions.for_serving("cpu"))
     assert torch.equal(cpu, plain) and cpu_calls == plain_calls == 10
-    gpu_engine, gpu, gpu_calls = _two_chunk_run(AccelOptions.for_serving("cuda"))
+    served = AccelOptions.for_serving("cuda")
+    assert served.triton_rope == (find_spec("triton") is not None)  # session 7: the Q / K norm + RoPE kernel
+    gpu_engine, gpu, gpu_calls = _two_chunk_run(replace(served, triton_rope=False))  # the kernel needs a GPU
     assert isinstance(gpu_engine.dit.blocks[0], FastDiTBlock) and gpu_calls == 9
     assert norm_rel(gpu, plain) < 1e-5
 

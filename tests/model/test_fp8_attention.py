@@ -72,9 +72,20 @@ def test_serving_turns_it_on_only_where_asked_and_only_on_cuda():
     assert AccelOptions.for_serving("cuda", compile=True, fp8=True).attention == "cudnn"
     served = AccelOptions.for_serving("cuda", compile=True, fp8=True, fp8_attention=True)
     assert served.attention == "cudnn_fp8" and served.kv_codes  # its cache in its own codes (session 6)
-    assert not AccelOptions.for_serving("cuda", compile=True, fp8=True).kv_codes
+    assert served.qk_bound_scales  # Q and K by their bound scales (session 7)
+    assert AccelOptions.for_serving("cuda", fp8=True, fp8_attention=True, attention="fa4").attention == "cudnn_fp8"
+    plain = AccelOptions.for_serving("cuda", compile=True, fp8=True)
+    assert not plain.kv_codes and not plain.qk_bound_scales
+    assert AccelOptions.for_serving("cuda", compile=True, attention="fa4").attention == "fa4"
     with pytest.raises(ValueError, match="CUDA only"):
         AccelOptions.for_serving("cpu", fp8_attention=True)
+    with pytest.raises(ValueError, match="CUDA only"):
+        AccelOptions.for_serving("cpu", attention="fa4")
+    with pytest.raises(ValueError, match="'cudnn' or 'fa4'"):
+        AccelOptions.for_serving("cuda", attention="flash")
+    with pytest.raises(ValueError, match="model.attention"):
+        ModelArgs(attention="fa4")  # the tiny CPU default
+    assert ModelArgs(preset="tiny", device="cuda", attention="fa4").attention == "fa4"
     with pytest.raises(ValueError, match="fp8_attention"):
         ModelArgs(fp8_attention=True)  # the tiny CPU default
     assert ModelArgs(preset="tiny", device="cuda", fp8_attention=True).fp8_attention
