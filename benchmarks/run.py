@@ -358,40 +358,34 @@ def stage_profile_fp8(b: Bench) -> dict:
     return _profile_by_kind(b, "profile_fp8.txt")
 
 
-def stage_compile(b: Bench) -> dict:
+def _candidate_stage(b: Bench, label: str, options: AccelOptions) -> dict:
+    """An exact variant measured against the fastest so far; the later stages run it only if it
+    is faster (a failed or slower one leaves the faster variant to them)."""
     try:
-        out = _fast_stage(b, AccelOptions(fast=True, attention="cudnn", compile=True, skip_final_update=True),
-                          "fast_cudnn_compile", numerics=True, repeats=2)
+        out = _fast_stage(b, options, label, numerics=True, repeats=2)
     finally:
-        _restore_best(b)  # a failed or slower compile leaves the faster variant to the later stages
-    out["kept"] = b.best_fast == "fast_cudnn_compile"
+        _restore_best(b)
+    out["kept"] = b.best_fast == label
     return out
+
+
+def stage_compile(b: Bench) -> dict:
+    return _candidate_stage(b, "fast_cudnn_compile",
+                            AccelOptions(fast=True, attention="cudnn", compile=True, skip_final_update=True))
 
 
 def stage_compile_fa4(b: Bench) -> dict:
     """The compiled exact path with FlashAttention's CuTe DSL kernels in place of cuDNN's
-    (`attention="fa4"`; an error row where flash-attn-4 is not installed). The later stages run
-    it only if it is the faster one."""
-    try:
-        out = _fast_stage(b, AccelOptions(fast=True, attention="fa4", compile=True, skip_final_update=True),
-                          "fast_fa4_compile", numerics=True, repeats=2)
-    finally:
-        _restore_best(b)
-    out["kept"] = b.best_fast == "fast_fa4_compile"
-    return out
+    (`attention="fa4"`; an error row where flash-attn-4 is not installed)."""
+    return _candidate_stage(b, "fast_fa4_compile",
+                            AccelOptions(fast=True, attention="fa4", compile=True, skip_final_update=True))
 
 
 def stage_compile_fa4_rope(b: Bench) -> dict:
     """The FlashAttention stage's path with the Q / K norm + RoPE as one Triton pass per row
-    (`triton_rope`, model/accel/triton_rope.py; session 7); kept for the later stages only if it is
-    the fastest exact variant."""
-    try:
-        out = _fast_stage(b, AccelOptions(fast=True, attention="fa4", compile=True, triton_rope=True,
-                                          skip_final_update=True), "fast_fa4_rope_compile", numerics=True, repeats=2)
-    finally:
-        _restore_best(b)
-    out["kept"] = b.best_fast == "fast_fa4_rope_compile"
-    return out
+    (`triton_rope`, model/accel/triton_rope.py; session 7)."""
+    return _candidate_stage(b, "fast_fa4_rope_compile", AccelOptions(fast=True, attention="fa4", compile=True,
+                                                                     triton_rope=True, skip_final_update=True))
 
 
 def stage_pipeline(b: Bench) -> dict:

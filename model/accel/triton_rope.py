@@ -1,5 +1,5 @@
-"""The self-attention's Q / K RMSNorm + RoPE as one Triton pass per row (CUDA; opt-in
-`AccelOptions.rope_kernel="triton"`): `kernels.qk_norm_rope` and `qk_norm_rope_codes`.
+"""The self-attention's Q / K RMSNorm + RoPE as one Triton pass per row (CUDA with Triton;
+`AccelOptions.triton_rope`, on in the serving options): `kernels.qk_norm_rope` and `qk_norm_rope_codes`.
 
 One program holds one token's row of `dim` elements as pairs [dim / 2, 2] in registers: the sum
 of squares, the normalized row rounded to the input's dtype and times the weight (rounded again),
