@@ -93,18 +93,58 @@ def probe(device: torch.device) -> dict:
     return res
 
 
+ROPE_LAUNCHES = [(None, 4), (None, 8), (None, 16), (512, 2), (512, 4), (512, 8), (256, 2), (256, 4), (1280, 8)]
+
+
+def rope_probe(device: torch.device) -> dict:
+    """The Q / K RMSNorm + RoPE (`model/accel/triton_rope.py`) at one chunk's rows: the compiled
+    region, the one-block kernel (block None) and the looped one (pairs per block) per warps."""
+    from model.accel import kernels as kn
+    from model.accel import triton_rope as tr
+
+    gen = torch.Generator(device=device).manual_seed(8)
+    heads, half = 40, 64
+    fused = torch.randn(TOKENS, 3 * DIM, device=device, generator=gen).to(torch.bfloat16)
+    t = fused[:, DIM:2 * DIM]  # k's slice of the fused projection
+    weight = (torch.rand(DIM, device=device, generator=gen) + 0.5).to(torch.bfloat16)
+    angles = torch.rand(TOKENS, 1, half, device=device, generator=gen) * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    nbytes = 2 * 2 * TOKENS * DIM  # the row read once, written once (bf16)
+    res: dict = {"floor_us": nbytes / (copy_tbps(device) * 1e12) * 1e6}
+    compiled = torch.compile(kn.qk_norm_rope, dynamic=False)
+    want = compiled(t, weight, cos, sin, 1e-6, heads)
+    res["compiled_us"] = bench(lambda: compiled(t, weight, cos, sin, 1e-6, heads), iters=20) * 1e6
+    for block, warps in ROPE_LAUNCHES:
+        label = f"block{block or 'all'}_w{warps}"
+        try:
+            fn = lambda b=block, w=warps: tr._launch(t, weight, cos, sin, 1e-6, heads, None,  # noqa: E731
+                                                     torch.bfloat16, block=b, warps=w)
+            got = fn()
+            res[label] = {"us": bench(fn, iters=20) * 1e6,
+                          "mismatch_fraction": (got != want).float().mean().item()}
+        except Exception:  # noqa: BLE001
+            res[label] = {"error": traceback.format_exc(limit=4)}
+        print(f"rope {label}: {res[label]}", flush=True)
+    print(f"rope: floor {res['floor_us']:.1f} us, compiled {res['compiled_us']:.1f} us", flush=True)
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="quant.json")
+    p.add_argument("--only", choices=["quant", "rope"], help="one of the two probes (default: both)")
     args = p.parse_args()
     device = torch.device("cuda")
     res: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device)}
-    try:
-        with torch.no_grad():
-            res["quant"] = probe(device)
-    except Exception:  # noqa: BLE001
-        res["quant"] = {"error": traceback.format_exc(limit=6)}
-        print(res["quant"]["error"], flush=True)
+    for name, fn in (("quant", probe), ("rope", rope_probe)):
+        if args.only not in (None, name):
+            continue
+        try:
+            with torch.no_grad():
+                res[name] = fn(device)
+        except Exception:  # noqa: BLE001
+            res[name] = {"error": traceback.format_exc(limit=6)}
+            print(res[name]["error"], flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
 

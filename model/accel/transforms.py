@@ -126,6 +126,10 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
     """cuDNN autotuning and native-dtype upsampling on CUDA, channels-last conv weights, a
     compiled RMSNorm + SiLU, conv inputs written once, conv biases folded and a chunk's frames
     in one call when asked (in place)."""
+    if (options.vae_triton_stem or options.vae_triton_head) and (vae.device.type != "cuda"
+                                                                  or find_spec("triton") is None):
+        raise ValueError("vae_triton_stem / vae_triton_head run Triton kernels: CUDA with triton installed; "
+                         f"{vae.device} has not")
     if vae.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         native_upsampling(vae)
@@ -152,4 +156,10 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
                 module.weight.data = module.weight.data.to(memory_format=torch.channels_last)
     if options.vae_upsample_in_conv:  # after the layout: the phase weights keep the conv's
         upsample_in_conv(vae, options.vae_upsample_kernel)
+    if options.vae_triton_stem or options.vae_triton_head:
+        from model.accel import vae_rgb_convs  # imports triton
+        if options.vae_triton_stem:
+            vae_rgb_convs.triton_stem(vae)
+        if options.vae_triton_head:
+            vae_rgb_convs.triton_head(vae)
     return vae

@@ -47,8 +47,43 @@ def _norm_rope(t_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, descale_ptr, stride_t, e
         tl.store(dst, r, mask=mask)
 
 
+@triton.jit
+def _norm_rope_looped(t_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, descale_ptr, stride_t, eps,
+                      DIM: tl.constexpr, HALF_D: tl.constexpr, BLOCK: tl.constexpr, CODES: tl.constexpr,
+                      QMAX: tl.constexpr):
+    """_norm_rope over the row in blocks of BLOCK pairs (BLOCK divides dim / 2 and is a multiple
+    of HALF_D): no masked lanes, fewer registers per program; the second pass rereads the row
+    (10 KB at the DiT's width) from L1 / L2."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.arange(0, BLOCK)
+    offs = 2 * p[:, None] + tl.arange(0, 2)[None, :]  # [BLOCK, 2]
+    src = t_ptr + row * stride_t
+    ss = tl.zeros((BLOCK, 2), dtype=tl.float32)
+    for start in tl.static_range(0, DIM, 2 * BLOCK):
+        x = tl.load(src + start + offs).to(tl.float32)
+        ss += x * x
+    rstd = tl.math.rsqrt(tl.sum(tl.sum(ss, axis=1), axis=0) / DIM + eps)
+    j = row * HALF_D + p % HALF_D  # the same frequencies in every block (BLOCK % HALF_D == 0)
+    c = tl.load(cos_ptr + j)
+    s = tl.load(sin_ptr + j)
+    for start in tl.static_range(0, DIM, 2 * BLOCK):
+        x = tl.load(src + start + offs).to(tl.float32)
+        n = (x * rstd).to(t_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + start + offs).to(tl.float32)
+        n = (n * w).to(t_ptr.dtype.element_ty).to(tl.float32)
+        a, b = tl.split(n)
+        r = tl.join(a * c - b * s, a * s + b * c).to(t_ptr.dtype.element_ty)
+        dst = out_ptr + row * DIM + start + offs
+        if CODES:
+            q = tl.minimum(tl.maximum(r.to(tl.float32) / tl.load(descale_ptr), -QMAX), QMAX)
+            tl.store(dst, q.to(out_ptr.dtype.element_ty))
+        else:
+            tl.store(dst, r)
+
+
 def _launch(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, heads: int,
-            descale: torch.Tensor | None, codes: torch.dtype) -> torch.Tensor:
+            descale: torch.Tensor | None, codes: torch.dtype, block: int | None = None,
+            warps: int = WARPS) -> torch.Tensor:
     *lead, dim = t.shape
     rows = t.reshape(-1, dim)  # a view for the fused projection's q / k slices (rows strided)
     assert rows.stride(1) == 1, "rows must be contiguous within a row"
@@ -58,9 +93,14 @@ def _launch(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch
     assert weight.shape == (dim,) and dim % 2 == 0
     cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(*lead, heads, dim // heads, dtype=t.dtype if descale is None else codes, device=t.device)
-    _norm_rope[(n,)](rows, weight, cos, sin, out, descale if descale is not None else cos, rows.stride(0), eps,
-                     DIM=dim, HALF_D=half, PAIRS=triton.next_power_of_2(dim // 2), CODES=descale is not None,
-                     QMAX=E4M3_MAX, num_warps=WARPS)
+    args = (rows, weight, cos, sin, out, descale if descale is not None else cos, rows.stride(0), eps)
+    if block is None:
+        _norm_rope[(n,)](*args, DIM=dim, HALF_D=half, PAIRS=triton.next_power_of_2(dim // 2),
+                         CODES=descale is not None, QMAX=E4M3_MAX, num_warps=warps)
+    else:
+        assert (dim // 2) % block == 0 and block % half == 0, (dim, block, half)
+        _norm_rope_looped[(n,)](*args, DIM=dim, HALF_D=half, BLOCK=block, CODES=descale is not None,
+                                QMAX=E4M3_MAX, num_warps=warps)
     return out
 
 

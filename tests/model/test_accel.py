@@ -196,6 +196,18 @@ def test_the_triton_rope_is_refused_off_cuda():
         optimize_dit(engine.dit, AccelOptions(fast=True, triton_rope=True))
 
 
+def test_the_triton_rgb_convs_are_refused_off_cuda():
+    """The VAE's Triton RGB convs need a GPU (their math: tests/model/triton_quant_checks.py, in
+    Triton's interpreter, also inside a streaming VAE); a GPU replica's options ask for them."""
+    vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
+    for flag in ("vae_triton_stem", "vae_triton_head"):
+        with pytest.raises(ValueError, match="Triton kernels: CUDA"):
+            optimize_vae(vae, AccelOptions(**{flag: True}))
+        assert AccelOptions(**{flag: True}).any
+        assert getattr(AccelOptions.for_serving("cuda"), flag) == (find_spec("triton") is not None)
+        assert not getattr(AccelOptions.for_serving("cpu"), flag)
+
+
 def test_serving_options_keep_the_function():
     """What a replica runs with: on the CPU the plain path (the goldens' numerics, bit for bit);
     a GPU replica's options, applied here on the CPU, give the same latents within the fast
