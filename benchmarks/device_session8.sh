@@ -16,7 +16,7 @@ run() {  # run NAME SECONDS ARGS...
 python3 benchmarks/install_wheels.py .whl /tmp/site > /dev/null || exit 1
 case "${PART:-vae}" in
 vae)
-    run rgb_convs 150 -m benchmarks.rgb_conv_probe --out "$OUT/rgb_convs.json"
+    run rgb_convs 240 -m benchmarks.rgb_conv_probe --out "$OUT/rgb_convs.json"
     run rope_probe 120 -m benchmarks.quant_probe --only rope --out "$OUT/rope_probe.json"
     run vae_rgb 300 -m benchmarks.run --preset lingbot-world-fast --frames 81 --vae-only \
         --vae-variants bf16_compiled_batched_upsample_2x2 bf16_compiled_batched_2x2_triton_stem \

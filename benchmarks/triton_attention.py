@@ -36,7 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from model import kv_quant
 
 LOG2E = 1.4426950408889634
-E4M3_MAX = 448.0
+E4M3_MAX = kv_quant.FP8_MAX
 
 
 # Tile configuration per (dtype, head_dim): measured on one H200 (benchmarks/attention_probe.py).

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from model.kv_cache import SelfAttnKVCache
+from model.kv_quant import AMAX_FLOOR  # an all-zero chunk's descale must not be 0
 from model.kv_quant import FP8_MAX as E4M3_MAX
 from model.kv_quant import KV_FP8 as E4M3
 
-AMAX_FLOOR = 1e-12  # amax floor of an all-zero chunk (its descale must not be 0)
 TensorCodes = tuple[Tensor, Tensor]  # (e4m3 codes [n, H, D], float32 descale [1]): x ~= codes * descale
 
 

@@ -16,7 +16,8 @@ from typing import Callable
 import torch
 
 KV_FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3fn value
+FP8_MAX = 448.0  # largest finite e4m3fn value (every e4m3 path of the project takes it from here)
+AMAX_FLOOR = 1e-12  # the floor of an amax-derived scale's amax: an all-zero row, chunk or tensor
 SCALE_DTYPE = torch.float32
 _TINY = 1e-12  # the scale of an all-zero row (any positive value dequantises it to zero)
 

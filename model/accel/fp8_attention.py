@@ -31,9 +31,9 @@ from torch import Tensor
 
 from model.accel.kernels import QuantizedRows
 from model.kv_codes import TensorCodes
+from model.kv_quant import AMAX_FLOOR as SCALE_FLOOR  # an all-zero tensor's descale must not be 0
+from model.kv_quant import FP8_MAX as E4M3_MAX
 
-E4M3_MAX = 448.0
-SCALE_FLOOR = 1e-12  # amax floor of an all-zero tensor (its descale must not be 0)
 MAX_GRAPHS = 64  # built graphs kept per process (one per key length a session reaches)
 
 

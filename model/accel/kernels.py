@@ -19,14 +19,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.accel.fa4_attention import attend_fa4
 from model.dit_block import layer_norm
+from model.kv_quant import AMAX_FLOOR as SCALE_FLOOR  # an all-zero row's scale must not be 0
+from model.kv_quant import FP8_MAX as E4M3_MAX
 
 if TYPE_CHECKING:
     from model.accel.fp8_attention import CudnnFp8Attention
     from model.kv_codes import TensorCodes
 
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 ROUNDING_MARGIN = 1.02  # rope_norm_bound's room for roundings
-SCALE_FLOOR = 1e-12  # amax floor of an all-zero row (its scale must not be 0)
 
 _BACKENDS: dict[str, list[SDPBackend] | None] = {
     "default": None,

@@ -37,7 +37,10 @@ HEAD_BLOCK_M = 128
 HEAD_WARPS = 4
 
 
-@triton.jit
+# Sizes not specialized: one compiled kernel for every session size (Triton would compile again for
+# each size's divisibility by 16; the head's compile takes ~10 s). The head's strides are
+# multiples of its 96 channels at every size, so specializing them costs no recompiles.
+@triton.jit(do_not_specialize=["M", "H", "W", "stride_t", "stride_h"])
 def _stem_conv(x_ptr, w_ptr, b_ptr, y_ptr, M, H, W, stride_t, stride_h,
                C: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, RUN: tl.constexpr, RUN_PAD: tl.constexpr,
                C_OUT: tl.constexpr, N_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -61,7 +64,7 @@ def _stem_conv(x_ptr, w_ptr, b_ptr, y_ptr, M, H, W, stride_t, stride_h,
              mask=valid[:, None] & (n < C_OUT)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "H", "W", "FRONT", "N_PAST"])
 def _head_conv(x_ptr, p_ptr, w_ptr, b_ptr, y_ptr, M, H, W, FRONT, N_PAST, sx_t, sx_h, sx_w, sp_t, sp_h, sp_w,
                C: tl.constexpr, C_PAD: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                HAS_PAST: tl.constexpr, C_OUT: tl.constexpr, N_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
