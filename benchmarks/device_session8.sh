@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Session 8 of round 2 on one H200 (carry .whl: av for benchmarks.run / window --profile, the
-# cuDNN frontend, ftfy, wcwidth). PART=vae: the VAE's RGB convs (the encoder's first, 3 -> 96;
-# the decoder's last, 96 -> 3) as Triton kernels against cuDNN at a later chunk's shape
-# (benchmarks.rgb_conv_probe), the Q / K norm + RoPE kernel's launches (benchmarks.quant_probe
-# --only rope), then the VAE benchmark with session 5's served variant, + the Triton stem, + both
-# (one process, the fastest profiled). PART=window: one windowed bf16 session (cuDNN attention,
-# Triton RoPE: the shipped path) with a steady-state chunk profiled: where a bf16 chunk's time
-# goes besides the GEMMs and the attention. Outputs under $OUT.
+# cuDNN frontend, ftfy, wcwidth). The session's first call (results h200_round2_s8_{rgb_convs,
+# rope_probe,vae_rgb}.*) probed the encoder's first conv (3 -> 96) and the decoder's last (96 -> 3)
+# as Triton kernels against cuDNN (a probe since replaced by benchmarks.vae_conv_probe; the head
+# kernel removed), the Q / K norm + RoPE kernel's launches (benchmarks.quant_probe --only rope)
+# and ran the VAE benchmark with session 5's served variant and the Triton convs. PART=vae2: the
+# encoder's convs probed again (benchmarks.vae_conv_probe: the stem's two kernels, the
+# downsamplings' pad inside a 4x4 conv), the VAE benchmark with the stem and the downsamplings.
+# PART=window: one windowed bf16 session (cuDNN attention, the looped Triton RoPE: the shipped
+# path) with a steady-state chunk profiled: where a bf16 chunk's time goes besides the GEMMs and
+# the attention. Outputs under $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD
 run() {  # run NAME SECONDS ARGS...
@@ -14,24 +17,26 @@ run() {  # run NAME SECONDS ARGS...
     echo "== $name"; timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1; echo "rc $?"; tail -n 8 "$OUT/$name.log"
 }
 python3 benchmarks/install_wheels.py .whl /tmp/site > /dev/null || exit 1
-case "${PART:-vae}" in
-vae)
-    run rgb_convs 240 -m benchmarks.rgb_conv_probe --out "$OUT/rgb_convs.json"
-    run rope_probe 120 -m benchmarks.quant_probe --only rope --out "$OUT/rope_probe.json"
-    run vae_rgb 300 -m benchmarks.run --preset lingbot-world-fast --frames 81 --vae-only \
-        --vae-variants bf16_compiled_batched_upsample_2x2 bf16_compiled_batched_2x2_triton_stem \
-        bf16_compiled_batched_2x2_triton_rgb --out "$OUT/vae_rgb.json"
-    grep -h "ms \|rope " "$OUT/rgb_convs.log" "$OUT/rope_probe.log" | head -40
-    python3 - "$OUT/vae_rgb.json" <<'PY'
+vae_summary() {
+    python3 - "$1" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["stages"]["vae_only"]
 for k, v in r.items():
     if k.startswith("vae_") and isinstance(v, dict) and "encode_s" in v:
         print(k, "enc", [round(x, 4) for x in v["encode_s"]], "dec", [round(x, 4) for x in v["decode_s"]],
-              {a: b for a, b in v.items() if "err" in a or "rel" in a})
+              "warm", round(v.get("warmup_3chunks_s", 0), 1), "err", round(max(v.get("encode_rel_err", [0])), 5))
     elif k.startswith("vae_") and isinstance(v, dict) and "error" in v:
         print(k, v["error"][-600:])
 PY
+}
+case "${PART:-vae2}" in
+vae2)
+    run vae_convs 240 -m benchmarks.vae_conv_probe --out "$OUT/vae_convs.json"
+    run vae_stem 300 -m benchmarks.run --preset lingbot-world-fast --frames 81 --vae-only \
+        --vae-variants bf16_compiled_batched_upsample_2x2 bf16_compiled_batched_2x2_triton_stem \
+        bf16_compiled_batched_2x2_stem_down --out "$OUT/vae_stem.json"
+    grep -h " ms " "$OUT/vae_convs.log" | head -40
+    vae_summary "$OUT/vae_stem.json"
     ;;
 window)
     run window_bf16_profile 400 -m benchmarks.window --compile --chunks 8 --profile --precisions bf16+rope \

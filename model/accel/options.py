@@ -74,8 +74,9 @@ class AccelOptions:
     vae_upsample_kernel: 3 (each phase a 3x3 kernel, 5 of its taps zero) or 2 (the 2x2 taps
       alone: 16 of 36 multiplies); needs vae_upsample_in_conv for 2.
     vae_triton_stem: the encoder's first conv (3 input channels) as one Triton kernel with its
-      bias inside (model/accel/vae_rgb_convs.py; CUDA with Triton): cuDNN runs it at ~25 TFLOP/s.
-    vae_triton_head: the decoder's last conv (3 output channels) likewise, its past read in place.
+      bias inside (model/accel/vae_stem.py; CUDA with Triton): cuDNN runs it at ~25 TFLOP/s.
+    vae_downsample_in_conv: the encoder's one-sided pad + 3x3 stride-2 conv as one 4x4 conv with
+      padding 1 (model/accel/vae_downsample.py): no padded copy; the same function.
     """
 
     fast: bool = False
@@ -98,7 +99,7 @@ class AccelOptions:
     vae_upsample_in_conv: bool = False
     vae_upsample_kernel: int = 3
     vae_triton_stem: bool = False
-    vae_triton_head: bool = False
+    vae_downsample_in_conv: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -129,7 +130,8 @@ class AccelOptions:
     def any(self) -> bool:
         return (self.fast or self.skip_final_update or self.vae_channels_last or self.vae_compile
                 or self.vae_pad_in_conv or self.vae_batch_frames
-                or self.vae_upsample_in_conv or self.vae_triton_stem or self.vae_triton_head)
+                or self.vae_upsample_in_conv or self.vae_triton_stem
+                or self.vae_downsample_in_conv)
 
     @classmethod
     def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,
@@ -149,8 +151,8 @@ class AccelOptions:
         windowed, Q and K by their bound scales: session 7, 1.173 -> 1.164 s), a
         chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %, +0.5 GiB while a
         call runs) and the decoder's upsampling inside its conv with 2x2 phase kernels (session
-        5: decode 110 -> 98 ms), the encoder's first and the decoder's last conv in Triton where
-        Triton is installed (session 8); on the CPU the plain path unless one of the flags is asked
+        5: decode 110 -> 98 ms), the encoder's first conv in Triton where Triton is installed
+        (session 8); on the CPU the plain path unless one of the flags is asked
         for."""
         if torch.device(device).type == "cuda":
             quant = ("triton" if find_spec("triton") is not None else "fused") if fp8 and compile else "gemm"
@@ -163,7 +165,7 @@ class AccelOptions:
                        vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,
                        vae_fold_bias=vae_compile, vae_batch_frames=True, vae_upsample_in_conv=True,
                        vae_upsample_kernel=2,
-                       vae_triton_stem=find_spec("triton") is not None, vae_triton_head=find_spec("triton") is not None)
+                       vae_triton_stem=find_spec("triton") is not None)
         if fp8_attention or attention != "cudnn":
             raise ValueError("fp8_attention and attention='fa4' run GPU kernels: CUDA only")
         return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)

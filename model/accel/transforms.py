@@ -25,6 +25,7 @@ from model.accel.projection import Fp8Projection, Projection
 from model.accel.vae_fast import (bias_norm_silu, bias_residual, compiled, compiled_norm_silu, fold_conv_bias,
                                   fuse_norm_silu, native_upsampling, norm_silu_cat, pad_in_conv, rms_norm_silu,
                                   write_once)
+from model.accel.vae_downsample import downsample_in_conv
 from model.accel.vae_upsample import upsample_in_conv
 from model.dit import CausalDiT
 from model.vae import WanVAE
@@ -126,10 +127,8 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
     """cuDNN autotuning and native-dtype upsampling on CUDA, channels-last conv weights, a
     compiled RMSNorm + SiLU, conv inputs written once, conv biases folded and a chunk's frames
     in one call when asked (in place)."""
-    if (options.vae_triton_stem or options.vae_triton_head) and (vae.device.type != "cuda"
-                                                                  or find_spec("triton") is None):
-        raise ValueError("vae_triton_stem / vae_triton_head run Triton kernels: CUDA with triton installed; "
-                         f"{vae.device} has not")
+    if options.vae_triton_stem and (vae.device.type != "cuda" or find_spec("triton") is None):
+        raise ValueError(f"vae_triton_stem runs a Triton kernel: CUDA with triton installed; {vae.device} has not")
     if vae.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         native_upsampling(vae)
@@ -148,6 +147,8 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
         write_once(vae, compiled(norm_silu_cat) if options.vae_compile else norm_silu_cat)
     if options.vae_batch_frames:
         vae.batch_frames = True
+    if options.vae_downsample_in_conv:  # before the layout: the new convs' weights become channels-last too
+        downsample_in_conv(vae)
     if options.vae_channels_last:
         for module in vae.modules():
             if isinstance(module, nn.Conv3d):
@@ -156,10 +157,7 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
                 module.weight.data = module.weight.data.to(memory_format=torch.channels_last)
     if options.vae_upsample_in_conv:  # after the layout: the phase weights keep the conv's
         upsample_in_conv(vae, options.vae_upsample_kernel)
-    if options.vae_triton_stem or options.vae_triton_head:
-        from model.accel import vae_rgb_convs  # imports triton
-        if options.vae_triton_stem:
-            vae_rgb_convs.triton_stem(vae)
-        if options.vae_triton_head:
-            vae_rgb_convs.triton_head(vae)
+    if options.vae_triton_stem:
+        from model.accel.vae_stem import triton_stem  # imports triton
+        triton_stem(vae)
     return vae

@@ -8,6 +8,10 @@ written as it is or as e4m3 codes with a fixed descale (the bound scales). The r
 and written once. The compiled region does the same work in a looped reduction that reads the row
 twice plus a strided RoPE pass: 84 us per call for [4524, 5120] on the H200 where the bytes allow
 ~22 (docs/PERFORMANCE.md, session 7).
+
+At the DiT's width the row goes through in five blocks of 512 pairs instead (`_norm_rope_looped`:
+no masked lanes, fewer registers; the second pass rereads the row from L1): 34 us against 41
+(session 8).
 """
 from __future__ import annotations
 
@@ -18,6 +22,10 @@ import triton.language as tl
 from model.accel.kernels import E4M3_MAX
 
 WARPS = 8
+# The looped kernel's pairs per block where they tile the row and hold whole heads (session 8 on
+# an H200, [4524, 5120] rows: 34 us per call with 8 warps against 41 for the one-block kernel;
+# 2 or 4 warps 49-56 us; benchmarks.quant_probe --only rope).
+LOOP_BLOCK = 512
 
 
 @triton.jit
@@ -82,8 +90,10 @@ def _norm_rope_looped(t_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, descale_ptr, stri
 
 
 def _launch(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, heads: int,
-            descale: torch.Tensor | None, codes: torch.dtype, block: int | None = None,
+            descale: torch.Tensor | None, codes: torch.dtype, block: int | None | str = "auto",
             warps: int = WARPS) -> torch.Tensor:
+    """block: pairs per block of the looped kernel, None the one-block kernel, "auto" LOOP_BLOCK
+    where it tiles the row into whole heads, else None."""
     *lead, dim = t.shape
     rows = t.reshape(-1, dim)  # a view for the fused projection's q / k slices (rows strided)
     assert rows.stride(1) == 1, "rows must be contiguous within a row"
@@ -94,6 +104,8 @@ def _launch(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch
     cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(*lead, heads, dim // heads, dtype=t.dtype if descale is None else codes, device=t.device)
     args = (rows, weight, cos, sin, out, descale if descale is not None else cos, rows.stride(0), eps)
+    if block == "auto":
+        block = LOOP_BLOCK if (dim // 2) % LOOP_BLOCK == 0 and LOOP_BLOCK % half == 0 else None
     if block is None:
         _norm_rope[(n,)](*args, DIM=dim, HALF_D=half, PAIRS=triton.next_power_of_2(dim // 2),
                          CODES=descale is not None, QMAX=E4M3_MAX, num_warps=warps)

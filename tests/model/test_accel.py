@@ -196,16 +196,15 @@ def test_the_triton_rope_is_refused_off_cuda():
         optimize_dit(engine.dit, AccelOptions(fast=True, triton_rope=True))
 
 
-def test_the_triton_rgb_convs_are_refused_off_cuda():
-    """The VAE's Triton RGB convs need a GPU (their math: tests/model/triton_quant_checks.py, in
-    Triton's interpreter, also inside a streaming VAE); a GPU replica's options ask for them."""
+def test_the_triton_stem_is_refused_off_cuda():
+    """The encoder's Triton first conv needs a GPU (its math: tests/model/triton_quant_checks.py, in
+    Triton's interpreter, also inside a streaming VAE); a GPU replica's options ask for it."""
     vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
-    for flag in ("vae_triton_stem", "vae_triton_head"):
-        with pytest.raises(ValueError, match="Triton kernels: CUDA"):
-            optimize_vae(vae, AccelOptions(**{flag: True}))
-        assert AccelOptions(**{flag: True}).any
-        assert getattr(AccelOptions.for_serving("cuda"), flag) == (find_spec("triton") is not None)
-        assert not getattr(AccelOptions.for_serving("cpu"), flag)
+    with pytest.raises(ValueError, match="vae_triton_stem.*CUDA"):
+        optimize_vae(vae, AccelOptions(vae_triton_stem=True))
+    assert AccelOptions(vae_triton_stem=True).any
+    assert AccelOptions.for_serving("cuda").vae_triton_stem == (find_spec("triton") is not None)
+    assert not AccelOptions.for_serving("cpu").vae_triton_stem
 
 
 def test_serving_options_keep_the_function():
@@ -244,7 +243,7 @@ def test_vae_transforms_keep_the_streams():
 
 
 @pytest.mark.parametrize("level", ["pad_in_conv", "fold_bias", "write_once", "batched", "fold_bias_batched",
-                                   "upsample_in_conv", "upsample_2x2"])
+                                   "upsample_in_conv", "upsample_2x2", "downsample_in_conv"])
 def test_vae_written_once_transforms_keep_the_streams(level):
     """Round 2's VAE transforms (padding inside the conv, biases folded into the next kernel,
     norms writing into the conv's input buffer, a chunk's frames in one call) compute the plain
@@ -257,7 +256,10 @@ def test_vae_written_once_transforms_keep_the_streams(level):
              "upsample_in_conv": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True,
                                       vae_upsample_in_conv=True),
              "upsample_2x2": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True,
-                                  vae_upsample_in_conv=True, vae_upsample_kernel=2)}[level]
+                                  vae_upsample_in_conv=True, vae_upsample_kernel=2),
+             "downsample_in_conv": dict(vae_pad_in_conv=True, vae_fold_bias=True, vae_batch_frames=True,
+                                        vae_upsample_in_conv=True, vae_upsample_kernel=2,
+                                        vae_downsample_in_conv=True)}[level]
     vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
     fast = optimize_vae(copy.deepcopy(vae), AccelOptions(vae_channels_last=True, **flags))
     gen = torch.Generator().manual_seed(1)
@@ -277,6 +279,27 @@ def test_vae_written_once_transforms_keep_the_streams(level):
         for key, frames in plain.frames.items():
             assert other.frames[key].shape == frames.shape, key
             assert norm_rel(other.frames[key], frames) < 1e-5, key
+
+
+@pytest.mark.parametrize("size", [(16, 32), (15, 9)])
+def test_the_downsampling_pad_inside_a_4x4_conv_is_the_same_function(size):
+    """ZeroPad2d((0, 1, 0, 1)) + 3x3 stride-2 conv == the 4x4 stride-2 conv with padding 1 whose
+    first row and column are zero (odd sizes too); the VAE's three downsamplings take it."""
+    from model.accel.vae_downsample import downsample_in_conv, padded_conv
+
+    gen = torch.Generator().manual_seed(4)
+    conv = torch.nn.Conv2d(5, 7, 3, stride=2)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen))
+        conv.bias.copy_(torch.randn(7, generator=gen))
+    x = torch.randn(3, 5, *size, generator=gen, dtype=torch.float64)
+    want = conv.double()(F.pad(x, (0, 1, 0, 1)))
+    got = padded_conv(conv)(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
+    assert downsample_in_conv(vae) == 3
+    assert all(m.resample.kernel_size == (4, 4) for m in vae.modules() if type(m).__name__ == "Downsample")
 
 
 def test_vae_round2_options_are_checked():

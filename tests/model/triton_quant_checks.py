@@ -25,7 +25,7 @@ from model.accel import kernels as kn  # noqa: E402
 from model.accel import triton_quant as tq  # noqa: E402
 from model.accel import triton_rope as tr  # noqa: E402
 from model.accel import triton_tensor_quant as tt  # noqa: E402
-from model.accel import vae_rgb_convs as vs  # noqa: E402
+from model.accel import vae_stem as vs  # noqa: E402
 from model.accel.kernels import E4M3_MAX, SCALE_FLOOR  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -79,19 +79,14 @@ def check_every_kernel_variant_compiles_for_hopper():
     for out, codes in (("*bf16", False), ("*fp8e4nv", True)):
         _compile(tr._norm_rope, dict(rope, out_ptr=out), dict(DIM=5120, HALF_D=64, PAIRS=4096, CODES=codes,
                                                               QMAX=E4M3_MAX), num_warps=tr.WARPS)
-        for block, warps in ((512, 4), (256, 2)):  # the looped form (benchmarks.quant_probe's rope rows)
-            _compile(tr._norm_rope_looped, dict(rope, out_ptr=out),
-                     dict(DIM=5120, HALF_D=64, BLOCK=block, CODES=codes, QMAX=E4M3_MAX), num_warps=warps)
+        _compile(tr._norm_rope_looped, dict(rope, out_ptr=out),  # what the DiT's width launches
+                 dict(DIM=5120, HALF_D=64, BLOCK=tr.LOOP_BLOCK, CODES=codes, QMAX=E4M3_MAX), num_warps=tr.WARPS)
     stem = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "H": "i32",
             "W": "i32", "stride_t": "i32", "stride_h": "i32"}  # the VAE encoder's first conv, 3 -> 96
     _compile(vs._stem_conv, stem, dict(C=3, KT=3, KH=3, RUN=9, RUN_PAD=16, C_OUT=96, N_PAD=128,
                                        BLOCK_M=vs.BLOCK_M), num_warps=vs.WARPS)
-    head = {"x_ptr": "*bf16", "p_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*fp32", "y_ptr": "*bf16",
-            **{name: "i32" for name in ("M", "H", "W", "FRONT", "N_PAST", "sx_t", "sx_h", "sx_w", "sp_t", "sp_h",
-                                        "sp_w")}}  # the decoder's last conv, 96 -> 3
-    for has_past in (False, True):
-        _compile(vs._head_conv, head, dict(C=96, C_PAD=128, KT=3, KH=3, KW=3, HAS_PAST=has_past, C_OUT=3,
-                                           N_PAD=16, BLOCK_M=vs.HEAD_BLOCK_M), num_warps=vs.HEAD_WARPS)
+    _compile(vs._stem_conv_persistent, stem, dict(C=3, KT=3, KH=3, RUN=9, K_PAD=128, C_OUT=96, N_PAD=128,
+                                                  BLOCK_M=64), num_warps=4)
     for warps in WARPS_TIMED:  # what benchmarks.run.triton_quant_timings launches
         _compile(tq._quantize_rows, rows, dict(CONSTS, GELU=True, BLOCK=16384, RECIPROCAL=False), warps)
         _compile(tq._norm_quantize, {"x_ptr": "*fp32", **NORM_ARGS},
@@ -251,22 +246,20 @@ def _check_conv_out(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, r
     torch.testing.assert_close(got.float(), want, rtol=rtol, atol=rtol * want.abs().max().item())
 
 
-def check_rgb_convs():
-    """vae_rgb_convs: the stem (3 -> 24 channels here) and the head (20 -> 3: channels that fill
-    no power of two) against F.conv3d, with no past, one and two cached frames."""
+def check_stem_conv():
+    """vae_stem: both kernels (3 -> 24 channels here: a width that fills no power of two) against
+    F.conv3d, with no past, one and two cached frames."""
     for dtype, rtol, x, past, weight, bias, want in _stream_conv_cases(3, 24, seed=7):
-        got = vs.stem_conv(vs.padded_input(x, past, 2, (1, 1)), vs.pack_stem_weight(weight), bias, (3, 3, 3), 24)
+        buf = vs.padded_input(x, past, 2, (1, 1))
+        got = vs.stem_conv(buf, vs.pack_stem_weight(weight), bias, (3, 3, 3), 24)
         _check_conv_out(got, want, dtype, rtol)
-    for dtype, rtol, x, past, weight, bias, want in _stream_conv_cases(20, 3, seed=9):
-        cl = torch.channels_last_3d
-        got = vs.head_conv(x.contiguous(memory_format=cl), None if past is None else past.contiguous(memory_format=cl),
-                           2, vs.pack_head_weight(weight), bias, (3, 3, 3), 3)
-        _check_conv_out(got, want, dtype, rtol)
+        got = vs.stem_conv_persistent(buf, vs.pack_stem_weight_gathered(weight), bias, (3, 3, 3), 24, block_m=16)
+        _check_conv_out(got, want, dtype, rtol)  # 2 programs walking 36 blocks of 16 pixels
 
 
-def check_rgb_convs_in_the_vae():
-    """A VAE whose encoder's first and decoder's last conv are the Triton ones encodes and
-    decodes a stream (first call 1 + 4k frames, then 4k, caches carried) as the plain VAE does."""
+def check_stem_in_the_vae():
+    """A VAE whose encoder's first conv is the Triton one encodes and decodes a stream (first call
+    1 + 4k frames, then 4k, caches carried) as the plain VAE does."""
     from model.config import VAEConfig
     from model.vae import init_vae_random
     from model.vae_cache import VaeCache
@@ -274,7 +267,6 @@ def check_rgb_convs_in_the_vae():
     plain = init_vae_random(VAEConfig(dim=8), torch.float32, "cpu", 0)
     fast = init_vae_random(VAEConfig(dim=8), torch.float32, "cpu", 0)
     assert vs.triton_stem(fast) == 1 and isinstance(fast.encoder.conv1, vs.TritonStemConv3d)
-    assert vs.triton_head(fast) == 1 and isinstance(fast.decoder.head[2], vs.TritonHeadConv3d)
     video = torch.rand(3, 9, 16, 24, generator=torch.Generator().manual_seed(8)) * 2 - 1
     caches = [[VaeCache.empty(), VaeCache.empty()] for _ in range(2)]
     for part in (video[:, :5], video[:, 5:]):
@@ -348,8 +340,8 @@ def main(mode: str) -> None:
         check_tensor_quantization()
         check_code_cache()
         check_norm_rope()
-        check_rgb_convs()
-        check_rgb_convs_in_the_vae()
+        check_stem_conv()
+        check_stem_in_the_vae()
         for residual in (torch.float32, HALF):
             check_norm_regions(residual)
         check_public_functions()
