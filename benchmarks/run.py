@@ -58,7 +58,7 @@ VAE_VARIANTS = {
                                                        vae_fold_bias=True, vae_batch_frames=True,
                                                        vae_upsample_in_conv=True, vae_upsample_kernel=2),
     # session 8: and the encoder's first conv (3 input channels) as one Triton kernel, then also the
-    # downsamplings' one-sided pad inside a 4x4 conv
+    # downsamplings' one-sided pad inside a 4x4 conv (what the GPU replicas run)
     "bf16_compiled_batched_2x2_triton_stem": AccelOptions(vae_channels_last=True, vae_compile=True,
                                                           vae_pad_in_conv=True, vae_fold_bias=True,
                                                           vae_batch_frames=True, vae_upsample_in_conv=True,

@@ -6,7 +6,8 @@ As the encoder calls them for a later chunk of a 464x832 session with `vae_batch
 frames, 2 cached ones), bf16, channels-last as the served VAE holds them:
 * the first conv (3 -> 96, 3x3x3): cuDNN (the past concatenated, padding inside the conv, the bias
   added by PyTorch: `PaddedCausalConv3d`) against the Triton kernels of `model/accel/vae_stem.py`
-  (the padded buffer timed alone; `_stem_conv` and `_stem_conv_persistent` over their launches);
+  (the padded buffer timed alone; the kernel over its launches; session 8's second run also had a
+  first kernel that loaded each tap's weights per block of pixels: 1.48 ms against 0.61);
 * the three spatial downsamplings (pad right / bottom by 1, 3x3 conv of stride 2, as
   `Downsample.resample`) against the 4x4 conv with padding 1 (`model/accel/vae_downsample.py`).
 Per row: milliseconds (the best of a few timed rounds) and the error against a float32 conv of
@@ -30,7 +31,7 @@ from model.accel.vae_downsample import padded_conv
 
 FRAMES, PAST, HEIGHT, WIDTH, WIDE = 12, 2, 464, 832, 96
 DOWNSAMPLINGS = ((96, HEIGHT, WIDTH), (192, HEIGHT // 2, WIDTH // 2), (384, HEIGHT // 4, WIDTH // 4))
-PERSISTENT = [(64, 4, 4), (64, 8, 2), (128, 4, 2), (128, 8, 2), (64, 4, 8)]  # (block, warps, programs per SM)
+LAUNCHES = [(64, 4, 4), (64, 8, 2), (128, 4, 2), (128, 8, 2), (64, 4, 8)]  # (block, warps, programs per SM)
 
 
 def main() -> None:
@@ -66,14 +67,10 @@ def main() -> None:
         lambda: F.conv3d(torch.cat([past, x], 2), weight_cl, bias16, padding=(0, 1, 1)), want)
     buf = vae_stem.padded_input(x, past, 2, (1, 1))
     row("stem", "padded buffer alone", lambda: vae_stem.padded_input(x, past, 2, (1, 1)), None)
-    taps, gathered = vae_stem.pack_stem_weight(weight), vae_stem.pack_stem_weight_gathered(weight)
-    for block, warps in ((64, 4), (128, 4), (64, 2)):
-        row("stem", f"taps kernel, block {block}, {warps} warps",
-            lambda b=block, w=warps: vae_stem.stem_conv(buf, taps, bias, (3, 3, 3), WIDE, b, w), want)
-    for block, warps, per_sm in PERSISTENT:
-        row("stem", f"persistent, block {block}, {warps} warps, {per_sm}/SM",
-            lambda b=block, w=warps, s=per_sm: vae_stem.stem_conv_persistent(buf, gathered, bias, (3, 3, 3), WIDE,
-                                                                           b, w, s), want)
+    packed = vae_stem.pack_stem_weight(weight)
+    for block, warps, per_sm in LAUNCHES:
+        row("stem", f"kernel, block {block}, {warps} warps, {per_sm}/SM",
+            lambda b=block, w=warps, s=per_sm: vae_stem.stem_conv(buf, packed, bias, (3, 3, 3), WIDE, b, w, s), want)
     # the downsamplings
     for c, h, w in DOWNSAMPLINGS:
         frames = (torch.rand(FRAMES, c, h, w, device=dev, generator=gen) * 2 - 1).to(bf16)

@@ -9,12 +9,12 @@ The output's bytes (0.89 GB) allow about 0.25 ms.
 The input (the cached past frames, zero frames where the stream has fewer, the new frames) is
 written once into a channels-last buffer with its zero border, [T_in, H + 2, W + 2, C]: 3
 channels, 32 MB for 14 frames, 0.08 ms. For a fixed (dt, dh) tap an output pixel's receptive
-field is then KW x C = 9 contiguous elements of it. `_stem_conv`: per BLOCK_M output pixels 9
-dots of [BLOCK_M, 16] (the 9 elements, zero-padded) x [16, C_out]. `_stem_conv_persistent`: the
-81 elements gathered as one [BLOCK_M, 128] tile for one dot, the weights loaded once per program,
-each program walking the pixel blocks. Both add the bias in float32 and write the channels-last
-output once: the products summed in float32 (in another order than cuDNN's), rounded once to
-the output's dtype, the conv's function.
+field is then KW x C = 9 contiguous elements of it, and the 81 elements of all taps one gathered
+[BLOCK_M, 128] tile for one dot with the weights, which each program loads once (a few programs
+per SM walk the pixel blocks). The bias is added in float32 and the channels-last output written
+once: the products summed in float32 (in another order than cuDNN's), rounded once to the
+output's dtype, the conv's function. 0.61 ms per later chunk (session 8; a first kernel that
+loaded each (dt, dh) tap's weights per block of pixels took 1.48 ms).
 
 (The decoder's last conv, 96 -> 3, was tried the same way and measured 11-12 ms against cuDNN's
 3.5: its 27 taps each reread 96 channels per pixel; session 8.)
@@ -29,43 +29,20 @@ from torch import Tensor, nn
 from model.vae import WanVAE
 from model.vae_blocks import CausalConv3d
 
-BLOCK_M = 128
-WARPS = 4
+# session 8 on an H200 (benchmarks.vae_conv_probe): 0.61 ms per later chunk; 0.63-0.83 ms for the
+# other launches tried, 1.48 ms for a kernel that loaded its 9 (dt, dh) taps' weights per block
+BLOCK_M, WARPS, PER_SM = 64, 8, 2
 
 
 # Sizes not specialized: one compiled kernel for every session size (Triton would compile again
 # for each size's divisibility by 16).
 @triton.jit(do_not_specialize=["M", "H", "W", "stride_t", "stride_h"])
 def _stem_conv(x_ptr, w_ptr, b_ptr, y_ptr, M, H, W, stride_t, stride_h,
-               C: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, RUN: tl.constexpr, RUN_PAD: tl.constexpr,
-               C_OUT: tl.constexpr, N_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # output pixel (t, h, w)
-    valid = m < M
-    w = m % W
-    h = (m // W) % H
-    t = m // (W * H)
-    corner = t * stride_t + h * stride_h + w * C  # the receptive field's first element (padded input)
-    r = tl.arange(0, RUN_PAD)
-    n = tl.arange(0, N_PAD)
-    a_mask = valid[:, None] & (r < RUN)[None, :]
-    acc = tl.zeros((BLOCK_M, N_PAD), dtype=tl.float32)
-    for dt in tl.static_range(KT):
-        for dh in tl.static_range(KH):
-            a = tl.load(x_ptr + corner[:, None] + (dt * stride_t + dh * stride_h) + r[None, :], mask=a_mask, other=0.0)
-            wt = tl.load(w_ptr + ((dt * KH + dh) * RUN_PAD + r)[:, None] * N_PAD + n[None, :])
-            acc = tl.dot(a, wt, acc)
-    acc += tl.load(b_ptr + n, mask=n < C_OUT, other=0.0)[None, :]
-    tl.store(y_ptr + m[:, None] * C_OUT + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=valid[:, None] & (n < C_OUT)[None, :])
-
-
-@triton.jit(do_not_specialize=["M", "H", "W", "stride_t", "stride_h"])
-def _stem_conv_persistent(x_ptr, w_ptr, b_ptr, y_ptr, M, H, W, stride_t, stride_h,
-                          C: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, RUN: tl.constexpr,
-                          K_PAD: tl.constexpr, C_OUT: tl.constexpr, N_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    """_stem_conv with the 81 taps gathered as one [BLOCK_M, K_PAD] tile (k = (dt, dh, the run's
-    element)) for one dot, and the weights and bias loaded once per program: each program walks
-    the output's pixel blocks (grid: a few programs per SM)."""
+               C: tl.constexpr, KT: tl.constexpr, KH: tl.constexpr, RUN: tl.constexpr,
+               K_PAD: tl.constexpr, C_OUT: tl.constexpr, N_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The conv of the padded channels-last input: per BLOCK_M output pixels the 81 taps gathered
+    as one [BLOCK_M, K_PAD] tile (k = (dt, dh, the run's element)) for one dot with the weights,
+    which each program loads once with the bias before walking its pixel blocks."""
     k = tl.arange(0, K_PAD)
     tap = k // RUN
     k_offset = (tap // KH) * stride_t + (tap % KH) * stride_h + k % RUN  # within the padded input
@@ -91,18 +68,7 @@ def _pow2(n: int) -> int:
 
 
 def pack_stem_weight(weight: Tensor) -> Tensor:
-    """[C_out, C, KT, KH, KW] -> [KT * KH * RUN_PAD, N_PAD]: per (dt, dh) tap the rows (dw, c)
-    in the padded input's order, zero rows up to RUN_PAD and zero columns up to N_PAD."""
-    c_out, c, kt, kh, kw = weight.shape
-    run = kw * c
-    rows = weight.permute(2, 3, 4, 1, 0).reshape(kt * kh, run, c_out)  # [(dt, dh), (dw, c), C_out]
-    packed = weight.new_zeros(kt * kh, _pow2(run), _pow2(c_out))
-    packed[:, :run, :c_out] = rows
-    return packed.reshape(-1, packed.shape[-1])
-
-
-def pack_stem_weight_gathered(weight: Tensor) -> Tensor:
-    """[C_out, C, KT, KH, KW] -> [K_PAD, N_PAD]: row k = (dt, dh, (dw, c)) as _stem_conv_persistent
+    """[C_out, C, KT, KH, KW] -> [K_PAD, N_PAD]: row k = (dt, dh, (dw, c)) as _stem_conv
     gathers it, zero rows from KT * KH * KW * C and zero columns from C_out."""
     c_out = weight.shape[0]
     rows = weight.permute(2, 3, 4, 1, 0).reshape(-1, c_out)
@@ -130,29 +96,14 @@ def _channels_last_out(t: int, h: int, w: int, c_out: int, like: Tensor) -> Tens
     return torch.empty((1, t, h, w, c_out), dtype=like.dtype, device=like.device)
 
 
-def stem_conv(buf: Tensor, packed: Tensor, bias: Tensor, kernel: tuple[int, int, int], c_out: int,
-              block_m: int = BLOCK_M, warps: int = WARPS) -> Tensor:
-    """The conv of a padded channels-last input `buf` [T_in, Hp, Wp, C] (stride 1): output
-    [1, C_out, T_in - KT + 1, Hp - KH + 1, Wp - KW + 1] in buf's dtype, channels-last 3d."""
-    kt, kh, kw = kernel
-    t_in, hp, wp, c = buf.shape
-    assert buf.is_contiguous() and bias.dtype == torch.float32 and packed.dtype == buf.dtype
-    t, h, w = t_in - kt + 1, hp - kh + 1, wp - kw + 1
-    y = _channels_last_out(t, h, w, c_out, buf)
-    m = t * h * w
-    _stem_conv[(triton.cdiv(m, block_m),)](buf, packed, bias, y, m, h, w, hp * wp * c, wp * c,
-                                           C=c, KT=kt, KH=kh, RUN=kw * c, RUN_PAD=packed.shape[0] // (kt * kh),
-                                           C_OUT=c_out, N_PAD=packed.shape[1], BLOCK_M=block_m, num_warps=warps)
-    return y.permute(0, 4, 1, 2, 3)
-
-
 _SMS: dict[int, int] = {}
 
 
-def stem_conv_persistent(buf: Tensor, packed: Tensor, bias: Tensor, kernel: tuple[int, int, int], c_out: int,
-                         block_m: int = 64, warps: int = 4, per_sm: int = 4) -> Tensor:
-    """`stem_conv` by _stem_conv_persistent (packed by pack_stem_weight_gathered), `per_sm`
-    programs per SM."""
+def stem_conv(buf: Tensor, packed: Tensor, bias: Tensor, kernel: tuple[int, int, int], c_out: int,
+              block_m: int = BLOCK_M, warps: int = WARPS, per_sm: int = PER_SM) -> Tensor:
+    """The conv of a padded channels-last input `buf` [T_in, Hp, Wp, C] (stride 1; weights by
+    pack_stem_weight): output [1, C_out, T_in - KT + 1, Hp - KH + 1, Wp - KW + 1] in buf's
+    dtype, channels-last 3d; `per_sm` programs per SM."""
     kt, kh, kw = kernel
     t_in, hp, wp, c = buf.shape
     assert buf.is_contiguous() and bias.dtype == torch.float32 and packed.dtype == buf.dtype
@@ -165,9 +116,9 @@ def stem_conv_persistent(buf: Tensor, packed: Tensor, bias: Tensor, kernel: tupl
     else:  # Triton's interpreter (the tests)
         sms = 2
     grid = (min(triton.cdiv(m, block_m), sms * per_sm),)
-    _stem_conv_persistent[grid](buf, packed, bias, y, m, h, w, hp * wp * c, wp * c, C=c, KT=kt, KH=kh,
-                                RUN=kw * c, K_PAD=packed.shape[0], C_OUT=c_out, N_PAD=packed.shape[1],
-                                BLOCK_M=block_m, num_warps=warps)
+    _stem_conv[grid](buf, packed, bias, y, m, h, w, hp * wp * c, wp * c, C=c, KT=kt, KH=kh, RUN=kw * c,
+                     K_PAD=packed.shape[0], C_OUT=c_out, N_PAD=packed.shape[1], BLOCK_M=block_m,
+                     num_warps=warps)
     return y.permute(0, 4, 1, 2, 3)
 
 

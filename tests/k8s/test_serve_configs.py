@@ -228,6 +228,7 @@ def test_gpu_configs_run_the_measured_fast_path(name):
     assert vae.vae_channels_last and vae.vae_compile and vae.vae_batch_frames
     assert vae.vae_upsample_in_conv and vae.vae_upsample_kernel == 2  # session 5: decode 110 -> 98 ms
     assert vae.vae_triton_stem or find_spec("triton") is None  # session 8: the encoder's first conv
+    assert vae.vae_downsample_in_conv  # session 8: the downsamplings' pad inside their convs
     assert args.sessions.kv_budget_gib is None  # from the replica's cap, never "free memory at start"
     # Each replica's num_gpus is also its memory cap: the shares of one card add up to at most 1.
     if args.dit_parallel == 1 and args.dit.num_gpus < 1:
