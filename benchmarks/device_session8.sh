@@ -7,6 +7,7 @@
 # and ran the VAE benchmark with session 5's served variant and the Triton convs. PART=vae2: the
 # encoder's convs probed again (benchmarks.vae_conv_probe: the stem's two kernels, the
 # downsamplings' pad inside a 4x4 conv), the VAE benchmark with the stem and the downsamplings.
+# PART=vae2 also probes the DiT's bf16 GEMM shapes in other forms (benchmarks.gemm_probe).
 # PART=window: one windowed bf16 session (cuDNN attention, the looped Triton RoPE: the shipped
 # path) with a steady-state chunk profiled: where a bf16 chunk's time goes besides the GEMMs and
 # the attention. Outputs under $OUT.
@@ -31,11 +32,12 @@ PY
 }
 case "${PART:-vae2}" in
 vae2)
+    run gemm_probe 120 -m benchmarks.gemm_probe --out "$OUT/gemm_probe.json"
     run vae_convs 240 -m benchmarks.vae_conv_probe --out "$OUT/vae_convs.json"
     run vae_stem 300 -m benchmarks.run --preset lingbot-world-fast --frames 81 --vae-only \
         --vae-variants bf16_compiled_batched_upsample_2x2 bf16_compiled_batched_2x2_triton_stem \
         bf16_compiled_batched_2x2_stem_down --out "$OUT/vae_stem.json"
-    grep -h " ms " "$OUT/vae_convs.log" | head -40
+    grep -h " ms \|TFLOP\|default" "$OUT/vae_convs.log" "$OUT/gemm_probe.log" | head -60
     vae_summary "$OUT/vae_stem.json"
     ;;
 window)
