@@ -152,7 +152,7 @@ class AccelOptions:
         chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %, +0.5 GiB while a
         call runs) and the decoder's upsampling inside its conv with 2x2 phase kernels (session
         5: decode 110 -> 98 ms), the encoder's first conv in Triton where Triton is installed
-        and its downsamplings' pad inside their convs (session 8: encode 0.064 -> 0.058 s); on
+        and its downsamplings' pad inside their convs (session 8: encode 0.063 -> 0.059 s); on
         the CPU the plain path unless one of the flags is asked
         for."""
         if torch.device(device).type == "cuda":

@@ -286,6 +286,7 @@ def test_the_downsampling_pad_inside_a_4x4_conv_is_the_same_function(size):
     """ZeroPad2d((0, 1, 0, 1)) + 3x3 stride-2 conv == the 4x4 stride-2 conv with padding 1 whose
     first row and column are zero (odd sizes too); the VAE's three downsamplings take it."""
     from model.accel.vae_downsample import downsample_in_conv, padded_conv
+    from model.vae_blocks import Downsample
 
     gen = torch.Generator().manual_seed(4)
     conv = torch.nn.Conv2d(5, 7, 3, stride=2)
@@ -299,7 +300,7 @@ def test_the_downsampling_pad_inside_a_4x4_conv_is_the_same_function(size):
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     vae = init_vae_random(VAEConfig(dim=16), torch.float32, "cpu", 0)
     assert downsample_in_conv(vae) == 3
-    assert all(m.resample.kernel_size == (4, 4) for m in vae.modules() if type(m).__name__ == "Downsample")
+    assert all(m.resample.kernel_size == (4, 4) for m in vae.modules() if isinstance(m, Downsample))
 
 
 def test_vae_round2_options_are_checked():
