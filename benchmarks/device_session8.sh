@@ -10,7 +10,9 @@
 # PART=vae2 also probes the DiT's bf16 GEMM shapes in other forms (benchmarks.gemm_probe).
 # PART=window: one windowed bf16 session (cuDNN attention, the looped Triton RoPE: the shipped
 # path) with a steady-state chunk profiled: where a bf16 chunk's time goes besides the GEMMs and
-# the attention. Outputs under $OUT.
+# the attention. PART=window_fp8: the windowed bf16 and FP8 chunks with the looped RoPE.
+# PART=serve (carry .whl, after a call `python3 benchmarks/install_wheels.py .whlray /tmp/site`
+# carrying .whlray): the shipped GPU config served, one 81-frame session. Outputs under $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD
 run() {  # run NAME SECONDS ARGS...
@@ -39,6 +41,14 @@ vae2)
         bf16_compiled_batched_2x2_stem_down --out "$OUT/vae_stem.json"
     grep -h " ms \|TFLOP\|default" "$OUT/vae_convs.log" "$OUT/gemm_probe.log" | head -60
     vae_summary "$OUT/vae_stem.json"
+    ;;
+window_fp8)  # the windowed chunks with the looped RoPE, bf16 and FP8 (the FP8 window config's options)
+    run window_fp8_looped 280 -m benchmarks.window --compile --chunks 9 --precisions bf16+rope,fp8+bound+rope \
+        --fp8-fast-accum --fp8-quant triton --fp8-attention --kv-codes --out "$OUT/window_fp8_looped.json"
+    ;;
+serve)  # the shipped GPU config served, one session (after a call that installs .whlray into /tmp/site)
+    SESSIONS="1" BUDGET_S=420 HEALTH_WAIT_S=300 bash benchmarks/gpu_serve.sh 2>&1 | tail -40
+    rm -f "$OUT/serve_logs.tar.gz" "$OUT/gpu_mem.csv"
     ;;
 window)
     run window_bf16_profile 400 -m benchmarks.window --compile --chunks 8 --profile --precisions bf16+rope \
