@@ -29,6 +29,23 @@ LOOP_BLOCK = 512
 
 
 @triton.jit
+def _rotate_store(x, rstd, w, c, s, dst, mask, descale_ptr, DTYPE: tl.constexpr, CODES: tl.constexpr,
+                  QMAX: tl.constexpr):
+    """Pairs [n, 2] of a row (float32) -> normalized (rounded to DTYPE as type_as(t)), times the
+    weight (rounded again), rotated by cos / sin [n] (rounded), stored at `dst` as they are or as
+    codes of the fixed descale."""
+    n = (x * rstd).to(DTYPE).to(tl.float32)
+    n = (n * w).to(DTYPE).to(tl.float32)
+    a, b = tl.split(n)  # the pairs' first and second elements
+    r = tl.join(a * c - b * s, a * s + b * c).to(DTYPE)
+    if CODES:
+        q = tl.minimum(tl.maximum(r.to(tl.float32) / tl.load(descale_ptr), -QMAX), QMAX)
+        tl.store(dst, q.to(dst.dtype.element_ty), mask=mask)
+    else:
+        tl.store(dst, r, mask=mask)
+
+
+@triton.jit
 def _norm_rope(t_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, descale_ptr, stride_t, eps,
                DIM: tl.constexpr, HALF_D: tl.constexpr, PAIRS: tl.constexpr, CODES: tl.constexpr,
                QMAX: tl.constexpr):
@@ -38,21 +55,13 @@ def _norm_rope(t_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, descale_ptr, stride_t, e
     mask = offs < DIM
     x = tl.load(t_ptr + row * stride_t + offs, mask=mask, other=0.0).to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / DIM + eps)
-    n = (x * rstd).to(t_ptr.dtype.element_ty).to(tl.float32)  # RMSNorm, rounded as type_as(t)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    n = (n * w).to(t_ptr.dtype.element_ty).to(tl.float32)  # times the weight, in t's dtype
-    a, b = tl.split(n)  # [PAIRS] each: the pairs' first and second elements
     j = row * HALF_D + p % HALF_D  # the pair's frequency within its head
     pmask = p < DIM // 2
     c = tl.load(cos_ptr + j, mask=pmask, other=0.0)
     s = tl.load(sin_ptr + j, mask=pmask, other=0.0)
-    r = tl.join(a * c - b * s, a * s + b * c).to(t_ptr.dtype.element_ty)  # [PAIRS, 2]
-    dst = out_ptr + row * DIM + offs
-    if CODES:
-        q = tl.minimum(tl.maximum(r.to(tl.float32) / tl.load(descale_ptr), -QMAX), QMAX)
-        tl.store(dst, q.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(dst, r, mask=mask)
+    _rotate_store(x, rstd, w, c, s, out_ptr + row * DIM + offs, mask, descale_ptr, t_ptr.dtype.element_ty,
+                  CODES, QMAX)
 
 
 @triton.jit
@@ -76,17 +85,9 @@ def _norm_rope_looped(t_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, descale_ptr, stri
     s = tl.load(sin_ptr + j)
     for start in tl.static_range(0, DIM, 2 * BLOCK):
         x = tl.load(src + start + offs).to(tl.float32)
-        n = (x * rstd).to(t_ptr.dtype.element_ty).to(tl.float32)
         w = tl.load(w_ptr + start + offs).to(tl.float32)
-        n = (n * w).to(t_ptr.dtype.element_ty).to(tl.float32)
-        a, b = tl.split(n)
-        r = tl.join(a * c - b * s, a * s + b * c).to(t_ptr.dtype.element_ty)
-        dst = out_ptr + row * DIM + start + offs
-        if CODES:
-            q = tl.minimum(tl.maximum(r.to(tl.float32) / tl.load(descale_ptr), -QMAX), QMAX)
-            tl.store(dst, q.to(out_ptr.dtype.element_ty))
-        else:
-            tl.store(dst, r)
+        _rotate_store(x, rstd, w, c, s, out_ptr + row * DIM + start + offs, None, descale_ptr,
+                      t_ptr.dtype.element_ty, CODES, QMAX)
 
 
 def _launch(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, heads: int,
