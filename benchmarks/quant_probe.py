@@ -93,7 +93,7 @@ def probe(device: torch.device) -> dict:
     return res
 
 
-ROPE_LAUNCHES = [(None, 4), (None, 8), (None, 16), (512, 2), (512, 4), (512, 8), (256, 2), (256, 4), (1280, 8)]
+ROPE_LAUNCHES = [(None, 4), (None, 8), (None, 16), (512, 2), (512, 4), (512, 8), (256, 2), (256, 4)]
 
 
 def rope_probe(device: torch.device) -> dict:

@@ -92,13 +92,6 @@ def padded_input(x: Tensor, past: Tensor | None, front: int, pad: tuple[int, int
     return buf
 
 
-def _channels_last_out(t: int, h: int, w: int, c_out: int, like: Tensor) -> Tensor:
-    return torch.empty((1, t, h, w, c_out), dtype=like.dtype, device=like.device)
-
-
-_SMS: dict[int, int] = {}
-
-
 def stem_conv(buf: Tensor, packed: Tensor, bias: Tensor, kernel: tuple[int, int, int], c_out: int,
               block_m: int = BLOCK_M, warps: int = WARPS, per_sm: int = PER_SM) -> Tensor:
     """The conv of a padded channels-last input `buf` [T_in, Hp, Wp, C] (stride 1; weights by
@@ -108,13 +101,10 @@ def stem_conv(buf: Tensor, packed: Tensor, bias: Tensor, kernel: tuple[int, int,
     t_in, hp, wp, c = buf.shape
     assert buf.is_contiguous() and bias.dtype == torch.float32 and packed.dtype == buf.dtype
     t, h, w = t_in - kt + 1, hp - kh + 1, wp - kw + 1
-    y = _channels_last_out(t, h, w, c_out, buf)
+    y = torch.empty((1, t, h, w, c_out), dtype=buf.dtype, device=buf.device)  # channels-last
     m = t * h * w
-    if buf.is_cuda:
-        index = buf.device.index or 0
-        sms = _SMS.setdefault(index, torch.cuda.get_device_properties(index).multi_processor_count)
-    else:  # Triton's interpreter (the tests)
-        sms = 2
+    # Triton's interpreter (the tests) runs on the CPU: 2 "SMs" there
+    sms = torch.cuda.get_device_properties(buf.device).multi_processor_count if buf.is_cuda else 2
     grid = (min(triton.cdiv(m, block_m), sms * per_sm),)
     _stem_conv[grid](buf, packed, bias, y, m, h, w, hp * wp * c, wp * c, C=c, KT=kt, KH=kh, RUN=kw * c,
                      K_PAD=packed.shape[0], C_OUT=c_out, N_PAD=packed.shape[1], BLOCK_M=block_m,
