@@ -54,6 +54,8 @@ else
     fi
 fi
 export PYTHONPATH="$SITE:$PWD"
+# FA4's CUTLASS DSL keeps its modules in a folder its .pth file adds, which a PYTHONPATH entry never runs
+if [ -d "$SITE/nvidia_cutlass_dsl/dsl_packages" ]; then PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/dsl_packages"; fi
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export RAY_SERVE_LOG_TO_STDERR=0
 if ! $PY -c "import ray, ray.serve, fastapi, uvicorn, websockets, av, msgpack_numpy, pydantic, ftfy, torch, yaml, scipy, PIL
