@@ -295,6 +295,18 @@ def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_on
     assert fp8.model_dump(exclude={"model"}) == window.model_dump(exclude={"model"})
 
 
+def test_the_h200_fa4_benchmark_is_the_h200_benchmark_with_fa4_attention():
+    """serve_config.h200.fa4.yaml serves the opt-in FA4 attention; all else as serve_config.h200.yaml."""
+    from support import REPO
+    import yaml
+
+    load = lambda n: the_app(yaml.safe_load((REPO / n).read_text()))["args"]  # noqa: E731
+    base, fa4 = load("benchmarks/serve_config.h200.yaml"), load("benchmarks/serve_config.h200.fa4.yaml")
+    assert AppArgs.model_validate(fa4).model.attention == "fa4"
+    assert AppArgs.model_validate(base).model.attention == "cudnn"
+    assert {**fa4, "model": {k: v for k, v in fa4["model"].items() if k != "attention"}} == base
+
+
 def test_random_weights_are_never_a_default_and_need_no_checkpoint():
     from deployments.config import ModelArgs
 
