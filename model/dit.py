@@ -21,7 +21,7 @@ from torch import nn
 from model.config import DiTConfig
 from model.dit_block import DiTBlock, layer_norm
 from model.kv_cache import DiTCaches
-from model.rope import Rope3D
+from model.rope import Rope3D, RopeTable
 
 PIXELS_PER_LATENT = 64  # Plücker channels per component: the 8x8 pixels of one latent cell
 # The reference embeds the timestep once per token (a GEMM of S rows). BLAS picks its kernel by
@@ -153,8 +153,37 @@ class CausalDiT(nn.Module):
         `start` is the chunk's first token (chunk index * f * frame_seqlen); the call writes
         the chunk's K/V into `caches` (spec A.5).
         """
-        cfg = self.cfg
-        pt, ph, pw = cfg.patch
+        h, e, e0, rope, grid = self._enter(x, t, y, text, cam, caches, start)
+        # 4. Blocks
+        h = self.run_blocks(h, e0, rope, cam, text, caches, start, len(self.blocks))
+        # 5. Head: [1, S, dim] -> [1, S, pt*ph*pw*16] (channel-minor patches)
+        out = self.head(h, e)
+        # 6. Unpatchify
+        return self.unpatchify(out, grid)
+
+    def write_kv(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        text: torch.Tensor,
+        cam: CameraFeatures,
+        caches: DiTCaches,
+        start: int,
+    ) -> None:
+        """`forward`'s writes into `caches` without its output, for a call whose output is
+        discarded (the t = 0 cache update): the same blocks up to the last one's K/V write;
+        the last block's attention, cross-attention and FFN and the head only make the velocity."""
+        h, _, e0, rope, _ = self._enter(x, t, y, text, cam, caches, start)
+        h = self.run_blocks(h, e0, rope, cam, text, caches, start, len(self.blocks) - 1)
+        self.blocks[-1].write_kv(h, e0, rope, caches.self_attn[-1], start, self.dtype)
+
+    def _enter(
+        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, text: torch.Tensor, cam: CameraFeatures,
+        caches: DiTCaches, start: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RopeTable, tuple[int, int, int]]:
+        """Checks, then the blocks' inputs: (tokens [1, S, dim], e, e0, rotary table, grid)."""
+        pt, ph, pw = self.cfg.patch
         self._check_inputs(x, t, y, text, caches)
         grid = (x.shape[1] // pt, x.shape[2] // ph, x.shape[3] // pw)
         frame_seqlen = grid[1] * grid[2]
@@ -170,16 +199,18 @@ class CausalDiT(nn.Module):
         e, e0 = self.time_embed(t)
         # 3. Rotary table of the chunk, at its absolute frame offset
         rope = self.rope.chunk_table(start // frame_seqlen, grid, x.device, self.rope_dtype)
-        # 4. Blocks
-        for i, block in enumerate(self.blocks):
+        return h, e, e0, rope, grid
+
+    def run_blocks(self, h: torch.Tensor, e0: torch.Tensor, rope: RopeTable, cam: CameraFeatures,
+                text: torch.Tensor, caches: DiTCaches, start: int, count: int) -> torch.Tensor:
+        """The first `count` blocks on the residual h [1, S, dim] (`rope`: what the blocks pass
+        through to their self-attention; a ShardedRope under sequence parallelism)."""
+        for i, block in enumerate(self.blocks[:count]):
             h = block(
                 h, e0, rope, cam.scale[i], cam.shift[i], text,
                 caches.self_attn[i], caches.cross_attn[i], start, self.dtype,
             )
-        # 5. Head: [1, S, dim] -> [1, S, pt*ph*pw*16] (channel-minor patches)
-        out = self.head(h, e)
-        # 6. Unpatchify
-        return self.unpatchify(out, grid)
+        return h
 
     def unpatchify(self, out: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """Head output [1, S, pt*ph*pw*16] -> [16, f, H, W] ('f h w p q r c -> c (f p) (h q) (w r)')."""

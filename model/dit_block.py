@@ -60,12 +60,18 @@ class SelfAttention(nn.Module):
         self, a: torch.Tensor, rope: RopeTable, cache: SelfAttnKVCache, start: int
     ) -> torch.Tensor:
         """a [1, S, dim] in the compute dtype -> [1, S, dim]; writes the chunk into `cache`."""
+        k_all, v_all = self.write_kv(a, rope, cache, start)  # [n, H, D] each
+        q = rope.apply(self.norm_q(self.q(a)).view(1, a.shape[1], self.num_heads, self.head_dim)).type_as(v_all)
+        return self.o(attend(q, k_all[None], v_all[None]))
+
+    def write_kv(
+        self, a: torch.Tensor, rope: RopeTable, cache: SelfAttnKVCache, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's K (normed, rotated) and V into `cache`; returns what attention reads."""
         heads = (a.shape[1], self.num_heads, self.head_dim)
         v = self.v(a).view(1, *heads)  # [1, S, H, D]
-        q = rope.apply(self.norm_q(self.q(a)).view(1, *heads)).type_as(v)
         k = rope.apply(self.norm_k(self.k(a)).view(1, *heads)).type_as(v)
-        k_all, v_all = cache.update(k[0], v[0], start)  # [n, H, D] each
-        return self.o(attend(q, k_all[None], v_all[None]))
+        return cache.update(k[0], v[0], start)
 
 
 class CrossAttention(nn.Module):
@@ -125,9 +131,20 @@ class DiTBlock(nn.Module):
         """x [1, S, dim] residual; e0 [1, 1, 6, dim] float32; cam_scale = 1 + scale."""
         mod = self.modulation.float() + e0  # [1, 1, 6, dim]
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mod.unbind(2)
-        a = layer_norm(x, self.eps).float() * (1 + scale_sa) + shift_sa
-        x = x + self.self_attn(a.to(dtype), rope, kv, start) * gate_sa
+        x = x + self.self_attn(self.attn_input(x, scale_sa, shift_sa, dtype), rope, kv, start) * gate_sa
         x = cam_scale * x + cam_shift
         x = x + self.cross_attn(affine_layer_norm(self.norm3, x).to(dtype), text, cross)
         h = layer_norm(x, self.eps).float() * (1 + scale_ff) + shift_ff
         return x + self.ffn(h.to(dtype)) * gate_ff
+
+    def attn_input(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
+        """The self-attention's input: the modulated LayerNorm of the residual, in `dtype`."""
+        return (layer_norm(x, self.eps).float() * (1 + scale) + shift).to(dtype)
+
+    def write_kv(self, x: torch.Tensor, e0: torch.Tensor, rope: RopeTable, kv: SelfAttnKVCache,
+                 start: int, dtype: torch.dtype) -> None:
+        """Only the block's write of the chunk's K/V into `kv` (what `forward` writes): for the
+        last block of a call whose output is discarded (the t = 0 cache update)."""
+        shift_sa, scale_sa = (self.modulation.float() + e0)[:, :, :2].unbind(2)
+        self.self_attn.write_kv(self.attn_input(x, scale_sa, shift_sa, dtype), rope, kv, start)

@@ -310,14 +310,23 @@ class DiTEngine:
                               "kv_after": (session.caches.global_end, session.caches.local_end)})
             return out
 
+        def write_kv(x0: torch.Tensor) -> None:  # the cache update: t = 0 on the clean chunk
+            t = timestep_tensor(0.0, x0.device)
+            if trace is not None:  # a traced call records the whole call's output (the goldens')
+                call(x0, t)
+            else:
+                self.dit.write_kv(x0, t, y, session.text, cam, session.caches, start)
+
         t1 = time.perf_counter()
         update = not (self.skip_final_update and last_planned)  # the last chunk's K/V are never read
-        x0 = run_chunk(call, x, self.schedule, session.noise, self.timesteps, update and not defer_update)
+        x0 = run_chunk(call, x, self.schedule, session.noise, self.timesteps, update=False)
+        if update and not defer_update:
+            write_kv(x0)
         latents = x0.float().cpu()  # synchronises
         t2 = time.perf_counter()
         session.chunk_index += 1
         if update and defer_update:
-            session.pending_update = lambda: call(x0, timestep_tensor(0.0, x0.device))  # the cache update
+            session.pending_update = lambda: write_kv(x0)
         return ChunkOutput(latents, {"camera": t1 - t0, "dit": t2 - t1})
 
     def close(self, session: DiTSession) -> None:
@@ -357,7 +366,7 @@ class DiTEngine:
                 cam = self.dit.camera_features(plucker.to(device))
                 y = chunk.y.to(device=device, dtype=torch.float32)
                 x0 = chunk.latents.to(device=device, dtype=torch.float32)
-                self.dit(x0, timestep_tensor(0.0, device), y, session.text, cam, session.caches, start)
+                self.dit.write_kv(x0, timestep_tensor(0.0, device), y, session.text, cam, session.caches, start)
             session.chunk_index += 1
         if noise_state is not None:
             session.noise.set_state(noise_state)

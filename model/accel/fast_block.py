@@ -41,19 +41,31 @@ class FastSelfAttention(SelfAttention):
 
     def forward(self, a: Tensor, rope: RopeTable, cache: SelfAttnKVCache, start: int) -> Tensor:
         kn = self.kernels
-        q, k, v = self.qkv(a).chunk(3, dim=-1)  # [1, S, dim] views of [1, S, 3 * dim]
-        v = v.unflatten(-1, (self.num_heads, self.head_dim))  # [1, S, H, D]
-        args = (rope.cos, rope.sin)
+        qkv = self.qkv(a)  # [1, S, 3 * dim]
+        k_all, v_all = self.write_kv(a, rope, cache, start, qkv)  # [n, H, D] each (or a code cache's codes)
+        q = qkv[..., :qkv.shape[-1] // 3]  # [1, S, dim] view
+        args = (self.norm_q.weight, rope.cos, rope.sin, self.norm_q.eps, self.num_heads)
         if self.qk_descales is None:
-            q = kn.qk_norm_rope(q, self.norm_q.weight, *args, self.norm_q.eps, self.num_heads)
-            k = kn.qk_norm_rope(k, self.norm_k.weight, *args, self.norm_k.eps, self.num_heads)[0]
-        else:  # (codes, descale): the FP8 attention reads Q as it is, the code cache copies K's codes
-            dq, dk = self.qk_descales
-            q = kn.qk_norm_rope_codes(q, self.norm_q.weight, *args, self.norm_q.eps, self.num_heads, dq), dq
-            k = kn.qk_norm_rope_codes(k, self.norm_k.weight, *args, self.norm_k.eps, self.num_heads, dk)[0], dk
-        k_all, v_all = cache.update(k, v[0], start)  # [n, H, D] each (or a code cache's codes)
+            q = kn.qk_norm_rope(q, *args)
+        else:  # (codes, descale): the FP8 attention reads Q as it is
+            q = kn.qk_norm_rope_codes(q, *args, self.qk_descales[0]), self.qk_descales[0]
         quantized = isinstance(self.out, Fp8Projection)
-        return self.out(kn.attend_self(q, batched(k_all), batched(v_all), quantized=quantized, dtype=v.dtype))
+        return self.out(kn.attend_self(q, batched(k_all), batched(v_all), quantized=quantized, dtype=qkv.dtype))
+
+    def write_kv(self, a: Tensor, rope: RopeTable, cache: SelfAttnKVCache, start: int,
+                 qkv: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The chunk's K (normed, rotated; or its e4m3 codes with the bound scales, which the code
+        cache copies) and V into `cache`; returns what attention reads. `qkv`: the fused
+        projection of `a` when the caller has it."""
+        kn = self.kernels
+        _, k, v = (self.qkv(a) if qkv is None else qkv).chunk(3, dim=-1)  # [1, S, dim] views
+        v = v.unflatten(-1, (self.num_heads, self.head_dim))  # [1, S, H, D]
+        args = (self.norm_k.weight, rope.cos, rope.sin, self.norm_k.eps, self.num_heads)
+        if self.qk_descales is None:
+            k = kn.qk_norm_rope(k, *args)[0]
+        else:
+            k = kn.qk_norm_rope_codes(k, *args, self.qk_descales[1])[0], self.qk_descales[1]
+        return cache.update(k, v[0], start)
 
 
 class FastCrossAttention(CrossAttention):
@@ -122,6 +134,9 @@ class FastDiTBlock(DiTBlock):
         scale, shift = self.cam_scale_shift(hs).chunk(2, dim=-1)  # [1, S, dim] each
         return scale.add_(1.0), shift
 
+    def attn_input(self, x: Tensor, scale: Tensor, shift: Tensor, dtype: torch.dtype) -> Tensor:
+        return self.kernels.modulated_norm(x, scale, shift, self.eps, dtype)
+
     def forward(
         self,
         x: Tensor,
@@ -139,8 +154,7 @@ class FastDiTBlock(DiTBlock):
         kn = self.kernels
         mod = self.modulation.float() + e0  # [1, 1, 6, dim]
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mod.unbind(2)
-        a = kn.modulated_norm(x, scale_sa, shift_sa, self.eps, dtype)
-        y = self.self_attn(a, rope, kv, start)
+        y = self.self_attn(self.attn_input(x, scale_sa, shift_sa, dtype), rope, kv, start)
         x, c = kn.attn_camera_norm(x, y, gate_sa, cam_scale, cam_shift, self.norm3.weight,
                                    self.norm3.bias, self.norm3.eps, dtype)
         x, h = kn.cross_residual_norm(x, self.cross_attn(c, text, cross), scale_ff, shift_ff, self.eps, dtype)

@@ -78,6 +78,14 @@ class UlyssesSelfAttention(SelfAttention):
         out = self.attend_heads(q[None], k_all[None], v_all[None])[0]  # [S, H/N*D]
         return self.project_out(heads_to_seq(shard.pad(out), self.group)[None])  # [1, s, dim]
 
+    def write_kv(
+        self, a: torch.Tensor, rope: ShardedRope, cache: SelfAttnKVCache, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Only `forward`'s cache write: K and V of the shard to the whole sequence, H/N heads."""
+        _, k, v = self.project(a, rope.table)  # [1, s, H, D] each
+        k, v = seq_to_heads(torch.cat([k, v]), self.group)[:, : rope.shard.tokens].unbind(0)  # [S, H/N, D]
+        return cache.update(k, v, start)
+
 
 class UlyssesFastSelfAttention(UlyssesSelfAttention, FastSelfAttention):
     """The fast block's attention (model/accel) on a sequence shard."""
@@ -151,6 +159,36 @@ class UlyssesDiT(nn.Module):
     ) -> torch.Tensor:
         """As CausalDiT.forward; `cam` from `camera_features` (this rank's tokens) and `caches`
         from `model.parallel.caches.allocate_sp_caches`. Every rank returns the whole output."""
+        dit = self.dit
+        h, e, e0, rope, grid = self._enter(x, t, y, cam, caches, start)
+        # 4. Blocks on the shard; self-attention communicates
+        h = dit.run_blocks(h, e0, rope, cam, text, caches, start, len(dit.blocks))
+        # 5. Head on the shard, then every rank gathers the whole sequence: [1, S, 64]
+        out = gather_tokens(dit.head(h, e), self.group)[:, : rope.shard.tokens]
+        # 6. Unpatchify
+        return dit.unpatchify(out, grid)
+
+    def write_kv(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        text: torch.Tensor,
+        cam: CameraFeatures,
+        caches: DiTCaches,
+        start: int,
+    ) -> None:
+        """As CausalDiT.write_kv, on every rank (the last block's K/V exchange included)."""
+        dit = self.dit
+        h, _, e0, rope, _ = self._enter(x, t, y, cam, caches, start)
+        h = dit.run_blocks(h, e0, rope, cam, text, caches, start, len(dit.blocks) - 1)
+        dit.blocks[-1].write_kv(h, e0, rope, caches.self_attn[-1], start, dit.dtype)
+
+    def _enter(
+        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cam: CameraFeatures, caches: DiTCaches,
+        start: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ShardedRope, tuple[int, int, int]]:
+        """Checks, then this rank's block inputs: (shard tokens [1, size, dim], e, e0, rope, grid)."""
         cfg, dit = self.cfg, self.dit
         pt, ph, pw = cfg.patch
         if x.ndim != 4 or any(n % p for n, p in zip(x.shape[1:], cfg.patch)):
@@ -176,16 +214,7 @@ class UlyssesDiT(nn.Module):
         # 3. Rotary table of the chunk at its absolute frame offset, this rank's rows
         table = dit.rope.chunk_table(start // frame_seqlen, grid, x.device, dit.rope_dtype)
         rope = ShardedRope(RopeTable(shard.take(table.cos[None])[0], shard.take(table.sin[None])[0]), shard)
-        # 4. Blocks on the shard; self-attention communicates
-        for i, block in enumerate(dit.blocks):
-            h = block(
-                h, e0, rope, cam.scale[i], cam.shift[i], text,
-                caches.self_attn[i], caches.cross_attn[i], start, dit.dtype,
-            )
-        # 5. Head on the shard, then every rank gathers the whole sequence: [1, S, 64]
-        out = gather_tokens(dit.head(h, e), self.group)[:, : shard.tokens]
-        # 6. Unpatchify
-        return dit.unpatchify(out, grid)
+        return h, e, e0, rope, grid
 
 
 def apply_ulysses(dit: CausalDiT, group: ProcessGroup) -> UlyssesDiT:

@@ -20,17 +20,17 @@ def _chunk_inputs(k: int, gen: torch.Generator):
             np.tile([[50.0, 50, 56, 32]], (len(poses), 1)).astype(np.float32))
 
 
-def _session(engine, total):
+def _session(engine, total, trace=True):
     gen = torch.Generator().manual_seed(2)
     spec = DiTSessionSpec(context=torch.randn(6, engine.cfg.text_dim, generator=gen), height=64, width=112,
                           seed=4, total_latent_frames=total)
     session = engine.open(spec)
-    session.trace = []
+    session.trace = [] if trace else None
     return session
 
 
-def _run(engine, defer: bool, total, steer_at=None, finish=True):
-    session = _session(engine, total)
+def _run(engine, defer: bool, total, steer_at=None, finish=True, trace=True):
+    session = _session(engine, total, trace)
     gen, out = torch.Generator().manual_seed(8), []
     new_context = torch.randn(5, engine.cfg.text_dim, generator=torch.Generator().manual_seed(9))
     for k in range(CHUNKS):
@@ -42,7 +42,7 @@ def _run(engine, defer: bool, total, steer_at=None, finish=True):
             assert session.pending_update is not None or k == CHUNKS - 1
             engine.finish_chunk(session)
     calls = [(c["kind"], c.get("current_start"), float(c["t"].flatten()[0]) if "t" in c else None)
-             for c in session.trace]
+             for c in session.trace or []]
     return out, calls
 
 
@@ -71,3 +71,19 @@ def test_a_closed_session_drops_its_pending_update():
     assert session.pending_update is not None
     engine.close(session)
     assert session.pending_update is None and engine.finish_chunk(session) == 0.0
+
+
+@pytest.mark.parametrize("window", [None, (6, 3)])
+@pytest.mark.parametrize("defer", [False, True])
+def test_untraced_cache_updates_only_write_the_kv_and_give_the_same_numbers(window, defer, monkeypatch):
+    """Without a trace the engine's cache updates run CausalDiT.write_kv (no last-block attention,
+    FFN or head): the same latents as the traced run's whole t = 0 calls, windows included."""
+    local, sink = window or (None, None)
+    engine = load_dit_engine("tiny", None, "float32", "cpu", local_attn_size=local, sink_size=sink)
+    whole, calls = _run(engine, defer, None)
+    kv_only = []
+    write_kv = engine.dit.write_kv
+    monkeypatch.setattr(engine.dit, "write_kv", lambda *a: kv_only.append(float(a[1])) or write_kv(*a))
+    written, _ = _run(engine, defer, None, trace=False)
+    assert kv_only == [0.0] * CHUNKS and sum(t == 0.0 for *_, t in calls) == CHUNKS
+    assert all(torch.equal(a, b) for a, b in zip(whole, written))

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from model.accel import AccelOptions, optimize_dit
 from model.checkpoint import CheckpointLayout
 from model.config import PRESETS
 from model.dit import CausalDiT
@@ -69,6 +70,30 @@ def test_cache_update_leaves_only_the_clean_kv(tiny_dit):
         for got, want in zip(caches.self_attn, expected.self_attn):
             assert torch.equal(got.k[:end], want.k[:end]) and torch.equal(got.v[:end], want.v[:end])
         before = copy.deepcopy(caches)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["plain", "fast"])
+@pytest.mark.parametrize("golden_file", GOLDEN_FILES, ids=lambda p: p.stem)
+def test_write_kv_writes_what_the_whole_cache_update_call_writes(tiny_dit, golden_file, fast):
+    """The engine's cache update (CausalDiT.write_kv: no last-block attention, FFN or head) leaves
+    the caches bit for bit as the whole t = 0 call does, chunk after chunk (windows included)."""
+    dit = optimize_dit(copy.deepcopy(tiny_dit), AccelOptions(fast=True)) if fast else tiny_dit
+    g = load_golden(golden_file.name)
+    text = dit.embed_text(g["t5"]["context"])
+    whole, written = golden_caches(dit, g), golden_caches(dit, g)
+    for ch in g["chunks"]:
+        cam = dit.camera_features(ch["plucker"])
+        for call in ch["steps"]:
+            for caches in (whole, written):
+                dit(call["x"], call["t"], ch["y"], text, cam, caches, call["current_start"])
+        update = ch["cache_update"]
+        args = (update["x"], update["t"], ch["y"], text, cam)
+        assert dit.write_kv(*args, written, update["current_start"]) is None
+        dit(*args, whole, update["current_start"])
+        for w, c in zip(written.self_attn, whole.self_attn):
+            assert (w.global_end, w.local_end) == (c.global_end, c.local_end)
+            assert torch.equal(w.k, c.k) and torch.equal(w.v, c.v)
+    assert whole.self_attn[-1].local_end > 0
 
 
 def test_next_chunk_rope_offset_follows(tiny_dit):

@@ -114,14 +114,23 @@ def _compare_replay(dit: CausalDiT, sp, cfg: DiTConfig, context: torch.Tensor, c
     sp_caches = allocate_sp_caches(cfg, world, frame_seqlen, lat_f, dit.dtype, "cpu")
     text = dit.embed_text(context)
     heads = slice(rank * cfg.num_heads // world, (rank + 1) * cfg.num_heads // world)
-    outs, out_err, golden_err, kv_err, ends_equal, bitwise = [], [], [], [], [], []
+    outs, out_err, golden_err, kv_err, ends_equal, bitwise, write_kv_equal = [], [], [], [], [], [], []
     cam = None
     for ch, call in _call_stream(chunks):
         if call is ch["steps"][0]:
             cam, cam_sp = dit.camera_features(ch["plucker"]), sp.camera_features(ch["plucker"])
         args = (call["x"], call["t"], ch["y"], text)
+        written = None
+        if call is ch["cache_update"]:  # the engine's form of this call: only the cache writes
+            written = copy.deepcopy(sp_caches)
+            sp.write_kv(*args, cam_sp, written, call["current_start"])
         ref = dit(*args, cam, ref_caches, call["current_start"])
         out = sp(*args, cam_sp, sp_caches, call["current_start"])
+        if written is not None:
+            write_kv_equal.append(all(
+                (w.global_end, w.local_end) == (s.global_end, s.local_end)
+                and torch.equal(w.k, s.k) and torch.equal(w.v, s.v)
+                for w, s in zip(written.self_attn, sp_caches.self_attn)))
         outs.append(out)
         out_err.append(rel_err(out, ref))
         bitwise.append(torch.equal(out, ref))
@@ -132,8 +141,8 @@ def _compare_replay(dit: CausalDiT, sp, cfg: DiTConfig, context: torch.Tensor, c
             n = r.local_end
             kv_err.append(max(rel_err(s.k[:n], r.k[:n, heads]), rel_err(s.v[:n], r.v[:n, heads])))
     return {"outs": outs, "out_err": out_err, "golden_err": golden_err, "kv_err": kv_err, "ends_equal": ends_equal,
-            "bitwise": bitwise, "calls": len(out_err), "local_end": ref_caches.local_end,
-            "global_end": ref_caches.global_end}
+            "bitwise": bitwise, "write_kv_equal": write_kv_equal, "calls": len(out_err),
+            "local_end": ref_caches.local_end, "global_end": ref_caches.global_end}
 
 
 def _engine_run(dit: CausalDiT, sp, latent: tuple[int, int], chunks: int) -> dict:
@@ -226,6 +235,7 @@ def check_replay(name: str, results: list[dict], calls: int, tol: float = EXACT)
         r = res[name]
         assert r["calls"] == calls, (name, rank)
         assert all(r["ends_equal"]), f"{name} rank {rank}: cache indices differ"
+        assert r["write_kv_equal"] and all(r["write_kv_equal"]), f"{name} rank {rank}: write_kv's caches differ"
         assert max(r["out_err"]) <= tol, f"{name} rank {rank}: outputs {max(r['out_err']):.3g}"
         assert max(r["kv_err"]) <= tol, f"{name} rank {rank}: KV cache {max(r['kv_err']):.3g}"
         if r["golden_err"]:

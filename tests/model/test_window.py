@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from benchmarks.window import main
 
@@ -21,6 +22,20 @@ def test_an_open_ended_session_keeps_its_memory_fixed(tmp_path):
     assert [r["kv_local_end"] for r in rows] == [3 * frame_tokens, 6 * frame_tokens] + [6 * frame_tokens] * 6
     assert rows[-1]["kv_global_end"] == 8 * 3 * frame_tokens  # positions keep counting (RoPE offset)
     assert result["runs"]["bf16"]["summary"]["window_full_from_chunk"] == 2
+
+
+def test_the_window_benchmark_times_the_cache_update_and_compares_the_whole_call(tmp_path):
+    """bf16+whole runs the cache update as the whole t = 0 call: the same latents as write_kv's;
+    each row times the deferred update apart (inside the chunk's time)."""
+    out = tmp_path / "u.json"
+    main(["--preset", "tiny", "--device", "cpu", "--size", "32*48", "--chunks", "4", "--precisions",
+          "bf16,bf16+whole", "--local", "3", "--sink", "0", "--save-latents", "--out", str(out)])
+    runs = json.loads(out.read_text())["runs"]
+    for run in runs.values():
+        assert all(0 < r["update_s"] < r["dit_s"] for r in run["per_chunk"])
+        assert run["summary"]["mean_update_s"] > 0
+    kv_only, whole = (torch.load(tmp_path / f"u_{tag}_latents.pt") for tag in ("bf16", "bf16_whole"))
+    assert kv_only.shape[0] == 4 and torch.equal(kv_only, whole)
 
 
 def test_the_window_benchmark_profiles_a_steady_state_chunk(tmp_path):
