@@ -27,6 +27,14 @@ update)
         --precisions bf16+rope+whole,bf16+rope,fp8+bound+rope+whole,fp8+bound+rope \
         --fp8-fast-accum --fp8-quant triton --fp8-attention --kv-codes --out "$OUT/window_update.json"
     grep "ms/chunk" "$OUT/window_update.log"
+    python3 - "$OUT" <<'PY' | tee "$OUT/window_update_latents.txt"
+import sys, torch
+out = sys.argv[1]
+for base in ("bf16_rope", "fp8_bound_rope"):
+    whole, kv = (torch.load(f"{out}/window_update_{base}{tag}_latents.pt") for tag in ("_whole", ""))
+    print(base, "write_kv vs whole call: equal", torch.equal(whole, kv),
+          "max rel", float(((kv - whole).norm() / whole.norm())))
+PY
     V=fp8_triton_quant_fast_accum_fp8_attention_codes_bound_rope
     run dit_s9 420 -m benchmarks.run --preset lingbot-world-fast --frames 81 --residual-init --numerics-chunks 2 \
         --skip eager_bf16 fast_flash fast_cudnn profile pipeline compile_fa4 compile_fa4_rope pipeline_compiled \
