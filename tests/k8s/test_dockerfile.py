@@ -75,10 +75,16 @@ def test_image_installs_the_package_after_copying_it():
     assert copies, "the build context (.) must be copied into the image"
     installs = [
         i for i, (word, args) in enumerate(steps)
-        if word == "RUN" and re.search(r"pip install [^&]*\s(\.|\"\.\[gpu\]\")(\s|$)", args)
+        if word == "RUN" and re.search(r"pip install [^&]*\s(\.|\"\.\[\$\{EXTRAS\}\]\")(\s|$)", args)
     ]
-    assert installs and installs[-1] > copies[0], "pip install . (or .[gpu]) must follow the COPY"
-    assert '".[gpu]"' in steps[installs[-1]][1], "the GPU image takes the gpu extra (model.fp8_attention's frontend)"
+    assert installs and installs[-1] > copies[0], "pip install . (or .[${EXTRAS}]) must follow the COPY"
+    args = dict(a.split("=", 1) for word, a in steps if word == "ARG" and "=" in a)
+    extras = pyproject()["project"]["optional-dependencies"]
+    assert args["EXTRAS"] == "gpu", "the image takes the gpu extra by default (model.fp8_attention's frontend)"
+    assert "fa4" in extras and any(d.startswith("flash-attn-4[cu13]") for d in extras["fa4"]), \
+        "EXTRAS=gpu,fa4 (model.attention: fa4) installs FA4 with its CUDA 13 libraries"
+    fa4_check = [a for word, a in steps if word == "RUN" and "import flash_attn.cute" in a]
+    assert fa4_check and "*,fa4,*" in fa4_check[0], "an fa4 build checks that the kernels import"
     torch = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "torch" in args]
     assert torch and torch[0] < installs[-1], "torch (CUDA build) goes in before the package"
 
