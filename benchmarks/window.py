@@ -37,7 +37,6 @@ from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, parse_size
 from model.accel import AccelOptions, optimize_dit
 from model.accel.options import FP8_QUANT_MODES
 from model.factory import load_dit_engine
-from model.kv_codes import Fp8CodesKVCache
 from model.session import DiTSessionSpec
 
 SEED = 1234
@@ -148,10 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sink", type=int, default=3, help="sink, latent frames (sink_size)")
     p.add_argument("--precisions", default="bf16,fp8", help="comma list of bf16, fp8 (fp8 runs second: it "
                    "quantizes the same weights) and fp8 variants after it, one session each: fp8+bound (the FP8 "
-                   "attention's Q and K with the bound scales, AccelOptions.qk_bound_scales), fp8+shift (the "
-                   "code cache's window shifted as the base cache's, not a ring), or both; +rope on either "
-                   "base: the Q / K norm + RoPE as one Triton pass (AccelOptions.triton_rope, CUDA); +whole on "
-                   "either: the cache update as the whole t = 0 call (its output discarded), not CausalDiT.write_kv")
+                   "attention's Q and K with the bound scales, AccelOptions.qk_bound_scales); on either base: "
+                   "+shift (the window shifted as the reference's, not a ring: AccelOptions.kv_ring off), +rope "
+                   "(the Q / K norm + RoPE as one Triton pass, AccelOptions.triton_rope, CUDA), +whole (the cache "
+                   "update as the whole t = 0 call, its output discarded, not CausalDiT.write_kv)")
     p.add_argument("--compile", action="store_true", help="the compiled regions (as serve_config.gpu.yaml)")
     p.add_argument("--kv-fp8", action="store_true", help="the FP8 KV cache (model.kv_cache: fp8)")
     p.add_argument("--fp8-quant", choices=FP8_QUANT_MODES, default="gemm",
@@ -196,16 +195,16 @@ def main(argv: list[str] | None = None) -> None:
     for precision in precisions:
         base, *variant = precision.split("+")
         if (base not in ("bf16", "fp8") or (base == "bf16" and "fp8" in result["runs"])
-                or not set(variant) <= ({"rope", "whole"} | (set() if base == "bf16" else {"bound", "shift"}))):
+                or not set(variant) <= ({"rope", "whole", "shift"} | (set() if base == "bf16" else {"bound"}))):
             raise SystemExit(f"unknown or misordered precision {precision!r}")
-        if {"bound", "shift"} & set(variant) and not args.kv_codes:
-            raise SystemExit(f"{precision}: bound and shift are the code cache's: pass --kv-codes")
-        options = replace(options, triton_rope="rope" in variant)
+        if "bound" in variant and not args.kv_codes:
+            raise SystemExit(f"{precision}: bound is the code cache's: pass --kv-codes")
+        options = replace(options, triton_rope="rope" in variant, kv_ring=False)
         if base == "fp8":
             options = replace(options, fast=True, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum,
                               attention="cudnn_fp8" if args.fp8_attention else options.attention,
                               kv_codes=args.kv_codes, qk_bound_scales="bound" in variant)
-            Fp8CodesKVCache.ring = "shift" not in variant  # the sessions' caches are made at open
+        options = replace(options, kv_ring=options.fast and "shift" not in variant)  # the fast block's option
         if options != applied:
             optimize_dit(engine.dit, options)  # fp8: quantizes the weights once; the kernels as asked
             applied = options
@@ -215,9 +214,9 @@ def main(argv: list[str] | None = None) -> None:
             del engine.dit.write_kv
         rows: list[dict] = []
         run = result["runs"][precision] = {"per_chunk": rows}
-        run["triton_rope"] = options.triton_rope
+        run.update(triton_rope=options.triton_rope, kv_ring=engine.kv_ring)
         if base == "fp8" and args.kv_codes:
-            run.update(kv_ring=Fp8CodesKVCache.ring, qk_bound_scales=options.qk_bound_scales)
+            run["qk_bound_scales"] = options.qk_bound_scales
         tag = precision.replace("+", "_")
         profile = args.out.with_name(f"{args.out.stem}_{tag}_profile.txt") if args.profile else None
         kept: list | None = [] if args.save_latents else None

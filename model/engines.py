@@ -167,6 +167,12 @@ class DiTEngine:
         return bool(getattr(self.dit, "kv_codes", False))
 
     @property
+    def kv_ring(self) -> bool:
+        """Whether sessions' windows are rings (`AccelOptions.kv_ring`, set on the model by
+        `optimize_dit`); never with the FP8 cache of per-token scales."""
+        return bool(getattr(self.dit, "kv_ring", False)) and not (self.kv_fp8 and not self.kv_codes)
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.dit.dtype
 
@@ -218,7 +224,7 @@ class DiTEngine:
         """A new session's KV and cross-attention caches (sharded engines override this)."""
         return DiTCaches.allocate(
             self.session_cfg(spec.full_attention), spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
-            max_attention_size=self.max_attention_size, fp8=self.kv_fp8, codes=self.kv_codes,
+            max_attention_size=self.max_attention_size, fp8=self.kv_fp8, codes=self.kv_codes, ring=self.kv_ring,
         )
 
     @torch.inference_mode()

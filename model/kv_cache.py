@@ -23,7 +23,17 @@ from model.kv_quant import KV_FP8, SCALE_DTYPE, dequantize_into, quantize
 
 
 class SelfAttnKVCache:
-    """One layer's self-attention cache."""
+    """One layer's self-attention cache.
+
+    `ring`: a window whose whole cache is visible (rolling, no `max_attention_size` below it) as
+    a ring: the sink keeps its slots, and a chunk's rows go to the slots of the tokens it evicts,
+    token t at slot sink + (t - sink) mod (capacity - sink); nothing moves (a shifting window
+    copies the kept rows down, most of the window per chunk and layer). Attention over the whole
+    window is unmasked and the keys carry their positions (RoPE before caching), so the slots'
+    order changes only the order of the softmax's sums (the reference shifts: the plain path
+    keeps that order). A ring does not rewind: a chunk may rewrite the last one's tokens (the
+    denoising calls) or come after them, not end before them.
+    """
 
     def __init__(
         self,
@@ -36,6 +46,7 @@ class SelfAttnKVCache:
         sink_tokens: int = 0,
         max_attention_size: int | None = None,
         fp8: bool = False,
+        ring: bool = False,
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"KV capacity must be positive, got {capacity}")
@@ -43,6 +54,8 @@ class SelfAttnKVCache:
             raise ValueError(f"sink of {sink_tokens} tokens does not fit a window of {capacity}")
         if max_attention_size is not None and max_attention_size <= 0:
             raise ValueError(f"max_attention_size must be positive, got {max_attention_size}")
+        if ring and fp8:
+            raise ValueError("a ring cache reads its chunk back from the slots: not with fp8's per-token scales")
         self.rolling = rolling
         self.sink_tokens = sink_tokens if rolling else 0
         self.max_attention_size = max_attention_size
@@ -55,6 +68,7 @@ class SelfAttnKVCache:
             self.v_scale = torch.zeros_like(self.k_scale)
         self.global_end = 0  # absolute token index after the last write
         self.local_end = 0  # slot index after the last write
+        self.is_ring = ring and rolling and (max_attention_size is None or max_attention_size >= capacity)
 
     @property
     def capacity(self) -> int:
@@ -72,11 +86,31 @@ class SelfAttnKVCache:
         """Write the chunk's K/V [L, heads, head_dim] at absolute token `start`.
 
         Returns the K/V that the chunk attends to, [n, heads, head_dim] views of the cache
-        (subclasses: in their own form, see `_write` / `_read`).
+        (subclasses: in their own form, see `_write_rows` / `_read`).
         """
+        if self.is_ring:
+            return self._ring_update(k, v, start)
         new, lo = self._place(v.shape[0], start)
-        self._write(new, k, v)
+        self._write_rows(new.start, k, v, slice(0, v.shape[0]), new.start)
         return self._read(lo, k, v)
+
+    def _ring_update(self, k, v: torch.Tensor, start: int):
+        n, end = v.shape[0], start + v.shape[0]
+        ring = self.capacity - self.sink_tokens
+        if end < self.global_end:
+            raise ValueError(f"chunk ending at token {end} is before the cache's end {self.global_end}: a ring "
+                             "cache does not rewind; reset the cache to restart a session")
+        if n > ring and end > self.capacity:
+            raise ValueError(f"a chunk of {n} tokens does not fit the window of {self.capacity} tokens with a "
+                             f"sink of {self.sink_tokens}")
+        self.global_end, self.local_end = end, min(end, self.capacity)
+        t = start
+        while t < end:  # one piece, or two where the chunk wraps around the ring's end
+            slot = t if t < self.sink_tokens else self.sink_tokens + (t - self.sink_tokens) % ring
+            rows = slice(t - start, t - start + min(end - t, self.capacity - slot))
+            self._write_rows(slot, k, v, rows, self.local_end)
+            t += rows.stop - rows.start
+        return self._read(0, k, v)
 
     def _place(self, n_new: int, start: int) -> tuple[slice, int]:
         """Make room for `n_new` tokens at absolute token `start` (evicting with a window,
@@ -112,12 +146,15 @@ class SelfAttnKVCache:
         lo = 0 if self.max_attention_size is None else max(0, local_end - self.max_attention_size)
         return slice(local_end - n_new, local_end), lo
 
-    def _write(self, new: slice, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _write_rows(self, slot: int, k: torch.Tensor, v: torch.Tensor, rows: slice, rescale: int) -> None:
+        """Rows `rows` of the chunk's K and V at slots from `slot` (`rescale`: the slots a code
+        cache rescales when its descale grows, model/kv_codes.py)."""
+        new = slice(slot, slot + rows.stop - rows.start)
         if self.fp8:
-            (self.k[new], self.k_scale[new]), (self.v[new], self.v_scale[new]) = quantize(k), quantize(v)
+            (self.k[new], self.k_scale[new]), (self.v[new], self.v_scale[new]) = quantize(k[rows]), quantize(v[rows])
         else:
-            self.k[new] = k
-            self.v[new] = v
+            self.k[new] = k[rows]
+            self.v[new] = v[rows]
 
     def _read(self, lo: int, k: torch.Tensor, v: torch.Tensor):
         if self.fp8:
@@ -197,6 +234,7 @@ class DiTCaches:
         max_attention_size: int | None = None,
         fp8: bool = False,
         codes: bool = False,
+        ring: bool = False,
     ) -> "DiTCaches":
         """Fresh zeroed caches for one session (never shared with another session).
 
@@ -204,7 +242,8 @@ class DiTCaches:
         total_latent_frames` (one chunk when the length is unknown; grows on demand).
         `max_attention_size` (tokens) shrinks the visible window; None = the whole cache.
         `fp8`: self-attention K/V stored as float8 with per-token, per-head scales; `codes`: as
-        the FP8 attention's e4m3 codes with one descale per layer and tensor (model/kv_codes.py).
+        the FP8 attention's e4m3 codes with one descale per layer and tensor (model/kv_codes.py);
+        `ring`: a window as a ring (`SelfAttnKVCache`; not with `fp8`).
         """
         if frame_seqlen <= 0:
             raise ValueError(f"frame_seqlen must be positive, got {frame_seqlen}")
@@ -222,7 +261,7 @@ class DiTCaches:
         else:
             layer = functools.partial(SelfAttnKVCache, fp8=fp8)
         self_attn = [layer(frame_seqlen * frames, cfg.num_heads, cfg.head_dim, dtype, device, rolling,
-                           cfg.sink_size * frame_seqlen, max_attention_size) for _ in range(cfg.num_layers)]
+                           cfg.sink_size * frame_seqlen, max_attention_size, ring=ring) for _ in range(cfg.num_layers)]
         cross = [
             CrossAttnCache(cfg.text_len, cfg.num_heads, cfg.head_dim, dtype, device)
             for _ in range(cfg.num_layers)

@@ -67,50 +67,20 @@ class Fp8CodesKVCache(SelfAttnKVCache):
     fast block's bound scales, `AccelOptions.qk_bound_scales`): copied as they are, K's descale
     set to theirs (a session's K must then always come so); V is quantized here.
 
-    A window whose whole cache is visible (rolling, no `max_attention_size` below it) is a ring:
-    the sink keeps its slots, and a chunk's rows go to the slots of the tokens it evicts, token t
-    at slot sink + (t - sink) mod (capacity - sink); nothing moves (the base class shifts the
-    kept rows down, a copy of most of the window per chunk and layer). The FP8 attention is
-    unmasked and the keys carry their positions (RoPE before caching), so the slots' order
-    changes only the order of the softmax's sums. A ring does not rewind: a chunk may rewrite
-    the last one's tokens (the denoising calls) or come after them, not end before them.
+    As a ring (`ring`, `SelfAttnKVCache`) its slots never move: no codes copied down per chunk.
     """
 
-    ring = True  # the class's switch for the benchmarks' A/B (False: the base class's shifting window)
-
     def __init__(self, capacity: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
-                 rolling: bool = False, sink_tokens: int = 0, max_attention_size: int | None = None) -> None:
-        super().__init__(capacity, heads, head_dim, E4M3, device, rolling, sink_tokens, max_attention_size)
+                 rolling: bool = False, sink_tokens: int = 0, max_attention_size: int | None = None,
+                 ring: bool = False) -> None:
+        super().__init__(capacity, heads, head_dim, E4M3, device, rolling, sink_tokens, max_attention_size,
+                         ring=ring)
         self.dtype = dtype  # the chunk's K/V as they come in
         self.descale = torch.zeros(2, dtype=torch.float32, device=device)  # K's, V's
-        self.is_ring = self.ring and rolling and (max_attention_size is None or max_attention_size >= capacity)
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.descale.nbytes
-
-    def update(self, k: Tensor | TensorCodes, v: Tensor, start: int) -> tuple[TensorCodes, TensorCodes]:
-        if not self.is_ring:
-            return super().update(k, v, start)
-        n, end = v.shape[0], start + v.shape[0]
-        ring = self.capacity - self.sink_tokens
-        if end < self.global_end:
-            raise ValueError(f"chunk ending at token {end} is before the cache's end {self.global_end}: a ring "
-                             "cache does not rewind; reset the cache to restart a session")
-        if n > ring and end > self.capacity:
-            raise ValueError(f"a chunk of {n} tokens does not fit the window of {self.capacity} tokens with a "
-                             f"sink of {self.sink_tokens}")
-        self.global_end, self.local_end = end, min(end, self.capacity)
-        t = start
-        while t < end:  # one piece, or two where the chunk wraps around the ring's end
-            slot = t if t < self.sink_tokens else self.sink_tokens + (t - self.sink_tokens) % ring
-            rows = slice(t - start, t - start + min(end - t, self.capacity - slot))
-            self._write_rows(slot, k, v, rows, self.local_end)
-            t += rows.stop - rows.start
-        return self._read(0, k, v)
-
-    def _write(self, new: slice, k: Tensor | TensorCodes, v: Tensor) -> None:
-        self._write_rows(new.start, k, v, slice(0, v.shape[0]), new.start)
 
     def _write_rows(self, slot: int, k: Tensor | TensorCodes, v: Tensor, rows: slice, rescale: int) -> None:
         """Rows `rows` of the chunk's K and V at `slot`; when a descale grows, slots [0, rescale)

@@ -33,6 +33,11 @@ class AccelOptions:
     kv_codes: with "cudnn_fp8", sessions' self-attention caches hold the e4m3 codes that the FP8
       attention reads, one running descale per layer and tensor (model/kv_codes.py): a call
       quantizes its own rows only, not the whole cache again; half a bf16 cache's bytes.
+    kv_ring: sessions' windowed self-attention caches as rings (`SelfAttnKVCache`, the code cache
+      too): a chunk's K/V go to the evicted tokens' slots, nothing is copied down per chunk; the
+      keys' order in the softmax's sums changes (the reference shifts its window), so GPU only in
+      the serving options (session 9: the shifting window's copies cost ~11 ms per bf16 chunk).
+      Not with the FP8 KV cache of per-token scales (`model.kv_cache: fp8`: it keeps the shift).
     qk_bound_scales: with kv_codes, Q and K quantized with a fixed descale per layer, a bound of
       their values / 448 (RMSNorm then RoPE: |x| <= sqrt(dim) max|norm weight|), inside the
       compiled norm + RoPE region that makes them: no amax pass, no bf16 Q/K written and read
@@ -82,6 +87,7 @@ class AccelOptions:
     fast: bool = False
     attention: Attention = "default"
     kv_codes: bool = False
+    kv_ring: bool = False
     qk_bound_scales: bool = False
     compile: bool = False
     triton_rope: bool = False
@@ -104,9 +110,10 @@ class AccelOptions:
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
-        if (self.compile or self.fp8 or self.triton_rope or self.attention != "default") and not self.fast:
-            raise ValueError("compile, fp8, triton_rope and the attention backend apply to the fast block: set "
-                             "fast=True")
+        if (self.compile or self.fp8 or self.triton_rope or self.kv_ring or self.attention != "default") \
+                and not self.fast:
+            raise ValueError("compile, fp8, triton_rope, kv_ring and the attention backend apply to the fast block: "
+                             "set fast=True")
         if self.kv_codes and self.attention != "cudnn_fp8":
             raise ValueError("kv_codes is the FP8 attention's cache: set attention='cudnn_fp8'")
         if self.qk_bound_scales and not self.kv_codes:
@@ -147,8 +154,8 @@ class AccelOptions:
         GEMMs, on CUDA with fast accumulation and, compiled, their inputs quantized by the tuned
         Triton kernels where Triton is installed, else in the compiled regions: round 2's fastest
         FP8 variant; `fp8_attention`: the self-attention in FP8 through cuDNN, CUDA only, its
-        cache in its own codes: session 6, windowed FP8 chunk 1.222 -> 1.166 s, a ring when
-        windowed, Q and K by their bound scales: session 7, 1.173 -> 1.164 s), a
+        cache in its own codes: session 6, windowed FP8 chunk 1.222 -> 1.166 s, Q and K by their
+        bound scales: session 7, 1.173 -> 1.164 s), windows as rings (sessions 7 and 9), a
         chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %, +0.5 GiB while a
         call runs) and the decoder's upsampling inside its conv with 2x2 phase kernels (session
         5: decode 110 -> 98 ms), the encoder's first conv in Triton where Triton is installed
@@ -160,7 +167,7 @@ class AccelOptions:
             if attention not in ("cudnn", "fa4"):
                 raise ValueError(f"a replica's attention is 'cudnn' or 'fa4', got {attention!r}")
             return cls(fast=True, attention="cudnn_fp8" if fp8_attention else attention, kv_codes=fp8_attention,
-                       qk_bound_scales=fp8_attention, triton_rope=find_spec("triton") is not None,
+                       kv_ring=True, qk_bound_scales=fp8_attention, triton_rope=find_spec("triton") is not None,
                        compile=compile, fp8=fp8,
                        skip_final_update=True, fp8_quant=quant, fp8_fast_accum=fp8,
                        vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,

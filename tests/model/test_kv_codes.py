@@ -78,8 +78,10 @@ def test_code_cache_follows_the_exact_cache(capacity, sink, n, chunks, rolling, 
     assume(not rolling or sink + n <= capacity)
     kw = dict(rolling=rolling, sink_tokens=sink if rolling else 0, max_attention_size=max_attention)
     exact = SelfAttnKVCache(capacity, 2, 8, torch.float32, "cpu", **kw)
-    codes = Fp8CodesKVCache(capacity, 2, 8, torch.float32, "cpu", **kw)
-    assert codes.is_ring == (rolling and (max_attention is None or max_attention >= capacity))
+    exact_ring = SelfAttnKVCache(capacity, 2, 8, torch.float32, "cpu", ring=True, **kw)
+    codes = Fp8CodesKVCache(capacity, 2, 8, torch.float32, "cpu", ring=True, **kw)
+    assert codes.is_ring == exact_ring.is_ring == (rolling and (max_attention is None or max_attention >= capacity))
+    assert not exact.is_ring
     gen = torch.Generator().manual_seed(capacity * 1000 + n)
     k_descale = torch.tensor([8.0 / E4M3_MAX])  # |K| < 4 * 2 below
     for c in range(chunks):
@@ -88,6 +90,7 @@ def test_code_cache_follows_the_exact_cache(capacity, sink, n, chunks, rolling, 
             k, v = amp * torch.randn(n, 2, 8, generator=gen).clamp(-2, 2), torch.randn(n, 2, 8, generator=gen)
             k_in = ((k / k_descale).to(E4M3), k_descale) if coded_k else k
             ke, ve = exact.update(k, v, c * n)
+            kr, vr = exact_ring.update(k, v, c * n)
             (kc, dk), (vc, dv) = codes.update(k_in, v, c * n)
             assert (codes.global_end, codes.local_end, codes.capacity) == (exact.global_end, exact.local_end,
                                                                            exact.capacity)
@@ -97,6 +100,9 @@ def test_code_cache_follows_the_exact_cache(capacity, sink, n, chunks, rolling, 
             want_k, want_v = _by_token(ke, _visible_tokens(exact, lo)), _by_token(ve, _visible_tokens(exact, lo))
             got_k, got_v = _by_token(kc, tokens), _by_token(vc, tokens)
             assert got_k.keys() == want_k.keys()
+            ring_k, ring_v = _by_token(kr, _visible_tokens(exact_ring, lo)), _by_token(vr, _visible_tokens(exact_ring, lo))
+            assert ring_k.keys() == want_k.keys()  # the exact ring: the same rows, bit for bit
+            assert all(torch.equal(ring_k[t], want_k[t]) and torch.equal(ring_v[t], want_v[t]) for t in want_k)
             if coded_k:
                 assert dk.item() == k_descale.item()
                 for t in range(c * n, (c + 1) * n):  # the chunk's codes as they were given
@@ -114,7 +120,7 @@ def test_code_cache_follows_the_exact_cache(capacity, sink, n, chunks, rolling, 
 def test_a_ring_writes_only_the_evicted_tokens_slots_and_does_not_rewind():
     """Window of 10 with a sink of 2: after it fills, a chunk of 3 lands on the slots of the 3
     oldest tokens after the sink (wrapping around the end), every other slot's bytes stay."""
-    cache = Fp8CodesKVCache(10, 1, 4, torch.float32, "cpu", rolling=True, sink_tokens=2)
+    cache = Fp8CodesKVCache(10, 1, 4, torch.float32, "cpu", rolling=True, sink_tokens=2, ring=True)
     gen = torch.Generator().manual_seed(1)
     d = torch.tensor([0.01])
     chunk = lambda: ((torch.randn(3, 1, 4, generator=gen) / d).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), d)
@@ -131,11 +137,9 @@ def test_a_ring_writes_only_the_evicted_tokens_slots_and_does_not_rewind():
     cache.update(chunk(), v(), 9)  # the chunk's next denoising call rewrites the same slots
     with pytest.raises(ValueError, match="does not rewind"):
         cache.update(chunk(), v(), 3)
-    Fp8CodesKVCache.ring = False
-    try:
-        assert not Fp8CodesKVCache(10, 1, 4, torch.float32, "cpu", rolling=True, sink_tokens=2).is_ring
-    finally:
-        Fp8CodesKVCache.ring = True
+    assert not Fp8CodesKVCache(10, 1, 4, torch.float32, "cpu", rolling=True, sink_tokens=2).is_ring
+    with pytest.raises(ValueError, match="per-token scales"):
+        SelfAttnKVCache(10, 1, 4, torch.float32, "cpu", rolling=True, sink_tokens=2, fp8=True, ring=True)
 
 
 def test_the_bound_scales_bound_the_norm_and_rope_region():

@@ -56,10 +56,8 @@ def test_the_window_benchmark_runs_the_code_cache_variants(tmp_path, fake_cudnn,
     import torch
 
     from model.accel import transforms
-    from model.kv_codes import Fp8CodesKVCache
 
     monkeypatch.setattr(transforms, "fp8_attention_available", lambda device: True)
-    monkeypatch.setattr(Fp8CodesKVCache, "ring", True)
     out = tmp_path / "w.json"
     main(["--preset", "tiny", "--device", "cpu", "--size", "32*48", "--chunks", "5", "--local", "9", "--sink", "3",
           "--precisions", "bf16,fp8,fp8+shift,fp8+bound", "--fp8-attention", "--kv-codes", "--save-latents",
@@ -75,6 +73,7 @@ def test_the_window_benchmark_runs_the_code_cache_variants(tmp_path, fake_cudnn,
         assert 0 < err < 0.2, (name, err)
     assert [(runs[n]["kv_ring"], runs[n]["qk_bound_scales"]) for n in list(runs)[1:]] == [
         (True, False), (False, False), (True, True)]
+    assert runs["bf16"]["kv_ring"] is False  # the CPU's plain path: the reference's shifting window
     # the ring and the shifting window hold the same keys in another order (the attention's
     # e4m3 output mostly rounds the sums' order away)
     torch.testing.assert_close(latents["fp8"], latents["fp8+shift"], rtol=0, atol=5e-2 * latents["fp8"].abs().max().item())
