@@ -14,6 +14,7 @@
 #       HEALTH_WAIT_S=320 bash benchmarks/gpu_serve.sh (FA4 served)
 # PART=update (carry .whl: av for benchmarks.run): the cache update as CausalDiT.write_kv against the
 # whole t = 0 call, windowed (bf16 and FP8 sessions in one process), then the 81-frame engine run.
+# PART=ring (carry .whl): the bf16 window as a ring against the shifting window (A B A in one process).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD
 run() {  # run NAME SECONDS ARGS...
@@ -39,6 +40,21 @@ PY
     run dit_s9 420 -m benchmarks.run --preset lingbot-world-fast --frames 81 --residual-init --numerics-chunks 2 \
         --skip eager_bf16 fast_flash fast_cudnn profile pipeline compile_fa4 compile_fa4_rope pipeline_compiled \
         profile_compiled profile_fp8 --fp8-variants $V --out "$OUT/dit_s9.json"
+    rm -f "$OUT"/*_latents.pt
+    ;;
+ring)
+    run window_ring 300 -m benchmarks.window --compile --chunks 9 --save-latents \
+        --precisions bf16+rope+shift,bf16+rope,bf16+shift+rope --out "$OUT/window_ring.json"
+    grep "ms/chunk" "$OUT/window_ring.log"
+    python3 - "$OUT" <<'PY' | tee "$OUT/window_ring_latents.txt"
+import sys, torch
+out = sys.argv[1]
+shift, ring, again = (torch.load(f"{out}/window_ring_{tag}_latents.pt") for tag in ("bf16_rope_shift", "bf16_rope",
+                                                                                     "bf16_shift_rope"))
+for k in range(shift.shape[0]):
+    print("chunk", k, "ring vs shift", float((ring[k] - shift[k]).norm() / shift[k].norm()),
+          "shift vs shift", float((again[k] - shift[k]).norm() / shift[k].norm()))
+PY
     rm -f "$OUT"/*_latents.pt
     ;;
 esac

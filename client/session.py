@@ -68,7 +68,8 @@ class WorldClient:
         ws = await websockets.connect(camera_url(url), max_size=None, additional_headers=headers,
                                       open_timeout=open_timeout_s)
         try:
-            first = decode_reply(await asyncio.wait_for(ws.recv(), open_timeout_s))
+            async with asyncio.timeout(open_timeout_s):  # not wait_for: 3.11's can swallow a Ctrl-C
+                first = decode_reply(await ws.recv())
         except BaseException:
             await ws.close()
             raise
@@ -96,7 +97,10 @@ class WorldClient:
         Notices (`session_limit` with `chunks_left` > 0: the next chunk is the session's last)
         answer no request: they are kept in `self.notices` and skipped."""
         while True:
-            data = await asyncio.wait_for(self._ws.recv(), timeout_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result and drops a
+            # cancellation (Ctrl-C) that comes as the frame arrives
+            async with asyncio.timeout(timeout_s):
+                data = await self._ws.recv()
             if not isinstance(data, bytes):
                 raise ServerError(ErrorCode.BAD_MESSAGE, "the server sent a text frame; replies are binary msgpack")
             reply = decode_reply(data)
@@ -129,7 +133,8 @@ class WorldClient:
     async def reset(self, session_id: str, timeout_s: Optional[float] = RESET_TIMEOUT_S) -> ResetOk:
         """Drop the session on the server. Replies of chunks still in flight are discarded."""
         await self.send_reset(session_id)
-        return await asyncio.wait_for(self._until_reset_ok(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await self._until_reset_ok()
 
     async def _until_reset_ok(self) -> ResetOk:
         while True:

@@ -177,8 +177,8 @@ class WorldIngress:
         router) comes back within the deadline; else 503. With auth on, the counts (replicas,
         sessions, connections) only for a valid key."""
         try:
-            stats, probe = await asyncio.wait_for(
-                asyncio.gather(self._replica_stats(), self._probe.run()), HEALTH_TIMEOUT_S + 1.0)
+            async with asyncio.timeout(HEALTH_TIMEOUT_S + 1.0):
+                stats, probe = await asyncio.gather(self._replica_stats(), self._probe.run())
         except Exception as e:  # noqa: BLE001 - any failure means unhealthy
             return JSONResponse({"status": "unavailable", "error": f"{type(e).__name__}: {e}"}, status_code=503)
         body: dict[str, Any] = {"status": "ok"}

@@ -174,8 +174,9 @@ class ParkingBook:
             entry = self._entries.get(digest)
         if entry is not None and entry.record is None:
             try:
-                await asyncio.wait_for(entry.ready.wait(), PENDING_WAIT_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(PENDING_WAIT_S):  # not wait_for: 3.11's can drop a cancellation
+                    await entry.ready.wait()
+            except TimeoutError:
                 pass
             entry = self._entries.get(digest)
         if entry is None or entry.record is None:
@@ -289,7 +290,8 @@ class SessionParking:
         reported keys); a replica that is gone or cannot be told frees it at its idle TTL."""
         for handle, key in ((self._dit, record.dit_key), (self._vae, record.vae_key)):
             try:
-                await asyncio.wait_for(handle.options(session_id=key).close.remote(key), 30.0)
+                async with asyncio.timeout(30.0):
+                    await handle.options(session_id=key).close.remote(key)
             except Exception as e:  # noqa: BLE001 - the replica's idle TTL frees it then
                 self._log.warning("close of a parked session failed", fields={"session": key, "error": repr(e)})
         self._log.info("parked session ended", fields={"session": record.dit_key, "why": why})

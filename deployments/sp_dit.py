@@ -204,7 +204,8 @@ class SPReplicaEngine:
     async def ping(self) -> None:
         self._check()
         try:
-            await asyncio.wait_for(asyncio.gather(*(r.ping.remote() for r in self._ranks)), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                await asyncio.gather(*(r.ping.remote() for r in self._ranks))
         except Exception as e:  # noqa: BLE001 - dead, or not answering in time
             self._break(f"ping: {type(e).__name__}: {e}")
             raise RankFailure(self._broken) from e

@@ -67,7 +67,8 @@ class LocalTransport:
 
     async def reply(self, timeout_s: Optional[float] = None) -> bytes:
         """The next frame the Connection sent; `TransportClosed` once it closed."""
-        item = await asyncio.wait_for(self._outbox.get(), timeout_s)
+        async with asyncio.timeout(timeout_s):  # not wait_for: 3.11's can drop a cancellation
+            item = await self._outbox.get()
         if isinstance(item, TransportClosed):
             self._outbox.put_nowait(item)  # closed for good: every later read says so
             raise item
