@@ -120,9 +120,16 @@ def test_busy_server_is_retried_after_retry_after(served, tmp_path):
     asyncio.run(scenario())
 
 
+def _ctrl_c_deliverable() -> None:
+    """In the child: SIGINT's default disposition. A shell without job control starts background
+    commands with SIGINT ignored, and Python then keeps ignoring it (pytest run with `&`)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_resets_the_session_and_closes(served, tmp_path):
     proc = subprocess.Popen(cli("dolly", "--url", served.ws, "--frames", 81, "--pipeline", 1,
-                                "--out", tmp_path / "never.mp4"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                "--out", tmp_path / "never.mp4"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_ctrl_c_deliverable)
     try:
         read_until(proc, "chunk 0:", 60)
         proc.send_signal(signal.SIGINT)
