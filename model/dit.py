@@ -175,8 +175,7 @@ class CausalDiT(nn.Module):
         discarded (the t = 0 cache update): the same blocks up to the last one's K/V write;
         the last block's attention, cross-attention and FFN and the head only make the velocity."""
         h, _, e0, rope, _ = self._enter(x, t, y, text, cam, caches, start)
-        h = self.run_blocks(h, e0, rope, cam, text, caches, start, len(self.blocks) - 1)
-        self.blocks[-1].write_kv(h, e0, rope, caches.self_attn[-1], start, self.dtype)
+        self.run_blocks_kv(h, e0, rope, cam, text, caches, start)
 
     def _enter(
         self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, text: torch.Tensor, cam: CameraFeatures,
@@ -211,6 +210,12 @@ class CausalDiT(nn.Module):
                 caches.self_attn[i], caches.cross_attn[i], start, self.dtype,
             )
         return h
+
+    def run_blocks_kv(self, h: torch.Tensor, e0: torch.Tensor, rope: RopeTable, cam: CameraFeatures,
+                      text: torch.Tensor, caches: DiTCaches, start: int) -> None:
+        """`run_blocks` over every block for its cache writes only: the last block stops at its K/V."""
+        h = self.run_blocks(h, e0, rope, cam, text, caches, start, len(self.blocks) - 1)
+        self.blocks[-1].write_kv(h, e0, rope, caches.self_attn[-1], start, self.dtype)
 
     def unpatchify(self, out: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """Head output [1, S, pt*ph*pw*16] -> [16, f, H, W] ('f h w p q r c -> c (f p) (h q) (w r)')."""

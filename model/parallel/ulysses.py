@@ -179,10 +179,8 @@ class UlyssesDiT(nn.Module):
         start: int,
     ) -> None:
         """As CausalDiT.write_kv, on every rank (the last block's K/V exchange included)."""
-        dit = self.dit
         h, _, e0, rope, _ = self._enter(x, t, y, cam, caches, start)
-        h = dit.run_blocks(h, e0, rope, cam, text, caches, start, len(dit.blocks) - 1)
-        dit.blocks[-1].write_kv(h, e0, rope, caches.self_attn[-1], start, dit.dtype)
+        self.dit.run_blocks_kv(h, e0, rope, cam, text, caches, start)
 
     def _enter(
         self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cam: CameraFeatures, caches: DiTCaches,
