@@ -159,11 +159,17 @@ class SessionArgs(_Strict):
     # (its replica state held, its journal parked); 0 ends sessions with their socket. The
     # parking holds at most resume_max_sessions sessions and resume_max_mib of journals and
     # replies; a session beyond either ends with its socket. Each parked session keeps its last
-    # resume_replay_chunks sent replies, sent again to a client that missed them.
+    # resume_replay_chunks sent replies, sent again to a client that missed them. One client (API
+    # key, or address without auth) parks at most resume_max_per_client sessions (its oldest
+    # goes). Failed resume claims cost their client: beyond resume_failed_claims_burst, its
+    # claims wait in the ingress (resume_failed_claims_per_minute), or get `busy` (claim_gate.py).
     resume_grace_s: float = Field(60.0, ge=0)
     resume_max_sessions: int = Field(256, ge=1)
     resume_max_mib: float = Field(2048.0, gt=0)
     resume_replay_chunks: int = Field(4, ge=0)
+    resume_max_per_client: int = Field(4, ge=1)
+    resume_failed_claims_per_minute: float = Field(12.0, gt=0)
+    resume_failed_claims_burst: int = Field(6, ge=1)
     # Sessions one VAE replica holds. None: 2 x max_sessions x the DiT's most replicas (every
     # session, and briefly a second incarnation of each, fits one VAE replica). Set it, with
     # `vae.autoscaling`, to scale the VAE by the sessions its replicas hold.

@@ -45,7 +45,7 @@ from deployments.parking import new_token, token_digest
 from deployments.recovery import Recovery
 from deployments.releases import Releases
 from deployments.replies import Replies
-from deployments.resume import Resume
+from deployments.resume import ClaimsThrottled, Resume
 from deployments.sizes import SizeRule
 from deployments.stream import Stream, StreamState, image_digest, stream_spec
 from deployments.transport import Transport
@@ -167,7 +167,7 @@ class Connection(LaneJobs, Releases, Resume, Replies):
                         self._reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
             except ReplicaError as e:
                 self._reply_now(self._error(e.code, e.message, req.session_id, getattr(e, "retry_after_s", None)))
-                return e.code is not ErrorCode.BUSY, False
+                return e.code is not ErrorCode.BUSY or isinstance(e, ClaimsThrottled), False
             except Exception as e:  # noqa: BLE001 - the parking is unreachable: nothing was claimed
                 self._log.warning("resume failed", fields={"session": req.session_id, "error": repr(e)})
                 self._reply_now(self._error(ErrorCode.SESSION_LOST, "the server could not resume this session "

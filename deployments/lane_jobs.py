@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Optional, TypeVar
 
 import numpy as np
 from ray.serve.handle import DeploymentHandle
 
+from deployments.claim_gate import ClaimGate
 from deployments.lanes import Lane
 from deployments.log import KeyValueLog
 from deployments.recovery import Recovery, needs_recovery
@@ -32,6 +33,7 @@ class Backends:
     vae: DeploymentHandle
     dit: DeploymentHandle
     parking: Optional[DeploymentHandle] = None  # SessionParking (parking.py); None: sessions end with their socket
+    claims: ClaimGate = field(default_factory=ClaimGate)  # failed resume claims, per client (one per ingress replica)
 
 
 class LaneJobs:

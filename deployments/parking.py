@@ -10,11 +10,19 @@ that still hold the session (the router follows the replicas' reported keys), or
 it meanwhile, a rebuild from the journal (recovery.py). After `sessions.resume_grace_s` without
 a claim the parking closes the session on the replicas and forgets it.
 
-`ParkingBook` is the bookkeeping (no Ray): bounded in sessions, bytes and sessions per client;
-tokens are kept and looked up as SHA-256 digests only (the token itself is never stored or
-logged); an expired token is remembered for a
-while, so that its late resume is told that the grace period ended (`session_lost`) rather
-than that the token is wrong (`unauthorized`).
+`ParkingBook` is the bookkeeping (no Ray): bounded in sessions, bytes and sessions per owner
+(the API key with auth on, else the client address: one owner's sessions never evict
+another's); tokens are kept and looked up as SHA-256 digests only (the token itself is never
+stored or logged); a token that ended is remembered for a while with why (grace period over,
+evicted, replaced), so that its late resume is told that (`session_lost`) rather than that the
+token is wrong (`unauthorized`).
+
+Nothing here waits on behalf of a token it does not know: a claim of an unknown token is
+answered at once (`ClaimRefused.unknown`), and the connection, in the ingress, waits and asks
+again (resume.py); failed claims are rate limited there, per owner (claim_gate.py). The only
+wait in the replica is a claim of a session its old connection is still parking (the token
+holder's own session). The replica takes many requests at once (`MAX_ONGOING`): it only keeps
+books, so parks are never queued behind claims.
 """
 from __future__ import annotations
 
@@ -30,18 +38,22 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import SessionArgs
-from deployments.errors import SessionLost, Unauthorized
+from deployments.errors import ReplicaError, SessionLost, Unauthorized
 from deployments.journal import SessionJournal
 from deployments.log import get_log
 from deployments.stream import StreamSpec
+from protocol.errors import ErrorCode
 
 TOKEN_BYTES = 24  # 192 bits, url-safe base64: 32 characters
 PENDING_WAIT_S = 40.0  # a claim waits this long for a session its old connection is still parking
-UNKNOWN_WAIT_S = 2.0  # ... and this long for one not yet announced (the old socket's end not yet seen)
-TOMBSTONES = 4096  # expired tokens remembered (FIFO)
+TOMBSTONES = 4096  # ended tokens remembered (FIFO)
 TOMBSTONE_S = 3600.0
 SWEEP_PERIOD_S = 0.5
-MAX_PER_CLIENT = 4  # parked sessions of one client (API key, or address without auth); the oldest goes
+MAX_PER_CLIENT = 4  # parked sessions of one owner (API key, or address without auth); its oldest goes
+MAX_ONGOING = 1024  # requests the parking replica takes at once (bookkeeping only: never the bottleneck)
+
+# Why a parked session ended before it was claimed (a late claim is told).
+EXPIRED, EVICTED, REPLACED = "expired", "evicted", "replaced"
 
 
 def new_token() -> str:
@@ -81,10 +93,33 @@ class ParkedSession:
         return self.journal.nbytes + sum(len(r.video) for r in self.replies)
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimRefused:
+    """A claim the parking refused (returned, not raised: a refusal is an answer, not a failure
+    of the call). `unknown`: no such token, nor one that ended (its old connection may not
+    have announced it yet: the claimant may ask once more)."""
+
+    code: ErrorCode
+    message: str
+    unknown: bool = False
+
+    def error(self) -> ReplicaError:
+        return (SessionLost if self.code is ErrorCode.SESSION_LOST else Unauthorized)(self.message)
+
+
+class UnknownToken(Unauthorized):
+    """A claim of a token the parking does not know (see `ClaimRefused.unknown`)."""
+
+
+class UnknownClip(SessionLost):
+    """A clip-mode claim of a session id the parking does not hold for that client (likewise)."""
+
+
 @dataclass(slots=True)
 class _Entry:
     session_id: str
     principal: Optional[str]
+    owner: str  # whose bound it counts against (API key, or address without auth)
     clip: bool
     deadline: float  # monotonic: expiry of the grace period
     record: Optional[ParkedSession] = None  # None while its connection is still parking it
@@ -106,7 +141,7 @@ class ParkingBook:
         self._max_per_client = max_per_client
         self._clock = clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # digest -> entry, oldest first
-        self._expired: OrderedDict[str, float] = OrderedDict()  # digest -> when it expired
+        self._ended: OrderedDict[str, tuple[float, str]] = OrderedDict()  # digest -> (when, why) it ended
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -115,22 +150,27 @@ class ParkingBook:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
 
-    def reserve(self, digest: str, session_id: str, principal: Optional[str], clip: bool) -> list[ParkedSession]:
-        """Announce a session its connection is about to park. Returns the records evicted to
-        make room (their replica state must be closed): the same client's oldest beyond
-        `max_per_client`, then the oldest of all beyond `max_sessions`."""
-        self._expired.pop(digest, None)
+    def reserve(self, digest: str, session_id: str, principal: Optional[str], clip: bool,
+                owner: Optional[str] = None) -> tuple[bool, list[ParkedSession]]:
+        """Announce a session its connection is about to park: (accepted, the records evicted to
+        make room, whose replica state must be closed). Only the same owner's sessions are
+        evicted (its oldest beyond `max_per_client`, or when the parking is full); when the
+        parking is full of other owners' sessions, this one is refused (it ends with its socket).
+        `owner`: whose bound it counts against (default: `principal`)."""
+        owner = owner if owner is not None else str(principal)
+        self._ended.pop(digest, None)
         old = self._entries.pop(digest, None)  # the same session parked again (resumed, dropped again)
         evicted = [old.record] if old is not None and old.record is not None else []
         if clip:  # one clip session per (client, session id): a newer one replaces it
             evicted += self.discard_clip(session_id, principal)
-        mine = [d for d, e in self._entries.items() if e.principal == principal]
-        for d in mine[: max(0, len(mine) - self._max_per_client + 1)]:
-            evicted += self._drop(d)
-        while len(self._entries) >= self._max_sessions:
-            evicted += self._drop(next(iter(self._entries)))
-        self._entries[digest] = _Entry(session_id, principal, clip, self._clock() + self.grace_s)
-        return evicted
+        mine = [d for d, e in self._entries.items() if e.owner == owner]
+        excess = max(0, len(mine) - self._max_per_client + 1, len(self._entries) - self._max_sessions + 1)
+        if excess > len(mine):
+            return False, evicted
+        for d in mine[:excess]:
+            evicted += self._drop(d, EVICTED)
+        self._entries[digest] = _Entry(session_id, principal, owner, clip, self._clock() + self.grace_s)
+        return True, evicted
 
     def park(self, record: ParkedSession) -> bool:
         """Fill a reserved entry; False (nothing kept) when it was not reserved, was claimed
@@ -154,42 +194,47 @@ class ParkingBook:
     async def claim(self, session_id: str, token: Optional[str], principal: Optional[str],
                     clip: bool = False) -> ParkedSession:
         """The parked session `token` (or, for a clip-mode connection, the principal's clip
-        session `session_id`) opens, removed from the book. Waits for one still being parked.
-        Raises Unauthorized (wrong token, session or key) or SessionLost (grace period over)."""
+        session `session_id`) opens, removed from the book. Waits only for one its old
+        connection is still parking. Raises UnknownToken (no such session: perhaps not yet
+        announced), Unauthorized (wrong token, session or key) or SessionLost (it ended)."""
         digest = self._find_clip(session_id, principal) if clip and token is None else (
             token_digest(token) if token is not None else None)
-        if digest is None and clip:  # its old socket's end may not have been seen yet
-            await asyncio.sleep(UNKNOWN_WAIT_S)
-            digest = self._find_clip(session_id, principal)
         if digest is None and clip:
-            raise SessionLost(f"session {session_id!r} is not open on this connection and no session of that id "
-                              f"waits to be resumed (a session stays resumable {self.grace_s:g} s after its connection "
-                              "closed); send `image` to start it again")
+            raise UnknownClip(f"session {session_id!r} is not open on this connection and no session of that id "
+                               f"waits to be resumed (a session stays resumable {self.grace_s:g} s after its "
+                               "connection closed); send `image` to start it again")
         if digest is None:
             raise Unauthorized(f"session {session_id!r} is not open on this connection: send the `resume_token` "
                                "of its first frame reply to continue it here, or image and prompt to start it again")
         entry = self._entries.get(digest)
-        if entry is None and digest not in self._expired:
-            await asyncio.sleep(UNKNOWN_WAIT_S)  # its old socket's end may not have been seen yet
-            entry = self._entries.get(digest)
         if entry is not None and entry.record is None:
             try:
                 async with asyncio.timeout(PENDING_WAIT_S):  # not wait_for: 3.11's can drop a cancellation
                     await entry.ready.wait()
             except TimeoutError:
-                pass
+                raise Unauthorized(f"session {session_id!r} is still being parked (its chunks in flight are "
+                                   "running); send `resume` again") from None
             entry = self._entries.get(digest)
         if entry is None or entry.record is None:
-            if digest in self._expired:
-                raise SessionLost(f"session {session_id!r} was not resumed within the grace period "
-                                  f"({self.grace_s:g} s after its connection dropped) and was ended; send image and "
-                                  "prompt to start it again")
-            raise Unauthorized(f"no session {session_id!r} to resume with this token: the token is wrong, or the "
+            if digest in self._ended:
+                raise SessionLost(self._ended_message(session_id, self._ended[digest][1]))
+            raise UnknownToken(f"no session {session_id!r} to resume with this token: the token is wrong, or the "
                                "session ended (reset, or its connection closed it)")
         if not (entry.session_id == session_id and entry.principal == principal):
             raise Unauthorized(f"the resume token is not session {session_id!r}'s (or not this API key's)")
         del self._entries[digest]
         return entry.record
+
+    def _ended_message(self, session_id: str, why: str) -> str:
+        start = "send image and prompt to start it again"
+        if why == EVICTED:
+            return (f"session {session_id!r} was evicted from the parking: its client (API key, or address without "
+                    f"auth) left more than {self._max_per_client} sessions waiting to be resumed, and this was its "
+                    f"oldest; {start}")
+        if why == REPLACED:
+            return f"session {session_id!r} was replaced by a newer session of that id; {start}"
+        return (f"session {session_id!r} was not resumed within the grace period ({self.grace_s:g} s after its "
+                f"connection dropped) and was ended; {start}")
 
     def discard_clip(self, session_id: str, principal: Optional[str]) -> list[ParkedSession]:
         """A new clip session of that id and client started: its parked predecessors can never be
@@ -197,7 +242,7 @@ class ParkingBook:
         out: list[ParkedSession] = []
         for d in [d for d, e in self._entries.items() if e.clip and (e.principal, e.session_id) == (
                 principal, session_id)]:
-            out += self._drop(d)
+            out += self._drop(d, REPLACED)
         return out
 
     def holds(self, session_id: str, principal: Optional[str]) -> bool:
@@ -209,9 +254,9 @@ class ParkingBook:
         now = self._clock()
         out: list[ParkedSession] = []
         for d in [d for d, e in self._entries.items() if e.deadline <= now]:
-            out += self._drop(d)
-        while self._expired and next(iter(self._expired.values())) < now - TOMBSTONE_S:
-            self._expired.popitem(last=False)
+            out += self._drop(d, EXPIRED)
+        while self._ended and next(iter(self._ended.values()))[0] < now - TOMBSTONE_S:
+            self._ended.popitem(last=False)
         return out
 
     def _find_clip(self, session_id: str, principal: Optional[str]) -> Optional[str]:
@@ -220,16 +265,16 @@ class ParkingBook:
                 return d
         return None
 
-    def _drop(self, digest: str) -> list[ParkedSession]:
+    def _drop(self, digest: str, why: str) -> list[ParkedSession]:
         entry = self._entries.pop(digest)
         entry.ready.set()
-        self._expired[digest] = self._clock()
-        while len(self._expired) > TOMBSTONES:
-            self._expired.popitem(last=False)
+        self._ended[digest] = (self._clock(), why)
+        while len(self._ended) > TOMBSTONES:
+            self._ended.popitem(last=False)
         return [] if entry.record is None else [entry.record]
 
 
-@serve.deployment(num_replicas=1)
+@serve.deployment(num_replicas=1, max_ongoing_requests=MAX_ONGOING)
 class SessionParking:
     """The application's one parking (see the module doc); closes what expires on the replicas."""
 
@@ -237,15 +282,20 @@ class SessionParking:
         self._vae = vae
         self._dit = dit
         self._book = ParkingBook(sessions.resume_grace_s, sessions.resume_max_sessions,
-                                 int(sessions.resume_max_mib * 1024 * 1024))
+                                 int(sessions.resume_max_mib * 1024 * 1024), sessions.resume_max_per_client)
         self._log = get_log("parking")
         self._closing: set[asyncio.Task] = set()
         self._expired_total = 0
         self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())
 
-    async def reserve(self, digest: str, session_id: str, principal: Optional[str], clip: bool) -> bool:
-        self._close_all(self._book.reserve(digest, session_id, principal, clip), "evicted")
-        return True
+    async def reserve(self, digest: str, session_id: str, principal: Optional[str], clip: bool,
+                      owner: Optional[str] = None) -> bool:
+        accepted, evicted = self._book.reserve(digest, session_id, principal, clip, owner)
+        self._close_all(evicted, EVICTED)
+        if not accepted:
+            self._log.warning("session not parked: the parking is full of other clients' sessions",
+                              fields={"session": session_id, "parked": len(self._book)})
+        return accepted
 
     async def park(self, record: ParkedSession) -> bool:
         parked = self._book.park(record)
@@ -257,8 +307,16 @@ class SessionParking:
         self._book.unreserve(digest)
 
     async def claim(self, session_id: str, token: Optional[str], principal: Optional[str],
-                    clip: bool = False) -> ParkedSession:
-        record = await self._book.claim(session_id, token, principal, clip)
+                    clip: bool = False) -> ParkedSession | ClaimRefused:
+        """The parked session, or why not (returned, never raised: a refusal is no failure of
+        the call, and Serve would log a traceback for it)."""
+        try:
+            record = await self._book.claim(session_id, token, principal, clip)
+        except ReplicaError as e:
+            unknown = isinstance(e, (UnknownToken, UnknownClip))
+            self._log.debug("claim refused", fields={"session": session_id, "code": e.code.value,
+                                                     "unknown": unknown})  # the claiming connection logs it
+            return ClaimRefused(e.code, e.message, unknown)
         self._log.info("session resumed", fields={"session": record.dit_key, "chunks": record.next_chunk})
         return record
 

@@ -4,12 +4,16 @@
   the stream opens and `sessions.resume_grace_s` > 0).
 * When the socket ends, `_park_current` hands the open session to the parking instead of
   closing it: announced at once (a quick reconnect waits for it), then, once the chunks in
-  flight are answered, its journal, keys, counters, the last `resume_replay_chunks` sent
-  replies and every reply the socket could not send. The replica state stays where it is.
+  flight are answered (however long they take, within the grace period), its journal, keys,
+  counters, the last `resume_replay_chunks` sent replies and every reply the socket could not
+  send (those of the chunks in flight at the drop included). The replica state stays where it is.
 * On a new socket, a `resume` request, or an infer with `resume_token`, claims it
   (`_resume`) before anything else of that socket is read: the missed replies go out again in
   order (those from `resume_from` on; without it, the unsent ones), then the session goes on.
   A clip-mode connection (deployments/clip) claims its client's clip session by session id.
+  A token the parking does not know is asked for once more after `UNKNOWN_WAIT_S` (the old
+  socket's end may not have been seen yet): that wait, and the one of a client whose claims
+  keep failing (claim_gate.py), happen here, in the claiming connection, never in the parking.
 
 `Resume` is a base class of `Connection`, which sets the attributes it declares.
 """
@@ -24,10 +28,10 @@ from pydantic import BaseModel
 from camera import CHUNK_LATENT_FRAMES
 from deployments.config import AppArgs
 from deployments.detached import detach, settle
-from deployments.errors import Unauthorized
+from deployments.errors import Busy, Unauthorized
 from deployments.lane_jobs import Backends, _done
 from deployments.log import KeyValueLog
-from deployments.parking import ParkedSession, token_digest
+from deployments.parking import ClaimRefused, ParkedSession, token_digest
 from deployments.quotas import KeyQuota
 from deployments.stream import Stream, StreamState
 from protocol.errors import ErrorCode, ProtocolError
@@ -35,6 +39,11 @@ from protocol.messages import FrameReply, InferRequest, Request, ResumeOk, Resum
 
 CLIP_RESUME = "\x00clip"  # resume_token of a clip-mode extension on a new socket (never a real token)
 PARK_CALL_S = 10.0  # a parking call that takes longer is given up (the session then ends as before)
+UNKNOWN_WAIT_S = 2.0  # a claim of a token the parking does not know is made again after this long
+
+
+class ClaimsThrottled(Busy):
+    """This client's resume claims failed too often: not made (claim_gate.py)."""
 
 
 class Resume:
@@ -61,6 +70,12 @@ class Resume:
             return self._key_id
         return f"addr:{self._client}"
 
+    @property
+    def _owner(self) -> str:
+        """Whose bounds a parked session and a failed claim count against: the API key (auth
+        on), else the client address (anonymous clients never share one bucket)."""
+        return f"key:{self._key_id}" if self._key_id is not None else f"addr:{self._client}"
+
     # ---- the socket ended ----
 
     async def _park_current(self) -> Optional[Stream]:
@@ -71,11 +86,12 @@ class Resume:
             return None
         digest, clip = s.resume_digest, s.spec.raw_frames
         parking = self._b.parking
-        if not await self._call(parking.reserve.remote(digest, s.spec.session_id, self._principal(clip), clip)):
+        if not await self._call(parking.reserve.remote(digest, s.spec.session_id, self._principal(clip), clip,
+                                                      self._owner)):
             return None
         pending = [t for t in s.chunk_tasks if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=self._args.connection.release_timeout_s)
+        if pending:  # their replies are the ones the client missed: parked with the session
+            await asyncio.wait(pending, timeout=self._args.sessions.resume_grace_s)
         replies = [t.result() for t in s.chunk_tasks if t.done() and not t.cancelled()]
         if s.state is not StreamState.OPEN or len(replies) < len(s.chunk_tasks) or not all(
                 isinstance(r, FrameReply) for r in replies):  # a chunk failed or is still running
@@ -142,7 +158,7 @@ class Resume:
         token = None if clip else req.resume_token
         if self._quota is not None:  # before the claim: a session claimed is never dropped for the quota
             self._quota.check_session(self._open_key())
-        record = await self._b.parking.claim.remote(req.session_id, token, self._principal(clip), clip)
+        record = await self._claim(req.session_id, token, self._principal(clip), clip)
         resume_from = record.next_chunk if clip else (req.resume_from if req.resume_from is not None else record.sent)
         stream = self._install(record, resume_from)
         replay = [r for r in record.replies if r.chunk_id >= resume_from]
@@ -156,6 +172,31 @@ class Resume:
         if isinstance(req, ResumeRequest):
             out.append(ResumeOk(session_id=req.session_id, next_chunk_id=record.next_chunk, replayed=len(replay)))
         return out
+
+    async def _claim(self, session_id: str, token: Optional[str], principal: Optional[str],
+                     clip: bool) -> ParkedSession:
+        """The parked session, claimed through this client's gate (see the module doc). Raises
+        ClaimsThrottled, Unauthorized or SessionLost."""
+        sessions, gate, who = self._args.sessions, self._b.claims, self._owner
+        rate, burst = sessions.resume_failed_claims_per_minute, sessions.resume_failed_claims_burst
+        wait = gate.take(who, rate, burst)
+        if wait is None:
+            retry = gate.retry_in(who, rate, burst)
+            self._log.debug("resume refused: too many failed claims", fields={"session": session_id,
+                                                                             "retry_after_s": round(retry, 1)})
+            raise ClaimsThrottled("too many resume claims of this client failed; try again later", retry)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        result = await self._b.parking.claim.remote(session_id, token, principal, clip)
+        if isinstance(result, ClaimRefused) and result.unknown:  # its old socket's end may not be seen yet
+            await asyncio.sleep(UNKNOWN_WAIT_S)
+            result = await self._b.parking.claim.remote(session_id, token, principal, clip)
+        if isinstance(result, ClaimRefused):
+            self._log.info("resume refused", fields={"session": session_id, "code": result.code.value,
+                                                     "why": "unknown token" if result.unknown else result.message})
+            raise result.error()
+        gate.give_back(who, burst)
+        return result
 
     def _replay_held(self, req: ResumeRequest) -> list[BaseModel]:
         """`resume` of the session this connection holds: its kept replies from `resume_from` on, again."""
