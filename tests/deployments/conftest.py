@@ -352,6 +352,12 @@ def connect(server: Server):
     return lambda headers=None: Connect(server.ws, headers)
 
 
+@pytest.fixture(scope="session")
+def connect_url():
+    """`async with connect_url(ws_url, headers) as client:` a WebSocket to any app of the run."""
+    return lambda url, headers=None: Connect(url, headers)
+
+
 @pytest.fixture(scope="module")
 def autoscaled_connect(autoscaled_server: Server):
     """`async with autoscaled_connect() as client:` a fresh WebSocket to the autoscaled app."""
