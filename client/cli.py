@@ -4,7 +4,9 @@
     lwf-client orbit|dolly|pan [--image IMG] [--prompt TEXT] [--save-trajectory DIR] ...
 
 Exit codes: 0 done, 1 server or connection error, 2 bad input, 130 interrupted (Ctrl-C:
-the session is reset and the socket closed).
+the session is reset and the socket closed). When the stream fails after some chunks came
+(e.g. the socket dropped and the resume failed), the MP4 of those chunks is written anyway
+and what happened is printed, then the exit code is 1.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,10 +26,10 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from client.errors import ServerError
 from client.session import DEFAULT_URL, WorldClient
 from client.stats import ChunkStat
-from client.streaming import ResumePolicy
+from client.streaming import ResumePolicy, StreamResult
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
-from protocol.errors import ProtocolError
+from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply
 
 API_KEY_ENV = "LWF_API_KEY"
@@ -109,12 +112,17 @@ async def play(args: argparse.Namespace, traj: Trajectory) -> None:
     def on_busy(err: ServerError) -> None:
         bar.write(f"server busy: {err.message} (retrying in {err.retry_after_s:g} s)", file=sys.stderr)
 
+    result = StreamResult(started_at=time.perf_counter())
+    grace_s = client.config.resume_grace_s
     try:
-        resume = None if args.no_resume or not client.config.resume_grace_s else ResumePolicy(sid)
-        result = await client.stream(messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy,
-                                     resume=resume)
+        resume = None if args.no_resume or not grace_s else ResumePolicy(sid)
+        await client.stream(messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy,
+                            resume=resume, into=result)
     except asyncio.CancelledError:  # Ctrl-C: leave the server clean
         await _reset_quietly(client, sid)
+        raise
+    except (ServerError, ConnectionClosed, OSError) as e:
+        _keep_partial(args, result, plan.num_chunks, sid, grace_s, e)
         raise
     finally:
         bar.close()
@@ -125,6 +133,26 @@ async def play(args: argparse.Namespace, traj: Trajectory) -> None:
     if result.resumes:
         print(f"the connection dropped {result.resumes} time(s); resumed, {result.replayed} replies sent again")
     print(summary.format())
+
+
+def _keep_partial(args: argparse.Namespace, result: StreamResult, chunks: int, sid: str,
+                  grace_s: Optional[float], error: BaseException) -> None:
+    """The stream failed: write the chunks received so far, and say what happened and what can
+    be done (the session id and token let any client resume it while the server keeps it)."""
+    if not result.stats:
+        return
+    result.video.write(args.out)
+    frames = sum(s.num_frames for s in result.stats)
+    print(f"incomplete: wrote {args.out} with the {len(result.stats)} of {chunks} chunks received ({frames} "
+          f"frames) before the stream failed", file=sys.stderr)
+    refused = isinstance(error, ServerError) and error.code in (ErrorCode.SESSION_LOST, ErrorCode.UNAUTHORIZED)
+    if refused or not grace_s or result.resume_token is None:
+        print("the server no longer holds the session: run the same command again for the whole video",
+              file=sys.stderr)
+    else:
+        print(f"the server keeps the session for {grace_s:g} s after the drop: resume it with session_id {sid} "
+              f"and resume_token {result.resume_token} (a `resume` request, resume_from {len(result.stats)}), "
+              "or run the same command again for the whole video", file=sys.stderr)
 
 
 async def _reset_quietly(client: WorldClient, session_id: str) -> None:

@@ -66,6 +66,7 @@ class StreamResult:
     stats: list[ChunkStat] = field(default_factory=list)
     resumes: int = 0  # dropped sockets the session survived
     replayed: int = 0  # replies the server sent again on resuming
+    resume_token: Optional[str] = None  # the session's (its first frame reply's), once received
 
     def summary(self) -> StreamSummary:
         return StreamSummary.of(self.stats, self.started_at)
@@ -77,14 +78,16 @@ async def stream_session(channel: Channel, messages: Sequence[bytes], *, pipelin
                          busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
                          reply_timeout_s: Optional[float] = None,
                          clock: Callable[[], float] = time.perf_counter,
-                         resume: Optional[ResumePolicy] = None) -> StreamResult:
+                         resume: Optional[ResumePolicy] = None,
+                         into: Optional[StreamResult] = None) -> StreamResult:
     """Send `messages` (packed infers of one session, in order), keeping up to `pipeline`
     in flight. Raises `ServerError` for an error reply (busy only after `busy_timeout_s`).
-    `resume`: survive dropped sockets (the channel must be `Reconnectable`)."""
+    `resume`: survive dropped sockets (the channel must be `Reconnectable`). `into`: the
+    result to fill (what was received stays there when this raises), and its `token`."""
     if pipeline < 1:
         raise ValueError(f"pipeline must be >= 1, got {pipeline}")
     stream = _Stream(channel, messages, pipeline, on_chunk, on_busy, busy_timeout_s, reply_timeout_s, clock,
-                     StreamResult(started_at=clock()))
+                     into if into is not None else StreamResult(started_at=clock()))
     while stream.next_k < len(messages) or stream.inflight:
         try:
             await stream.turn()
@@ -118,6 +121,7 @@ class _Stream:
         if reply.client_chunk_id is not None and reply.client_chunk_id != k:
             raise ServerError(ErrorCode.BAD_MESSAGE, f"expected chunk {k}, got {reply.client_chunk_id}")
         self.token = reply.resume_token or self.token
+        self.result.resume_token = self.token
         stat = ChunkStat(k, reply.num_frames, sent_at, self.clock(), dict(reply.stage_durations))
         self.result.video.append(reply.video)
         self.result.stats.append(stat)
