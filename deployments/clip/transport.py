@@ -132,6 +132,10 @@ class PeerTransport:
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "`endpoint` must be `infer` (or left out) or `reset`")
         except ProtocolError as e:
             self._queue.append((_UNDECODABLE, _Expect(error=e)))
+        except (ValueError, TypeError, OverflowError, RecursionError) as e:  # a hostile shape no check foresaw
+            self._queue.append((_UNDECODABLE, _Expect(error=ProtocolError(
+                ErrorCode.BAD_MESSAGE, f"the request could not be read ({type(e).__name__}); send the fields the "
+                                       "peers' clients send (docs/COMPATIBILITY.md)"))))
 
     def _reset(self, obj: dict) -> None:
         sid = obj.get("session_id") or self._session or DEFAULT_SESSION
