@@ -49,7 +49,7 @@ from deployments.replies import Replies
 from deployments.resume import Resume
 from deployments.sizes import SizeRule
 from deployments.stream import Stream, StreamState, image_digest, stream_spec
-from deployments.transport import Transport
+from deployments.transport import Transport, frame_size, oversize
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
@@ -112,9 +112,9 @@ class Connection(LaneJobs, Releases, Resume, Replies):
                 if msg["type"] == "websocket.disconnect":
                     break
                 data = msg.get("bytes")
-                violation = self._policy.on_frame(self._outbox.qsize(), len(data) if data else len(msg.get("text") or ""))
+                violation = self._policy.on_frame(self._outbox.qsize(), frame_size(msg))
                 if violation is None:
-                    refused, infer = await self._handle(data, time.perf_counter())
+                    refused, infer = await self._handle(data, time.perf_counter(), oversize(msg, self._limits))
                     violation = self._policy.on_outcome(refused, infer)
                 del msg, data  # a large frame is not kept alive while waiting for the next
                 if violation is not None:
@@ -149,10 +149,14 @@ class Connection(LaneJobs, Releases, Resume, Replies):
 
     # ---- dispatch (synchronous: fixes the order of every call and reply) ----
 
-    async def _handle(self, data: Optional[bytes], t0: float) -> tuple[bool, bool]:
+    async def _handle(self, data: Optional[bytes], t0: float,
+                      kept_back: Optional[ProtocolError] = None) -> tuple[bool, bool]:
         """Handle one frame: (refused: answered with an error, infer: an accepted infer). A
-        frame that resumes a session waits for its claim (resume.py) before the next is read."""
+        frame that resumes a session waits for its claim (resume.py) before the next is read.
+        `kept_back`: the proxy guard kept the frame back as too large (its refusal)."""
         try:
+            if kept_back is not None:
+                raise kept_back
             if data is None:
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "send binary frames holding one msgpack map, not text")
             req = decode(data, self._limits)

@@ -26,7 +26,7 @@ from deployments.clip.chunks import extension_clip, first_clip
 from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
 from deployments.clip.replies import RESET_TEXT, ClipFrames, error_message, frames_of, pack
 from deployments.resume import CLIP_RESUME
-from deployments.transport import NORMAL_CLOSURE
+from deployments.transport import NORMAL_CLOSURE, oversize
 from protocol.codec import decode_reply, encode_reset, unpack
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
@@ -108,6 +108,9 @@ class PeerTransport:
                 self._mode = self._sniff(data)
             if self._mode == CHUNK_MODE:
                 return msg
+            if (kept_back := oversize(msg, self._limits)) is not None:  # by the proxy guard
+                self._queue.append((_UNDECODABLE, _Expect(error=kept_back)))
+                continue
             self._translate(data)
 
     def _sniff(self, data: Optional[bytes]) -> str:
