@@ -231,7 +231,9 @@ class ConnectionArgs(_Strict):
 
     max_messages_per_s: float = Field(50.0, gt=0)  # sustained client frames per second
     message_burst: int = Field(200, ge=1)  # frames allowed at once above the sustained rate
-    first_message_timeout_s: float = Field(30.0, gt=0)  # accept -> first complete frame
+    # accept -> first complete frame: a socket that sends nothing holds a connection slot until
+    # then (64 idle sockets kept every new client at `server_full` for 30 s).
+    first_message_timeout_s: float = Field(5.0, gt=0)
     # No infer (resets do not count) and no reply for this long while no chunk is in flight.
     idle_timeout_s: float = Field(300.0, gt=0)
     max_unsent_replies: int = Field(64, ge=1)  # replies queued for a client that does not read them
@@ -249,6 +251,9 @@ class ConnectionArgs(_Strict):
     # request for its whole life). Beyond a cap the socket gets `busy` and is closed (1013).
     max_connections: Optional[int] = Field(None, ge=1)
     max_connections_per_client: int = Field(16, ge=1)  # per client address
+    # Slots of `max_connections` that only an address holding no socket may take: a few
+    # addresses with many sockets cannot lock every new client out.
+    reserved_for_new_clients: int = Field(4, ge=0)
     # Take the client address from the last X-Forwarded-For entry, the one the proxy in front
     # appended (set true behind a trusted load balancer or Kubernetes ingress; never when clients
     # reach the Serve proxy directly).

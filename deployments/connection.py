@@ -35,6 +35,7 @@ from deployments.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.detached import detach
 from deployments.errors import ReplicaError
+from deployments.image_intake import decode_off_loop
 from deployments.journal import SessionJournal
 from deployments.lane_jobs import Backends, LaneJobs
 from deployments.lanes import Lane
@@ -48,7 +49,7 @@ from deployments.replies import Replies
 from deployments.resume import ClaimsThrottled, Resume
 from deployments.sizes import SizeRule
 from deployments.stream import Stream, StreamState, image_digest, stream_spec
-from deployments.transport import Transport
+from deployments.transport import Transport, frame_size, oversize
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
@@ -94,6 +95,7 @@ class Connection(LaneJobs, Releases, Resume, Replies):
         self._background: set[asyncio.Task] = set()  # releases
         # replies in order, each with the stream whose chunk it answers (None: not a chunk's)
         self._outbox: asyncio.Queue[tuple[asyncio.Future[BaseModel], Optional[Stream]]] = asyncio.Queue()
+        self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
 
     async def run(self) -> None:
         """Handshake, receive loop, cleanup (always)."""
@@ -110,9 +112,9 @@ class Connection(LaneJobs, Releases, Resume, Replies):
                 if msg["type"] == "websocket.disconnect":
                     break
                 data = msg.get("bytes")
-                violation = self._policy.on_frame(self._outbox.qsize(), len(data) if data else len(msg.get("text") or ""))
+                violation = self._policy.on_frame(self._outbox.qsize(), frame_size(msg))
                 if violation is None:
-                    refused, infer = await self._handle(data, time.perf_counter())
+                    refused, infer = await self._handle(data, time.perf_counter(), oversize(msg, self._limits))
                     violation = self._policy.on_outcome(refused, infer)
                 del msg, data  # a large frame is not kept alive while waiting for the next
                 if violation is not None:
@@ -147,10 +149,14 @@ class Connection(LaneJobs, Releases, Resume, Replies):
 
     # ---- dispatch (synchronous: fixes the order of every call and reply) ----
 
-    async def _handle(self, data: Optional[bytes], t0: float) -> tuple[bool, bool]:
+    async def _handle(self, data: Optional[bytes], t0: float,
+                      kept_back: Optional[ProtocolError] = None) -> tuple[bool, bool]:
         """Handle one frame: (refused: answered with an error, infer: an accepted infer). A
-        frame that resumes a session waits for its claim (resume.py) before the next is read."""
+        frame that resumes a session waits for its claim (resume.py) before the next is read.
+        `kept_back`: the proxy guard kept the frame back as too large (its refusal)."""
         try:
+            if kept_back is not None:
+                raise kept_back
             if data is None:
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "send binary frames holding one msgpack map, not text")
             req = decode(data, self._limits)
@@ -176,7 +182,29 @@ class Connection(LaneJobs, Releases, Resume, Replies):
                 return False, False
             if isinstance(req, ResumeRequest):
                 return False, False
-        return self._dispatch(req, t0)
+        if isinstance(req, InferRequest) and req.image is not None and not self._holds_image(req):
+            try:  # the pixels decode off the event loop (image_intake.py); dispatch takes them
+                self._decoded = (req.image, await decode_off_loop(req.image, self._limits))
+            except ProtocolError as e:
+                self._reply_now(self._error(e.code, e.message, req.session_id))
+                return True, False
+        try:
+            return self._dispatch(req, t0)
+        finally:
+            self._decoded = None
+
+    def _holds_image(self, req: InferRequest) -> bool:
+        """`req` continues the open session with its own image (nothing to decode)."""
+        cur = self._stream
+        return (cur is not None and cur.state is StreamState.OPEN and cur.spec.session_id == req.session_id
+                and image_digest(req.image) == cur.spec.image_digest)
+
+    def _pixels(self, image: Any) -> Any:
+        """The pixels of `image`: decoded off the loop by `_handle`, else (a caller that did
+        not) here."""
+        if self._decoded is not None and self._decoded[0] is image:
+            return self._decoded[1]
+        return decode_image(image, self._limits)
 
     def _dispatch(self, req: Request, t0: float) -> tuple[bool, bool]:
         """Handle one decoded request: (refused: answered with an error, infer: an accepted infer)."""
@@ -279,10 +307,10 @@ class Connection(LaneJobs, Releases, Resume, Replies):
         if inherit is not None and (req.image is None) != (req.prompt is None):
             prompt = req.prompt if req.prompt is not None else inherit.prompt
             image, digest = (inherit.image, inherit.spec.image_digest) if req.image is None else (
-                decode_image(req.image, self._limits), image_digest(req.image))
+                self._pixels(req.image), image_digest(req.image))
         else:
             require_session_start(req)
-            prompt, image, digest = req.prompt, decode_image(req.image, self._limits), image_digest(req.image)
+            prompt, image, digest = req.prompt, self._pixels(req.image), image_digest(req.image)
         max_area = req.max_area or parse_size(self._args.model.default_size)
         resolution = self._sizes.output(max_area, *image.shape[:2])  # buckets, bounds (ProtocolError)
         spec = stream_spec(req, resolution, prompt, digest, raw_frames=getattr(self._ws, "raw_frames", False))

@@ -3,7 +3,8 @@ and per API key (AppArgs.connection, auth.max_connections_per_key).
 
 Each open WebSocket is one ongoing request of the ingress replica for its whole life; without
 caps, a few dozen idle sockets of one client fill `max_ongoing_requests` and then health checks
-and every other client time out. The caps answer `busy` at the handshake instead.
+and every other client time out. The caps answer `busy` at the handshake instead, and keep a few slots for addresses that hold
+no socket, so that a few addresses with many sockets cannot lock new clients out.
 """
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ UNKNOWN_CLIENT = "unknown"
 class ConnectionCaps:
     """Counts open connections; `admit` refuses one beyond a cap (reason, message)."""
 
-    def __init__(self, total: int, per_client: int, per_key: Optional[int]) -> None:
+    def __init__(self, total: int, per_client: int, per_key: Optional[int], reserved_for_new: int = 0) -> None:
+        """`reserved_for_new`: of the `total` slots, how many only an address holding no
+        connection may take (at most total - 1)."""
         self._total = total
+        self._reserved = min(reserved_for_new, total - 1)
         self._per_client = per_client
         self._per_key = per_key
         self._clients: Counter[str] = Counter()
@@ -28,7 +32,7 @@ class ConnectionCaps:
 
     def admit(self, client: str, key_id: Optional[str]) -> Optional[tuple[str, str]]:
         """Count a new connection; (reason, message) when a cap refuses it (nothing counted)."""
-        if self.open >= self._total:
+        if self.open >= self._total or (self._clients[client] and self.open >= self._total - self._reserved):
             return "server_full", (f"this server replica holds {self.open} connections, the most it may; "
                                    "retry later")
         if self._clients[client] >= self._per_client:

@@ -101,7 +101,8 @@ class WorldIngress:
         c = args.connection
         total = c.max_connections or max(1, own_max_ongoing_requests() - INGRESS_HTTP_HEADROOM)
         self._caps = ConnectionCaps(total, c.max_connections_per_client,
-                                    args.auth.max_connections_per_key if self._auth.enabled else None)
+                                    args.auth.max_connections_per_key if self._auth.enabled else None,
+                                    c.reserved_for_new_clients)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
         self._open_connections = 0
         runner = SessionRunner(self._serve, min(VIDEO_PIPELINE, args.sessions.max_pending_chunks),

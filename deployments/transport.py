@@ -13,7 +13,25 @@ from typing import Any, Optional, Protocol
 
 from starlette.websockets import WebSocketState
 
+from deployments.proxy_guard import DROPPED_FRAME_BYTES
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.limits import Limits
+
 NORMAL_CLOSURE = 1000
+
+
+def frame_size(msg: dict[str, Any]) -> int:
+    """The bytes of a received frame, also of one the proxy guard kept back (deployments/proxy_guard.py)."""
+    return msg.get(DROPPED_FRAME_BYTES) or len(msg.get("bytes") or b"") or len(msg.get("text") or "")
+
+
+def oversize(msg: dict[str, Any], limits: Limits) -> Optional[ProtocolError]:
+    """The typed too_large for a frame over `max_message_bytes` that the proxy guard kept back
+    (the same refusal as `protocol.codec.decode` gives the frame itself), else None."""
+    size = msg.get(DROPPED_FRAME_BYTES)
+    if not size:
+        return None
+    return ProtocolError(ErrorCode.TOO_LARGE, f"message is {size} bytes; at most {limits.max_message_bytes}")
 
 
 class Transport(Protocol):

@@ -78,7 +78,10 @@ def _from_parts(dtype: object, shape: object, data: object, field: str, code: Er
     if count * dt.itemsize != len(data):
         raise ProtocolError(code, f"`{field}`: data holds {len(data)} bytes but shape {list(shape)} "
                                   f"of dtype {dt.str} needs {count * dt.itemsize}")
-    return np.frombuffer(data, dtype=dt, count=count).reshape(shape)
+    try:  # a shape of no elements can still be too big for numpy ([2**62, 2**62, 0])
+        return np.frombuffer(data, dtype=dt, count=count).reshape(shape)
+    except ValueError:
+        raise ProtocolError(code, f"`{field}`: shape {list(shape)} is not a valid array shape") from None
 
 
 def _from_lists(value: list | tuple, field: str, code: ErrorCode) -> np.ndarray:

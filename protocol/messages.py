@@ -218,7 +218,7 @@ class InferRequest(_Request):
         lo, hi = _limits(info).translation_scale_range
         if v is not None and not lo <= v <= hi:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`translation_scale` must be in [{lo:g}, {hi:g}] (the "
-                                                       "largest relative translation of the trajectory), got {v:.3g}")
+                                                       f"largest relative translation of the trajectory), got {v:.3g}")
         return v
 
     @field_validator("num_frames")

@@ -20,6 +20,10 @@ from protocol.errors import ErrorCode, ProtocolError
 
 DEFAULT_SESSION = "default"  # their server's session when a request names none
 DEFAULT_FRAMES_PER_MESSAGE = 4  # their server's CHUNK_FRAMES
+# `frames_per_chunk` at most one of our chunks: a clip's frames wait in the ingress until a
+# message is full (float32, 11 MB a frame at 1280x720), so a larger value would buffer up to the
+# whole clip there (1e9: every frame of a 4093-pose clip, ~19.6 GB at 464x832).
+MAX_FRAMES_PER_MESSAGE = CHUNK_VIDEO_FRAMES
 
 
 def _poses_count(obj: dict) -> int:
@@ -44,13 +48,25 @@ def is_peer_request(obj: object) -> bool:
     return "extra_body" in obj or obj.get("session_id") is None or _poses_count(obj) > CHUNK_VIDEO_FRAMES
 
 
-def _int(body: dict, name: str, lo: int = 1) -> Optional[int]:
+def _int(body: dict, name: str, lo: int = 1, hi: Optional[int] = None) -> Optional[int]:
     v = body.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`extra_body.{name}` must be an integer >= {lo}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        bounds = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`extra_body.{name}` must be an integer {bounds}")
     return v
+
+
+def _prompt(obj: dict) -> Optional[str]:
+    """`prompt`: a string (a number is taken as its text); anything else is refused, never
+    turned into text (a list nested 1000 deep would raise RecursionError)."""
+    prompt = obj.get("prompt")
+    if prompt is None or isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (int, float)) and not isinstance(prompt, bool):
+        return str(prompt)
+    raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`prompt` must be a string, got {type(prompt).__name__}")
 
 
 @dataclass(frozen=True)
@@ -95,11 +111,10 @@ def read_call(obj: dict) -> PeerCall:
     seed = obj.get("seed", body.get("seed"))
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "`seed` must be an integer")
-    prompt = obj.get("prompt")
     return PeerCall(
         session_id=session_of(obj), poses=poses.astype(np.float32), intrinsics=intrinsics.astype(np.float32),
-        prompt=prompt if prompt is None or isinstance(prompt, str) else str(prompt),
+        prompt=_prompt(obj),
         image=obj.get("image"), num_frames=_int(body, "num_frames"), seed=seed,
         size=None if height is None else f"{height}*{width}",
-        frames_per_message=_int(body, "frames_per_chunk") or DEFAULT_FRAMES_PER_MESSAGE,
+        frames_per_message=_int(body, "frames_per_chunk", hi=MAX_FRAMES_PER_MESSAGE) or DEFAULT_FRAMES_PER_MESSAGE,
     )

@@ -26,7 +26,7 @@ from deployments.clip.chunks import extension_clip, first_clip
 from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
 from deployments.clip.replies import RESET_TEXT, ClipFrames, error_message, frames_of, pack
 from deployments.resume import CLIP_RESUME
-from deployments.transport import NORMAL_CLOSURE
+from deployments.transport import NORMAL_CLOSURE, oversize
 from protocol.codec import decode_reply, encode_reset, unpack
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
@@ -108,6 +108,9 @@ class PeerTransport:
                 self._mode = self._sniff(data)
             if self._mode == CHUNK_MODE:
                 return msg
+            if (kept_back := oversize(msg, self._limits)) is not None:  # by the proxy guard
+                self._queue.append((_UNDECODABLE, _Expect(error=kept_back)))
+                continue
             self._translate(data)
 
     def _sniff(self, data: Optional[bytes]) -> str:
@@ -132,6 +135,10 @@ class PeerTransport:
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "`endpoint` must be `infer` (or left out) or `reset`")
         except ProtocolError as e:
             self._queue.append((_UNDECODABLE, _Expect(error=e)))
+        except (ValueError, TypeError, OverflowError, RecursionError) as e:  # a hostile shape no check foresaw
+            self._queue.append((_UNDECODABLE, _Expect(error=ProtocolError(
+                ErrorCode.BAD_MESSAGE, f"the request could not be read ({type(e).__name__}); send the fields the "
+                                       "peers' clients send (docs/COMPATIBILITY.md)"))))
 
     def _reset(self, obj: dict) -> None:
         sid = obj.get("session_id") or self._session or DEFAULT_SESSION

@@ -31,6 +31,7 @@ from protocol import decode_reply, encode_infer, encode_reset
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
 from support import EXAMPLES, wait_healthy
 from deployments.allocator import MALLOC_ENV
+from deployments.proxy_guard import PROXY_GUARD_ENV
 
 IDLE_TTL_S = 10.0
 TEST_SIZE = "32*64"  # a 16:9 image -> 32 x 48 output: small enough for 1-thread CPU replicas
@@ -127,6 +128,7 @@ def ray_port() -> Iterator[int]:
     os.environ[API_KEYS_ENV] = ",".join(API_KEYS)
     port = _free_port()
     os.environ.update(MALLOC_ENV)  # as the shipped configs run the Ray processes (see MALLOC_ENV)
+    os.environ.update(PROXY_GUARD_ENV)  # the proxy's byte budget per WebSocket (deployments/proxy_guard.py)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -2,15 +2,19 @@
 clip's chunks become the peers' frame messages."""
 from __future__ import annotations
 
+import asyncio
+
 import msgpack
 import numpy as np
 import pytest
 
+from deployments.clip import CLIP_MODE, PeerTransport
 from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
 from deployments.clip.replies import ClipFrames
 from protocol import encode_infer, encode_reset
 from protocol.codec import unpack
-from protocol.errors import ProtocolError
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.limits import DEFAULT_LIMITS
 
 
 def _openpi(a: np.ndarray) -> dict:
@@ -66,3 +70,48 @@ def test_chunks_become_messages_of_frames_per_chunk_as_they_decode():
     assert [m["index"] for m in messages] == list(range(6))
     assert all(m["total"] == 6 for m in messages)
     assert [m["video"][b"shape"] for m in messages] == [[4, 2, 2, 3]] * 5 + [[1, 2, 2, 3]]
+
+
+class _Socket:
+    """The part of Starlette's WebSocket that PeerTransport reads: one frame, then a disconnect."""
+
+    application_state = None
+
+    def __init__(self, data: bytes) -> None:
+        self._frames = [{"type": "websocket.receive", "bytes": data}, {"type": "websocket.disconnect", "code": 1000}]
+
+    async def receive(self) -> dict:
+        return self._frames.pop(0)
+
+
+def _refusal(request_: dict) -> ProtocolError:
+    """What PeerTransport makes of one peer frame it must refuse: the error it answers with."""
+    async def go():
+        transport = PeerTransport(_Socket(msgpack.packb(request_, use_bin_type=True)), DEFAULT_LIMITS, 2, CLIP_MODE)
+        msg = await asyncio.wait_for(transport.receive(), 10)
+        assert msg["bytes"] == b"\xc1", "a refused peer frame reaches the Connection as one undecodable byte"
+        return transport._expect[0].error
+    return asyncio.run(go())
+
+
+def test_poses_of_an_impossible_shape_are_refused_with_a_typed_error():
+    huge = {b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [2 ** 62, 2 ** 62, 0]}
+    error = _refusal({"prompt": "p", "camera": {"poses": huge, "intrinsics": _camera(1)["intrinsics"]},
+                      "session_id": None})
+    assert error.code is ErrorCode.BAD_CAMERAS and "camera.poses" in error.message
+
+
+def test_a_prompt_nested_1000_deep_is_refused_with_a_typed_error():
+    prompt: object = "p"
+    for _ in range(1000):
+        prompt = [prompt]
+    error = _refusal({"prompt": prompt, "camera": _camera(12), "session_id": None, "image": b"x"})
+    assert error.code is ErrorCode.BAD_MESSAGE and "`prompt` must be a string" in error.message
+
+
+def test_frames_per_chunk_beyond_one_chunk_is_refused_so_a_clip_is_never_buffered_whole():
+    body = {"frames_per_chunk": 10 ** 9}
+    error = _refusal({"prompt": "p", "camera": _camera(24), "session_id": None, "extra_body": body})
+    assert error.code is ErrorCode.BAD_MESSAGE and "frames_per_chunk" in error.message
+    body["frames_per_chunk"] = 12  # one chunk's frames: the most accepted
+    assert read_call({"prompt": "p", "camera": _camera(24), "extra_body": body}).frames_per_message == 12

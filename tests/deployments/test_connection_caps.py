@@ -30,3 +30,17 @@ def test_client_address_uses_x_forwarded_for_only_when_trusted():
     assert client_address(conn, trust_forwarded_for=True) == "9.9.9.9"
     bare = SimpleNamespace(headers=Headers({}), client=None)
     assert client_address(bare, trust_forwarded_for=True) == "unknown"
+
+
+def test_addresses_holding_sockets_leave_the_reserved_slots_to_new_addresses():
+    caps = ConnectionCaps(total=8, per_client=16, per_key=None, reserved_for_new=2)
+    for i in range(6):  # issue 31: a few addresses with many idle sockets
+        assert caps.admit(f"10.0.0.{i % 2}", None) is None
+    assert caps.admit("10.0.0.0", None)[0] == "server_full"  # an address that holds sockets: not the reserve
+    assert caps.admit("10.0.0.7", None) is None and caps.admit("10.0.0.8", None) is None  # new addresses
+    assert caps.admit("10.0.0.9", None)[0] == "server_full" and caps.open == 8
+
+
+def test_a_socket_that_sends_nothing_holds_its_slot_at_most_5_s_by_default():
+    from deployments.config import AppArgs
+    assert AppArgs().connection.first_message_timeout_s <= 5.0  # was 30: idle sockets held every slot

@@ -324,11 +324,13 @@ def test_random_weights_are_never_a_default_and_need_no_checkpoint():
 @pytest.mark.parametrize("name", GPU_RAYSERVICES)
 def test_every_ray_container_runs_with_the_allocator_environment(name):
     """The proxy and the ingress give large frames back (deployments/allocator.py): every Ray
-    container of the RayService (head and workers) carries MALLOC_ENV."""
+    container of the RayService (head and workers) carries MALLOC_ENV, and the proxy guard's
+    callback (deployments/proxy_guard.py: each WebSocket's byte budget inside the proxy)."""
     from support import REPO
     import yaml
 
     from deployments.allocator import MALLOC_ENV
+    from deployments.proxy_guard import PROXY_GUARD_ENV
 
     doc = next(d for d in yaml.safe_load_all((REPO / name).read_text()) if d and d.get("kind") == "RayService")
     cluster = doc["spec"]["rayClusterConfig"]
@@ -337,3 +339,4 @@ def test_every_ray_container_runs_with_the_allocator_environment(name):
         for container in group["template"]["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in container.get("env", [])}
             assert {k: env.get(k) for k in MALLOC_ENV} == MALLOC_ENV, (group.get("groupName", "head"), env)
+            assert {k: env.get(k) for k in PROXY_GUARD_ENV} == PROXY_GUARD_ENV, (group.get("groupName", "head"), env)

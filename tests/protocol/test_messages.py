@@ -58,6 +58,14 @@ def test_later_infer_has_only_cameras():
     assert e.value.code is ErrorCode.MISSING_FIELD and "`image` and `prompt`" in e.value.message
 
 
+def test_an_out_of_range_translation_scale_is_refused_naming_the_value_sent():
+    poses, intrinsics = trajectory(3)
+    with pytest.raises(ProtocolError) as e:
+        decode(encode_infer("s", poses, intrinsics, translation_scale=1e9))
+    assert e.value.code is ErrorCode.BAD_MESSAGE
+    assert "got 1e+09" in e.value.message and "{" not in e.value.message, e.value.message
+
+
 def test_require_session_start_accepts_image_and_prompt():
     poses, intrinsics = trajectory(1)
     require_session_start(decode(encode_infer("s", poses, intrinsics, image=png(), prompt="")))
