@@ -7,13 +7,17 @@ one chunk's camera features and activations, `DiTEngine.footprint`) fits the ses
 `deployments/memory.py`); otherwise `Busy(retry_after_s)`, or `TooLarge` for a session that
 cannot fit an empty replica or exceeds `sessions.max_attention_tokens`. The constructor warms
 up every serving size (`model/warmup.py`) before Serve routes to the replica.
+The ingress admits a session with `reserve` before any replica works for it (the footprint does
+not depend on the prompt): a session that cannot fit is refused before its text and VAE
+encodes, and its `open` then claims the reservation.
 The replica is authoritative: a step for a session it does not hold raises `SessionLost`.
 `restore` admits a session like `open` and rebuilds it from the ingress's journal (one
 cache-update call per past chunk), so that it continues bit for bit where it stopped.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -30,6 +34,7 @@ from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
 from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from model.accel import AccelOptions
+from model.engines import SessionFootprint
 from model.factory import load_dit_engine
 from model.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
@@ -47,6 +52,16 @@ class DiTSlot:
     chunks: int = 0
     windowed: bool = False  # the session runs with the rolling window: its memory never grows
     update_s: float = 0.0  # its last chunk's deferred cache update (reported with the next chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionPlan:
+    """What admitting one session takes, from its size and length alone (not its prompt)."""
+
+    full_attention: bool
+    kv_frames: int  # latent frames the reservation covers
+    windowed: bool
+    need: SessionFootprint
 
 
 @serve.deployment
@@ -95,10 +110,20 @@ class DiTDeployment(SessionHost[DiTSlot]):
                                         "warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}",
                                         "torch_threads": torch.get_num_threads()})
 
+    async def reserve(self, key: str, spec: DiTOpenSpec) -> str:
+        """Admit a session before any work is done for it (`spec.context` may be None): its slot
+        and bytes are held for the `open` that follows; `Busy` / `TooLarge` at once otherwise.
+        Returns the replica id."""
+        plan = self._plan(spec, 0)
+        with self._refusals(key, plan.need):
+            self._reserve_slot(key, plan.need.held, plan.need.working, reserve_only=True)
+        return self._replica
+
     async def open(self, key: str, spec: DiTOpenSpec) -> str:
-        """Admit and open a session; returns the replica id."""
+        """Admit (or take the reservation of) and open a session; returns the replica id."""
+        plan = self._plan(spec, 0)
         session_spec = self._session_spec(spec)
-        await self._admit(key, session_spec, 0, lambda: self._engine.open(session_spec))
+        await self._admit(key, session_spec, plan, 0, lambda: self._engine.open(session_spec))
         self._log.info("session opened", fields={"session": key, "size": f"{spec.height}x{spec.width}"})
         return self._replica
 
@@ -110,6 +135,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
             raise SessionLost("this DiT deployment cannot rebuild sessions; start again with image and prompt")
         if len(past) > self._max_chunks:
             raise ChunkLimit(f"the session has {len(past)} chunks, more than max_chunks ({self._max_chunks})")
+        plan = self._plan(spec, len(past))
         session_spec = self._session_spec(spec)
         tensors: dict[int, torch.Tensor] = {}  # equal y arrive as one shared array: keep one tensor
 
@@ -124,7 +150,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
                             None if len(c) < 5 or c[4] is None else torch.tensor(c[4], dtype=torch.float32))
                   for c in past]
         state = None if noise is None else NoiseState(torch.from_numpy(noise[0].copy()), noise[1])
-        await self._admit(key, session_spec, len(past), lambda: self._engine.restore(session_spec, chunks, state))
+        await self._admit(key, session_spec, plan, len(past), lambda: self._engine.restore(session_spec, chunks, state))
         self._log.info("session restored", fields={"session": key, "chunks": len(past)})
         return self._replica
 
@@ -144,6 +170,18 @@ class DiTDeployment(SessionHost[DiTSlot]):
         budget = self._table.budget_bytes
         return budget is None or self._engine.footprint(spec.height, spec.width, frames, frames).total <= budget
 
+    def _plan(self, spec: DiTOpenSpec, chunks: int) -> AdmissionPlan:
+        """Attention mode, KV reservation and footprint of a session opened with `spec` after
+        `chunks` past chunks; `TooLarge` beyond the attention bound."""
+        full_attention = self._full_attention(spec)
+        kv_frames = self._engine.kv_frames(spec.total_latent_frames, full_attention)
+        windowed = self._engine.session_cfg(full_attention).local_attn_size != -1
+        if not windowed:
+            kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
+        self._check_attention((spec.height // 8) * (spec.width // 8) // 4, kv_frames)
+        need = self._engine.footprint(spec.height, spec.width, kv_frames, spec.total_latent_frames)
+        return AdmissionPlan(full_attention, kv_frames, windowed, need)
+
     def _session_spec(self, spec: DiTOpenSpec) -> DiTSessionSpec:
         return DiTSessionSpec(
             context=torch.tensor(spec.context, dtype=torch.float32),  # a copy: Ray hands in read-only arrays
@@ -152,24 +190,27 @@ class DiTDeployment(SessionHost[DiTSlot]):
             full_attention=self._full_attention(spec),
         )
 
-    async def _admit(self, key: str, spec: DiTSessionSpec, chunks: int, build: Callable[[], DiTSession]) -> None:
-        """Reserve the session's whole footprint (`Busy` when it does not fit now, `TooLarge`
-        when it never can), then build it."""
-        kv_frames = self._engine.kv_frames(spec.total_latent_frames, spec.full_attention)
-        windowed = self._engine.session_cfg(spec.full_attention).local_attn_size != -1
-        if not windowed:
-            kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
-        self._check_attention(spec.frame_seqlen, kv_frames)
-        need = self._engine.footprint(spec.height, spec.width, kv_frames, spec.total_latent_frames)
+    async def _admit(self, key: str, spec: DiTSessionSpec, plan: AdmissionPlan, chunks: int,
+                     build: Callable[[], DiTSession]) -> None:
+        """Reserve the session's whole footprint, or take its reservation (`Busy` when it does
+        not fit now, `TooLarge` when it never can), then build it."""
+        with self._refusals(key, plan.need):
+            await self._open_slot(key, plan.need.held,
+                                  lambda: DiTSlot(build(), spec.height, spec.width, plan.kv_frames, chunks, plan.windowed),
+                                  working=plan.need.working)
+        self._metrics.admitted.inc()
+
+    @contextmanager
+    def _refusals(self, key: str, need: SessionFootprint) -> Iterator[None]:
+        """Count and log an admission's `Busy` / `TooLarge`."""
         try:
-            await self._open_slot(key, need.held, lambda: DiTSlot(build(), spec.height, spec.width, kv_frames, chunks, windowed),
-                                  working=need.working)
+            yield
         except (Busy, TooLarge) as e:
             self._metrics.rejected.inc()
             self._log.info(f"session refused ({e.code.value})", fields={
-                "session": key, "held_mib": need.held >> 20, "working_mib": need.working >> 20})
+                "session": key, "held_mib": need.held >> 20, "working_mib": need.working >> 20,
+                "retry_after_s": getattr(e, "retry_after_s", None)})
             raise
-        self._metrics.admitted.inc()
 
     def _check_attention(self, frame_seqlen: int, kv_frames: int) -> None:
         """The work bound: a chunk attends to at most `max_attention_tokens` tokens."""
@@ -215,9 +256,10 @@ class DiTDeployment(SessionHost[DiTSlot]):
         held = self._engine.footprint(slot.height, slot.width, needed, None).held
         if not self._table.resize(key, held):
             # capacity, not a limit of the request: the budget frees as other sessions end
+            retry = self._table.retry_hint()
             raise Busy(f"the replica's KV cache budget is full and this session cannot grow; start it "
-                       f"again in {self._table.retry_after_s:g} s, declare num_frames up front, or serve with "
-                       "a local_attn_size window", self._table.retry_after_s)
+                       f"again in {retry:g} s, declare num_frames up front, or serve with "
+                       "a local_attn_size window", retry)
         slot.kv_frames = needed
 
     def _step(self, slot: DiTSlot, publish: Callable[[dict[str, Any]], None], y: np.ndarray, poses: np.ndarray,

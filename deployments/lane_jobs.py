@@ -1,5 +1,11 @@
 """The lane jobs of a `Connection`: each one call to one deployment (connection.py).
 
+Admission first: a new session's DiT lane job reserves its slot and bytes on a DiT replica
+(`DiTDeployment.reserve`, by size and length alone) before anything is computed for it; its
+text encode waits for that and for the VAE's admission (its `open`), and its first VAE
+condition (the costly image encode) for the DiT's. A session that cannot fit is answered
+`busy` / `too_large` at once, having cost no model work.
+
 A call that finds its replica dead or the session gone rebuilds the session from its journal
 on a healthy replica (recovery.py), inside the same lane job, and is made again. `LaneJobs` is
 a base class of `Connection`, which sets the attributes it declares.
@@ -17,12 +23,16 @@ import numpy as np
 from ray.serve.handle import DeploymentHandle
 
 from deployments.claim_gate import ClaimGate
+from deployments.detached import detach, settle
+from deployments.errors import ReplicaError
 from deployments.lanes import Lane
 from deployments.log import KeyValueLog
 from deployments.recovery import Recovery, needs_recovery
 from deployments.stream import Stream, StreamState
 
 T = TypeVar("T")
+
+EXPECT_RELEASE_CALL_S = 10.0  # telling a replica when a parked session ends is given up after this
 
 
 @dataclass(frozen=True)
@@ -45,14 +55,41 @@ class LaneJobs:
     _log: KeyValueLog
 
     async def _open_dit(self, stream: Stream) -> None:
-        """DiT lane: encode the prompt, then open the session on a DiT replica (may be busy)."""
+        """DiT lane: admit the session on a DiT replica (busy, too_large), wait for the VAE's
+        admission, encode the prompt, then open the session where it was admitted."""
+        key = stream.dit_key
+        admitted = _admission(stream)
+        try:
+            await self._b.dit.options(session_id=key).reserve.remote(key, stream.spec.dit_open(None))
+        except Exception as e:
+            if not admitted.done():
+                admitted.set_exception(e)
+            raise
+        if not admitted.done():
+            admitted.set_result(None)
+        await stream.vae_open  # re-raises the VAE's refusal: no text encode for a session refused there
         t = time.perf_counter()
         context = await self._b.text.encode.remote(stream.spec.prompt)
         stream.text_encode_s = time.perf_counter() - t
         stream.journal.set_context(context)
-        key = stream.dit_key
         replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec.dit_open(context))
         self._log.info("session opened", fields={"session": key, "dit_replica": replica})
+
+    def _expect_release(self, stream: Stream, within_s: float) -> None:
+        """Tell both replicas that `stream` will be closed within `within_s` unless it is used
+        again (a parked session's grace period): their `busy` answers count with it. Detached,
+        bounded, best effort: a replica not told answers from its idle TTL."""
+        async def tell(handle: DeploymentHandle, key: str) -> None:
+            ended, result = await settle(handle.options(session_id=key).expect_release.remote(key, within_s),
+                                         EXPECT_RELEASE_CALL_S)
+            if not ended or isinstance(result, BaseException):
+                self._log.info("replica not told when a parked session ends", fields={
+                    "session": key, "error": repr(result) if ended else "timeout"})
+
+        async def tell_both() -> None:
+            await asyncio.gather(tell(self._b.dit, stream.dit_key), tell(self._b.vae, stream.vae_key))
+
+        detach(tell_both(), name=f"expect-release-{stream.key}")
 
     def _encode_later(self, prompt: str) -> asyncio.Future:
         """The text context of a prompt update, encoded now (concurrently with the lanes)."""
@@ -61,7 +98,8 @@ class LaneJobs:
         return asyncio.ensure_future(encode())
 
     async def _condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
-        """VAE lane: the chunk's conditioning y."""
+        """VAE lane: the chunk's conditioning y (a new session's first, once the DiT admitted it)."""
+        await _dit_admitted(stream)
         t = time.perf_counter()
         y = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).condition.remote(key))
         stream.journal.conditioned += 1
@@ -112,6 +150,38 @@ class LaneJobs:
             await self._recovery.vae(stream, e)
             stream.vae_open = _done()
             return await call(stream.vae_key)
+
+
+def _admission(stream: Stream) -> asyncio.Future:
+    """The stream's DiT admission future (made by whichever of its jobs asks first)."""
+    if stream.dit_admitted is None:
+        stream.dit_admitted = asyncio.get_running_loop().create_future()
+        stream.dit_admitted.add_done_callback(_retrieved)
+    return stream.dit_admitted
+
+
+async def _dit_admitted(stream: Stream) -> None:
+    """Until the DiT admitted the stream; its refusal (busy, too_large) re-raised. A stream not
+    opened by `_open_dit` (resumed, rebuilt) ends the wait with its `dit_open`; a failure of
+    another kind (a replica died) is left to the step, which rebuilds the session."""
+    admitted, opened = _admission(stream), stream.dit_open
+    if opened is not None:
+        opened.add_done_callback(_retrieved)  # a refusal reaches the client through the condition
+    if not admitted.done() and opened is not None:
+        await asyncio.wait({admitted, opened}, return_when=asyncio.FIRST_COMPLETED)
+    settled = admitted if admitted.done() else opened
+    if settled is None:
+        return
+    if settled.cancelled():
+        raise asyncio.CancelledError("the session's open was dropped")
+    if isinstance(settled.exception(), ReplicaError):
+        raise settled.exception()
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    """Mark a future's exception as seen (asyncio logs unseen ones when they are collected)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _done() -> asyncio.Future:

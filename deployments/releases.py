@@ -26,6 +26,8 @@ from deployments.metrics import IngressMetrics
 from deployments.quotas import KeyQuota
 from deployments.stream import Stream, StreamState
 
+PARKING_CLOSE_MARGIN_S = 1.0  # after its grace, a parked session's close: the parking's sweep (0.5 s) and call
+
 
 class Releases:
     """Frees streams on the replicas (a mixin of `Connection`)."""
@@ -41,6 +43,7 @@ class Releases:
     _inflight: set[asyncio.Task]  # chunks not yet answered
     _background: set[asyncio.Task]  # releases
     _park_current: Callable[[], Awaitable[Optional[Stream]]]  # resume.py: parks the open session, if it can
+    _expect_release: Callable[[Stream, float], None]  # lane_jobs.py: tells the replicas when it ends
 
     def _fail(self, stream: Stream) -> None:
         if stream.fail():
@@ -98,7 +101,9 @@ class Releases:
         opened under a new key. Bounded by `connection.release_timeout_s`; the replicas' idle
         TTL frees whatever a replica could not be told in time."""
         timeout = self._args.connection.release_timeout_s
-        await self._park_current()  # the open session waits for a resume instead (resume.py), if it can
+        parked = await self._park_current()  # the open session waits for a resume instead (resume.py), if it can
+        if parked is not None:  # its replicas hold it for the grace period: their `busy` hints say so
+            self._expect_release(parked, self._args.sessions.resume_grace_s + PARKING_CLOSE_MARGIN_S)
         for t in [*self._inflight, *self._background]:
             t.cancel()  # local tasks waiting on lane futures; no Serve call is cancelled
         self._dit_lane.close()

@@ -1,9 +1,9 @@
 """SessionAffinityRouter: hard session affinity for the stateful DiT and VAE deployments.
 
 Every call that carries a session id (`handle.options(session_id=key)`) goes to the replica
-that holds the session. A session is placed when its `open` (or `restore`: a session rebuilt
-after its replica was lost) call is routed: on the replica
-with the most free session slots, and pinned at once, so that concurrent opens spread. Free
+that holds the session. A session is placed when its first call is routed (`reserve`:
+admission ahead of the open; `open`; `restore`: a session rebuilt after its replica was
+lost): on the replica with the most free session slots, and pinned at once, so that concurrent opens spread. Free
 slots come from the replicas' `record_routing_stats` (capacity and the keys they hold), which
 are up to a stats period old: the router corrects them by its own recent placements (a pin
 counts until the stats could report it, `stats_fresh_s`; after that the stats say whether the
@@ -49,7 +49,7 @@ class SessionAffinityRouter(RequestRouter):
     """Places sessions by free capacity and pins every later call of a session."""
 
     def initialize_state(
-        self, pin_ttl_s: float = 900.0, open_methods: tuple[str, ...] = ("open", "restore"),
+        self, pin_ttl_s: float = 900.0, open_methods: tuple[str, ...] = ("reserve", "open", "restore"),
         close_method: str = "close", stats_fresh_s: float = 10.0,
     ) -> None:
         """`stats_fresh_s`: how long after a placement the replicas' stats may still not list it."""

@@ -106,6 +106,8 @@ class SessionHost(Generic[S]):
         with the process counters that moved during it (`stall_counters`: a compile, the
         allocator's retries, cudaMalloc / cudaFree)."""
         call = getattr(fn, "__name__", "call").lstrip("_")
+        calls = self.__dict__.setdefault("_calls_total", {})  # model calls run, by name (stats)
+        calls[call] = calls.get(call, 0) + 1
         if self._metrics is not None:
             self._metrics.observe_call(call, waited_s, ran_s)
         if ran_s >= self.slow_call_s:
@@ -142,14 +144,19 @@ class SessionHost(Generic[S]):
         self._jobs.add(closing)
         closing.add_done_callback(self._jobs.discard)
 
-    async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
-        """Admit `key` (`Busy` when full, `TooLarge` when it never fits), build its state in the
-        worker thread, hold it."""
+    def _reserve_slot(self, key: str, nbytes: int, working: int = 0, reserve_only: bool = False) -> None:
+        """Admit `key` (`Busy` when full, `TooLarge` when it never fits); `reserve_only`: ahead
+        of its open, before any work is done for it (the open claims it)."""
         try:
-            self._table.admit(key, nbytes, working)
+            self._table.admit(key, nbytes, working, reserve_only=reserve_only)
         except Busy:
             self._refused_total += 1
             raise
+
+    async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
+        """Admit `key` (or take its reservation), build its state in the worker thread, hold it."""
+        if not self._table.claim(key):
+            self._reserve_slot(key, nbytes, working)
         try:
             async with self._lock:
                 if not self._table.start_building(key):  # closed while it waited for its turn
@@ -186,6 +193,11 @@ class SessionHost(Generic[S]):
         self._publish()
         return retired is not None
 
+    async def expect_release(self, key: str, within_s: float) -> bool:
+        """The session's holder will close it within `within_s` unless it is used again (the
+        parking, for its grace period): `busy` answers count with it (`SessionTable.retry_hint`)."""
+        return self._table.expect_release(key, within_s)
+
     def record_routing_stats(self) -> dict[str, Any]:
         """Read by SessionAffinityRouter to place new sessions."""
         return {
@@ -214,7 +226,7 @@ class SessionHost(Generic[S]):
         del stats["keys"]
         return {**stats, "cache_bytes": self._table.bytes_in_use, "reserved_bytes": self._table.reserved_bytes,
                 "budget_bytes": self._table.budget_bytes, "rss_bytes": resident_bytes(), "expired": self._expired_total,
-                **memory_report(self._device), **getattr(self, "_replica_info", {})}
+                "calls": dict(self.__dict__.get("_calls_total", {})), **memory_report(self._device), **getattr(self, "_replica_info", {})}
 
     async def check_health(self) -> None:
         """Serve's periodic health check: raises when the serving device cannot compute."""
@@ -229,7 +241,8 @@ class SessionHost(Generic[S]):
             async with self._lock.urgent():
                 expired = self._table.pop_expired()
                 for _, state in expired:
-                    await self._run(self._release, state)
+                    if state is not None:  # None: a reservation whose open never came
+                        await self._run(self._release, state)
             self._expired_total += len(expired)
             for key, _ in expired:
                 self._metrics.expired.inc()

@@ -1,10 +1,20 @@
-"""The sessions one replica holds: admission, lookup, idle expiry.
+"""The sessions one replica holds: admission, lookup, idle expiry, and when a slot frees.
 
 Used by the DiT and VAE deployments alike. The table is authoritative: a call for a key
 it does not hold raises `SessionLost`; nothing is ever restarted silently.
+
+Admission may come before any work for a session (`admit(reserve_only=True)`): the slot and
+bytes are held for the open that follows (`claim`), and a reservation never claimed expires
+like an idle session. `retry_hint` is the `retry_after_s` of a `busy`: the soonest a held slot
+is expected to free. A session whose holder said when it will be closed (a parked session: its
+grace end, `expect_release`) frees then; one whose end is unknown (in use, idle between its
+client's chunks, an open on its way) counts as the configured `retry_after_s` (the poll
+interval), or its idle TTL's end when sooner. So a replica full of parked sessions answers
+with the end of the soonest grace period, not a poll interval that would find it still full.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +27,7 @@ S = TypeVar("S")
 
 CLOSED_MEMORY_S = 900.0  # closed keys remembered (a late open of one is refused), at least the pin TTL
 CLOSED_MEMORY_MAX = 65536  # ... and at most this many (the oldest are forgotten first)
+MIN_RETRY_S = 0.5  # the least retry_after_s a busy carries (a slot due now may take a sweep to free)
 
 
 @dataclass(slots=True)
@@ -28,6 +39,8 @@ class _Entry(Generic[S]):
     building: bool = False  # the open is building the state (it left the queue for the lock)
     closing: bool = False  # closed while it was being built: the open frees what it built
     working: int = 0  # needed on top while one of its calls runs (one call at a time per replica)
+    reserved: bool = False  # admitted before any work, its open not yet arrived (`claim`)
+    release_at: Optional[float] = None  # when its holder said it will be closed (a parked session's grace end)
 
 
 class SessionTable(Generic[S]):
@@ -89,12 +102,14 @@ class SessionTable(Generic[S]):
     def free_slots(self) -> int:
         return self.max_sessions - len(self._entries)
 
-    def admit(self, key: str, nbytes: int, working: int = 0) -> None:
+    def admit(self, key: str, nbytes: int, working: int = 0, reserve_only: bool = False) -> None:
         """Reserve a slot and `nbytes` (+ `working` while it computes) for a new session, or
         raise `Busy` (no room now) or `TooLarge` (no room ever).
 
         The reservation counts at once, so concurrent opens cannot overbook the replica;
-        `add` fills it in, `pop` gives it back when the open fails.
+        `add` fills it in, `pop` gives it back when the open fails. `reserve_only`: admission
+        ahead of the open (nothing is built yet): the open `claim`s it; unclaimed, it expires
+        after the idle TTL.
         """
         assert key not in self._entries, f"session {key} is already open"
         self._forget_closed()
@@ -107,21 +122,57 @@ class SessionTable(Generic[S]):
                 f"budget is {self.budget_bytes / 2**30:.2f} GiB; ask for a smaller size or fewer frames"
             )
         if len(self._entries) >= self.max_sessions:
-            raise Busy(
-                f"all {self.max_sessions} session slots of this replica are taken; "
-                f"retry in {self.retry_after_s:g} s",
-                self.retry_after_s,
-            )
+            retry = self.retry_hint()
+            raise Busy(f"all {self.max_sessions} session slots of this replica are taken; retry in {retry:g} s",
+                       retry)
         if self.budget_bytes is not None and (
             self.bytes_in_use + nbytes + max(self.working_bytes, working) > self.budget_bytes
         ):
+            retry = self.retry_hint()
             raise Busy(
                 f"the session's memory ({(nbytes + working) / 2**20:.1f} MiB) does not fit the free "
                 f"session budget ({(self.budget_bytes - self.reserved_bytes) / 2**20:.1f} MiB); "
-                f"retry in {self.retry_after_s:g} s or ask for fewer frames",
-                self.retry_after_s,
+                f"retry in {retry:g} s or ask for fewer frames",
+                retry,
             )
-        self._entries[key] = _Entry(None, nbytes, self._clock(), active=1, working=working)  # opening: never expires
+        # opening: never expires; reserved ahead of its open: expires unclaimed
+        self._entries[key] = _Entry(None, nbytes, self._clock(), active=0 if reserve_only else 1, working=working,
+                                    reserved=reserve_only)
+
+    def claim(self, key: str) -> bool:
+        """The open of `key` takes the reservation `admit(reserve_only=True)` made for it;
+        False when there is none (never made, expired, or closed): the open admits itself."""
+        entry = self._entries.get(key)
+        if entry is None or not entry.reserved:
+            return False
+        entry.reserved = False
+        entry.active = 1  # opening: never expires
+        entry.last_used = self._clock()
+        return True
+
+    def expect_release(self, key: str, within_s: float) -> bool:
+        """Its holder says `key` will be closed within `within_s` unless it is used again (a
+        parked session: its grace period); the next call of `key` forgets it. False when absent."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        entry.release_at = self._clock() + within_s
+        return True
+
+    def retry_hint(self) -> float:
+        """When a slot or its bytes is expected to free (see the module doc), in seconds."""
+        now = self._clock()
+        soonest = []
+        for e in self._entries.values():
+            if e.release_at is not None:
+                soonest.append(e.release_at - now)
+            elif e.active == 0 and e.state is not None:  # idle: its TTL frees it, unless its client goes on
+                soonest.append(min(e.last_used + self.idle_ttl_s - now, self.retry_after_s))
+            else:  # in use, or an open on its way: its end is unknown
+                soonest.append(self.retry_after_s)
+        if self._retiring_bytes:  # closed, its call still running: its bytes free when that call ends
+            soonest.append(self.retry_after_s)
+        return math.ceil(10 * max(MIN_RETRY_S, min(soonest, default=self.retry_after_s))) / 10  # never early
 
     def start_building(self, key: str) -> bool:
         """The open of `key` got its turn; False when it was closed while it queued (the
@@ -176,6 +227,7 @@ class SessionTable(Generic[S]):
         self.get(key)
         entry = self._entries[key]
         entry.active += 1
+        entry.release_at = None  # used again (a resumed session): no longer about to be closed
         try:
             yield
         finally:
@@ -221,8 +273,9 @@ class SessionTable(Generic[S]):
         assert 0 <= nbytes <= self._retiring_bytes, "released more than was retired"
         self._retiring_bytes -= nbytes
 
-    def pop_expired(self) -> list[tuple[str, S]]:
-        """Remove and return the sessions idle for longer than the TTL."""
+    def pop_expired(self) -> list[tuple[str, Optional[S]]]:
+        """Remove and return the sessions idle for longer than the TTL (state None: a
+        reservation whose open never came, nothing to free)."""
         now = self._clock()
         keys = [
             k for k, e in self._entries.items()

@@ -311,6 +311,10 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
         self._replica_info["ranks"] = names
         self._log.info("sequence-parallel replica ready", fields={"ranks": parallel, "device": str(device)})
 
+    async def reserve(self, key: str, spec: DiTOpenSpec) -> str:
+        self._refuse_if_broken()
+        return await super().reserve(key, spec)
+
     async def open(self, key: str, spec: DiTOpenSpec) -> str:
         self._refuse_if_broken()
         return await super().open(key, spec)

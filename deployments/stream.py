@@ -88,6 +88,7 @@ class Stream:
     next_chunk: int = 0
     chunk_tasks: list[asyncio.Task] = field(default_factory=list)
     dit_open: Optional[asyncio.Future] = None  # result of the DiT open (carries busy)
+    dit_admitted: Optional[asyncio.Future] = None  # the DiT's admission, ahead of any work (lane_jobs.py)
     vae_open: Optional[asyncio.Future] = None
     text_encode_s: float = 0.0
     recoveries: int = 0  # times the session was rebuilt on another replica

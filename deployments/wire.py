@@ -18,9 +18,9 @@ WirePastChunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[n
 
 @dataclass(frozen=True, slots=True)
 class DiTOpenSpec:
-    """A DiT session's opening arguments (`DiTDeployment.open` / `.restore`)."""
+    """A DiT session's opening arguments (`DiTDeployment.reserve` / `.open` / `.restore`)."""
 
-    context: np.ndarray  # float32 [L, text_dim]: the prompt's text-encoder output
+    context: Optional[np.ndarray]  # float32 [L, text_dim]: the prompt's text-encoder output (None: `reserve`)
     height: int  # output pixels
     width: int
     seed: int
