@@ -12,6 +12,13 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q "torch==${LWF_TORCH:-2.13.0}"
 fi
 .venv/bin/pip install -q -e '.[test]'
+# The proxy guard (deployments/proxy_guard.py) is loaded by Serve's HTTP proxy from an
+# environment variable read when Ray starts the proxy; a serve config cannot set it. Every
+# Python of this venv gets it as a default (an explicit setting wins), so the README's
+# `serve run` has it; the k8s manifests set it in the pods' environment.
+SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "import os; os.environ.setdefault('RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH', 'deployments.proxy_guard:middlewares')" \
+  > "$SITE/lwf_proxy_guard.pth"
 # openpi-client (the peers' client, driven by tests/deployments/test_peer_clients.py): its only
 # release pins numpy<2, which would downgrade this project's numpy; the modules the tests use
 # (msgpack_numpy, websocket_client_policy) need only msgpack, numpy and websockets.

@@ -25,3 +25,23 @@ def test_the_web_page_files_are_package_data():
     assert "index.html" in files
     left_out = [f for f in files if not any(fnmatch.fnmatchcase(f, pat) for pat in patterns)]
     assert not left_out, f"package-data of `web` leaves out {left_out}"
+
+
+def test_the_setup_venv_loads_the_proxy_guard_by_default():
+    """`serve run` from the README starts Ray's proxy with the guard: scripts/setup.sh makes its
+    import path the default of every Python of the venv (a serve config cannot set it)."""
+    import os
+    import subprocess
+    import sys
+
+    from deployments.proxy_guard import PROXY_GUARD_ENV
+
+    [(var, value)] = PROXY_GUARD_ENV.items()
+    env = {k: v for k, v in os.environ.items() if k != var}
+    out = subprocess.run([sys.executable, "-c", f"import os; print(os.environ.get({var!r}))"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == value
+    env[var] = "mine:middlewares"  # an explicit setting wins
+    out = subprocess.run([sys.executable, "-c", f"import os; print(os.environ.get({var!r}))"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "mine:middlewares"
