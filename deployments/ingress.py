@@ -26,6 +26,7 @@ from deployments.connection import POLICY_VIOLATION, Backends, Connection
 from deployments.connection_caps import ConnectionCaps, client_address
 from deployments.detached import running as detached_running
 from deployments.health import PathProbe
+from deployments.log import log_probes_at_debug
 from deployments.metrics import IngressMetrics
 from deployments.quotas import Quotas
 from deployments.transport import Transport
@@ -79,6 +80,7 @@ class WorldIngress:
     def __init__(self, text: DeploymentHandle, vae: DeploymentHandle, dit: DeploymentHandle,
                  parking: Optional[DeploymentHandle], args: AppArgs) -> None:
         """`parking`: SessionParking (sessions resumable after a dropped socket), or None."""
+        log_probes_at_debug()
         self._backends = Backends(text=text, vae=vae, dit=dit, parking=parking)
         self._args = args
         m = args.model
