@@ -20,7 +20,7 @@ from ray.serve.handle import DeploymentHandle
 
 from camera import parse_size
 from deployments.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
-from deployments.clip import PeerTransport
+from deployments.clip import CLIP_MODE, PeerTransport
 from deployments.config import AppArgs
 from deployments.connection import POLICY_VIOLATION, Backends, Connection
 from deployments.connection_caps import ConnectionCaps, client_address
@@ -41,6 +41,7 @@ from protocol.messages import CameraServerConfig, ErrorReply
 from deployments.sizes import SizeRule
 
 CAMERA_ROUTE = "/v1/realtime/world/camera"
+OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
 HEALTH_TIMEOUT_S = 10.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at a connection cap
@@ -113,6 +114,16 @@ class WorldIngress:
     @app.websocket(CAMERA_ROUTE)
     @app.websocket(CAMERA_ROUTE + "/")  # clients that join a base URL and the path with a slash
     async def camera(self, ws: WebSocket) -> None:
+        await self._socket(ws, ws.query_params.get("mode"), one_reply=False)
+
+    @app.websocket(OPENPI_ROUTE)
+    async def openpi(self, ws: WebSocket) -> None:
+        """Where openpi's `WebsocketClientPolicy(host, port)` connects (`ws://host:port`, no
+        path): the clip mode with one reply per request, the whole clip's frames, because its
+        `infer()` sends one message and reads one (docs/COMPATIBILITY.md)."""
+        await self._socket(ws, CLIP_MODE, one_reply=True)
+
+    async def _socket(self, ws: WebSocket, mode: Optional[str], one_reply: bool) -> None:
         if not self._auth.origin_allowed(ws):
             self._metrics.refuse_connection("origin")
             await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")  # before accept: HTTP 403
@@ -139,7 +150,7 @@ class WorldIngress:
         # Our protocol, or the peers' clip mode (deployments/clip), chosen by the first request
         # or by `?mode=clip|chunk`.
         peer = PeerTransport(ws, self._limits, min(VIDEO_PIPELINE, self._args.sessions.max_pending_chunks),
-                             ws.query_params.get("mode"), resumable=self._handshake.resume_grace_s is not None)
+                             mode, resumable=self._handshake.resume_grace_s is not None, one_reply=one_reply)
         try:
             await self._serve(peer, key_id, client, resumable=True)
         finally:
