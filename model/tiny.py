@@ -15,10 +15,11 @@ from functools import lru_cache
 from model.config import VAEConfig
 
 EMBEDDED_SEED = 20260408
-# One CPU thread (what Ray gives a replica of num_cpus < 1), 112x224, per chunk: dim 16 (the
-# golden checkpoint's) encode 2.7-3.8 s + decode 3.8-5.9 s; dim 8 1.2-1.8 s + 2.1-2.6 s; dim 4
-# 0.5-0.95 s + 0.7-1.6 s (a shared, busy 2-core machine). At these widths most 3-D convolutions
-# take PyTorch's unfold path, not oneDNN's, which is why halving the width saves less than 4x.
+# CPU time of one thread (what Ray gives a replica of num_cpus < 1) per chunk at 112x224, VAE
+# encode + decode: dim 16 (the golden checkpoint's) 1.8-2.4 s + 3.0-4.2 s; dim 8 0.8-1.2 s +
+# 1.5-2.1 s; dim 4 0.45-0.60 s + 0.69-0.97 s (the DiT: 0.05-0.07 s). At these widths most 3-D
+# convolutions take PyTorch's unfold path, not oneDNN's, which is why halving the width saves
+# about 2x, not 4x.
 EMBEDDED_VAE = VAEConfig(dim=4, z_dim=16)
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
 
