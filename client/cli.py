@@ -23,6 +23,7 @@ from typing import Optional
 from tqdm import tqdm
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from client.errors import ServerError
 from client.session import DEFAULT_URL, WorldClient
 from client.stats import ChunkStat
@@ -40,7 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=DEFAULT_URL,
                         help=f"server WebSocket (or http) address (default {DEFAULT_URL})")
-    common.add_argument("--frames", type=int, default=81, help="video frames to generate, 4n+1 (default 81)")
+    common.add_argument("--frames", type=int, default=81,
+                        help=f"video frames to generate: {FIRST_CHUNK_VIDEO_FRAMES} + {CHUNK_VIDEO_FRAMES}k (9, 21, "
+                             "33, ... 81; other values are rounded down, and said so) (default 81)")
     common.add_argument("--seed", type=int, default=None, help="noise seed (server default 42)")
     common.add_argument("--size", default=None, help='max output area "H*W" (server default, e.g. "480*832")')
     common.add_argument("--out", type=Path, default=Path("video.mp4"), help="MP4 to write (default video.mp4)")
@@ -82,6 +85,16 @@ def prompt_at(value: str) -> tuple[int, str]:
     return int(chunk), text
 
 
+def frames_notice(requested: int, planned: int, poses: int) -> Optional[str]:
+    """What `--frames` was rounded to and why, or None when it is made as asked."""
+    if planned == requested:
+        return None
+    why = f"videos are {FIRST_CHUNK_VIDEO_FRAMES} frames for the first chunk, then {CHUNK_VIDEO_FRAMES} per chunk"
+    if poses < requested:
+        why = f"the trajectory has {poses} poses; {why}"
+    return f"--frames {requested} rounded down to {planned}: {why}"
+
+
 def trajectory_from_args(args: argparse.Namespace) -> Trajectory:
     """The trajectory a command plays (loaded, or synthesised and optionally saved)."""
     if args.command == "play":
@@ -98,6 +111,9 @@ def trajectory_from_args(args: argparse.Namespace) -> Trajectory:
 async def play(args: argparse.Namespace, traj: Trajectory) -> None:
     """Stream `traj`, show progress, write the MP4 and print the summary."""
     plan = plan_session(traj, args.frames)
+    notice = frames_notice(args.frames, plan.num_frames, len(traj.poses))
+    if notice:
+        print(notice, file=sys.stderr)
     sid = args.session_id or f"lwf-client-{uuid.uuid4().hex[:8]}"
     messages = traj.messages(plan, sid, seed=args.seed, size=args.size,  # validated before connecting
                              prompt_schedule=dict(getattr(args, "prompt_at", None) or []))

@@ -20,12 +20,13 @@ from ray.serve.handle import DeploymentHandle
 
 from camera import parse_size
 from deployments.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
-from deployments.clip import PeerTransport
+from deployments.clip import CLIP_MODE, PeerTransport
 from deployments.config import AppArgs
 from deployments.connection import POLICY_VIOLATION, Backends, Connection
 from deployments.connection_caps import ConnectionCaps, client_address
 from deployments.detached import running as detached_running
 from deployments.health import PathProbe
+from deployments.log import log_probes_at_debug
 from deployments.metrics import IngressMetrics
 from deployments.quotas import Quotas
 from deployments.transport import Transport
@@ -40,6 +41,7 @@ from protocol.messages import CameraServerConfig, ErrorReply
 from deployments.sizes import SizeRule
 
 CAMERA_ROUTE = "/v1/realtime/world/camera"
+OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
 HEALTH_TIMEOUT_S = 10.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at a connection cap
@@ -79,6 +81,7 @@ class WorldIngress:
     def __init__(self, text: DeploymentHandle, vae: DeploymentHandle, dit: DeploymentHandle,
                  parking: Optional[DeploymentHandle], args: AppArgs) -> None:
         """`parking`: SessionParking (sessions resumable after a dropped socket), or None."""
+        log_probes_at_debug()
         self._backends = Backends(text=text, vae=vae, dit=dit, parking=parking)
         self._args = args
         m = args.model
@@ -112,6 +115,16 @@ class WorldIngress:
     @app.websocket(CAMERA_ROUTE)
     @app.websocket(CAMERA_ROUTE + "/")  # clients that join a base URL and the path with a slash
     async def camera(self, ws: WebSocket) -> None:
+        await self._socket(ws, ws.query_params.get("mode"), one_reply=False)
+
+    @app.websocket(OPENPI_ROUTE)
+    async def openpi(self, ws: WebSocket) -> None:
+        """Where openpi's `WebsocketClientPolicy(host, port)` connects (`ws://host:port`, no
+        path): the clip mode with one reply per request, the whole clip's frames, because its
+        `infer()` sends one message and reads one (docs/COMPATIBILITY.md)."""
+        await self._socket(ws, CLIP_MODE, one_reply=True)
+
+    async def _socket(self, ws: WebSocket, mode: Optional[str], one_reply: bool) -> None:
         if not self._auth.origin_allowed(ws):
             self._metrics.refuse_connection("origin")
             await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")  # before accept: HTTP 403
@@ -138,7 +151,7 @@ class WorldIngress:
         # Our protocol, or the peers' clip mode (deployments/clip), chosen by the first request
         # or by `?mode=clip|chunk`.
         peer = PeerTransport(ws, self._limits, min(VIDEO_PIPELINE, self._args.sessions.max_pending_chunks),
-                             ws.query_params.get("mode"), resumable=self._handshake.resume_grace_s is not None)
+                             mode, resumable=self._handshake.resume_grace_s is not None, one_reply=one_reply)
         try:
             await self._serve(peer, key_id, client, resumable=True)
         finally:

@@ -62,3 +62,34 @@ def log_typed_errors_as_info() -> None:
     logger = logging.getLogger("ray.serve")
     if _TYPED_ERRORS_FILTER not in logger.filters:
         logger.addFilter(_TYPED_ERRORS_FILTER)
+
+
+# Serve's access-log lines of the health traffic: `GET /healthz 200 12.3ms` on the ingress (the
+# client address may come first), `CALL probe OK 0.4ms` / `CALL stats OK 1.1ms` on the replicas
+# each /healthz probe reaches (deployments/health.py; `stats` also answers /v1/models).
+_PROBE_ACCESS = re.compile(r"(?:^|\s)(?:(?:GET|HEAD) \S*/healthz/?|CALL (?:probe|stats)) \S+ [\d.]+ms$")
+
+
+class _ProbesAtDebug(logging.Filter):
+    """A load balancer probing `/healthz` every few seconds wrote four INFO lines per probe
+    (issue 36). Serve's access-log records of the health traffic become DEBUG: dropped at the
+    default INFO level, shown when the app's `logging_config.log_level` is DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(record, "serve_access_log", False) or record.levelno != logging.INFO:
+            return True
+        if not _PROBE_ACCESS.search(record.getMessage()):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger("ray.serve").isEnabledFor(logging.DEBUG)
+
+
+_PROBES_FILTER = _ProbesAtDebug()
+
+
+def log_probes_at_debug() -> None:
+    """Install the filter on Serve's logger of this process (idempotent); every deployment
+    that answers health traffic calls it in its constructor."""
+    logger = logging.getLogger("ray.serve")
+    if _PROBES_FILTER not in logger.filters:
+        logger.addFilter(_PROBES_FILTER)

@@ -24,11 +24,12 @@ from deployments import stall_counters
 from deployments.autoscaling_policy import LOAD, REFUSED, replica_load
 from deployments.compute_thread import ComputeThread
 from deployments.errors import Busy, SessionLost
-from deployments.log import KeyValueLog, log_typed_errors_as_info
+from deployments.log import KeyValueLog, log_probes_at_debug, log_typed_errors_as_info
 from deployments.memory import memory_report
 from deployments.metrics import SessionMetrics
 from deployments.priority_lock import PriorityLock
 from deployments.session_table import SessionTable
+from deployments.slow_calls import SlowCalls
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -40,13 +41,14 @@ SWEEP_PERIOD_MAX_S = 10.0
 class SessionHost(Generic[S]):
     """Base class of a deployment that keeps per-session state (subclasses call `_start_host`)."""
 
-    slow_call_s = 2.0  # a model call that runs this long is logged with its wait and run times
+    slow_call_s = 2.0  # a model call that runs this long counts in the `slow calls` summary line
     _metrics: Optional[SessionMetrics] = None
 
     def _start_host(self, table: SessionTable[S], release: Callable[[S], None], log: KeyValueLog,
                     device: str) -> None:
         """`release(state)` frees one session's memory (called in the worker thread)."""
         log_typed_errors_as_info()
+        log_probes_at_debug()
         self._table = table
         self._device = device
         self._release = release
@@ -101,18 +103,26 @@ class SessionHost(Generic[S]):
 
     def _record_call(self, key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
                      counters_moved: Callable[[], dict[str, int]] = dict) -> None:
-        """Per-call wait and run times: Prometheus histograms, and a log line for a slow call
-        (a stall inside the replica shows as a long run; a long wait is other sessions' work)
-        with the process counters that moved during it (`stall_counters`: a compile, the
-        allocator's retries, cudaMalloc / cudaFree)."""
+        """Per-call wait and run times: Prometheus histograms, and a slow call counted in the
+        replica's `slow calls` summary line (deployments/slow_calls.py: a stall inside the
+        replica shows as a long run; a long wait is other sessions' work) with the process
+        counters that moved during it (`stall_counters`: a compile, the allocator's retries,
+        cudaMalloc / cudaFree)."""
         call = getattr(fn, "__name__", "call").lstrip("_")
         calls = self.__dict__.setdefault("_calls_total", {})  # model calls run, by name (stats)
         calls[call] = calls.get(call, 0) + 1
         if self._metrics is not None:
             self._metrics.observe_call(call, waited_s, ran_s)
         if ran_s >= self.slow_call_s:
-            self._log.warning("slow call", fields={"session": key, "call": call, "wait_s": round(waited_s, 3),
-                                                   "run_s": round(ran_s, 3), **counters_moved()})
+            self.slow_calls.add(key, call, waited_s, ran_s, counters_moved())
+
+    @property
+    def slow_calls(self) -> SlowCalls:
+        """The replica's slow-call summary (made on first use, with the replica's log)."""
+        slow = self.__dict__.get("_slow_calls")
+        if slow is None:
+            slow = self._slow_calls = SlowCalls(self._log)
+        return slow
 
     async def _compute_on_early(self, key: str, fn: Callable[..., T], *args: Any,
                                 prepare: Optional[Callable[[str, S], None]] = None) -> T:
@@ -238,6 +248,7 @@ class SessionHost(Generic[S]):
     async def _expire_forever(self, period_s: float) -> None:
         while True:
             await asyncio.sleep(period_s)
+            self.slow_calls.flush()  # the last slow calls of a replica that went quiet
             async with self._lock.urgent():
                 expired = self._table.pop_expired()
                 for _, state in expired:

@@ -10,7 +10,7 @@ from ray import serve
 
 from deployments.compute_thread import ComputeThread
 from deployments.config import ModelArgs
-from deployments.log import get_log
+from deployments.log import get_log, log_probes_at_debug
 from deployments.memory import cap_process, memory_report
 from model.factory import load_text_engine
 from model.warmup import WarmupReport, warm_up_text
@@ -21,6 +21,7 @@ class TextEncoderDeployment:
     """Stateless; one engine per replica, calls serialised (the encoder is not re-entrant)."""
 
     def __init__(self, model: ModelArgs) -> None:
+        log_probes_at_debug()
         self._device = model.device
         cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share
         self._engine = load_text_engine(model.preset, model.checkpoint, model.dtype, model.device,

@@ -1,8 +1,9 @@
 """Build each engine from a checkpoint in the released layout, or the embedded tiny model.
 
 Each deployment loads only its own part. `checkpoint=None` selects the embedded tiny default
-model (preset "tiny" only): seeded random weights built in-process and a byte-level
-tokenizer made in code (model/tiny.py), so serving needs no files at all.
+model (preset "tiny" only): seeded random weights built in-process (its VAE narrower than the
+tiny checkpoint's: `model.tiny.EMBEDDED_VAE`) and a byte-level tokenizer made in code
+(model/tiny.py), so serving needs no files at all.
 
 `random_weights=True` (load tests of the released size without its 80 GB of files) builds the
 preset's dims with seeded random weights drawn directly on the device: the DiT with the
@@ -26,7 +27,7 @@ from model.config import preset as get_preset
 from model.dit_loader import init_dit_random, load_dit
 from model.engines import DiTEngine, TextEngine, VaeEngine
 from model.t5 import TextEncoder, init_t5_random, init_t5_random_on_device
-from model.tiny import EMBEDDED_SEED, tiny_tokenizer
+from model.tiny import EMBEDDED_SEED, EMBEDDED_VAE, tiny_tokenizer
 from model.vae import init_vae_random, load_vae
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -75,7 +76,7 @@ def load_vae_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | st
         _random("VAE", preset, checkpoint)
         vae = init_vae_random(get_preset(preset).vae, dtype, device, RANDOM_SEED + 1)
     elif _embedded(preset, checkpoint):
-        vae = init_vae_random(get_preset(preset).vae, dtype, device, EMBEDDED_SEED + 1)
+        vae = init_vae_random(EMBEDDED_VAE, dtype, device, EMBEDDED_SEED + 1)
     else:
         vae = load_vae(CheckpointLayout.discover(checkpoint).vae_file, dtype, device)
     return VaeEngine(optimize_vae(vae, options) if options is not None and options.any else vae)

@@ -94,12 +94,14 @@ stream.addEventListener("state", (e) => {
   ui.connection.textContent = state;
   ui.connection.dataset.state = state;
   ui.reset.disabled = !(state === "starting" || state === "streaming" || state === "resuming");
-  ui.start.disabled = state === "connecting" || state === "starting" || state === "resuming";
+  // Start begins a new session: not while one runs (Reset ends it first).
+  ui.start.disabled = state === "connecting" || state === "starting" || state === "streaming" || state === "resuming";
   ui.steerSend.disabled = state !== "streaming";
 });
 
 ui.form.addEventListener("submit", async (e) => {
   e.preventDefault();
+  if (ui.start.disabled) return; // Enter in a field while a session runs
   const seed = ui.seed.value.trim();
   const size = ui.size.value.trim();
   try {

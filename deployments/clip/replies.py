@@ -18,6 +18,7 @@ import numpy as np
 from protocol.messages import ErrorReply, FrameReply
 
 RESET_TEXT = "reset successful"  # their server's reset reply (a text frame)
+RESET_REPLY = {"type": "reset", "message": RESET_TEXT}  # on the openpi route: a map (openpi's infer() raises on text)
 
 
 def _openpi_array(obj: Any) -> Any:

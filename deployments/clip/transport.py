@@ -24,7 +24,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from deployments.clip.chunks import extension_clip, first_clip
 from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
-from deployments.clip.replies import RESET_TEXT, ClipFrames, error_message, frames_of, pack
+from deployments.clip.replies import RESET_REPLY, RESET_TEXT, ClipFrames, error_message, frames_of, pack
 from deployments.resume import CLIP_RESUME
 from deployments.transport import NORMAL_CLOSURE, oversize
 from protocol.codec import decode_reply, encode_reset, unpack
@@ -50,14 +50,17 @@ class PeerTransport:
     """Wraps an accepted WebSocket for one Connection (see the module doc)."""
 
     def __init__(self, ws: WebSocket, limits: Limits, pipeline: int, mode: Optional[str] = None,
-                 resumable: bool = False) -> None:
+                 resumable: bool = False, one_reply: bool = False) -> None:
         """`resumable`: the server keeps sessions across connections (a clip without image for
-        a session this socket does not hold then resumes the client's parked clip session)."""
+        a session this socket does not hold then resumes the client's parked clip session).
+        `one_reply`: every request gets exactly one message (openpi's `infer()` reads one): a
+        clip's frames all in one, a reset as a map (`RESET_REPLY`), not text."""
         self._ws = ws
         self._resumable = resumable
         self._limits = limits
         self._pipeline = pipeline
         self._mode = mode if mode in (CLIP_MODE, CHUNK_MODE) else None
+        self._one_reply = one_reply
         self._socket: Optional[asyncio.Future] = None  # the pending ws.receive(), kept across calls
         self._queue: deque[tuple[bytes, _Expect]] = deque()  # translated, not yet handed over
         self._expect: deque[_Expect] = deque()  # handed over, not yet answered
@@ -158,7 +161,8 @@ class PeerTransport:
             chunks = first_clip(call, self._limits)
             self._session, self._next_chunk = call.session_id, 0
         self._next_chunk += len(chunks.infers)
-        clip = ClipFrames(len(chunks.infers), chunks.frames, call.frames_per_message)
+        clip = ClipFrames(len(chunks.infers), chunks.frames,
+                          chunks.frames if self._one_reply else call.frames_per_message)
         self._queue.extend((data, _Expect(clip=clip)) for data in chunks.infers)
 
     # ---- Connection -> client ----
@@ -177,6 +181,8 @@ class PeerTransport:
         if expect.error is not None:
             await self._ws.send_bytes(pack(error_message(ErrorReply(
                 code=expect.error.code, message=expect.error.message, session_id=expect.error.session_id))))
+        elif expect.reset and self._one_reply:
+            await self._ws.send_bytes(pack(RESET_REPLY))
         elif expect.reset:
             await self._ws.send_text(RESET_TEXT)
         elif expect.clip is not None:

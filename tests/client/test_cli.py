@@ -15,6 +15,7 @@ import numpy as np
 import requests
 
 from client.session import WorldClient
+from client.synthetic import synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
 from support import EXAMPLES
 
@@ -169,3 +170,17 @@ def test_prompt_at_builds_a_prompt_schedule():
     reqs = [decode(m) for m in traj.messages(plan, "s", prompt_schedule=dict([prompt_at("2:snow")]))]
     assert [r.prompt_update for r in reqs] == [None, None, "snow"]
     assert reqs[0].prompt == traj.prompt and reqs[2].prompt is None
+
+
+def test_frames_rounded_down_are_reported_before_connecting(tmp_path):
+    """`--frames 10` makes 9 frames (9 for the first chunk, then 12 per chunk): the CLI says so
+    on stderr (here before it fails to reach a server that is not there); 21 is made as asked."""
+    url = "ws://127.0.0.1:9/v1/realtime/world/camera"
+    r = run_cli("dolly", "--url", url, "--frames", 10, "--out", tmp_path / "x.mp4", timeout=60)
+    assert r.returncode == 1 and "cannot reach the server" in r.stderr
+    assert "--frames 10 rounded down to 9: videos are 9 frames for the first chunk, then 12 per chunk" in r.stderr
+    r = run_cli("dolly", "--url", url, "--frames", 21, "--out", tmp_path / "x.mp4", timeout=60)
+    assert r.returncode == 1 and "rounded" not in r.stderr
+    synthetic_trajectory("orbit", 21).save(tmp_path / "short")
+    r = run_cli("play", tmp_path / "short", "--url", url, "--frames", 33, "--out", tmp_path / "x.mp4", timeout=60)
+    assert r.returncode == 1 and "--frames 33 rounded down to 21: the trajectory has 21 poses" in r.stderr

@@ -66,6 +66,9 @@ def test_live_session_plays_and_follows_the_keyboard(browser, served):
 
     page.click("#start")
     chunks_shown(page, 1)
+    assert page.is_disabled("#start")  # a session runs: Start is off, and looks it (issue 36)
+    assert page.evaluate("getComputedStyle(document.querySelector('#start')).backgroundColor") == \
+        "rgb(58, 63, 72)"  # style.css `button:disabled`
     page.keyboard.down("KeyW")  # walk forward while the next chunks are requested
     chunks_shown(page, 3)
     page.keyboard.up("KeyW")
@@ -79,6 +82,7 @@ def test_live_session_plays_and_follows_the_keyboard(browser, served):
     page.click("#reset")
     page.wait_for_function("document.querySelector('#status').textContent.startsWith('Session reset')",
                            timeout=TIMEOUT_MS)
+    assert not page.is_disabled("#start")
     assert errors == []
 
     requests_ = [decode(m) for m in sent]  # the server's intake: every frame is a valid request

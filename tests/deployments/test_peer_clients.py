@@ -12,6 +12,8 @@ trajectory and seed: muxed again with our muxer, they give its fMP4 bytes exactl
 """
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import numpy as np
 import pytest
 import websockets.sync.client as ws_sync
@@ -193,6 +195,44 @@ def test_openpi_websocket_client_policy_drives_a_session(server, example):
     out = policy.infer(second)
     assert out["index"] == 0 and out["video"].shape == (12, HEIGHT, 48, 3)
     assert 0.0 <= out["video"].min() and out["video"].max() <= 1.0
+
+
+def test_openpi_client_as_documented_connects_to_the_root_and_gets_one_reply_per_clip(server, example):
+    """openpi's documented call, `WebsocketClientPolicy(host, port)`, connects to
+    `ws://host:port` (no path). There each `infer()` (one send, one receive) gets its whole
+    clip in one message, whatever `frames_per_chunk` says: the second `infer()` gets the second
+    clip (the session's extension, the frames the camera route's clip mode gives on one
+    socket), not a left-over message of the first. A reset is answered with a map, as is an
+    error."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    with ws_sync.connect(server.ws, max_size=None) as ws:  # the reference: the clip mode on the camera route
+        msgpack_numpy.unpackb(ws.recv())
+        ws.send(msgpack_numpy.packb(omni_request(example, 0, 24, first=True)))
+        first_ref = np.concatenate(_frames(ws))
+        ws.send(msgpack_numpy.packb(omni_request(example, 21, 24, first=False)))
+        extension_ref = np.concatenate(_frames(ws))
+
+    url = urlsplit(server.http)
+    policy = WebsocketClientPolicy(url.hostname, url.port)
+    try:
+        assert policy.get_server_metadata()["type"] == "config"
+        first = policy.infer(omni_request(example, 0, 24, first=True))  # frames_per_chunk 4 by default
+        assert (first["type"], first["index"], first["total"]) == ("frame", 0, 1)
+        assert np.array_equal(first["video"], first_ref) and first["video"].shape == (21, HEIGHT, 48, 3)
+        second = policy.infer(omni_request(example, 21, 24, first=False, frames_per_chunk=5))
+        assert (second["type"], second["index"], second["total"]) == ("frame", 0, 1)
+        assert np.array_equal(second["video"], extension_ref) and second["video"].shape == (24, HEIGHT, 48, 3)
+        assert policy.infer({"endpoint": "reset"}) == {"type": "reset", "message": "reset successful"}
+        lost = policy.infer(omni_request(example, 45, 24, first=False))  # nothing left to continue
+        assert lost["type"] == "error" and lost["code"] == "session_lost"
+        bad = policy.infer({"camera": {"poses": np.zeros((3, 4, 4), np.float32)}})
+        assert bad["type"] == "error" and bad["code"] == "missing_field"
+        again = policy.infer(omni_request(example, 0, 24, first=True))  # the socket still serves clips
+        assert np.array_equal(again["video"], first_ref)
+    finally:
+        policy._ws.close()
+    server.wait_held(0, timeout=30)
 
 
 def test_openpi_api_key_header_is_accepted(strict_server, example):

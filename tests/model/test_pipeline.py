@@ -81,3 +81,14 @@ def test_embedded_tiny_model_is_deterministic():
     assert torch.equal(a.text.encode("hello"), b.text.encode("hello"))
     with pytest.raises(ValueError, match="needs a checkpoint"):
         WorldPipeline.load("lingbot-world-fast", None)
+
+
+def test_embedded_vae_is_the_narrow_one_and_the_checkpoint_keeps_its_width(pipe):
+    """The embedded model's VAE is the same architecture at EMBEDDED_VAE's width (its CPU chunk
+    time is nearly all VAE); the tiny checkpoint of the goldens loads at its own width (16)."""
+    from model.tiny import EMBEDDED_VAE
+
+    embedded = WorldPipeline.load("tiny", None).vae.vae
+    assert embedded.encoder.conv1.weight.shape[0] == EMBEDDED_VAE.dim < pipe.vae.vae.encoder.conv1.weight.shape[0]
+    assert pipe.vae.vae.encoder.conv1.weight.shape[0] == 16
+    assert [n for n, _ in embedded.named_parameters()] == [n for n, _ in pipe.vae.vae.named_parameters()]
