@@ -15,6 +15,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.limits import Limits
 from protocol.messages import ErrorReply, FrameReply
 
 RESET_TEXT = "reset successful"  # their server's reset reply (a text frame)
@@ -47,6 +49,20 @@ def error_message(reply: ErrorReply) -> dict:
     if reply.retry_after_s is not None:
         out["retry_after_s"] = reply.retry_after_s
     return out
+
+
+ONE_REPLY_MAX_BYTES = 1 << 30  # a clip answered in one message (the openpi route) is buffered whole: at most this
+
+
+def check_one_reply(frames: int, limits: Limits) -> None:
+    """Refuse a clip whose one reply could exceed ONE_REPLY_MAX_BYTES at the largest output
+    size (`max_output_area`, float32 RGB): the ingress buffers it whole before sending."""
+    per_frame = limits.max_output_area * 3 * np.dtype(np.float32).itemsize
+    most = max(1, ONE_REPLY_MAX_BYTES // per_frame)
+    if frames > most:
+        raise ProtocolError(ErrorCode.TOO_LARGE, (
+            f"a clip of {frames} frames answered in one message; at most {most} here (one reply is at most "
+            f"{ONE_REPLY_MAX_BYTES >> 20} MiB at the largest output size): split the trajectory into clips"))
 
 
 class ClipFrames:

@@ -24,7 +24,8 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from deployments.clip.chunks import extension_clip, first_clip
 from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
-from deployments.clip.replies import RESET_REPLY, RESET_TEXT, ClipFrames, error_message, frames_of, pack
+from deployments.clip.replies import (RESET_REPLY, RESET_TEXT, ClipFrames, check_one_reply, error_message, frames_of,
+                                      pack)
 from deployments.resume import CLIP_RESUME
 from deployments.transport import NORMAL_CLOSURE, oversize
 from protocol.codec import decode_reply, encode_reset, unpack
@@ -161,6 +162,8 @@ class PeerTransport:
             chunks = first_clip(call, self._limits)
             self._session, self._next_chunk = call.session_id, 0
         self._next_chunk += len(chunks.infers)
+        if self._one_reply:
+            check_one_reply(chunks.frames, self._limits)
         clip = ClipFrames(len(chunks.infers), chunks.frames,
                           chunks.frames if self._one_reply else call.frames_per_message)
         self._queue.extend((data, _Expect(clip=clip)) for data in chunks.infers)

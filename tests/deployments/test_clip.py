@@ -27,6 +27,15 @@ def _camera(n: int) -> dict:
     return {"poses": _openpi(poses), "intrinsics": _openpi(intr)}
 
 
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 36), (90, 120, 150)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def test_our_requests_stay_in_our_protocol():
     poses = np.repeat(np.eye(4, dtype=np.float32)[None], 12, axis=0)
     ours = encode_infer("s", poses, np.tile(np.array([500, 500, 416, 240], np.float32), (12, 1)),
@@ -84,10 +93,11 @@ class _Socket:
         return self._frames.pop(0)
 
 
-def _refusal(request_: dict) -> ProtocolError:
+def _refusal(request_: dict, limits=DEFAULT_LIMITS, one_reply: bool = False) -> ProtocolError:
     """What PeerTransport makes of one peer frame it must refuse: the error it answers with."""
     async def go():
-        transport = PeerTransport(_Socket(msgpack.packb(request_, use_bin_type=True)), DEFAULT_LIMITS, 2, CLIP_MODE)
+        transport = PeerTransport(_Socket(msgpack.packb(request_, use_bin_type=True)), limits, 2, CLIP_MODE,
+                                  one_reply=one_reply)
         msg = await asyncio.wait_for(transport.receive(), 10)
         assert msg["bytes"] == b"\xc1", "a refused peer frame reaches the Connection as one undecodable byte"
         return transport._expect[0].error
@@ -115,3 +125,19 @@ def test_frames_per_chunk_beyond_one_chunk_is_refused_so_a_clip_is_never_buffere
     assert error.code is ErrorCode.BAD_MESSAGE and "frames_per_chunk" in error.message
     body["frames_per_chunk"] = 12  # one chunk's frames: the most accepted
     assert read_call({"prompt": "p", "camera": _camera(24), "extra_body": body}).frames_per_message == 12
+
+
+def test_the_openpi_route_refuses_a_clip_too_large_for_one_reply():
+    """The root (openpi) route answers a clip in one message, buffered whole in the ingress: a
+    clip whose frames could pass ONE_REPLY_MAX_BYTES at the largest output size is too_large."""
+    from dataclasses import replace
+
+    from deployments.clip.replies import ONE_REPLY_MAX_BYTES
+    limits = replace(DEFAULT_LIMITS, max_output_area=480 * 832)
+    most = ONE_REPLY_MAX_BYTES // (480 * 832 * 3 * 4)  # 268 frames
+    request_ = {"prompt": "p", "camera": _camera(4093), "session_id": None, "image": _png()}
+    error = _refusal(request_, limits, one_reply=True)
+    assert error.code is ErrorCode.TOO_LARGE and f"at most {most}" in error.message
+    small = {**request_, "camera": _camera(12 * (most // 12) - 3)}  # the most whole chunks that fit
+    with pytest.raises(AssertionError):  # nothing refused: the frame reaches the Connection as infers
+        _refusal(small, limits, one_reply=True)
