@@ -111,6 +111,12 @@ export class LiveStream extends EventTarget {
           else if (this.resumeWaiter) this.resumeWaiter.reject(new Error(`connection lost (${why})`));
           return;
         }
+        if (opened && (was === "idle" || was === "stopped")) {
+          // No session on it: the server closes a socket that sends nothing within its handshake
+          // deadline (connection.first_message_timeout_s) or idles after a session. Nothing is
+          // lost; Start opens a new one.
+          return;
+        }
         if (opened && was === "streaming" && this.canResume()) {
           this.resumeAfterDrop(why);
           return;
