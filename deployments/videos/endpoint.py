@@ -14,8 +14,8 @@ principal that created it: its API key id, or without auth its client address (t
 or the trusted X-Forwarded-For entry as for the connection caps); for anyone else its routes
 answer 404 as for an unknown id. A principal has at most `videos.max_jobs_per_principal`
 videos (sync requests and unfinished jobs) at once. A body is read with the cap
-(`videos.max_body_mib`), parsed with a bounded cost off the event loop, validated and planned
-(request.py), and the session runs through a `Connection` of this replica with the caller's
+(`videos.max_body_mib`; the bodies a replica holds at once: twice that, beyond it `busy`),
+parsed with a bounded cost off the event loop, validated and planned (request.py), and the session runs through a `Connection` of this replica with the caller's
 quota (runner.py).
 """
 from __future__ import annotations
@@ -32,12 +32,13 @@ from deployments.config import VideoArgs
 from deployments.connection_caps import client_address
 from deployments.videos.errors import HttpError
 from deployments.videos.jobs import JobStore, VideoJob
-from deployments.videos.request import VideoSpec, parse_request, read_body
+from deployments.videos.request import BodyBudget, VideoSpec, parse_request, read_body
 from deployments.videos.runner import SessionRunner
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 
 MIB = 1024 * 1024
+BODIES_AT_ONCE = 2  # the bytes of this many largest bodies may be held at once (read or parsed)
 ASYNC_TRUE = ("1", "true", "yes")
 
 
@@ -50,6 +51,7 @@ class VideoEndpoint:
         self._limits = limits
         self._runner = runner
         self._max_body = int(args.max_body_mib * MIB)
+        self._bodies = BodyBudget(BODIES_AT_ONCE * self._max_body)
         self._max_frames = args.max_frames
         self._per_principal = args.max_jobs_per_principal
         self._retry_after_s = retry_after_s
@@ -137,11 +139,15 @@ class VideoEndpoint:
 
     async def _read(self, request: Request) -> VideoSpec:
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._max_body:
+        size = int(declared) if declared is not None and declared.isdigit() else None
+        if size is not None and size > self._max_body:
             raise HttpError.of(ErrorCode.TOO_LARGE, f"the body is over {self._max_body} bytes")
-        body = await read_body(request.stream(), self._max_body)
-        # ~0.1 s of CPU for a 10 MiB body: in a thread, so that /healthz and the sockets go on
-        return await asyncio.to_thread(parse_request, body, self._limits, self._max_frames)
+        body = await read_body(request.stream(), self._max_body, self._bodies, size)
+        try:
+            # ~0.1 s of CPU for a 10 MiB body: in a thread, so that /healthz and the sockets go on
+            return await asyncio.to_thread(parse_request, body, self._limits, self._max_frames)
+        finally:
+            self._bodies.give(len(body))
 
 
 def _mp4(video: bytes, num_frames: int) -> Response:

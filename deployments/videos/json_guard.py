@@ -26,26 +26,25 @@ OPEN = frozenset(b"[{")
 CLOSE = frozenset(b"]}")
 
 
-def load_bounded(body: bytes | bytearray, max_tokens: int, max_depth: int) -> Any:
+def load_bounded(body: bytes | bytearray, max_tokens: int, max_depth: int, why: str = "") -> Any:
     """`json.loads(body)` when the body holds at most `max_tokens` structural tokens and nests
-    at most `max_depth` deep; else `ProtocolError`: `too_large` for the tokens, `bad_message`
-    for the depth or for text that is not JSON."""
-    check_structure(body, max_tokens, max_depth)
+    at most `max_depth` deep; else `ProtocolError`: `too_large` for the tokens (its message
+    ends with `why`), `bad_message` for the depth or for text that is not JSON."""
+    check_structure(body, max_tokens, max_depth, why)
     try:
         return json.loads(body)
     except (ValueError, RecursionError):  # RecursionError: unreachable past the depth check, kept as a net
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "the body must be one JSON object") from None
 
 
-def check_structure(body: bytes | bytearray, max_tokens: int, max_depth: int) -> None:
+def check_structure(body: bytes | bytearray, max_tokens: int, max_depth: int, why: str = "") -> None:
     """Refuse at the first structural token past `max_tokens` or the first bracket past
     `max_depth` (see the module docstring); nothing is built."""
     depth = 0
     for n, m in enumerate(TOKEN.finditer(body), 1):
         if n > max_tokens:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"the body holds more than {max_tokens} JSON tokens "
-                                                     "(brackets, commas, colons, strings): more poses than "
-                                                     "the frame cap allows")
+                                                     f"(brackets, commas, colons, strings){why}")
         c = body[m.start()]
         if c in OPEN:
             depth += 1

@@ -15,7 +15,7 @@ import binascii
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Optional
 
 import msgpack
 
@@ -46,14 +46,52 @@ class VideoSpec:
         return len(self.messages)
 
 
-async def read_body(chunks: AsyncIterator[bytes], max_bytes: int) -> bytearray:
-    """The body from its chunks as they arrive (one buffer, never copied: at most `max_bytes`
-    held); `too_large` (413) as soon as it passes `max_bytes`, without reading the rest."""
+class BodyBudget:
+    """The bytes of `/v1/videos` bodies this replica holds at once, across requests (each is
+    at most `videos.max_body_mib`; several at once would multiply it)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int) -> None:
+        """Hold `n` more bytes, or `busy` (503) when they would pass the limit."""
+        if self.held + n > self.limit:
+            raise HttpError.of(ErrorCode.BUSY, f"this server is reading other video requests' bodies ({self.limit} "
+                                               "bytes at once); retry", BODY_RETRY_S)
+        self.held += n
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+BODY_RETRY_S = 2.0  # retry hint when the replica holds its bodies' budget
+
+
+async def read_body(chunks: AsyncIterator[bytes], max_bytes: int, budget: BodyBudget,
+                    declared: Optional[int] = None) -> bytearray:
+    """The body from its chunks as they arrive, held against `budget` (the caller gives its
+    length back when done with it); `too_large` (413) as soon as it passes `max_bytes`
+    without reading the rest. A `declared` length (Content-Length, at most `max_bytes`) is
+    taken from the budget at once, all or nothing, so that bodies arriving together do not
+    each get part of it and all fail."""
+    taken = 0
+    if declared is not None:
+        budget.take(declared)
+        taken = declared
     body = bytearray()
-    async for chunk in chunks:
-        if len(body) + len(chunk) > max_bytes:
-            raise HttpError.of(ErrorCode.TOO_LARGE, f"the body is over {max_bytes} bytes")
-        body += chunk
+    try:
+        async for chunk in chunks:
+            if len(body) + len(chunk) > max_bytes or (declared is not None and len(body) + len(chunk) > declared):
+                raise HttpError.of(ErrorCode.TOO_LARGE, f"the body is over {max_bytes} bytes" if declared is None
+                                   else "the body is longer than its Content-Length")
+            if declared is None:
+                budget.take(len(chunk))
+                taken += len(chunk)
+            body += chunk
+    except BaseException:
+        budget.give(taken)
+        raise
+    budget.give(taken - len(body))  # a body shorter than declared
     return body
 
 
@@ -69,7 +107,9 @@ def parse_request(body: bytes | bytearray, limits: Limits, max_frames: int) -> V
     `limits`: the server's (the ingress's); the body may hold every pose in one message.
     `max_frames`: the videos' frame cap (`videos.max_frames`)."""
     try:
-        return _spec(load_bounded(body, max_tokens(max_frames), MAX_DEPTH), limits, max_frames)
+        why = (f": more than {POSES_PER_FRAME * max_frames} poses need; videos have at most {max_frames} frames "
+               f"(videos.max_frames)")
+        return _spec(load_bounded(body, max_tokens(max_frames), MAX_DEPTH, why), limits, max_frames)
     except ProtocolError as e:
         raise HttpError.of(e.code, e.message) from None
 

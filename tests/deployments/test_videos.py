@@ -13,7 +13,7 @@ from deployments.transport import LocalTransport
 from deployments.videos.errors import HttpError
 from deployments.videos.jobs import JobStatus, JobStore, VideoJob
 from deployments.videos.json_guard import TOKEN, load_bounded
-from deployments.videos.request import MAX_DEPTH, max_tokens, parse_request, read_body
+from deployments.videos.request import MAX_DEPTH, BodyBudget, max_tokens, parse_request, read_body
 from protocol.errors import ProtocolError
 from protocol.limits import DEFAULT_LIMITS
 from deployments.videos.runner import SessionRunner
@@ -42,11 +42,35 @@ class Chunks:
 
 def test_the_body_is_refused_as_soon_as_it_passes_the_cap():
     body = Chunks(n=256, size=MIB)  # 256 MiB, no Content-Length
+    budget = BodyBudget(128 * MIB)
     with pytest.raises(HttpError) as e:
-        asyncio.run(read_body(body, 64 * MIB))
+        asyncio.run(read_body(body, 64 * MIB, budget))
     assert e.value.status == 413 and e.value.body["code"] == "too_large"
     assert body.read == 65  # the chunk that passed the cap, and nothing after it
-    assert asyncio.run(read_body(Chunks(n=4, size=MIB), 4 * MIB)) == b"x" * (4 * MIB)
+    assert budget.held == 0  # given back
+    assert asyncio.run(read_body(Chunks(n=4, size=MIB), 4 * MIB, budget)) == b"x" * (4 * MIB)
+    assert budget.held == 4 * MIB  # until the caller is done with the body
+
+
+def test_bodies_held_at_once_are_bounded_across_requests():
+    """Two bodies of the cap's size fit the budget; a third, declared or chunked, gets busy at
+    once (a declared one before any byte is read) and the budget is whole again after."""
+    async def go():
+        budget = BodyBudget(2 * 4 * MIB)
+        held = [await read_body(Chunks(4, MIB), 4 * MIB, budget, declared=4 * MIB) for _ in range(2)]
+        refused = []
+        for declared in (4 * MIB, None):
+            chunks = Chunks(4, MIB)
+            with pytest.raises(HttpError) as e:
+                await read_body(chunks, 4 * MIB, budget, declared)
+            refused.append((e.value.status, e.value.body["code"], chunks.read))
+        full = budget.held
+        for b in held:
+            budget.give(len(b))
+        return refused, full, budget.held
+
+    refused, full, after = asyncio.run(go())
+    assert refused == [(503, "busy", 0), (503, "busy", 1)] and full == 8 * MIB and after == 0
 
 
 class CountingTokens:
