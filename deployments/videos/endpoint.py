@@ -15,8 +15,8 @@ or the trusted X-Forwarded-For entry as for the connection caps); for anyone els
 answer 404 as for an unknown id. A principal has at most `videos.max_jobs_per_principal`
 videos (sync requests and unfinished jobs) at once. A body is read with the cap
 (`videos.max_body_mib`; the bodies a replica holds at once: twice that, beyond it `busy`),
-parsed with a bounded cost off the event loop, validated and planned (request.py), and the session runs through a `Connection` of this replica with the caller's
-quota (runner.py).
+parsed with a bounded cost off the event loop, validated and planned (request.py), and the
+session runs through a `Connection` of this replica with the caller's quota (runner.py).
 """
 from __future__ import annotations
 

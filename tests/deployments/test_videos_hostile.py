@@ -20,9 +20,9 @@ FLOAT_BODY = b'{"poses": [' + b"0.1234567," * (6 * MIB) + b"0.1]}"  # 60 MiB, 6.
 
 def body(traj, frames: int, **extra) -> dict:
     """A video request of `frames` frames from the example (still camera: its first pose)."""
-    n = frames
     return {"image": base64.b64encode(traj.image).decode(), "prompt": traj.prompt,
-            "poses": np.repeat(traj.poses[:1], n, 0).tolist(), "intrinsics": np.repeat(traj.intrinsics[:1], n, 0).tolist(),
+            "poses": np.repeat(traj.poses[:1], frames, 0).tolist(),
+            "intrinsics": np.repeat(traj.intrinsics[:1], frames, 0).tolist(),
             "num_frames": frames, "seed": 3, **extra}
 
 
