@@ -287,6 +287,13 @@ class VideoArgs(_Strict):
     max_jobs: int = Field(8, ge=1)
     job_ttl_s: float = Field(3600.0, gt=0)  # a finished job's result is dropped after this
     busy_timeout_s: float = Field(300.0, ge=0)  # how long a video waits out `busy` (no session slot) before 503
+    # Videos (sync requests and unfinished async jobs) one principal may have at once on this
+    # replica: an API key, or without auth a client address; beyond it a new one gets `busy`.
+    max_jobs_per_principal: int = Field(2, ge=1)
+    # The most frames one video may declare (num_frames): 481 frames is 40 chunks, ~30 s of
+    # video; above it `too_large` (413). A 4089-frame job held a DiT slot ~1 h on the CPU.
+    # Also bounds the poses a body may carry (4 per frame), hence the JSON it may hold.
+    max_frames: int = Field(481, ge=9)
 
 
 class AppArgs(_Strict):

@@ -33,6 +33,7 @@ from deployments.transport import Transport
 from deployments.videos import ROUTE as VIDEOS_ROUTE
 from deployments.videos import VideoEndpoint
 from deployments.videos.runner import SessionRunner
+from deployments.videos.schema import openapi_extra as video_body_schema
 from deployments.web import mount_web
 from protocol.codec import encode
 from protocol.errors import ErrorCode
@@ -110,7 +111,8 @@ class WorldIngress:
         self._open_connections = 0
         runner = SessionRunner(self._serve, min(VIDEO_PIPELINE, args.sessions.max_pending_chunks),
                                args.videos.busy_timeout_s)
-        self._videos = VideoEndpoint(args.videos, self._auth, self._limits, runner, args.sessions.retry_after_s)
+        self._videos = VideoEndpoint(args.videos, self._auth, self._limits, runner, args.sessions.retry_after_s,
+                                     args.connection.trust_forwarded_for)
 
     @app.websocket(CAMERA_ROUTE)
     @app.websocket(CAMERA_ROUTE + "/")  # clients that join a base URL and the path with a slash
@@ -171,18 +173,26 @@ class WorldIngress:
             self._open_connections -= 1
             self._metrics.connections.set(self._open_connections)
 
-    @app.post(VIDEOS_ROUTE, response_class=Response)
+    # The body is read and parsed by the endpoint (byte cap, bounded parse); its schema is documented.
+    @app.post(VIDEOS_ROUTE, response_class=Response, openapi_extra=video_body_schema())
     async def create_video(self, request: Request) -> Response:
-        """A whole trajectory -> one MP4, or a job with `?async=true` (deployments/videos)."""
+        """A whole trajectory -> one MP4, or a job with `?async=true` (deployments/videos, docs/VIDEOS.md)."""
         return await self._videos.create(request)
 
     @app.get(VIDEOS_ROUTE + "/{job_id}")
     async def video_status(self, job_id: str, request: Request) -> JSONResponse:
+        """The caller's job: status and progress (404 for another principal's job)."""
         return self._videos.status(job_id, request)
 
     @app.get(VIDEOS_ROUTE + "/{job_id}/content", response_class=Response)
-    async def video_content(self, job_id: str) -> Response:
-        return self._videos.content(job_id)
+    async def video_content(self, job_id: str, request: Request) -> Response:
+        """The caller's finished job's MP4."""
+        return self._videos.content(job_id, request)
+
+    @app.delete(VIDEOS_ROUTE + "/{job_id}")
+    async def delete_video(self, job_id: str, request: Request) -> JSONResponse:
+        """Cancel (if unfinished) and drop the caller's job; its session is released."""
+        return await self._videos.delete(job_id, request)
 
     @app.get("/healthz")
     async def healthz(self, request: Request) -> JSONResponse:

@@ -5,6 +5,10 @@ result. A finished job is dropped once its result is `videos.job_ttl_s` old, or 
 first, when a new job needs its place; while every place is taken by unfinished jobs a new one
 is refused (`busy`, 503 with Retry-After). Jobs live in this replica's memory: poll the replica
 that accepted them (one ingress replica, or sticky routing).
+
+A job belongs to its owner (the principal that created it, endpoint.py): `get` and `remove`
+find it only for that owner, so another principal cannot tell it from an unknown id. `remove`
+cancels an unfinished job (its session is released as its runner ends) and drops it.
 """
 from __future__ import annotations
 
@@ -25,12 +29,17 @@ class JobStatus(str, Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # by `DELETE /v1/videos/{id}` (only in that answer: the job is dropped)
+
+
+CANCEL_WAIT_S = 10.0  # how long `remove` waits for a cancelled job's runner to release its session
 
 
 @dataclass(eq=False)
 class VideoJob:
     num_frames: int
     chunks_total: int
+    owner: str  # the principal that created it (an API key id, or a client address)
     id: str = field(default_factory=lambda: f"vid_{uuid.uuid4().hex}")
     created_at: float = field(default_factory=time.time)
     status: JobStatus = JobStatus.QUEUED
@@ -42,7 +51,7 @@ class VideoJob:
 
     @property
     def finished(self) -> bool:
-        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
     def advance(self, k: int) -> None:
         """Chunk k was answered."""
@@ -87,9 +96,28 @@ class JobStore:
         self._jobs[job.id] = job
         job.task = asyncio.create_task(self._run(job, work))
 
-    def get(self, job_id: str) -> Optional[VideoJob]:
+    def get(self, job_id: str, owner: str) -> Optional[VideoJob]:
+        """The job `job_id` if `owner` created it, else None (as for an unknown id)."""
         self._expire()
-        return self._jobs.get(job_id)
+        job = self._jobs.get(job_id)
+        return job if job is not None and job.owner == owner else None
+
+    def active(self, owner: str) -> int:
+        """The unfinished (queued or running) jobs of `owner`."""
+        return sum(1 for j in self._jobs.values() if j.owner == owner and not j.finished)
+
+    async def remove(self, job_id: str, owner: str) -> Optional[VideoJob]:
+        """Drop `owner`'s job `job_id` (None if there is none); an unfinished one is cancelled
+        first and waited for (up to CANCEL_WAIT_S) while its runner releases the session."""
+        job = self.get(job_id, owner)
+        if job is None:
+            return None
+        del self._jobs[job.id]
+        if not job.finished and job.task is not None:
+            job.task.cancel()
+            job.status, job.finished_at = JobStatus.CANCELLED, self._clock()
+            await asyncio.wait({job.task}, timeout=CANCEL_WAIT_S)
+        return job
 
     async def _run(self, job: VideoJob, work: Callable[[Callable[[int], None]], Awaitable[bytes]]) -> None:
         job.status = JobStatus.RUNNING

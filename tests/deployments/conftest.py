@@ -54,7 +54,7 @@ APP_ARGS = {
 }
 API_KEYS_ENV = "LWF_TEST_API_KEYS"  # set before Ray starts: the replicas inherit it (a secret in production)
 API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps", "key-hostile", "key-hostile-2",
-            "key-sizes", "key-memory", "key-peers", "key-admission")
+            "key-sizes", "key-memory", "key-peers", "key-admission", "key-videos", "key-videos-2")
 # a key per test group: quotas and connection caps count per key
 STRICT_PREFIX = "/strict"
 STRICT_ORIGIN = "https://app.example"
