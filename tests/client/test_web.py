@@ -228,3 +228,18 @@ def test_js_msgpack_matches_python(browser, served):
     assert decoded.pop("f32") == 0.5 and decoded.pop("f") == pytest.approx(0.1)  # sent as float32 here
     assert decoded == {k: v for k, v in expected.items() if k != "f"}
     page.close()
+
+
+def test_a_page_left_idle_past_the_handshake_deadline_still_starts(browser, served):
+    """The server closes a socket that sends nothing within connection.first_message_timeout_s
+    (5 s): the page's boot socket, opened to read the handshake, is dropped quietly, and Start
+    opens a new one (before: 'connection lost … press Start to reconnect' and state disconnected)."""
+    from deployments.config import ConnectionArgs
+    page, errors = open_page(browser, served.http + "/")
+    page.wait_for_timeout(1000 * (ConnectionArgs().first_message_timeout_s + 2))
+    assert page.get_attribute("#connection", "data-state") == "idle"
+    assert "Connected to tiny" in page.text_content("#status")
+    page.click("#start")
+    chunks_shown(page, 1)
+    assert errors == []
+    page.close()
