@@ -27,7 +27,7 @@ from benchmarks.sessions import run_dit
 from model.accel import AccelOptions, optimize_dit
 from model.accel.options import FP8_QUANT_MODES
 from model.config import preset as get_preset
-from model.dit_loader import init_dit_random
+from model.dit.loader import init_dit_random
 from model.engines import DiTEngine
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -31,9 +31,9 @@ from benchmarks.sessions import DiTRun, run_dit, run_end_to_end
 from benchmarks.vae_check import compare, norm_rel_err, run_vae
 from model.accel import AccelOptions, enable_fp8, optimize_dit, optimize_vae
 from model.config import preset as get_preset
-from model.dit_loader import init_dit_random
+from model.dit.loader import init_dit_random
 from model.engines import DiTEngine, TextEngine, VaeEngine
-from model.vae import init_vae_random
+from model.vae.model import init_vae_random
 
 SEED = 1234
 VAE_VARIANTS = {
@@ -486,7 +486,7 @@ FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum,
     ("fp8_triton_quant_fast_accum", True, "triton", True, False, {}),
     # session 5: the self-attention as cuDNN's FP8 SDPA (model/accel/fp8_attention.py)
     ("fp8_triton_quant_fast_accum_fp8_attention", True, "triton", True, False, FP8_ATTENTION),
-    # session 6: its cache in its own codes (model/kv_codes.py); session 7: Q and K by their bounds
+    # session 6: its cache in its own codes (model/dit/kv_codes.py); session 7: Q and K by their bounds
     ("fp8_triton_quant_fast_accum_fp8_attention_codes", True, "triton", True, False, FP8_ATTENTION | {"kv_codes": True}),
     ("fp8_triton_quant_fast_accum_fp8_attention_codes_bound", True, "triton", True, False,
      FP8_ATTENTION | {"kv_codes": True, "qk_bound_scales": True}),

@@ -35,8 +35,8 @@ from benchmarks.measure import sync
 from model.accel import AccelOptions, optimize_dit
 from model.checkpoint import CheckpointLayout
 from model.config import preset as get_preset
-from model.dit import CausalDiT
-from model.dit_loader import init_dit_random, load_dit
+from model.dit.model import CausalDiT
+from model.dit.loader import init_dit_random, load_dit
 from model.engines import DiTEngine
 from model.factory import as_dtype
 from model.parallel import SequenceShard, init_sp_group, rank_device, sp_engine

@@ -31,7 +31,7 @@ from deployments.session_table import SessionTable
 from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from model.accel import AccelOptions
 from model.factory import load_dit_engine
-from model.sampler import NoiseState
+from model.dit.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
 from model.warmup import WarmupReport, allow_recompiles, warm_up_dit
 

@@ -58,7 +58,7 @@ from model.engines import ChunkOutput, SessionFootprint
 from model.factory import load_dit_engine
 from model.parallel.launch import DEFAULT_TIMEOUT_S
 from model.parallel import SPDiTEngine, init_sp_group, load_sp_dit_engine, rank_device, sp_engine
-from model.sampler import NoiseState
+from model.dit.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
 
 PLACEMENT_STRATEGY = "STRICT_PACK"  # all ranks of a replica on one node

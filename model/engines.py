@@ -16,15 +16,15 @@ import numpy as np
 import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
-from model.camera import CameraTrack
+from model.dit.plucker import CameraTrack
 from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import DiTConfig
-from model.dit import CausalDiT
-from model.kv_cache import DiTCaches
-from model.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
+from model.dit.model import CausalDiT
+from model.dit.kv_cache import DiTCaches
+from model.dit.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
 from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession
 from model.t5 import TextEncoder
-from model.vae import WanVAE
+from model.vae.model import WanVAE
 
 
 def to_uint8(video: torch.Tensor) -> np.ndarray:
@@ -147,7 +147,7 @@ class DiTEngine:
         """`skip_final_update`: leave out the t = 0 cache-update call of a session's last
         planned chunk (with `total_latent_frames` known, no later chunk can read its K/V).
         `kv_fp8`: sessions' self-attention caches in float8 with per-token, per-head scales
-        (model/kv_quant.py): about half the bytes, changed numerics (opt-in)."""
+        (model/dit/kv_quant.py): about half the bytes, changed numerics (opt-in)."""
         self.dit = dit
         self.cfg = dit.cfg
         self.schedule = FlowSchedule(shift)
@@ -163,7 +163,7 @@ class DiTEngine:
     @property
     def kv_codes(self) -> bool:
         """Whether sessions' self-attention caches hold the FP8 attention's codes (set on the
-        model by `optimize_dit` with `AccelOptions.kv_codes`; model/kv_codes.py)."""
+        model by `optimize_dit` with `AccelOptions.kv_codes`; model/dit/kv_codes.py)."""
         return bool(getattr(self.dit, "kv_codes", False))
 
     @property

@@ -23,11 +23,11 @@ import torch
 from model.accel import AccelOptions, optimize_dit, optimize_vae
 from model.checkpoint import CheckpointLayout
 from model.config import preset as get_preset
-from model.dit_loader import init_dit_random, load_dit
+from model.dit.loader import init_dit_random, load_dit
 from model.engines import DiTEngine, TextEngine, VaeEngine
 from model.t5 import TextEncoder, init_t5_random, init_t5_random_on_device
 from model.tiny import EMBEDDED_SEED, tiny_tokenizer
-from model.vae import init_vae_random, load_vae
+from model.vae.model import init_vae_random, load_vae
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 RANDOM_SEED = 20261201  # random_weights: the same weights in every replica and run

@@ -13,9 +13,9 @@ from torch import Tensor
 
 from model.accel.kernels import E4M3_MAX, BlockKernels, batched, rope_norm_bound
 from model.accel.projection import Fp8Projection, Projection
-from model.dit_block import CrossAttention, DiTBlock, SelfAttention
-from model.kv_cache import CrossAttnCache, SelfAttnKVCache
-from model.rope import RopeTable
+from model.dit.block import CrossAttention, DiTBlock, SelfAttention
+from model.dit.kv_cache import CrossAttnCache, SelfAttnKVCache
+from model.dit.rope import RopeTable
 
 AnyProjection = Projection | Fp8Projection
 

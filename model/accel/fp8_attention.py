@@ -30,9 +30,9 @@ import torch
 from torch import Tensor
 
 from model.accel.kernels import QuantizedRows
-from model.kv_codes import TensorCodes
-from model.kv_quant import AMAX_FLOOR as SCALE_FLOOR  # an all-zero tensor's descale must not be 0
-from model.kv_quant import FP8_MAX as E4M3_MAX
+from model.dit.kv_codes import TensorCodes
+from model.dit.kv_quant import AMAX_FLOOR as SCALE_FLOOR  # an all-zero tensor's descale must not be 0
+from model.dit.kv_quant import FP8_MAX as E4M3_MAX
 
 MAX_GRAPHS = 64  # built graphs kept per process (one per key length a session reaches)
 
@@ -143,7 +143,7 @@ class CudnnFp8Attention:
     def codes(self, q: Tensor | TensorCodes, k: Tensor | TensorCodes, v: Tensor | TensorCodes) -> QuantizedRows:
         """O [1, S, H*D] as (e4m3 codes, float32 row scales [1, S, 1]): O ~= codes * scales.
         Q, K and V come in bf16 (quantized here, per call) or as (codes, descale) (the code
-        cache's K and V, model/kv_codes.py; Q and K made with the bound scales): taken as they are."""
+        cache's K and V, model/dit/kv_codes.py; Q and K made with the bound scales): taken as they are."""
         (qc, dq), (kc, dk), (vc, dv) = (x if isinstance(x, tuple) else self._quantize(x) for x in (q, k, v))
         _, s, h, d = qc.shape
         n = kc.shape[1]

@@ -31,7 +31,7 @@ class AccelOptions:
       FlashAttention's CuTe DSL kernels (model/accel/fa4_attention.py; CUDA sm_90 with the
       flash-attn-4 wheel; exact bf16 attention, a benchmark option until measured).
     kv_codes: with "cudnn_fp8", sessions' self-attention caches hold the e4m3 codes that the FP8
-      attention reads, one running descale per layer and tensor (model/kv_codes.py): a call
+      attention reads, one running descale per layer and tensor (model/dit/kv_codes.py): a call
       quantizes its own rows only, not the whole cache again; half a bf16 cache's bytes.
     kv_ring: sessions' windowed self-attention caches as rings (`SelfAttnKVCache`, the code cache
       too): a chunk's K/V go to the evicted tokens' slots, nothing is copied down per chunk; the
@@ -63,7 +63,7 @@ class AccelOptions:
       K/V are never read: the noise plan ends there).
     vae_channels_last: channels-last weights for the VAE convolutions (CUDA).
     vae_compile: one torch.compile'd kernel for each VAE RMSNorm + SiLU pair, static shapes (one
-      compile per input shape; dynamic shapes gave wrong results, see accel/vae_fast.py).
+      compile per input shape; dynamic shapes gave wrong results, see model/vae/fast.py).
     vae_pad_in_conv: each causal-conv input written once: spatial zero padding inside the
       convolution, cached and new frames in one `cat` (no padded copy); same function.
     vae_fold_bias: the residual blocks' conv biases added inside the next kernel (the RMSNorm +
@@ -75,13 +75,13 @@ class AccelOptions:
       copied once per chunk; larger activations while a call runs.
     vae_upsample_in_conv: the decoder's nearest 2x upsampling and the 3x3 conv after it as one
       conv at the low resolution with 4x the output channels and a pixel shuffle
-      (model/accel/vae_upsample.py); the same function up to the rounding of summed taps.
+      (model/vae/upsample.py); the same function up to the rounding of summed taps.
     vae_upsample_kernel: 3 (each phase a 3x3 kernel, 5 of its taps zero) or 2 (the 2x2 taps
       alone: 16 of 36 multiplies); needs vae_upsample_in_conv for 2.
     vae_triton_stem: the encoder's first conv (3 input channels) as one Triton kernel with its
-      bias inside (model/accel/vae_stem.py; CUDA with Triton): cuDNN runs it at ~25 TFLOP/s.
+      bias inside (model/vae/stem.py; CUDA with Triton): cuDNN runs it at ~25 TFLOP/s.
     vae_downsample_in_conv: the encoder's one-sided pad + 3x3 stride-2 conv as one 4x4 conv with
-      padding 1 (model/accel/vae_downsample.py): no padded copy; the same function.
+      padding 1 (model/vae/downsample.py): no padded copy; the same function.
     """
 
     fast: bool = False

@@ -55,7 +55,7 @@ def quantize_tensor(x: torch.Tensor, codes: torch.dtype = torch.float8_e4m3fn) -
     return q, descale
 
 
-# The FP8 attention's code cache (model/kv_codes.py): K and V of one DiT call go into their
+# The FP8 attention's code cache (model/dit/kv_codes.py): K and V of one DiT call go into their
 # layer's e4m3 cache with one running descale per tensor. Each kernel handles K (program_id(1)
 # 0) and V (1) in one launch (a grid of one along that axis: the first pair of pointers alone);
 # the descale cells are read by all three and written by the last.

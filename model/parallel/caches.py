@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 
 from model.config import DiTConfig
-from model.kv_cache import CrossAttnCache, DiTCaches
+from model.dit.kv_cache import CrossAttnCache, DiTCaches
 
 
 def shard_config(cfg: DiTConfig, world: int) -> DiTConfig:

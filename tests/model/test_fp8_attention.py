@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from model.accel import AccelOptions, optimize_dit
 from model.accel.fp8_attention import E4M3_MAX, SCALE_FLOOR, CudnnFp8Attention, available, quantize_tensor
 from model.config import DiTConfig
-from model.dit_loader import init_dit_random
+from model.dit.loader import init_dit_random
 from support import FakeCudnnGraph
 
 

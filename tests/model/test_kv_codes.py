@@ -1,4 +1,4 @@
-"""The FP8 attention's code cache (model/kv_codes.py, `AccelOptions.kv_codes`): the slots of the
+"""The FP8 attention's code cache (model/dit/kv_codes.py, `AccelOptions.kv_codes`): the slots of the
 exact cache, every row within e4m3's rounding of one running descale per tensor, the descale
 growing with a louder chunk (the cached codes rescaled), half the bytes, and the
 fast block attending through it as through the per-call quantization (a stand-in cuDNN)."""
@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from model.accel import AccelOptions, optimize_dit
 from model.config import DiTConfig
-from model.dit_loader import init_dit_random
+from model.dit.loader import init_dit_random
 from model.engines import DiTEngine
-from model.kv_cache import DiTCaches, SelfAttnKVCache
-from model.kv_codes import E4M3, E4M3_MAX, Fp8CodesKVCache, append_codes_reference
+from model.dit.kv_cache import DiTCaches, SelfAttnKVCache
+from model.dit.kv_codes import E4M3, E4M3_MAX, Fp8CodesKVCache, append_codes_reference
 
 E4M3_REL = 2.0**-4  # half an ulp of a 3-bit mantissa, relative
 
@@ -49,7 +49,7 @@ def test_one_descale_per_tensor_grows_with_a_louder_chunk_and_rescales_the_past(
 
 def _visible_tokens(cache: SelfAttnKVCache, lo: int = 0) -> list[int]:
     """The absolute token each visible slot [lo, local_end) holds: a shifting window keeps the
-    sink then the newest tokens in order, a ring (model/kv_codes.py) puts token t at slot
+    sink then the newest tokens in order, a ring (model/dit/kv_codes.py) puts token t at slot
     sink + (t - sink) mod (capacity - sink)."""
     sink, end, n = cache.sink_tokens, cache.global_end, cache.local_end
     if not cache.rolling or end <= cache.capacity:

@@ -1,4 +1,4 @@
-"""The FP8 KV cache (model/kv_quant.py, `kv_fp8`): same layout as the exact cache, half its
+"""The FP8 KV cache (model/dit/kv_quant.py, `kv_fp8`): same layout as the exact cache, half its
 bytes, the running chunk exact, the past within e4m3's rounding, and admission counts it."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from deployments.config import AppArgs
 from model.config import PRESETS
 from model.engines import DiTEngine
 from model.factory import load_dit_engine
-from model.kv_cache import DiTCaches, SelfAttnKVCache
-from model.kv_quant import KV_FP8, quantize
+from model.dit.kv_cache import DiTCaches, SelfAttnKVCache
+from model.dit.kv_quant import KV_FP8, quantize
 from model.session import DiTSessionSpec
 
 E4M3_REL = 2.0**-4  # half an ulp of a 3-bit mantissa, relative to the value

@@ -25,7 +25,7 @@ from model.accel import kernels as kn  # noqa: E402
 from model.accel import triton_quant as tq  # noqa: E402
 from model.accel import triton_rope as tr  # noqa: E402
 from model.accel import triton_tensor_quant as tt  # noqa: E402
-from model.accel import vae_stem as vs  # noqa: E402
+from model.vae import stem as vs  # noqa: E402
 from model.accel.kernels import E4M3_MAX, SCALE_FLOOR  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -68,7 +68,7 @@ def check_every_kernel_variant_compiles_for_hopper():
     _compile(tt._quantize_by_amax, dict(tensor, q_ptr="*fp8e4nv", descale_ptr="*fp32"),
              dict(CONSTS, BLOCK=tt.BLOCK))
     rows2d = {"k_ptr": "*bf16", "v_ptr": "*bf16", "L": "i32", "C": "i32", "stride_k": "i32", "stride_v": "i32"}
-    blocks = {"ROWS": tt.ROWS, "COLS": tt.COLS}  # the FP8 attention's code cache (model/kv_codes.py)
+    blocks = {"ROWS": tt.ROWS, "COLS": tt.COLS}  # the FP8 attention's code cache (model/dit/kv_codes.py)
     _compile(tt._rows_abs_max, dict(rows2d, amax_ptr="*fp32"), blocks, num_warps=4)
     _compile(tt._rescale_codes, {"ck_ptr": "*fp8e4nv", "cv_ptr": "*fp8e4nv", "descale_ptr": "*fp32",
                                  "amax_ptr": "*fp32", "N": "i32"}, dict(CONSTS, BLOCK=tt.RESCALE_BLOCK))
@@ -169,7 +169,7 @@ def check_code_cache():
     """triton_tensor_quant.append_codes: model/kv_codes.append_codes_reference's descales and
     (unrounded: float32 codes) quotients, K a contiguous tensor, V a strided view of a fused
     projection; the cached codes rescaled only when a louder chunk grows the descale."""
-    from model.kv_codes import append_codes_reference
+    from model.dit.kv_codes import append_codes_reference
 
     gen = torch.Generator().manual_seed(4)
     heads, dim = 2, 640  # rows of 1280: two column blocks, the second partial
@@ -257,8 +257,8 @@ def check_stem_in_the_vae():
     """A VAE whose encoder's first conv is the Triton one encodes and decodes a stream (first call
     1 + 4k frames, then 4k, caches carried) as the plain VAE does."""
     from model.config import VAEConfig
-    from model.vae import init_vae_random
-    from model.vae_cache import VaeCache
+    from model.vae.model import init_vae_random
+    from model.vae.cache import VaeCache
 
     plain = init_vae_random(VAEConfig(dim=8), torch.float32, "cpu", 0)
     fast = init_vae_random(VAEConfig(dim=8), torch.float32, "cpu", 0)

@@ -36,7 +36,7 @@ def _dequantize_into(out: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) ->
 # chunk); eager they are 5 and 2 passes over the data. The same function up to rounding.
 # A compilation that fails (an old Triton without float8) falls back to eager, loudly, once.
 _compiled: dict[str, Callable] = {}
-_log = logging.getLogger("model.kv_quant")
+_log = logging.getLogger("model.dit.kv_quant")
 
 
 def compiled_on_cuda(name: str, fn: Callable) -> Callable:

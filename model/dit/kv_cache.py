@@ -7,8 +7,8 @@ denoising calls of a chunk overwrite the same slot and the t = 0 call writes the
 that later chunks read. With a window (`local_attn_size` != -1) a new chunk that does not
 fit evicts the oldest tokens after the sink; without one the capacity grows on demand.
 With `fp8` the self-attention cache stores float8 with per-token, per-head scales
-(model/kv_quant.py) and hands attention a compute-dtype copy; the FP8 attention's code cache
-(model/kv_codes.py, a subclass) stores the e4m3 codes attention reads. The cross-attention
+(model/dit/kv_quant.py) and hands attention a compute-dtype copy; the FP8 attention's code cache
+(model/dit/kv_codes.py, a subclass) stores the e4m3 codes attention reads. The cross-attention
 cache keeps the compute dtype (512 tokens per layer).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES
 from model.config import DiTConfig
-from model.kv_quant import KV_FP8, SCALE_DTYPE, dequantize_into, quantize
+from model.dit.kv_quant import KV_FP8, SCALE_DTYPE, dequantize_into, quantize
 
 
 class SelfAttnKVCache:
@@ -148,7 +148,7 @@ class SelfAttnKVCache:
 
     def _write_rows(self, slot: int, k: torch.Tensor, v: torch.Tensor, rows: slice, rescale: int) -> None:
         """Rows `rows` of the chunk's K and V at slots from `slot` (`rescale`: the slots a code
-        cache rescales when its descale grows, model/kv_codes.py)."""
+        cache rescales when its descale grows, model/dit/kv_codes.py)."""
         new = slice(slot, slot + rows.stop - rows.start)
         if self.fp8:
             (self.k[new], self.k_scale[new]), (self.v[new], self.v_scale[new]) = quantize(k[rows]), quantize(v[rows])
@@ -242,7 +242,7 @@ class DiTCaches:
         total_latent_frames` (one chunk when the length is unknown; grows on demand).
         `max_attention_size` (tokens) shrinks the visible window; None = the whole cache.
         `fp8`: self-attention K/V stored as float8 with per-token, per-head scales; `codes`: as
-        the FP8 attention's e4m3 codes with one descale per layer and tensor (model/kv_codes.py);
+        the FP8 attention's e4m3 codes with one descale per layer and tensor (model/dit/kv_codes.py);
         `ring`: a window as a ring (`SelfAttnKVCache`; not with `fp8`).
         """
         if frame_seqlen <= 0:
@@ -257,7 +257,7 @@ class DiTCaches:
         else:
             frames = total_latent_frames
         if codes:
-            from model.kv_codes import Fp8CodesKVCache as layer
+            from model.dit.kv_codes import Fp8CodesKVCache as layer
         else:
             layer = functools.partial(SelfAttnKVCache, fp8=fp8)
         self_attn = [layer(frame_seqlen * frames, cfg.num_heads, cfg.head_dim, dtype, device, rolling,

@@ -21,10 +21,10 @@ from importlib.util import find_spec
 import torch
 from torch import Tensor
 
-from model.kv_cache import SelfAttnKVCache
-from model.kv_quant import AMAX_FLOOR  # an all-zero chunk's descale must not be 0
-from model.kv_quant import FP8_MAX as E4M3_MAX
-from model.kv_quant import KV_FP8 as E4M3
+from model.dit.kv_cache import SelfAttnKVCache
+from model.dit.kv_quant import AMAX_FLOOR  # an all-zero chunk's descale must not be 0
+from model.dit.kv_quant import FP8_MAX as E4M3_MAX
+from model.dit.kv_quant import KV_FP8 as E4M3
 
 TensorCodes = tuple[Tensor, Tensor]  # (e4m3 codes [n, H, D], float32 descale [1]): x ~= codes * descale
 
