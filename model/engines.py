@@ -20,7 +20,7 @@ from model.dit.plucker import CameraTrack
 from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import DiTConfig
 from model.dit.model import CausalDiT
-from model.dit.kv_cache import DiTCaches
+from model.dit.caches import DiTCaches
 from model.dit.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
 from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession
 from model.t5 import TextEncoder

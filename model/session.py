@@ -15,7 +15,7 @@ import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION
 from model.dit.plucker import CameraTrack
-from model.dit.kv_cache import DiTCaches
+from model.dit.caches import DiTCaches
 from model.dit.sampler import NoisePlan
 from model.vae.cache import VaeCache
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from model.config import DiTConfig
 from model.dit.block import DiTBlock, layer_norm
-from model.dit.kv_cache import DiTCaches
+from model.dit.caches import DiTCaches
 from model.dit.rope import Rope3D, RopeTable
 
 PIXELS_PER_LATENT = 64  # Plücker channels per component: the 8x8 pixels of one latent cell

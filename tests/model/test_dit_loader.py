@@ -14,7 +14,7 @@ from model.checkpoint import SAFETENSORS_FILE, SAFETENSORS_INDEX, CheckpointErro
 from model.config import PRESETS
 from model.dit.model import CausalDiT
 from model.dit.loader import init_dit_random, load_dit
-from model.dit.kv_cache import DiTCaches
+from model.dit.caches import DiTCaches
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from model.config import PRESETS
-from model.dit.kv_cache import CrossAttnCache, DiTCaches, SelfAttnKVCache
+from model.dit.caches import DiTCaches
+from model.dit.kv_cache import CrossAttnCache, SelfAttnKVCache
 from support import load_golden
 
 

@@ -12,7 +12,8 @@ from deployments.config import AppArgs
 from model.config import PRESETS
 from model.engines import DiTEngine
 from model.factory import load_dit_engine
-from model.dit.kv_cache import DiTCaches, SelfAttnKVCache
+from model.dit.caches import DiTCaches
+from model.dit.kv_cache import SelfAttnKVCache
 from model.dit.kv_quant import KV_FP8, quantize
 from model.session import DiTSessionSpec
 
