@@ -34,9 +34,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from model.dit import kv_quant
+from model.dit.e4m3 import E4M3_MAX
 
 LOG2E = 1.4426950408889634
-E4M3_MAX = kv_quant.FP8_MAX
 
 
 # Tile configuration per (dtype, head_dim): measured on one H200 (benchmarks/attention_probe.py).

@@ -29,17 +29,14 @@ from importlib.util import find_spec
 import torch
 from torch import Tensor
 
-from model.accel.kernels import QuantizedRows
-from model.dit.kv_codes import TensorCodes
-from model.dit.kv_quant import AMAX_FLOOR as SCALE_FLOOR  # an all-zero tensor's descale must not be 0
-from model.dit.kv_quant import FP8_MAX as E4M3_MAX
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX, QuantizedRows, TensorCodes  # AMAX_FLOOR: an all-zero tensor's descale is not 0
 
 MAX_GRAPHS = 64  # built graphs kept per process (one per key length a session reaches)
 
 
 def quantize_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
     """x -> (float8_e4m3fn codes of x's shape, float32 descale [1]) with x ~= codes * descale."""
-    descale = (x.abs().amax().float().clamp(min=SCALE_FLOOR) / E4M3_MAX).reshape(1)
+    descale = (x.abs().amax().float().clamp(min=AMAX_FLOOR) / E4M3_MAX).reshape(1)
     codes = (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return codes, descale
 

@@ -19,12 +19,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.accel.fa4_attention import attend_fa4
 from model.dit.block import layer_norm
-from model.dit.kv_quant import AMAX_FLOOR as SCALE_FLOOR  # an all-zero row's scale must not be 0
-from model.dit.kv_quant import FP8_MAX as E4M3_MAX
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX, QuantizedRows, TensorCodes  # AMAX_FLOOR: an all-zero row's scale is not 0
 
 if TYPE_CHECKING:
     from model.accel.fp8_attention import CudnnFp8Attention
-    from model.dit.kv_codes import TensorCodes
 
 ROUNDING_MARGIN = 1.02  # rope_norm_bound's room for roundings
 
@@ -99,13 +97,10 @@ def gated_residual(x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
     return x + y * gate
 
 
-QuantizedRows = tuple[Tensor, Tensor]  # (float8_e4m3fn [..., K], float32 scales [..., 1])
-
-
 def quantize_rows(x: Tensor) -> QuantizedRows:
     """x [..., K] -> (float8_e4m3fn [..., K], float32 scales [..., 1]) with x ~= q * scale."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_FLOOR) / E4M3_MAX
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) / E4M3_MAX
     q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale
 

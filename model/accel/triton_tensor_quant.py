@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model.accel.kernels import E4M3_MAX, SCALE_FLOOR
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX
 
 BLOCK = 8192  # elements per program (16 KiB of bf16)
 
@@ -51,7 +51,7 @@ def quantize_tensor(x: torch.Tensor, codes: torch.dtype = torch.float8_e4m3fn) -
     descale = torch.empty(1, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, BLOCK),)
     _abs_max[grid](x, amax, n, BLOCK=BLOCK, num_warps=8)
-    _quantize_by_amax[grid](x, amax, q, descale, n, BLOCK=BLOCK, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8)
+    _quantize_by_amax[grid](x, amax, q, descale, n, BLOCK=BLOCK, FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, num_warps=8)
     return q, descale
 
 
@@ -149,6 +149,6 @@ def append_codes(codes: tuple[torch.Tensor, ...], descale: torch.Tensor, new: tu
     if rescale:
         n = rescale * C
         _rescale_codes[(triton.cdiv(n, RESCALE_BLOCK), tensors)](ck, cv, descale, amax, n, BLOCK=RESCALE_BLOCK,
-                                                                 FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8)
+                                                                 FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, num_warps=8)
     _quantize_rows_by[grid](k, v, ck[start:], cv[start:], descale, amax, L, C, stride_k, stride_v, ROWS=ROWS,
-                            COLS=COLS, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=4)
+                            COLS=COLS, FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, num_warps=4)

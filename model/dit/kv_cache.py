@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from model.dit.kv_quant import KV_FP8, SCALE_DTYPE, dequantize_into, quantize
+from model.dit.e4m3 import E4M3
+from model.dit.kv_quant import SCALE_DTYPE, dequantize_into, quantize
 
 
 class SelfAttnKVCache:
@@ -57,7 +58,7 @@ class SelfAttnKVCache:
         self.max_attention_size = max_attention_size
         self.dtype = dtype  # what attention reads (the storage too, unless fp8)
         self.fp8 = fp8
-        self.k = torch.zeros(capacity, heads, head_dim, dtype=KV_FP8 if fp8 else dtype, device=device)
+        self.k = torch.zeros(capacity, heads, head_dim, dtype=E4M3 if fp8 else dtype, device=device)
         self.v = torch.zeros_like(self.k)
         if fp8:  # one scale per cached token and head, moved with its token
             self.k_scale = torch.zeros(capacity, heads, dtype=SCALE_DTYPE, device=device)

@@ -22,11 +22,7 @@ import torch
 from torch import Tensor
 
 from model.dit.kv_cache import SelfAttnKVCache
-from model.dit.kv_quant import AMAX_FLOOR  # an all-zero chunk's descale must not be 0
-from model.dit.kv_quant import FP8_MAX as E4M3_MAX
-from model.dit.kv_quant import KV_FP8 as E4M3
-
-TensorCodes = tuple[Tensor, Tensor]  # (e4m3 codes [n, H, D], float32 descale [1]): x ~= codes * descale
+from model.dit.e4m3 import AMAX_FLOOR, E4M3, E4M3_MAX, TensorCodes  # AMAX_FLOOR: an all-zero chunk's descale is not 0
 
 
 def append_codes_reference(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,

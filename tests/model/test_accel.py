@@ -13,7 +13,8 @@ from torch import nn
 
 from model.accel import AccelOptions, enable_fp8, fp8_supported, optimize_dit, optimize_vae
 from model.accel.fast_block import FastDiTBlock
-from model.accel.kernels import E4M3_MAX, quantize_rows
+from model.accel.kernels import quantize_rows
+from model.dit.e4m3 import E4M3_MAX
 from model.accel.projection import Fp8Projection, Projection
 from model.vae.fast import fuse_norm_silu
 from model.checkpoint import CheckpointLayout

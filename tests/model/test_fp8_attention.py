@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from model.accel import AccelOptions, optimize_dit
-from model.accel.fp8_attention import E4M3_MAX, SCALE_FLOOR, CudnnFp8Attention, available, quantize_tensor
+from model.accel.fp8_attention import CudnnFp8Attention, available, quantize_tensor
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX
 from model.config import DiTConfig
 from model.dit.loader import init_dit_random
 from support import FakeCudnnGraph
@@ -25,7 +26,7 @@ def test_quantize_tensor_one_scale_for_the_tensor():
     normal = x.abs() > 2 ** -6 * descale  # e4m3's normal range: 3 mantissa bits
     assert ((back - x).abs()[normal] <= x.abs()[normal] * 2 ** -4 + 1e-12).all()
     zeros, floor = quantize_tensor(torch.zeros(4, 4))
-    assert not zeros.float().any() and floor.item() == pytest.approx(SCALE_FLOOR / E4M3_MAX)
+    assert not zeros.float().any() and floor.item() == pytest.approx(AMAX_FLOOR / E4M3_MAX)
 
 
 def test_the_graph_attends_like_sdpa_up_to_fp8_rounding(fake_cudnn):

@@ -15,7 +15,8 @@ from model.dit.loader import init_dit_random
 from model.engines import DiTEngine
 from model.dit.caches import DiTCaches
 from model.dit.kv_cache import SelfAttnKVCache
-from model.dit.kv_codes import E4M3, E4M3_MAX, Fp8CodesKVCache, append_codes_reference
+from model.dit.e4m3 import E4M3, E4M3_MAX
+from model.dit.kv_codes import Fp8CodesKVCache, append_codes_reference
 
 E4M3_REL = 2.0**-4  # half an ulp of a 3-bit mantissa, relative
 

@@ -26,11 +26,11 @@ from model.accel import triton_quant as tq  # noqa: E402
 from model.accel import triton_rope as tr  # noqa: E402
 from model.accel import triton_tensor_quant as tt  # noqa: E402
 from model.vae import stem as vs  # noqa: E402
-from model.accel.kernels import E4M3_MAX, SCALE_FLOOR  # noqa: E402
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 WARPS_TIMED = (4, 16, 32)  # besides 8
-CONSTS = {"FLOOR": SCALE_FLOOR, "QMAX": E4M3_MAX}
+CONSTS = {"FLOOR": AMAX_FLOOR, "QMAX": E4M3_MAX}
 
 
 def _compile(fn, types: dict[str, str], consts: dict, num_warps: int = 8) -> None:
@@ -95,7 +95,7 @@ def check_every_kernel_variant_compiles_for_hopper():
 def _quotients(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference scale and unrounded code of each element (kernels.quantize_rows before e4m3)."""
     vf = v.float()
-    scale = vf.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_FLOOR) / E4M3_MAX
+    scale = vf.abs().amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) / E4M3_MAX
     return (vf / scale).clamp(-E4M3_MAX, E4M3_MAX), scale
 
 
@@ -162,7 +162,7 @@ def check_tensor_quantization():
     torch.testing.assert_close(codes, (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX), rtol=2.5e-7, atol=1e-5)
     assert codes[2 * tt.BLOCK + 5].item() == -E4M3_MAX
     zeros, floor = tt.quantize_tensor(torch.zeros(5, 7, dtype=HALF), codes=torch.float32)
-    assert not zeros.any() and floor.item() == (torch.tensor(SCALE_FLOOR) / E4M3_MAX).item()
+    assert not zeros.any() and floor.item() == (torch.tensor(AMAX_FLOOR) / E4M3_MAX).item()
 
 
 def check_code_cache():
