@@ -30,6 +30,7 @@ from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
 from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from model.accel import AccelOptions
+from model.dit.caches import KVCacheConfig
 from model.factory import load_dit_engine
 from model.dit.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
@@ -66,7 +67,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
             local_attn_size=model.local_attn_size, sink_size=model.sink_size,
             options=AccelOptions.for_serving(model.device, compile=model.compile, fp8=model.fp8,
                                               fp8_attention=model.fp8_attention, attention=model.attention),
-            random_weights=model.random_weights, kv_fp8=model.kv_cache == "fp8",
+            random_weights=model.random_weights,
+            kv=KVCacheConfig.for_serving(model.device, model.kv_cache, model.fp8_attention),
         )
         await self._ready(model, sessions, cap)
 

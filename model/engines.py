@@ -20,7 +20,8 @@ from model.dit.plucker import CameraTrack
 from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import DiTConfig
 from model.dit.model import CausalDiT
-from model.dit.caches import DiTCaches
+from model.dit.caches import DiTCaches, KVCacheConfig
+from model.dit.kv_codes import AppendCodes, append_codes_reference
 from model.dit.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
 from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession
 from model.t5 import TextEncoder
@@ -132,7 +133,7 @@ class ChunkOutput:
 class DiTEngine:
     """The causal DiT with its 4-step sampler, over many sessions' explicit state."""
 
-    kv_fp8: bool = False
+    kv: KVCacheConfig = KVCacheConfig()
     max_attention_size: int | None = None
 
     def __init__(
@@ -142,35 +143,26 @@ class DiTEngine:
         timesteps: tuple[int, ...] = DENOISE_TIMESTEPS,
         max_attention_size: int | None = None,
         skip_final_update: bool = False,
-        kv_fp8: bool = False,
+        kv: KVCacheConfig = KVCacheConfig(),
+        append_codes: AppendCodes = append_codes_reference,
     ) -> None:
         """`skip_final_update`: leave out the t = 0 cache-update call of a session's last
         planned chunk (with `total_latent_frames` known, no later chunk can read its K/V).
-        `kv_fp8`: sessions' self-attention caches in float8 with per-token, per-head scales
-        (model/dit/kv_quant.py): about half the bytes, changed numerics (opt-in)."""
+        `kv`: how sessions' self-attention caches store K/V (`KVCacheConfig`; the default is
+        the exact, shifting cache). `append_codes`: the writer of a "fp8_codes" cache (a device
+        kernel injected by model/factory.py; the reference by default)."""
         self.dit = dit
         self.cfg = dit.cfg
         self.schedule = FlowSchedule(shift)
         self.timesteps = timesteps
         self.max_attention_size = max_attention_size
         self.skip_final_update = skip_final_update
-        self.kv_fp8 = kv_fp8
+        self.kv = kv
+        self.append_codes = append_codes
 
     @property
     def device(self) -> torch.device:
         return next(self.dit.parameters()).device
-
-    @property
-    def kv_codes(self) -> bool:
-        """Whether sessions' self-attention caches hold the FP8 attention's codes (set on the
-        model by `optimize_dit` with `AccelOptions.kv_codes`; model/dit/kv_codes.py)."""
-        return bool(getattr(self.dit, "kv_codes", False))
-
-    @property
-    def kv_ring(self) -> bool:
-        """Whether sessions' windows are rings (`AccelOptions.kv_ring`, set on the model by
-        `optimize_dit`); never with the FP8 cache of per-token scales."""
-        return bool(getattr(self.dit, "kv_ring", False)) and not (self.kv_fp8 and not self.kv_codes)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -191,7 +183,7 @@ class DiTEngine:
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         """Bytes of a session's KV and cross-attention caches holding `kv_frames` latent frames."""
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
-        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype, fp8=self.kv_fp8, codes=self.kv_codes)
+        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype, self.kv.format)
 
     def token_share(self, tokens: int) -> int:
         """Tokens of a chunk this engine's device computes (all of them; sharded engines: its part)."""
@@ -213,7 +205,7 @@ class DiTEngine:
         sampler = SAMPLER_TENSORS * 4 * latent_cells * CHUNK_LATENT_FRAMES
         # FP8 KV: one layer's K/V read back in the compute dtype, the new chunk's float32
         # quantisation (the code cache reads nothing back: attention takes its codes)
-        if self.kv_fp8 and not self.kv_codes:
+        if self.kv.format == "fp8_scaled":
             visible = kv_frames * lat_h * lat_w // 4
             if self.max_attention_size is not None:
                 visible = min(visible, self.max_attention_size)
@@ -224,7 +216,7 @@ class DiTEngine:
         """A new session's KV and cross-attention caches (sharded engines override this)."""
         return DiTCaches.allocate(
             self.session_cfg(spec.full_attention), spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
-            max_attention_size=self.max_attention_size, fp8=self.kv_fp8, codes=self.kv_codes, ring=self.kv_ring,
+            max_attention_size=self.max_attention_size, kv=self.kv, append_codes=self.append_codes,
         )
 
     @torch.inference_mode()

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX, QuantizedRows, TensorCodes  # AMAX_FLOOR: an all-zero tensor's descale is not 0
+from model.dit.kv_codes import append_codes_reference
 
 MAX_GRAPHS = 64  # built graphs kept per process (one per key length a session reaches)
 
@@ -39,6 +40,19 @@ def quantize_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
     descale = (x.abs().amax().float().clamp(min=AMAX_FLOOR) / E4M3_MAX).reshape(1)
     codes = (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return codes, descale
+
+
+def append_codes(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,
+                 rescale: int | None = None) -> None:
+    """The code cache's writer (`Fp8CodesKVCache(append=...)`, model/dit/kv_codes.py): its
+    `append_codes_reference`, on CUDA by three Triton kernels for K and V together (amax of the new
+    rows; the rescale, which returns at once when the descale did not grow; the codes)."""
+    if codes[0].is_cuda and find_spec("triton") is not None:
+        from model.accel.triton_tensor_quant import append_codes as on_device
+
+        on_device(codes, descale, new, start, rescale)
+    else:
+        append_codes_reference(codes, descale, new, start, rescale)
 
 
 def available(device: torch.device | str) -> bool:

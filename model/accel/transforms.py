@@ -52,8 +52,6 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
     kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant,
                                  triton_rope=options.triton_rope)
     dit.rope_dtype = torch.float32
-    dit.kv_codes = options.kv_codes  # DiTEngine allocates sessions' caches by these (model/dit/kv_codes.py)
-    dit.kv_ring = options.kv_ring
     for block in dit.blocks:
         if isinstance(block, FastDiTBlock):
             block.set_kernels(kernels)

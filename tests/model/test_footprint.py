@@ -44,7 +44,7 @@ def test_released_size_footprint_matches_the_h200_measurement():
     cfg = PRESETS["lingbot-world-fast"].dit
 
     class Shape(DiTEngine):  # the accounting only: no weights needed
-        dit = None  # no model: its options (kv_codes) are off
+        dit = None  # no model
 
         def __init__(self) -> None:
             self.cfg = cfg
