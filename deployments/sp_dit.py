@@ -54,7 +54,7 @@ from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from deployments.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
-from model.engines import ChunkOutput, SessionFootprint
+from model.engine_api import ChunkOutput, SessionFootprint
 from model.factory import load_dit_engine
 from model.parallel.launch import DEFAULT_TIMEOUT_S
 from model.parallel import SPDiTEngine, init_sp_group, load_sp_dit_engine, rank_device, sp_engine

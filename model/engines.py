@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from model.dit.plucker import CameraTrack
+from model.engine_api import ChunkOutput, SessionFootprint
 from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import DiTConfig
 from model.dit.model import CausalDiT
@@ -103,31 +103,6 @@ class VaeEngine:
 ACTIVATION_F32_ROWS = 6
 ACTIVATION_FFN_ROWS = 2
 SAMPLER_TENSORS = 4  # float32 [16, 3, lh, lw] tensors a chunk's sampler holds (x, v, x0, a draw)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionFootprint:
-    """Device bytes of one DiT session, for admission control.
-
-    `held` stays allocated between chunks: the KV and cross-attention caches, the noise plan
-    (the whole-video draw of a session with a known length), the text embedding. `working` is
-    allocated only while one of its chunks runs: the chunk's camera features (per block
-    1 + scale and shift), the activations of one DiT call and the sampler's tensors. A replica
-    runs one chunk at a time, so it needs the sum of `held` plus the largest `working`.
-    """
-
-    held: int
-    working: int
-
-    @property
-    def total(self) -> int:
-        return self.held + self.working
-
-
-@dataclass
-class ChunkOutput:
-    latents: torch.Tensor  # float32 CPU [16, 3, lh, lw]: the chunk's clean x0
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 class DiTEngine:

@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from model.config import PRESETS
-from model.engines import DiTEngine, SessionFootprint
+from model.engine_api import SessionFootprint
+from model.engines import DiTEngine
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
 
