@@ -16,7 +16,7 @@ import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from model.dit.plucker import CameraTrack
-from model.engine_api import ChunkOutput, SessionFootprint
+from model.engine_api import ChunkOutput, EngineCapabilities, SessionFootprint
 from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import DiTConfig
 from model.dit.model import CausalDiT
@@ -106,10 +106,14 @@ SAMPLER_TENSORS = 4  # float32 [16, 3, lh, lw] tensors a chunk's sampler holds (
 
 
 class DiTEngine:
-    """The causal DiT with its 4-step sampler, over many sessions' explicit state."""
+    """The causal DiT with its 4-step sampler, over many sessions' explicit state
+    (`DiTEngineProtocol`, model/engine_api.py, with every capability)."""
 
+    capabilities = EngineCapabilities()
     kv: KVCacheConfig = KVCacheConfig()
     max_attention_size: int | None = None
+    dit: CausalDiT
+    cfg: DiTConfig
 
     def __init__(
         self,
