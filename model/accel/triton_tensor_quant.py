@@ -132,7 +132,7 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def append_codes(codes: tuple[torch.Tensor, ...], descale: torch.Tensor, new: tuple[torch.Tensor, ...], start: int,
                  rescale: int | None = None) -> None:
-    """model/kv_codes.append_codes_reference in four launches (a memset and three kernels) for K
+    """model/dit/kv_codes.py append_codes_reference in four launches (a memset and three kernels) for K
     and V together (or one tensor alone: the V of a cache whose K comes coded): the new rows read
     twice (amax, codes), the cached codes [0, rescale) (default: [0, start)) only when the descale
     grew. `codes` are contiguous [cap, H, D] caches; `new` rows may be strided views."""

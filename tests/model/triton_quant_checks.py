@@ -166,7 +166,7 @@ def check_tensor_quantization():
 
 
 def check_code_cache():
-    """triton_tensor_quant.append_codes: model/kv_codes.append_codes_reference's descales and
+    """triton_tensor_quant.append_codes: model/dit/kv_codes.py append_codes_reference's descales and
     (unrounded: float32 codes) quotients, K a contiguous tensor, V a strided view of a fused
     projection; the cached codes rescaled only when a louder chunk grows the descale."""
     from model.dit.kv_codes import append_codes_reference
