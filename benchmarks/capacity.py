@@ -39,6 +39,7 @@ from benchmarks.vae_check import norm_rel_err
 from camera import CHUNK_LATENT_FRAMES, chunk_video_frames, planned_latent_frames
 from deployments.memory import resident_model_bytes, session_budget
 from model.accel import AccelOptions
+from model.dit.caches import KVCacheConfig
 from model.engines import DiTEngine
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
@@ -103,7 +104,7 @@ def run_scenario(engine: DiTEngine, sc: Scenario, resident: int, height: int, wi
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
     torch.cuda.reset_peak_memory_stats()
-    engine.kv_fp8 = sc.kv_fp8
+    engine.kv = KVCacheConfig.for_serving("cuda", "fp8" if sc.kv_fp8 else "dtype")
     budget = session_budget(None, cap, resident)
     latent = planned_latent_frames(FULL_FRAMES) if sc.full_attention else None
     kv_frames = engine.kv_frames(latent, sc.full_attention)
@@ -167,7 +168,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                     / GIB, "size": [height, width], "compile": not args.no_compile, "load_s": time.perf_counter() - t0,
                     "scenarios": []}
     for kv_fp8 in (False, True):  # both cache kinds compiled and run before anything is measured
-        engine.kv_fp8 = kv_fp8
+        engine.kv = KVCacheConfig.for_serving("cuda", "fp8" if kv_fp8 else "dtype")
         result[f"warmup_{'fp8kv' if kv_fp8 else 'bf16kv'}_s"] = warm_up_dit(engine, [(height, width)]).seconds
     resident = resident_model_bytes("cuda", engine.dit)
     result["resident_gib"] = resident / GIB

@@ -27,7 +27,8 @@ from benchmarks.sessions import run_dit
 from model.accel import AccelOptions, optimize_dit
 from model.accel.options import FP8_QUANT_MODES
 from model.config import preset as get_preset
-from model.dit_loader import init_dit_random
+from model.dit.caches import KVCacheConfig
+from model.dit.loader import init_dit_random
 from model.engines import DiTEngine
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.precision == "fp8":
         options = replace(options, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=True)
     optimize_dit(dit, options)
-    engine = DiTEngine(dit, skip_final_update=True)
+    engine = DiTEngine(dit, skip_final_update=True, kv=KVCacheConfig.for_serving(args.device))
     with torch.no_grad():
         run_dit(engine, inputs, args.chunks)  # compile, warm
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from model.camera import plucker_embedding
+from model.dit.plucker import plucker_embedding
 from model.config import DiTConfig
-from model.dit import CausalDiT, PIXELS_PER_LATENT
-from model.dit_block import DiTBlock
-from model.dit_loader import INIT_STD, RESIDUAL_OUTPUTS
+from model.dit.model import CausalDiT, PIXELS_PER_LATENT
+from model.dit.block import DiTBlock
+from model.dit.loader import INIT_STD, RESIDUAL_OUTPUTS
 
 GROUPS = ("inputs", "patch", "text", "camera", "cam_out", "cam_plus1", "mod_in", "qkv", "kv", "attn", "o",
           "cross", "ffn")

@@ -30,10 +30,12 @@ from benchmarks.report import print_report
 from benchmarks.sessions import DiTRun, run_dit, run_end_to_end
 from benchmarks.vae_check import compare, norm_rel_err, run_vae
 from model.accel import AccelOptions, enable_fp8, optimize_dit, optimize_vae
+from model.accel.fp8_attention import append_codes
 from model.config import preset as get_preset
-from model.dit_loader import init_dit_random
+from model.dit.caches import KVCacheConfig
+from model.dit.loader import init_dit_random
 from model.engines import DiTEngine, TextEngine, VaeEngine
-from model.vae import init_vae_random
+from model.vae.model import init_vae_random
 
 SEED = 1234
 VAE_VARIANTS = {
@@ -88,6 +90,7 @@ class Bench:
         self.fast: DiTRun | None = None
         self.best_fast: str | None = None
         self.best_options: AccelOptions | None = None
+        self.kv = KVCacheConfig()  # the sessions' caches (the FP8 variants' code cache)
         self.text: TextEngine | None = None
         self.vae: VaeEngine | None = None
 
@@ -156,7 +159,7 @@ class Bench:
 
     def engine(self, skip_final: bool) -> DiTEngine:
         assert self.dit is not None
-        return DiTEngine(self.dit, skip_final_update=skip_final)
+        return DiTEngine(self.dit, skip_final_update=skip_final, kv=self.kv, append_codes=append_codes)
 
     def ensure_dit(self) -> None:
         """The bf16 DiT when the float32 reference stage was skipped (no numerics then)."""
@@ -476,7 +479,8 @@ def stage_pipeline_compiled(b: Bench) -> dict:
 
 
 FP8_ATTENTION = {"attention": "cudnn_fp8"}
-FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum, fp8_camera, other AccelOptions),
+FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum, fp8_camera, other AccelOptions
+    # and "kv_codes": the sessions' caches as the FP8 attention's codes, KVCacheConfig "fp8_codes"),
     # one change each (no attention among the others: the exact run's backend; triton_rope only
     # where named: run I's two last variants both ran it, inherited from the kept exact variant)
     ("fp8_bias_add", False, "gemm", False, False, {}),  # round 1's FP8 path (the baseline)
@@ -486,7 +490,7 @@ FP8_VARIANTS = (  # (name, bias in the GEMM epilogue, fp8_quant, fp8_fast_accum,
     ("fp8_triton_quant_fast_accum", True, "triton", True, False, {}),
     # session 5: the self-attention as cuDNN's FP8 SDPA (model/accel/fp8_attention.py)
     ("fp8_triton_quant_fast_accum_fp8_attention", True, "triton", True, False, FP8_ATTENTION),
-    # session 6: its cache in its own codes (model/kv_codes.py); session 7: Q and K by their bounds
+    # session 6: its cache in its own codes (model/dit/kv_codes.py); session 7: Q and K by their bounds
     ("fp8_triton_quant_fast_accum_fp8_attention_codes", True, "triton", True, False, FP8_ATTENTION | {"kv_codes": True}),
     ("fp8_triton_quant_fast_accum_fp8_attention_codes_bound", True, "triton", True, False,
      FP8_ATTENTION | {"kv_codes": True, "qk_bound_scales": True}),
@@ -556,12 +560,14 @@ def stage_fp8(b: Bench) -> dict:
     bf16_latents = b.fast.latents
     _, t_q = timed(lambda: enable_fp8(b.dit), b.device)
     out: dict = {"quantize_s": t_q}
-    best: tuple[float, AccelOptions, bool, str] | None = None
+    best: tuple[float, AccelOptions, bool, str, KVCacheConfig] | None = None
     for name, epilogue, quant, fast_accum, camera, others in FP8_VARIANTS:
         if name not in b.args.fp8_variants:
             continue
+        others = dict(others)
+        b.kv = KVCacheConfig("fp8_codes" if others.pop("kv_codes", False) else "dtype")
         options = replace(b.best_options, fp8=True, fp8_quant=quant, fp8_fast_accum=fast_accum, fp8_camera=camera,
-                          **{"attention": b.best_options.attention, "kv_codes": False, "qk_bound_scales": False,
+                          **{"attention": b.best_options.attention, "qk_bound_scales": False,
                              "triton_rope": False, **others})
         if quant == "triton" and "triton_quant_check" not in out:
             try:
@@ -587,8 +593,10 @@ def stage_fp8(b: Bench) -> dict:
                      "rel_err_vs_fast_bf16_per_chunk": vs_bf16}
         print(f"  {name}: {run.total_s:.3f} s, vs bf16 {max(vs_bf16):.2e}", flush=True)
         if best is None or run.total_s < best[0]:
-            best = (run.total_s, options, epilogue, name)
+            best = (run.total_s, options, epilogue, name, b.kv)
+    b.kv = KVCacheConfig()
     if best is not None:
+        b.kv = best[4]
         optimize_dit(b.dit, best[1])
         _set_bias_epilogue(b.dit, best[2])
         out["fastest"] = best[3]

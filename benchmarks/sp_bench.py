@@ -35,8 +35,9 @@ from benchmarks.measure import sync
 from model.accel import AccelOptions, optimize_dit
 from model.checkpoint import CheckpointLayout
 from model.config import preset as get_preset
-from model.dit import CausalDiT
-from model.dit_loader import init_dit_random, load_dit
+from model.dit.caches import KVCacheConfig
+from model.dit.model import CausalDiT
+from model.dit.loader import init_dit_random, load_dit
 from model.engines import DiTEngine
 from model.factory import as_dtype
 from model.parallel import SequenceShard, init_sp_group, rank_device, sp_engine
@@ -160,7 +161,8 @@ def main() -> None:
     h, w = (int(v) for v in args.max_area.split("*"))
     inputs = make_inputs(args.frames, h * w)
     dit, options = build_dit(args, device)
-    engine = DiTEngine(dit, skip_final_update=options.skip_final_update)
+    serving_kv = KVCacheConfig.for_serving(device)  # the single device's (sp_engine keeps the dtype, shifting)
+    engine = DiTEngine(dit, skip_final_update=options.skip_final_update, kv=serving_kv)
     if world > 1:
         engine = sp_engine(engine, init_sp_group(rank, world, "env://", device), options)
     times, latents, comm = stream(engine, inputs, device)
@@ -181,7 +183,8 @@ def main() -> None:
     if args.check and rank == 0 and world > 1:
         del engine, dit
         plain, _ = build_dit(args, device)
-        _, ref, _ = stream(DiTEngine(plain, skip_final_update=options.skip_final_update), inputs, device)
+        _, ref, _ = stream(DiTEngine(plain, skip_final_update=options.skip_final_update, kv=serving_kv), inputs,
+                           device)
         result["check_rel_err"] = [
             ((a - b).abs().max() / b.abs().max()).item() for a, b in zip(latents, ref)
         ]

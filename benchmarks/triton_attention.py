@@ -33,10 +33,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from model import kv_quant
+from model.dit import kv_quant
+from model.dit.e4m3 import E4M3_MAX
 
 LOG2E = 1.4426950408889634
-E4M3_MAX = kv_quant.FP8_MAX
 
 
 # Tile configuration per (dtype, head_dim): measured on one H200 (benchmarks/attention_probe.py).
@@ -164,7 +164,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = Fal
 
 def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[L, H, D] -> (e4m3 [L, H, D], float32 scales [L, H]): one scale per token and head (the
-    FP8 KV cache's format and fused kernel, model/kv_quant.py)."""
+    FP8 KV cache's format and fused kernel, model/dit/kv_quant.py)."""
     return kv_quant.quantize(x)
 
 

@@ -5,11 +5,11 @@
 As the encoder calls them for a later chunk of a 464x832 session with `vae_batch_frames` (12 new
 frames, 2 cached ones), bf16, channels-last as the served VAE holds them:
 * the first conv (3 -> 96, 3x3x3): cuDNN (the past concatenated, padding inside the conv, the bias
-  added by PyTorch: `PaddedCausalConv3d`) against the Triton kernels of `model/accel/vae_stem.py`
+  added by PyTorch: `PaddedCausalConv3d`) against the Triton kernels of `model/vae/stem.py`
   (the padded buffer timed alone; the kernel over its launches; session 8's second run also had a
   first kernel that loaded each tap's weights per block of pixels: 1.48 ms against 0.61);
 * the three spatial downsamplings (pad right / bottom by 1, 3x3 conv of stride 2, as
-  `Downsample.resample`) against the 4x4 conv with padding 1 (`model/accel/vae_downsample.py`).
+  `Downsample.resample`) against the 4x4 conv with padding 1 (`model/vae/downsample.py`).
 Per row: milliseconds (the best of a few timed rounds) and the error against a float32 conv of
 the same bf16 values (norm-relative).
 
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.attention_probe import bench, rel
-from model.accel import vae_stem
-from model.accel.vae_downsample import padded_conv
+from model.vae import stem as vae_stem
+from model.vae.downsample import padded_conv
 
 FRAMES, PAST, HEIGHT, WIDTH, WIDE = 12, 2, 464, 832, 96
 DOWNSAMPLINGS = ((96, HEIGHT, WIDTH), (192, HEIGHT // 2, WIDTH // 2), (384, HEIGHT // 4, WIDTH // 4))

@@ -36,6 +36,7 @@ import torch
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, parse_size
 from model.accel import AccelOptions, optimize_dit
 from model.accel.options import FP8_QUANT_MODES
+from model.dit.caches import KVCacheConfig
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precisions", default="bf16,fp8", help="comma list of bf16, fp8 (fp8 runs second: it "
                    "quantizes the same weights) and fp8 variants after it, one session each: fp8+bound (the FP8 "
                    "attention's Q and K with the bound scales, AccelOptions.qk_bound_scales); on either base: "
-                   "+shift (the window shifted as the reference's, not a ring: AccelOptions.kv_ring off), +rope "
+                   "+shift (the window shifted as the reference's, not a ring: KVCacheConfig.ring off), +rope "
                    "(the Q / K norm + RoPE as one Triton pass, AccelOptions.triton_rope, CUDA), +whole (the cache "
                    "update as the whole t = 0 call, its output discarded, not CausalDiT.write_kv)")
     p.add_argument("--compile", action="store_true", help="the compiled regions (as serve_config.gpu.yaml)")
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fp8-attention", action="store_true",
                    help="fp8: the self-attention as cuDNN's FP8 SDPA too (AccelOptions.attention='cudnn_fp8')")
     p.add_argument("--kv-codes", action="store_true",
-                   help="fp8 with --fp8-attention: the self-attention caches as its e4m3 codes (AccelOptions.kv_codes)")
+                   help="fp8 with --fp8-attention: the self-attention caches as its e4m3 codes (KVCacheConfig format fp8_codes)")
     p.add_argument("--attention", choices=("cudnn", "fa4"), default="cudnn",
                    help="the attention kernels (fa4: FlashAttention's CuTe DSL kernels, flash-attn-4)")
     p.add_argument("--profile", action="store_true", help="after the chunks, profile one steady-state chunk "
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
         options = replace(options, attention=args.attention)
     engine = load_dit_engine(args.preset, None, torch.bfloat16, args.device, local_attn_size=args.local,
                              sink_size=args.sink, options=options,
-                             random_weights=random_weights, kv_fp8=args.kv_fp8)
+                             random_weights=random_weights,
+                             kv=KVCacheConfig.for_serving(args.device, "fp8" if args.kv_fp8 else "dtype"))
     result: dict = {"preset": args.preset, "device": args.device, "size": [height, width], "window":
                     [args.local, args.sink], "chunks": args.chunks, "compile": args.compile, "kv_fp8": args.kv_fp8,
                     "fp8_quant": args.fp8_quant, "fp8_fast_accum": args.fp8_fast_accum,
@@ -199,12 +201,16 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"unknown or misordered precision {precision!r}")
         if "bound" in variant and not args.kv_codes:
             raise SystemExit(f"{precision}: bound is the code cache's: pass --kv-codes")
-        options = replace(options, triton_rope="rope" in variant, kv_ring=False)
+        options = replace(options, triton_rope="rope" in variant)
+        kv_format = "fp8_scaled" if args.kv_fp8 else "dtype"
         if base == "fp8":
             options = replace(options, fast=True, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum,
                               attention="cudnn_fp8" if args.fp8_attention else options.attention,
-                              kv_codes=args.kv_codes, qk_bound_scales="bound" in variant)
-        options = replace(options, kv_ring=options.fast and "shift" not in variant)  # the fast block's option
+                              qk_bound_scales="bound" in variant)
+            kv_format = "fp8_codes" if args.kv_codes else kv_format
+        # a ring with the fast block (the GPU serving options) unless the variant shifts
+        engine.kv = KVCacheConfig(kv_format, ring=options.fast and "shift" not in variant and kv_format != "fp8_scaled")
+        options.check_cache(engine.kv)
         if options != applied:
             optimize_dit(engine.dit, options)  # fp8: quantizes the weights once; the kernels as asked
             applied = options
@@ -214,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
             del engine.dit.write_kv
         rows: list[dict] = []
         run = result["runs"][precision] = {"per_chunk": rows}
-        run.update(triton_rope=options.triton_rope, kv_ring=engine.kv_ring)
+        run.update(triton_rope=options.triton_rope, kv_ring=engine.kv.ring)
         if base == "fp8" and args.kv_codes:
             run["qk_bound_scales"] = options.qk_bound_scales
         tag = precision.replace("+", "_")

@@ -136,7 +136,7 @@ class SessionArgs(_Strict):
     # then also split its memory), on the CPU 0.25 of the RAM.
     memory_fraction: Optional[float] = Field(None, gt=0, le=1)
     # Bytes a VAE replica's sessions may hold (both causal caches, the image, plus one call's
-    # activations, model/vae_footprint.py). None: on CUDA the replica's cap (its `num_gpus`
+    # activations, model/vae/footprint.py). None: on CUDA the replica's cap (its `num_gpus`
     # share) minus what it holds after warm-up; on the CPU no byte budget (slots only).
     vae_budget_gib: Optional[float] = Field(None, gt=0)
     # Work bound per chunk: the most tokens one chunk's self-attention may attend to (tokens per

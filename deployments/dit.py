@@ -34,9 +34,10 @@ from deployments.session_host import SessionHost
 from deployments.session_table import SessionTable
 from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from model.accel import AccelOptions
-from model.engines import SessionFootprint
+from model.dit.caches import KVCacheConfig
+from model.engine_api import DiTEngineProtocol, SessionFootprint
 from model.factory import load_dit_engine
-from model.sampler import NoiseState
+from model.dit.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
 from model.warmup import WarmupReport, allow_recompiles, warm_up_dit
 
@@ -70,18 +71,15 @@ class DiTDeployment(SessionHost[DiTSlot]):
 
     slow_call_s = 6.0  # a chunk step runs 1.1-2.2 s at 464x832 on an H200
 
-    # Publish a chunk's latents before its cache-update call (DiTEngine.step(defer_update=True)):
-    # the chunk's decode overlaps the update. The sequence-parallel replica steps all at once.
-    defer_cache_update = True
-
     async def __init__(self, model: ModelArgs, sessions: SessionArgs) -> None:
         cap = cap_process(model.device, sessions.memory_fraction)  # before anything is allocated
-        self._engine = load_dit_engine(
+        self._engine: DiTEngineProtocol = load_dit_engine(
             model.preset, model.checkpoint, model.dtype, model.device,
             local_attn_size=model.local_attn_size, sink_size=model.sink_size,
             options=AccelOptions.for_serving(model.device, compile=model.compile, fp8=model.fp8,
                                               fp8_attention=model.fp8_attention, attention=model.attention),
-            random_weights=model.random_weights, kv_fp8=model.kv_cache == "fp8",
+            random_weights=model.random_weights,
+            kv=KVCacheConfig.for_serving(model.device, model.kv_cache, model.fp8_attention),
         )
         await self._ready(model, sessions, cap)
 
@@ -131,7 +129,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
                       noise: Optional[WireNoise]) -> str:
         """Admit a session like `open` and rebuild it from its journal: `past` chunks in order,
         `noise` the generator state after the last one. Returns the replica id."""
-        if not hasattr(self._engine, "restore"):
+        if not self._engine.capabilities.restore:
             raise SessionLost("this DiT deployment cannot rebuild sessions; start again with image and prompt")
         if len(past) > self._max_chunks:
             raise ChunkLimit(f"the session has {len(past)} chunks, more than max_chunks ({self._max_chunks})")
@@ -144,7 +142,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
                 tensors[id(a)] = torch.tensor(a)  # a copy: Ray hands in read-only arrays
             return tensors[id(a)]
 
-        if any(len(c) > 4 and c[4] is not None for c in past) and not hasattr(self._engine, "update_prompt"):
+        if any(len(c) > 4 and c[4] is not None for c in past) and not self._engine.capabilities.update_prompt:
             raise SessionLost("this DiT deployment cannot rebuild a steered session; start again with image and prompt")
         chunks = [PastChunk(c[0], c[1], tensor(c[2]), tensor(c[3]),
                             None if len(c) < 5 or c[4] is None else torch.tensor(c[4], dtype=torch.float32))
@@ -224,7 +222,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
                    context: Optional[np.ndarray] = None) -> dict[str, Any]:
         """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw].
         `context` [L, text_dim]: a prompt update (prompt steering) applied before the chunk."""
-        if context is not None and not hasattr(self._engine, "update_prompt"):
+        if context is not None and not self._engine.capabilities.update_prompt:
             raise Unsupported("this DiT deployment (sequence parallel) does not support prompt_update")
         try:
             out = await self._compute_on_early(key, self._step, y, poses, intrinsics, context,
@@ -265,10 +263,11 @@ class DiTDeployment(SessionHost[DiTSlot]):
     def _step(self, slot: DiTSlot, publish: Callable[[dict[str, Any]], None], y: np.ndarray, poses: np.ndarray,
               intrinsics: np.ndarray, context: Optional[np.ndarray] = None) -> dict[str, Any]:
         """The chunk's latents are published after its 4 denoising calls (they go to decoding
-        at once); its cache-update call runs after, before this replica's next job."""
+        at once); its cache-update call runs after, before this replica's next job (where the
+        engine can defer it: the sequence-parallel replica steps all at once)."""
         if context is not None:
             self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
-        defer = self.defer_cache_update
+        defer = self._engine.capabilities.deferred_update
         out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics,  # copy: y arrives read-only
                                 defer_update=defer)
         slot.chunks += 1

@@ -54,11 +54,11 @@ from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from deployments.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
-from model.engines import ChunkOutput, SessionFootprint
+from model.engine_api import ChunkOutput, DiTEngineProtocol, EngineCapabilities, SessionFootprint
 from model.factory import load_dit_engine
 from model.parallel.launch import DEFAULT_TIMEOUT_S
 from model.parallel import SPDiTEngine, init_sp_group, load_sp_dit_engine, rank_device, sp_engine
-from model.sampler import NoiseState
+from model.dit.sampler import NoiseState
 from model.session import DiTSession, DiTSessionSpec, PastChunk
 
 PLACEMENT_STRATEGY = "STRICT_PACK"  # all ranks of a replica on one node
@@ -128,12 +128,15 @@ class RankFailure(RuntimeError):
     """A rank died, stopped answering or failed a collective: the replica cannot compute any more."""
 
 
-class SPReplicaEngine:
-    """The DiTEngine interface DiTDeployment uses, over all ranks of the replica.
+class SPReplicaEngine(DiTEngineProtocol):
+    """The DiT engine interface (model/engine_api.py) over all ranks of the replica: no prompt
+    steering, and a step runs its cache update at once on every rank.
 
     Every wait on the other ranks is bounded by `timeout_s`; any failure of a rank or of a step
     (the ranks are then out of step) breaks the engine for good (`broken`, `RankFailure`).
     """
+
+    capabilities = EngineCapabilities(restore=True, update_prompt=False, deferred_update=False)
 
     def __init__(self, local: SPDiTEngine, ranks: list[ray.actor.ActorHandle], timeout_s: float) -> None:
         self._local = local
@@ -188,12 +191,18 @@ class SPReplicaEngine:
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray,
              intrinsics: np.ndarray, defer_update: bool = False) -> ChunkOutput:
-        if defer_update:  # SPDiTDeployment.defer_cache_update is False
+        if defer_update:  # not among its capabilities
             raise ValueError("the sequence-parallel engine steps every rank in one call: no deferred update")
         self._check()
         sid = self._ids[session]
         others = [r.step.remote(sid, y, poses, intrinsics) for r in self._ranks]  # meet in the collectives
         return self._together(others, lambda: self._local.step(session, y, poses, intrinsics), "step")
+
+    def finish_chunk(self, session: DiTSession) -> float:
+        return 0.0  # no step leaves a cache update behind
+
+    def update_prompt(self, session: DiTSession, context: torch.Tensor) -> None:
+        raise NotImplementedError("the sequence-parallel engine does not steer prompts")
 
     def close(self, session: DiTSession) -> None:
         sid = self._ids.pop(session, None)
@@ -278,8 +287,6 @@ def _rendezvous() -> str:
 @serve.deployment(name="DiTDeployment")
 class SPDiTDeployment(DiTDeployment.func_or_class):
     """DiTDeployment over the N GPUs of its placement group (rank 0 here, ranks 1..N-1 actors)."""
-
-    defer_cache_update = False  # SPReplicaEngine steps every rank in one call
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, parallel: int,
                        timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

@@ -10,7 +10,7 @@ those of the uninterrupted session and its next fragment is byte-identical.
 
 Admission counts bytes, like the DiT's: a session's footprint at its output size (its encoder
 and decoder caches and image held between chunks, plus one call's activations as a
-reservation; `model/vae_footprint.py`, shapes probed from the model itself after warm-up) is
+reservation; `model/vae/footprint.py`, shapes probed from the model itself after warm-up) is
 reserved against the budget (`sessions.vae_budget_gib`, else on CUDA the process cap of its
 `num_gpus` share minus what it holds after warm-up). Beyond it: `Busy(retry_after_s)`, never
 an out-of-memory error; a session that cannot fit an empty replica: `TooLarge`. Counting
@@ -37,7 +37,7 @@ from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.factory import load_vae_engine
 from model.session import VaeSession
-from model.vae_footprint import CacheLayout
+from model.vae.footprint import CacheLayout
 from model.warmup import WarmupReport, allow_recompiles, warm_up_vae
 
 

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
-from model.camera import CameraTrack
+from model.dit.plucker import CameraTrack
+from model.engine_api import ChunkOutput, EngineCapabilities, SessionFootprint
 from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import DiTConfig
-from model.dit import CausalDiT
-from model.kv_cache import DiTCaches
-from model.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
+from model.dit.model import CausalDiT
+from model.dit.caches import DiTCaches, KVCacheConfig
+from model.dit.kv_codes import AppendCodes, append_codes_reference
+from model.dit.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
 from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession
 from model.t5 import TextEncoder
-from model.vae import WanVAE
+from model.vae.model import WanVAE
 
 
 def to_uint8(video: torch.Tensor) -> np.ndarray:
@@ -104,36 +105,15 @@ ACTIVATION_FFN_ROWS = 2
 SAMPLER_TENSORS = 4  # float32 [16, 3, lh, lw] tensors a chunk's sampler holds (x, v, x0, a draw)
 
 
-@dataclass(frozen=True, slots=True)
-class SessionFootprint:
-    """Device bytes of one DiT session, for admission control.
-
-    `held` stays allocated between chunks: the KV and cross-attention caches, the noise plan
-    (the whole-video draw of a session with a known length), the text embedding. `working` is
-    allocated only while one of its chunks runs: the chunk's camera features (per block
-    1 + scale and shift), the activations of one DiT call and the sampler's tensors. A replica
-    runs one chunk at a time, so it needs the sum of `held` plus the largest `working`.
-    """
-
-    held: int
-    working: int
-
-    @property
-    def total(self) -> int:
-        return self.held + self.working
-
-
-@dataclass
-class ChunkOutput:
-    latents: torch.Tensor  # float32 CPU [16, 3, lh, lw]: the chunk's clean x0
-    timings: dict[str, float] = field(default_factory=dict)
-
-
 class DiTEngine:
-    """The causal DiT with its 4-step sampler, over many sessions' explicit state."""
+    """The causal DiT with its 4-step sampler, over many sessions' explicit state
+    (`DiTEngineProtocol`, model/engine_api.py, with every capability)."""
 
-    kv_fp8: bool = False
+    capabilities = EngineCapabilities()
+    kv: KVCacheConfig = KVCacheConfig()
     max_attention_size: int | None = None
+    dit: CausalDiT
+    cfg: DiTConfig
 
     def __init__(
         self,
@@ -142,35 +122,26 @@ class DiTEngine:
         timesteps: tuple[int, ...] = DENOISE_TIMESTEPS,
         max_attention_size: int | None = None,
         skip_final_update: bool = False,
-        kv_fp8: bool = False,
+        kv: KVCacheConfig = KVCacheConfig(),
+        append_codes: AppendCodes = append_codes_reference,
     ) -> None:
         """`skip_final_update`: leave out the t = 0 cache-update call of a session's last
         planned chunk (with `total_latent_frames` known, no later chunk can read its K/V).
-        `kv_fp8`: sessions' self-attention caches in float8 with per-token, per-head scales
-        (model/kv_quant.py): about half the bytes, changed numerics (opt-in)."""
+        `kv`: how sessions' self-attention caches store K/V (`KVCacheConfig`; the default is
+        the exact, shifting cache). `append_codes`: the writer of a "fp8_codes" cache (a device
+        kernel injected by model/factory.py; the reference by default)."""
         self.dit = dit
         self.cfg = dit.cfg
         self.schedule = FlowSchedule(shift)
         self.timesteps = timesteps
         self.max_attention_size = max_attention_size
         self.skip_final_update = skip_final_update
-        self.kv_fp8 = kv_fp8
+        self.kv = kv
+        self.append_codes = append_codes
 
     @property
     def device(self) -> torch.device:
         return next(self.dit.parameters()).device
-
-    @property
-    def kv_codes(self) -> bool:
-        """Whether sessions' self-attention caches hold the FP8 attention's codes (set on the
-        model by `optimize_dit` with `AccelOptions.kv_codes`; model/kv_codes.py)."""
-        return bool(getattr(self.dit, "kv_codes", False))
-
-    @property
-    def kv_ring(self) -> bool:
-        """Whether sessions' windows are rings (`AccelOptions.kv_ring`, set on the model by
-        `optimize_dit`); never with the FP8 cache of per-token scales."""
-        return bool(getattr(self.dit, "kv_ring", False)) and not (self.kv_fp8 and not self.kv_codes)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -191,7 +162,7 @@ class DiTEngine:
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         """Bytes of a session's KV and cross-attention caches holding `kv_frames` latent frames."""
         frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
-        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype, fp8=self.kv_fp8, codes=self.kv_codes)
+        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype, self.kv.format)
 
     def token_share(self, tokens: int) -> int:
         """Tokens of a chunk this engine's device computes (all of them; sharded engines: its part)."""
@@ -213,7 +184,7 @@ class DiTEngine:
         sampler = SAMPLER_TENSORS * 4 * latent_cells * CHUNK_LATENT_FRAMES
         # FP8 KV: one layer's K/V read back in the compute dtype, the new chunk's float32
         # quantisation (the code cache reads nothing back: attention takes its codes)
-        if self.kv_fp8 and not self.kv_codes:
+        if self.kv.format == "fp8_scaled":
             visible = kv_frames * lat_h * lat_w // 4
             if self.max_attention_size is not None:
                 visible = min(visible, self.max_attention_size)
@@ -224,7 +195,7 @@ class DiTEngine:
         """A new session's KV and cross-attention caches (sharded engines override this)."""
         return DiTCaches.allocate(
             self.session_cfg(spec.full_attention), spec.frame_seqlen, spec.total_latent_frames, self.dtype, self.device,
-            max_attention_size=self.max_attention_size, fp8=self.kv_fp8, codes=self.kv_codes, ring=self.kv_ring,
+            max_attention_size=self.max_attention_size, kv=self.kv, append_codes=self.append_codes,
         )
 
     @torch.inference_mode()

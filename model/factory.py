@@ -22,13 +22,15 @@ import logging
 import torch
 
 from model.accel import AccelOptions, optimize_dit, optimize_vae
+from model.accel.fp8_attention import append_codes
 from model.checkpoint import CheckpointLayout
 from model.config import preset as get_preset
-from model.dit_loader import init_dit_random, load_dit
+from model.dit.caches import KVCacheConfig
+from model.dit.loader import init_dit_random, load_dit
 from model.engines import DiTEngine, TextEngine, VaeEngine
 from model.t5 import TextEncoder, init_t5_random, init_t5_random_on_device
 from model.tiny import EMBEDDED_SEED, EMBEDDED_VAE, tiny_tokenizer
-from model.vae import init_vae_random, load_vae
+from model.vae.model import init_vae_random, load_vae
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 RANDOM_SEED = 20261201  # random_weights: the same weights in every replica and run
@@ -85,10 +87,14 @@ def load_vae_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | st
 def load_dit_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | str, device: str,
                     local_attn_size: int | None = None, sink_size: int | None = None,
                     shift: float = 10.0, options: AccelOptions | None = None,
-                    random_weights: bool = False, kv_fp8: bool = False) -> DiTEngine:
-    """`kv_fp8`: the sessions' self-attention KV caches in float8 (DiTEngine)."""
+                    random_weights: bool = False, kv: KVCacheConfig | None = None) -> DiTEngine:
+    """`kv`: how the sessions' self-attention caches store K/V (`KVCacheConfig`, checked against
+    `options` here; the default is the exact shifting cache); a code cache is written by the
+    device's kernel (model/accel/fp8_attention.py `append_codes`)."""
     dtype = as_dtype(dtype)
     options = options or AccelOptions()
+    kv = kv or KVCacheConfig()
+    options.check_cache(kv)
     if random_weights:
         _random("DiT", preset, checkpoint)
         cfg = get_preset(preset).dit.with_window(local_attn_size, sink_size)
@@ -99,4 +105,4 @@ def load_dit_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | st
     else:
         dit = load_dit(CheckpointLayout.discover(checkpoint), dtype, device, local_attn_size, sink_size)
     return DiTEngine(optimize_dit(dit, options), shift=shift, skip_final_update=options.skip_final_update,
-                     kv_fp8=kv_fp8)
+                     kv=kv, append_codes=append_codes)

@@ -17,7 +17,8 @@ import torch
 
 from camera import (CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, DEFAULT_SIZE, chunk_cameras, frame_plan,
                     offline_latent_poses, output_size, parse_size, planned_latent_frames, translation_scale)
-from model.engines import ChunkOutput, DiTEngine, TextEngine, VaeEngine, to_uint8
+from model.engine_api import ChunkOutput
+from model.engines import DiTEngine, TextEngine, VaeEngine, to_uint8
 from model.session import DiTSession, DiTSessionSpec, VaeSession
 
 DEFAULT_MAX_AREA = parse_size(DEFAULT_SIZE)

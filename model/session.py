@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES, DEFAULT_INTRINSICS_RESOLUTION
-from model.camera import CameraTrack
-from model.kv_cache import DiTCaches
-from model.sampler import NoisePlan
-from model.vae_cache import VaeCache
+from model.dit.plucker import CameraTrack
+from model.dit.caches import DiTCaches
+from model.dit.sampler import NoisePlan
+from model.vae.cache import VaeCache
 
 VAE_STRIDE = 8  # pixels per latent cell (spatial)
 PATCH_TOKENS = 4  # latent cells per DiT token (patch 1x2x2)

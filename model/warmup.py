@@ -17,7 +17,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from model.accel.vae_fast import VAE_NORM_SHAPES
+from model.vae.fast import VAE_NORM_SHAPES
 from camera.frames import CHUNK_LATENT_FRAMES
 from model.engines import DiTEngine, TextEngine, VaeEngine
 from model.session import DiTSessionSpec

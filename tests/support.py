@@ -41,7 +41,7 @@ def golden_caches(dit, g: dict, dtype=None):
     """Empty DiT caches for a golden run's geometry and window (CPU; float32 by default)."""
     import torch
 
-    from model.kv_cache import DiTCaches
+    from model.dit.caches import DiTCaches
 
     m = g["meta"]
     cfg = dit.cfg.with_window(m["local_attn_size"], m["sink_size"])

@@ -88,3 +88,131 @@ def test_protocol_and_camera_load_no_heavy_module():
     assert loaded_by("import camera") == []
     assert loaded_by("import camera; camera.interpolate_poses(camera.check_poses([[[1.0, 0, 0, 0], [0, 1, 0, 0], "
                      "[0, 0, 1, 0], [0, 0, 0, 1]]] * 2), [0.5])") == ["scipy"]  # where it is needed
+
+
+# ---- the module graph: no circle between project files; the model's core never imports accel ----
+
+GRAPH_PACKAGES = ("camera", "protocol", "media", "model", "deployments", "client", "benchmarks")
+# model modules that model/accel's transforms are applied to from outside: they never import accel
+CORE = ("model.dit", "model.vae", "model.config", "model.checkpoint", "model.conditioning", "model.session",
+        "model.engines", "model.engine_api", "model.t5", "model.tiny")
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for package in GRAPH_PACKAGES:
+        for path in sources(package):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _resolved(name: str, known: dict[str, Path]) -> str | None:
+    """The project module an imported name lives in (a module, or the package that defines it)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def module_imports(tree: ast.Module, known: dict[str, Path], everywhere: bool) -> set[str]:
+    """The project modules `tree` imports: at module level (what runs when it is imported; not
+    `if TYPE_CHECKING:`), or `everywhere` (function bodies too). `from package import module`
+    imports that module (the package is loaded already, not a new arrow)."""
+    if everywhere:
+        nodes = list(ast.walk(tree))
+    else:
+        nodes = []
+        for top in tree.body:
+            if isinstance(top, ast.If) and _type_checking(top):
+                continue
+            nodes += list(ast.walk(top)) if isinstance(top, (ast.If, ast.Try)) else [top]
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out |= {_resolved(a.name, known) for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            submodules = {f"{node.module}.{a.name}" for a in node.names} & known.keys()
+            out |= submodules or {_resolved(node.module, known)}
+    return out - {None}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def graph_of(names: dict[str, Path], everywhere: bool, within: str = "") -> dict[str, set[str]]:
+    return {m: {d for d in module_imports(ast.parse(p.read_text(encoding="utf-8"), str(p)), names, everywhere)
+                if d != m and d.startswith(within)}
+            for m, p in names.items() if m.startswith(within)}
+
+
+def test_no_import_circle_between_project_files():
+    assert circles(graph_of(module_names(), everywhere=False)) == []
+
+
+def test_no_import_circle_in_the_model_even_through_function_bodies():
+    """A deferred import hides a circle from Python, not from a reader (the FP8 code cache once
+    imported its Triton kernel, which imported the block, which imported the cache)."""
+    assert circles(graph_of(module_names(), everywhere=True, within="model")) == []
+
+
+def test_the_core_model_never_imports_accel():
+    names = module_names()
+    core = [m for m in names if any(m == c or m.startswith(c + ".") for c in CORE)]
+    assert "model.dit.kv_codes" in core and "model.vae.fast" in core
+    wrong = [f"{m} imports {d}" for m in core
+             for d in module_imports(ast.parse(names[m].read_text(encoding="utf-8")), names, everywhere=True)
+             if d == "model.accel" or d.startswith("model.accel.")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_model_folder_holds_more_than_20_modules():
+    folders: dict[Path, int] = {}
+    for package in ("model",):  # deployments/ (39 side by side) is split in its own step
+        for path in (REPO / package).rglob("*.py"):
+            folders[path.parent] = folders.get(path.parent, 0) + (path.name != "__init__.py")
+    assert {str(f.relative_to(REPO)): n for f, n in folders.items() if n > 20} == {}
+
+
+def test_the_circle_finder_sees_a_circle_and_the_import_reader_its_arrows():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    known = {"p": Path("p"), "p.x": Path("p/x.py"), "p.y": Path("p/y.py")}
+    tree = ast.parse("from p import x\nfrom p.y import f\nif TYPE_CHECKING:\n    import p\n"
+                     "def g():\n    import p.x\n")
+    assert module_imports(tree, known, everywhere=False) == {"p.x", "p.y"}
+    assert module_imports(tree, known, everywhere=True) == {"p", "p.x", "p.y"}

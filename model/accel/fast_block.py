@@ -11,11 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.accel.kernels import E4M3_MAX, BlockKernels, batched, rope_norm_bound
+from model.accel.kernels import BlockKernels, batched, rope_norm_bound
 from model.accel.projection import Fp8Projection, Projection
-from model.dit_block import CrossAttention, DiTBlock, SelfAttention
-from model.kv_cache import CrossAttnCache, SelfAttnKVCache
-from model.rope import RopeTable
+from model.dit.e4m3 import E4M3_MAX
+from model.dit.block import CrossAttention, DiTBlock, SelfAttention
+from model.dit.kv_cache import CrossAttnCache, SelfAttnKVCache
+from model.dit.rope import RopeTable
 
 AnyProjection = Projection | Fp8Projection
 

@@ -29,19 +29,30 @@ from importlib.util import find_spec
 import torch
 from torch import Tensor
 
-from model.accel.kernels import QuantizedRows
-from model.kv_codes import TensorCodes
-from model.kv_quant import AMAX_FLOOR as SCALE_FLOOR  # an all-zero tensor's descale must not be 0
-from model.kv_quant import FP8_MAX as E4M3_MAX
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX, QuantizedRows, TensorCodes  # AMAX_FLOOR: an all-zero tensor's descale is not 0
+from model.dit.kv_codes import append_codes_reference
 
 MAX_GRAPHS = 64  # built graphs kept per process (one per key length a session reaches)
 
 
 def quantize_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
     """x -> (float8_e4m3fn codes of x's shape, float32 descale [1]) with x ~= codes * descale."""
-    descale = (x.abs().amax().float().clamp(min=SCALE_FLOOR) / E4M3_MAX).reshape(1)
+    descale = (x.abs().amax().float().clamp(min=AMAX_FLOOR) / E4M3_MAX).reshape(1)
     codes = (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return codes, descale
+
+
+def append_codes(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,
+                 rescale: int | None = None) -> None:
+    """The code cache's writer (`Fp8CodesKVCache(append=...)`, model/dit/kv_codes.py): its
+    `append_codes_reference`, on CUDA by three Triton kernels for K and V together (amax of the new
+    rows; the rescale, which returns at once when the descale did not grow; the codes)."""
+    if codes[0].is_cuda and find_spec("triton") is not None:
+        from model.accel.triton_tensor_quant import append_codes as on_device
+
+        on_device(codes, descale, new, start, rescale)
+    else:
+        append_codes_reference(codes, descale, new, start, rescale)
 
 
 def available(device: torch.device | str) -> bool:
@@ -143,7 +154,7 @@ class CudnnFp8Attention:
     def codes(self, q: Tensor | TensorCodes, k: Tensor | TensorCodes, v: Tensor | TensorCodes) -> QuantizedRows:
         """O [1, S, H*D] as (e4m3 codes, float32 row scales [1, S, 1]): O ~= codes * scales.
         Q, K and V come in bf16 (quantized here, per call) or as (codes, descale) (the code
-        cache's K and V, model/kv_codes.py; Q and K made with the bound scales): taken as they are."""
+        cache's K and V, model/dit/kv_codes.py; Q and K made with the bound scales): taken as they are."""
         (qc, dq), (kc, dk), (vc, dv) = (x if isinstance(x, tuple) else self._quantize(x) for x in (q, k, v))
         _, s, h, d = qc.shape
         n = kc.shape[1]

@@ -1,6 +1,6 @@
 """The fast DiT block's elementwise regions and attention, as pure functions.
 
-Each function computes what a stretch of `model/dit_block.py` computes, with the same casts
+Each function computes what a stretch of `model/dit/block.py` computes, with the same casts
 (so float32 results agree up to rounding), in one place that `torch.compile` can fuse into
 one or two kernels instead of 5-10 eager passes over [1, S, dim]. RoPE math runs in the
 table's dtype (float32 on the fast path).
@@ -18,13 +18,11 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.accel.fa4_attention import attend_fa4
-from model.dit_block import layer_norm
-from model.kv_quant import AMAX_FLOOR as SCALE_FLOOR  # an all-zero row's scale must not be 0
-from model.kv_quant import FP8_MAX as E4M3_MAX
+from model.dit.block import layer_norm
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX, QuantizedRows, TensorCodes  # AMAX_FLOOR: an all-zero row's scale is not 0
 
 if TYPE_CHECKING:
     from model.accel.fp8_attention import CudnnFp8Attention
-    from model.kv_codes import TensorCodes
 
 ROUNDING_MARGIN = 1.02  # rope_norm_bound's room for roundings
 
@@ -99,13 +97,10 @@ def gated_residual(x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
     return x + y * gate
 
 
-QuantizedRows = tuple[Tensor, Tensor]  # (float8_e4m3fn [..., K], float32 scales [..., 1])
-
-
 def quantize_rows(x: Tensor) -> QuantizedRows:
     """x [..., K] -> (float8_e4m3fn [..., K], float32 scales [..., 1]) with x ~= q * scale."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_FLOOR) / E4M3_MAX
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) / E4M3_MAX
     q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale
 
@@ -217,7 +212,7 @@ class BlockKernels:
         if self.fp8_attention is not None:
             return self.fp8_attention.codes(q, k, v) if quantized else self.fp8_attention(q, k, v, dtype)
         if isinstance(k, tuple) or isinstance(q, tuple):
-            raise ValueError(f"a code cache (model/kv_codes.py) is read by attention='cudnn_fp8', not {self.attention!r}")
+            raise ValueError(f"a code cache (model/dit/kv_codes.py) is read by attention='cudnn_fp8', not {self.attention!r}")
         return attend(q, k, v, self.attention)
 
 

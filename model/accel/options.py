@@ -12,6 +12,8 @@ from typing import Literal, get_args
 
 import torch
 
+from model.dit.caches import KVCacheConfig
+
 Attention = Literal["default", "cudnn", "flash", "cudnn_fp8", "fa4"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(Attention)
 Fp8Quant = Literal["gemm", "fused", "triton"]
@@ -30,15 +32,8 @@ class AccelOptions:
       numerics, opt-in), cross-attention as "cudnn". "fa4": both attentions through
       FlashAttention's CuTe DSL kernels (model/accel/fa4_attention.py; CUDA sm_90 with the
       flash-attn-4 wheel; exact bf16 attention, a benchmark option until measured).
-    kv_codes: with "cudnn_fp8", sessions' self-attention caches hold the e4m3 codes that the FP8
-      attention reads, one running descale per layer and tensor (model/kv_codes.py): a call
-      quantizes its own rows only, not the whole cache again; half a bf16 cache's bytes.
-    kv_ring: sessions' windowed self-attention caches as rings (`SelfAttnKVCache`, the code cache
-      too): a chunk's K/V go to the evicted tokens' slots, nothing is copied down per chunk; the
-      keys' order in the softmax's sums changes (the reference shifts its window), so GPU only in
-      the serving options (session 9: the shifting window's copies cost ~11 ms per bf16 chunk).
-      Not with the FP8 KV cache of per-token scales (`model.kv_cache: fp8`: it keeps the shift).
-    qk_bound_scales: with kv_codes, Q and K quantized with a fixed descale per layer, a bound of
+    qk_bound_scales: with "cudnn_fp8" and its code cache (`KVCacheConfig(format="fp8_codes")`,
+      model/dit/caches.py: the sessions' caches are configured there, not here), Q and K quantized with a fixed descale per layer, a bound of
       their values / 448 (RMSNorm then RoPE: |x| <= sqrt(dim) max|norm weight|), inside the
       compiled norm + RoPE region that makes them: no amax pass, no bf16 Q/K written and read
       back, and K's cached codes never rescaled; a value far below the bound keeps e4m3's
@@ -63,7 +58,7 @@ class AccelOptions:
       K/V are never read: the noise plan ends there).
     vae_channels_last: channels-last weights for the VAE convolutions (CUDA).
     vae_compile: one torch.compile'd kernel for each VAE RMSNorm + SiLU pair, static shapes (one
-      compile per input shape; dynamic shapes gave wrong results, see accel/vae_fast.py).
+      compile per input shape; dynamic shapes gave wrong results, see model/vae/fast.py).
     vae_pad_in_conv: each causal-conv input written once: spatial zero padding inside the
       convolution, cached and new frames in one `cat` (no padded copy); same function.
     vae_fold_bias: the residual blocks' conv biases added inside the next kernel (the RMSNorm +
@@ -75,19 +70,17 @@ class AccelOptions:
       copied once per chunk; larger activations while a call runs.
     vae_upsample_in_conv: the decoder's nearest 2x upsampling and the 3x3 conv after it as one
       conv at the low resolution with 4x the output channels and a pixel shuffle
-      (model/accel/vae_upsample.py); the same function up to the rounding of summed taps.
+      (model/vae/upsample.py); the same function up to the rounding of summed taps.
     vae_upsample_kernel: 3 (each phase a 3x3 kernel, 5 of its taps zero) or 2 (the 2x2 taps
       alone: 16 of 36 multiplies); needs vae_upsample_in_conv for 2.
     vae_triton_stem: the encoder's first conv (3 input channels) as one Triton kernel with its
-      bias inside (model/accel/vae_stem.py; CUDA with Triton): cuDNN runs it at ~25 TFLOP/s.
+      bias inside (model/vae/stem.py; CUDA with Triton): cuDNN runs it at ~25 TFLOP/s.
     vae_downsample_in_conv: the encoder's one-sided pad + 3x3 stride-2 conv as one 4x4 conv with
-      padding 1 (model/accel/vae_downsample.py): no padded copy; the same function.
+      padding 1 (model/vae/downsample.py): no padded copy; the same function.
     """
 
     fast: bool = False
     attention: Attention = "default"
-    kv_codes: bool = False
-    kv_ring: bool = False
     qk_bound_scales: bool = False
     compile: bool = False
     triton_rope: bool = False
@@ -110,14 +103,11 @@ class AccelOptions:
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
-        if (self.compile or self.fp8 or self.triton_rope or self.kv_ring or self.attention != "default") \
-                and not self.fast:
-            raise ValueError("compile, fp8, triton_rope, kv_ring and the attention backend apply to the fast block: "
+        if (self.compile or self.fp8 or self.triton_rope or self.attention != "default") and not self.fast:
+            raise ValueError("compile, fp8, triton_rope and the attention backend apply to the fast block: "
                              "set fast=True")
-        if self.kv_codes and self.attention != "cudnn_fp8":
-            raise ValueError("kv_codes is the FP8 attention's cache: set attention='cudnn_fp8'")
-        if self.qk_bound_scales and not self.kv_codes:
-            raise ValueError("qk_bound_scales writes K into the FP8 attention's code cache: set kv_codes=True")
+        if self.qk_bound_scales and self.attention != "cudnn_fp8":
+            raise ValueError("qk_bound_scales writes K into the FP8 attention's code cache: set attention='cudnn_fp8'")
         if self.fp8_quant not in FP8_QUANT_MODES:
             raise ValueError(f"fp8_quant must be one of {FP8_QUANT_MODES}, got {self.fp8_quant!r}")
         if (self.fp8_fast_accum or self.fp8_camera) and not self.fp8:
@@ -132,6 +122,15 @@ class AccelOptions:
             raise ValueError(f"vae_upsample_kernel must be 2 or 3, got {self.vae_upsample_kernel}")
         if self.vae_upsample_kernel == 2 and not self.vae_upsample_in_conv:
             raise ValueError("vae_upsample_kernel=2 is a form of vae_upsample_in_conv: set it")
+
+    def check_cache(self, kv: KVCacheConfig) -> None:
+        """Whether sessions' caches of `kv` work with these options' blocks (called once, where an
+        engine is built): the code cache is read by the FP8 attention alone, and the bound scales'
+        K comes coded, for the code cache."""
+        if kv.format == "fp8_codes" and self.attention != "cudnn_fp8":
+            raise ValueError("the fp8_codes KV cache is the FP8 attention's: set attention='cudnn_fp8'")
+        if self.qk_bound_scales and kv.format != "fp8_codes":
+            raise ValueError("qk_bound_scales writes K into the FP8 attention's code cache: use the fp8_codes KV cache")
 
     @property
     def any(self) -> bool:
@@ -153,10 +152,9 @@ class AccelOptions:
         opt-in flags (`compile`: the DiT's regions, `vae_compile`: the VAE's norms, `fp8`: FP8
         GEMMs, on CUDA with fast accumulation and, compiled, their inputs quantized by the tuned
         Triton kernels where Triton is installed, else in the compiled regions: round 2's fastest
-        FP8 variant; `fp8_attention`: the self-attention in FP8 through cuDNN, CUDA only, its
-        cache in its own codes: session 6, windowed FP8 chunk 1.222 -> 1.166 s, Q and K by their
-        bound scales: session 7, 1.173 -> 1.164 s), windows as rings (sessions 7 and 9), a
-        chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %, +0.5 GiB while a
+        FP8 variant; `fp8_attention`: the self-attention in FP8 through cuDNN, CUDA only, with
+        its cache in its own codes (`KVCacheConfig.for_serving`), Q and K by their bound scales:
+        session 7, 1.173 -> 1.164 s), a chunk's frames in one VAE call (session 4: decode -8 %, encode -6 %, +0.5 GiB while a
         call runs) and the decoder's upsampling inside its conv with 2x2 phase kernels (session
         5: decode 110 -> 98 ms), the encoder's first conv in Triton where Triton is installed
         and its downsamplings' pad inside their convs (session 8: encode 0.063 -> 0.059 s); on
@@ -166,8 +164,8 @@ class AccelOptions:
             quant = ("triton" if find_spec("triton") is not None else "fused") if fp8 and compile else "gemm"
             if attention not in ("cudnn", "fa4"):
                 raise ValueError(f"a replica's attention is 'cudnn' or 'fa4', got {attention!r}")
-            return cls(fast=True, attention="cudnn_fp8" if fp8_attention else attention, kv_codes=fp8_attention,
-                       kv_ring=True, qk_bound_scales=fp8_attention, triton_rope=find_spec("triton") is not None,
+            return cls(fast=True, attention="cudnn_fp8" if fp8_attention else attention,
+                       qk_bound_scales=fp8_attention, triton_rope=find_spec("triton") is not None,
                        compile=compile, fp8=fp8,
                        skip_final_update=True, fp8_quant=quant, fp8_fast_accum=fp8,
                        vae_channels_last=True, vae_compile=vae_compile, vae_pad_in_conv=True,

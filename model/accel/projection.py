@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.accel.kernels import QuantizedRows, quantize_rows
+from model.accel.kernels import quantize_rows
+from model.dit.e4m3 import QuantizedRows
 
 
 class Projection:

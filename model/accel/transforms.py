@@ -22,13 +22,13 @@ from model.accel.fp8_attention import available as fp8_attention_available
 from model.accel.kernels import BlockKernels
 from model.accel.options import AccelOptions
 from model.accel.projection import Fp8Projection, Projection
-from model.accel.vae_fast import (bias_norm_silu, bias_residual, compiled, compiled_norm_silu, fold_conv_bias,
+from model.vae.fast import (bias_norm_silu, bias_residual, compiled, compiled_norm_silu, fold_conv_bias,
                                   fuse_norm_silu, native_upsampling, norm_silu_cat, pad_in_conv, rms_norm_silu,
                                   write_once)
-from model.accel.vae_downsample import downsample_in_conv
-from model.accel.vae_upsample import upsample_in_conv
-from model.dit import CausalDiT
-from model.vae import WanVAE
+from model.vae.downsample import downsample_in_conv
+from model.vae.upsample import upsample_in_conv
+from model.dit.model import CausalDiT
+from model.vae.model import WanVAE
 
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: e4m3 tensor cores
 
@@ -52,8 +52,6 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
     kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant,
                                  triton_rope=options.triton_rope)
     dit.rope_dtype = torch.float32
-    dit.kv_codes = options.kv_codes  # DiTEngine allocates sessions' caches by these (model/kv_codes.py)
-    dit.kv_ring = options.kv_ring
     for block in dit.blocks:
         if isinstance(block, FastDiTBlock):
             block.set_kernels(kernels)
@@ -159,6 +157,6 @@ def optimize_vae(vae: WanVAE, options: AccelOptions) -> WanVAE:
     if options.vae_upsample_in_conv:  # after the layout: the phase weights keep the conv's
         upsample_in_conv(vae, options.vae_upsample_kernel)
     if options.vae_triton_stem:
-        from model.accel.vae_stem import triton_stem  # imports triton
+        from model.vae.stem import triton_stem  # imports triton
         triton_stem(vae)
     return vae

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model.accel.kernels import E4M3_MAX, SCALE_FLOOR, QuantizedRows
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX, QuantizedRows
 
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # a kernel reads only constexpr globals
 GELU_KAPPA = tl.constexpr(0.044715)
@@ -178,7 +178,7 @@ def _norm_launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, 
         xr.stride(0), yr.stride(0), cs.stride(0), x_out.stride(0) if write_x else 0, q.stride(0),
         HAS_Y=y is not None, HAS_GATE=gate is not None, HAS_CAM=cam is not None, WRITE_X=write_x,
         MODULATE=modulate, ROUND_NORM=x.dtype != torch.float32 and not write_x, OUT_BF16=dtype == torch.bfloat16,
-        BLOCK=block, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, RECIPROCAL=launch.reciprocal, num_warps=launch.warps(block))
+        BLOCK=block, FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, RECIPROCAL=launch.reciprocal, num_warps=launch.warps(block))
     lead = x.shape[:-1]
     return (x_out.view(*lead, k) if write_x else None), (q.view(*lead, k), scale.view(*lead, 1))
 
@@ -220,7 +220,7 @@ def _launch(x: torch.Tensor, gelu: bool, codes: torch.dtype = torch.float8_e4m3f
     scale = torch.empty((rows.shape[0], 1), dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(k)
     _quantize_rows[(rows.shape[0],)](rows, q, scale, k, rows.stride(0), q.stride(0), GELU=gelu, BLOCK=block,
-                                     FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, RECIPROCAL=launch.reciprocal,
+                                     FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, RECIPROCAL=launch.reciprocal,
                                      num_warps=launch.warps(block))
     return q.view(x.shape), scale.view(*x.shape[:-1], 1)
 

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model.accel.kernels import E4M3_MAX
+from model.dit.e4m3 import E4M3_MAX
 
 WARPS = 8
 # The looped kernel's pairs per block where they tile the row and hold whole heads (session 8 on

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model.accel.kernels import E4M3_MAX, SCALE_FLOOR
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX
 
 BLOCK = 8192  # elements per program (16 KiB of bf16)
 
@@ -51,11 +51,11 @@ def quantize_tensor(x: torch.Tensor, codes: torch.dtype = torch.float8_e4m3fn) -
     descale = torch.empty(1, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, BLOCK),)
     _abs_max[grid](x, amax, n, BLOCK=BLOCK, num_warps=8)
-    _quantize_by_amax[grid](x, amax, q, descale, n, BLOCK=BLOCK, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8)
+    _quantize_by_amax[grid](x, amax, q, descale, n, BLOCK=BLOCK, FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, num_warps=8)
     return q, descale
 
 
-# The FP8 attention's code cache (model/kv_codes.py): K and V of one DiT call go into their
+# The FP8 attention's code cache (model/dit/kv_codes.py): K and V of one DiT call go into their
 # layer's e4m3 cache with one running descale per tensor. Each kernel handles K (program_id(1)
 # 0) and V (1) in one launch (a grid of one along that axis: the first pair of pointers alone);
 # the descale cells are read by all three and written by the last.
@@ -132,7 +132,7 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def append_codes(codes: tuple[torch.Tensor, ...], descale: torch.Tensor, new: tuple[torch.Tensor, ...], start: int,
                  rescale: int | None = None) -> None:
-    """model/kv_codes.append_codes_reference in four launches (a memset and three kernels) for K
+    """model/dit/kv_codes.py append_codes_reference in four launches (a memset and three kernels) for K
     and V together (or one tensor alone: the V of a cache whose K comes coded): the new rows read
     twice (amax, codes), the cached codes [0, rescale) (default: [0, start)) only when the descale
     grew. `codes` are contiguous [cap, H, D] caches; `new` rows may be strided views."""
@@ -149,6 +149,6 @@ def append_codes(codes: tuple[torch.Tensor, ...], descale: torch.Tensor, new: tu
     if rescale:
         n = rescale * C
         _rescale_codes[(triton.cdiv(n, RESCALE_BLOCK), tensors)](ck, cv, descale, amax, n, BLOCK=RESCALE_BLOCK,
-                                                                 FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=8)
+                                                                 FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, num_warps=8)
     _quantize_rows_by[grid](k, v, ck[start:], cv[start:], descale, amax, L, C, stride_k, stride_v, ROWS=ROWS,
-                            COLS=COLS, FLOOR=SCALE_FLOOR, QMAX=E4M3_MAX, num_warps=4)
+                            COLS=COLS, FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, num_warps=4)

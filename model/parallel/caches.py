@@ -12,7 +12,8 @@ from dataclasses import replace
 import torch
 
 from model.config import DiTConfig
-from model.kv_cache import CrossAttnCache, DiTCaches
+from model.dit.caches import DiTCaches
+from model.dit.kv_cache import CrossAttnCache
 
 
 def shard_config(cfg: DiTConfig, world: int) -> DiTConfig:

@@ -13,7 +13,7 @@ from typing import Any
 from model.engines import DiTEngine
 from model.parallel.caches import allocate_sp_caches, sp_cache_bytes
 from model.parallel.ulysses import UlyssesDiT
-from model.kv_cache import DiTCaches
+from model.dit.caches import DiTCaches
 from model.session import DiTSessionSpec
 
 

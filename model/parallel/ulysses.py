@@ -30,12 +30,13 @@ from torch.distributed import ProcessGroup
 
 from model.accel.fast_block import FastSelfAttention
 from model.config import DiTConfig
-from model.dit import CameraFeatures, CausalDiT
-from model.dit_block import SelfAttention, attend
-from model.kv_cache import DiTCaches, SelfAttnKVCache
+from model.dit.model import CameraFeatures, CausalDiT
+from model.dit.block import SelfAttention, attend
+from model.dit.caches import DiTCaches
+from model.dit.kv_cache import SelfAttnKVCache
 from model.parallel.collectives import gather_tokens, heads_to_seq, seq_to_heads
 from model.parallel.sequence import SequenceShard
-from model.rope import RopeTable
+from model.dit.rope import RopeTable
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from model.factory import load_vae_engine
-from model.vae_footprint import CacheLayout
+from model.vae.footprint import CacheLayout
 from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply

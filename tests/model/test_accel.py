@@ -13,19 +13,20 @@ from torch import nn
 
 from model.accel import AccelOptions, enable_fp8, fp8_supported, optimize_dit, optimize_vae
 from model.accel.fast_block import FastDiTBlock
-from model.accel.kernels import E4M3_MAX, quantize_rows
+from model.accel.kernels import quantize_rows
+from model.dit.e4m3 import E4M3_MAX
 from model.accel.projection import Fp8Projection, Projection
-from model.accel.vae_fast import fuse_norm_silu
+from model.vae.fast import fuse_norm_silu
 from model.checkpoint import CheckpointLayout
 from model.config import PRESETS, VAEConfig
-from model.dit_loader import init_dit_random, load_dit
+from model.dit.loader import init_dit_random, load_dit
 from model.engines import DiTEngine
 from model.factory import load_dit_engine
-from model.rope import Rope3D
+from model.dit.rope import Rope3D
 from model.session import DiTSessionSpec
-from model.vae import init_vae_random
-from model.vae_blocks import ResidualBlock
-from model.vae_cache import VaeCache
+from model.vae.model import init_vae_random
+from model.vae.blocks import ResidualBlock
+from model.vae.cache import VaeCache
 from support import GOLDEN_FILES, load_golden, rel_err, replay_golden
 
 FAST = AccelOptions(fast=True, attention="cudnn", skip_final_update=True)
@@ -285,8 +286,8 @@ def test_vae_written_once_transforms_keep_the_streams(level):
 def test_the_downsampling_pad_inside_a_4x4_conv_is_the_same_function(size):
     """ZeroPad2d((0, 1, 0, 1)) + 3x3 stride-2 conv == the 4x4 stride-2 conv with padding 1 whose
     first row and column are zero (odd sizes too); the VAE's three downsamplings take it."""
-    from model.accel.vae_downsample import downsample_in_conv, padded_conv
-    from model.vae_blocks import Downsample
+    from model.vae.downsample import downsample_in_conv, padded_conv
+    from model.vae.blocks import Downsample
 
     gen = torch.Generator().manual_seed(4)
     conv = torch.nn.Conv2d(5, 7, 3, stride=2)

@@ -1,4 +1,4 @@
-"""model/camera.py: Plücker embedding, the offline path and the streaming CameraTrack."""
+"""model/dit/plucker.py: Plücker embedding, the offline path and the streaming CameraTrack."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +12,7 @@ from camera import (
     offline_latent_poses,
     translation_scale,
 )
-from model.camera import CameraTrack, offline_plucker, plucker_embedding
+from model.dit.plucker import CameraTrack, offline_plucker, plucker_embedding
 from support import EXAMPLES, GOLDEN_FILES, load_golden, rel_err
 
 TOL = 1e-5

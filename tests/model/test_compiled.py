@@ -9,10 +9,10 @@ import torch
 
 from model.accel import AccelOptions, optimize_dit, optimize_vae
 from model.checkpoint import VAE_FILE, CheckpointLayout
-from model.dit_loader import load_dit
+from model.dit.loader import load_dit
 from model.engines import DiTEngine, VaeEngine
-from model.vae import load_vae
-from model.vae_cache import VaeCache
+from model.vae.model import load_vae
+from model.vae.cache import VaeCache
 from model.warmup import allow_recompiles, warm_up_dit, warm_up_vae
 from support import load_golden, rel_err, replay_golden
 

@@ -1,4 +1,4 @@
-"""model/dit.py against the goldens of the upstream reference (teacher forcing, caches carried)."""
+"""model/dit/model.py against the goldens of the upstream reference (teacher forcing, caches carried)."""
 from __future__ import annotations
 
 import copy
@@ -12,9 +12,9 @@ from einops import rearrange
 from model.accel import AccelOptions, optimize_dit
 from model.checkpoint import CheckpointLayout
 from model.config import PRESETS
-from model.dit import CausalDiT
-from model.dit_loader import load_dit
-from model.rope import axis_pairs
+from model.dit.model import CausalDiT
+from model.dit.loader import load_dit
+from model.dit.rope import axis_pairs
 from support import GOLDEN_FILES, SHARED, chunk_calls, golden_caches, load_golden, rel_err, replay_golden
 
 KEYS_FILE = SHARED / "docs" / "keys" / "dit_lingbot_world_fast_keys.txt"

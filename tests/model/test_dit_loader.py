@@ -1,4 +1,4 @@
-"""model/dit_loader.py: the tiny checkpoint, broken copies of it, shards, random init."""
+"""model/dit/loader.py: the tiny checkpoint, broken copies of it, shards, random init."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from model.checkpoint import SAFETENSORS_FILE, SAFETENSORS_INDEX, CheckpointError, CheckpointLayout
 from model.config import PRESETS
-from model.dit import CausalDiT
-from model.dit_loader import init_dit_random, load_dit
-from model.kv_cache import DiTCaches
+from model.dit.model import CausalDiT
+from model.dit.loader import init_dit_random, load_dit
+from model.dit.caches import DiTCaches
 
 
 @pytest.fixture(scope="module")

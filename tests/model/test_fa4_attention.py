@@ -12,7 +12,7 @@ import torch
 from model.accel import AccelOptions, optimize_dit, transforms
 from model.accel.fa4_attention import available
 from model.config import DiTConfig
-from model.dit_loader import init_dit_random
+from model.dit.loader import init_dit_random
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
 from support import install_fake_fa4

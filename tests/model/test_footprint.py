@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from model.config import PRESETS
-from model.engines import DiTEngine, SessionFootprint
+from model.engine_api import SessionFootprint
+from model.engines import DiTEngine
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
 
@@ -44,7 +45,7 @@ def test_released_size_footprint_matches_the_h200_measurement():
     cfg = PRESETS["lingbot-world-fast"].dit
 
     class Shape(DiTEngine):  # the accounting only: no weights needed
-        dit = None  # no model: its options (kv_codes) are off
+        dit = None  # no model
 
         def __init__(self) -> None:
             self.cfg = cfg

@@ -9,9 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from model.accel import AccelOptions, optimize_dit
-from model.accel.fp8_attention import E4M3_MAX, SCALE_FLOOR, CudnnFp8Attention, available, quantize_tensor
+from model.accel.fp8_attention import CudnnFp8Attention, available, quantize_tensor
+from model.dit.caches import KVCacheConfig
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX
 from model.config import DiTConfig
-from model.dit_loader import init_dit_random
+from model.dit.loader import init_dit_random
 from support import FakeCudnnGraph
 
 
@@ -25,7 +27,7 @@ def test_quantize_tensor_one_scale_for_the_tensor():
     normal = x.abs() > 2 ** -6 * descale  # e4m3's normal range: 3 mantissa bits
     assert ((back - x).abs()[normal] <= x.abs()[normal] * 2 ** -4 + 1e-12).all()
     zeros, floor = quantize_tensor(torch.zeros(4, 4))
-    assert not zeros.float().any() and floor.item() == pytest.approx(SCALE_FLOOR / E4M3_MAX)
+    assert not zeros.float().any() and floor.item() == pytest.approx(AMAX_FLOOR / E4M3_MAX)
 
 
 def test_the_graph_attends_like_sdpa_up_to_fp8_rounding(fake_cudnn):
@@ -71,11 +73,12 @@ def test_serving_turns_it_on_only_where_asked_and_only_on_cuda():
 
     assert AccelOptions.for_serving("cuda", compile=True, fp8=True).attention == "cudnn"
     served = AccelOptions.for_serving("cuda", compile=True, fp8=True, fp8_attention=True)
-    assert served.attention == "cudnn_fp8" and served.kv_codes  # its cache in its own codes (session 6)
+    assert served.attention == "cudnn_fp8"
+    assert KVCacheConfig.for_serving("cuda", fp8_attention=True).format == "fp8_codes"  # its own codes (session 6)
     assert served.qk_bound_scales  # Q and K by their bound scales (session 7)
     assert AccelOptions.for_serving("cuda", fp8=True, fp8_attention=True, attention="fa4").attention == "cudnn_fp8"
     plain = AccelOptions.for_serving("cuda", compile=True, fp8=True)
-    assert not plain.kv_codes and not plain.qk_bound_scales
+    assert KVCacheConfig.for_serving("cuda").format == "dtype" and not plain.qk_bound_scales
     assert AccelOptions.for_serving("cuda", compile=True, attention="fa4").attention == "fa4"
     with pytest.raises(ValueError, match="CUDA only"):
         AccelOptions.for_serving("cpu", fp8_attention=True)

@@ -17,8 +17,8 @@ from model.accel.fast_block import FastDiTBlock
 from model.accel.kernels import BlockKernels, gelu_quantize, quantize_rows
 from model.accel.projection import Fp8Projection, Projection
 from model.config import PRESETS
-from model.dit_block import DiTBlock
-from model.dit_loader import init_dit_random
+from model.dit.block import DiTBlock
+from model.dit.loader import init_dit_random
 from model.engines import DiTEngine
 from model.session import DiTSessionSpec
 

@@ -1,4 +1,4 @@
-"""model/kv_cache.py: write / roll / window semantics of spec A.5 on toy tensors."""
+"""model/dit/kv_cache.py: write / roll / window semantics of spec A.5 on toy tensors."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from model.config import PRESETS
-from model.kv_cache import CrossAttnCache, DiTCaches, SelfAttnKVCache
+from model.dit.caches import DiTCaches
+from model.dit.kv_cache import CrossAttnCache, SelfAttnKVCache
 from support import load_golden
 
 

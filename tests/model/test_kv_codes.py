@@ -1,4 +1,4 @@
-"""The FP8 attention's code cache (model/kv_codes.py, `AccelOptions.kv_codes`): the slots of the
+"""The FP8 attention's code cache (model/dit/kv_codes.py, `KVCacheConfig("fp8_codes")`): the slots of the
 exact cache, every row within e4m3's rounding of one running descale per tensor, the descale
 growing with a louder chunk (the cached codes rescaled), half the bytes, and the
 fast block attending through it as through the per-call quantization (a stand-in cuDNN)."""
@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 from model.accel import AccelOptions, optimize_dit
 from model.config import DiTConfig
-from model.dit_loader import init_dit_random
+from model.dit.loader import init_dit_random
 from model.engines import DiTEngine
-from model.kv_cache import DiTCaches, SelfAttnKVCache
-from model.kv_codes import E4M3, E4M3_MAX, Fp8CodesKVCache, append_codes_reference
+from model.dit.caches import DiTCaches, KVCacheConfig
+from model.dit.kv_cache import SelfAttnKVCache
+from model.dit.e4m3 import E4M3, E4M3_MAX
+from model.dit.kv_codes import Fp8CodesKVCache, append_codes_reference
 
 E4M3_REL = 2.0**-4  # half an ulp of a 3-bit mantissa, relative
 
@@ -49,7 +51,7 @@ def test_one_descale_per_tensor_grows_with_a_louder_chunk_and_rescales_the_past(
 
 def _visible_tokens(cache: SelfAttnKVCache, lo: int = 0) -> list[int]:
     """The absolute token each visible slot [lo, local_end) holds: a shifting window keeps the
-    sink then the newest tokens in order, a ring (model/kv_codes.py) puts token t at slot
+    sink then the newest tokens in order, a ring (model/dit/kv_codes.py) puts token t at slot
     sink + (t - sink) mod (capacity - sink)."""
     sink, end, n = cache.sink_tokens, cache.global_end, cache.local_end
     if not cache.rolling or end <= cache.capacity:
@@ -169,19 +171,22 @@ def test_the_bound_scales_bound_the_norm_and_rope_region():
 
 def test_allocation_and_admission_count_a_byte_per_element():
     cfg = DiTConfig(dim=64, ffn_dim=128, num_heads=4, num_layers=2)
-    caches = DiTCaches.allocate(cfg, 6, 3, torch.bfloat16, "cpu", codes=True)
+    caches = DiTCaches.allocate(cfg, 6, 3, torch.bfloat16, "cpu", kv=KVCacheConfig("fp8_codes"))
     assert all(isinstance(c, Fp8CodesKVCache) for c in caches.self_attn)
     plain = DiTCaches.allocate(cfg, 6, 3, torch.bfloat16, "cpu")
-    assert caches.nbytes == DiTCaches.kv_bytes(cfg, 6, 3, torch.bfloat16, codes=True)
+    assert caches.nbytes == DiTCaches.kv_bytes(cfg, 6, 3, torch.bfloat16, "fp8_codes")
     text = DiTCaches.kv_bytes(cfg, 6, 0, torch.bfloat16)
     assert caches.nbytes - text == (plain.nbytes - text) // 2 + 2 * 2 * 4  # + a descale per layer and tensor
 
 
 def test_kv_codes_belongs_to_the_fp8_attention():
     with pytest.raises(ValueError, match="cudnn_fp8"):
-        AccelOptions(fast=True, attention="cudnn", kv_codes=True)
-    with pytest.raises(ValueError, match="kv_codes"):
-        AccelOptions(fast=True, attention="cudnn_fp8", qk_bound_scales=True)
+        AccelOptions(fast=True, attention="cudnn").check_cache(KVCacheConfig("fp8_codes"))
+    with pytest.raises(ValueError, match="fp8_codes"):
+        AccelOptions(fast=True, attention="cudnn_fp8", qk_bound_scales=True).check_cache(KVCacheConfig())
+    with pytest.raises(ValueError, match="cudnn_fp8"):
+        AccelOptions(fast=True, qk_bound_scales=True)
+    AccelOptions(fast=True, attention="cudnn_fp8", qk_bound_scales=True).check_cache(KVCacheConfig("fp8_codes"))
 
 
 @pytest.fixture
@@ -214,13 +219,13 @@ def _chunks(engine: DiTEngine, chunks: int) -> list[torch.Tensor]:
 def test_the_fast_block_attends_through_the_code_cache(fp8_dit):
     exact = _chunks(DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True))), 3)
     per_call = _chunks(DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8"))), 3)
-    engine = DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8", kv_codes=True)))
-    assert engine.kv_codes
+    codes_kv = KVCacheConfig("fp8_codes")
+    engine = DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8")), kv=codes_kv)
     session_caches = engine.allocate_caches(_spec_for(engine))
     assert isinstance(session_caches.self_attn[0], Fp8CodesKVCache)
     codes = _chunks(engine, 3)
-    bound = _chunks(DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8", kv_codes=True,
-                                                                 qk_bound_scales=True))), 3)
+    bound = _chunks(DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8",
+                                                                 qk_bound_scales=True)), kv=codes_kv), 3)
     assert all(b.self_attn.qk_descales is not None for b in fp8_dit.blocks)
     for e, p, c, b in zip(exact, per_call, codes, bound):
         err_codes, err_per_call, err_bound = (((x - e).norm() / e.norm()).item() for x in (c, p, b))
@@ -228,7 +233,7 @@ def test_the_fast_block_attends_through_the_code_cache(fp8_dit):
         assert 0 < err_bound < 2 * err_per_call, (err_bound, err_per_call)  # and with the bound scales
         assert not torch.equal(c, p)  # a different quantization of K and V, not the per-call path again
         assert not torch.equal(b, c)  # Q and K quantized by their bounds, not by their amax
-    assert not DiTEngine(optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8"))).kv_codes
+    optimize_dit(fp8_dit, AccelOptions(fast=True, attention="cudnn_fp8"))
     assert all(b.self_attn.qk_descales is None for b in fp8_dit.blocks)  # off again
 
 

@@ -1,4 +1,4 @@
-"""The FP8 KV cache (model/kv_quant.py, `kv_fp8`): same layout as the exact cache, half its
+"""The FP8 KV cache (model/dit/kv_quant.py, `KVCacheConfig("fp8_scaled")`): same layout as the exact cache, half its
 bytes, the running chunk exact, the past within e4m3's rounding, and admission counts it."""
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from deployments.config import AppArgs
 from model.config import PRESETS
 from model.engines import DiTEngine
 from model.factory import load_dit_engine
-from model.kv_cache import DiTCaches, SelfAttnKVCache
-from model.kv_quant import KV_FP8, quantize
+from model.dit.caches import DiTCaches, KVCacheConfig
+from model.dit.kv_cache import SelfAttnKVCache
+from model.dit.e4m3 import E4M3
+from model.dit.kv_quant import quantize
 from model.session import DiTSessionSpec
 
 E4M3_REL = 2.0**-4  # half an ulp of a 3-bit mantissa, relative to the value
@@ -22,7 +24,7 @@ E4M3_REL = 2.0**-4  # half an ulp of a 3-bit mantissa, relative to the value
 def test_quantize_rounds_each_row_to_e4m3_with_its_own_scale():
     x = torch.randn(64, 4, 32) * torch.logspace(-6, 6, 4).view(1, 4, 1)  # heads of very different range
     q, scale = quantize(x)
-    assert q.dtype == KV_FP8 and scale.shape == (64, 4)
+    assert q.dtype == E4M3 and scale.shape == (64, 4)
     back = q.float() * scale[..., None]
     amax = x.abs().amax(-1, keepdim=True)
     assert torch.all((back - x).abs() <= E4M3_REL * x.abs() + 2.0**-9 * amax)  # subnormals near 0
@@ -55,16 +57,16 @@ def test_fp8_cache_follows_the_exact_cache(capacity, sink, n, chunks, rolling, m
             for got, want in ((kq, ke), (vq, ve)):
                 amax = want.abs().amax(-1, keepdim=True)
                 assert torch.all((got - want).abs() <= E4M3_REL * want.abs() + 2.0**-9 * amax)
-    assert fp8.k.dtype == KV_FP8
+    assert fp8.k.dtype == E4M3
 
 
 def test_fp8_caches_take_about_half_the_bytes():
     cfg = PRESETS["tiny"].dit
-    caches = DiTCaches.allocate(cfg, 28, 6, torch.bfloat16, "cpu", fp8=True)
-    assert caches.self_attn[0].k.dtype == KV_FP8 and caches.cross_attn[0].k.dtype == torch.bfloat16
-    assert caches.nbytes == DiTCaches.kv_bytes(cfg, 28, 6, torch.bfloat16, fp8=True)
+    caches = DiTCaches.allocate(cfg, 28, 6, torch.bfloat16, "cpu", kv=KVCacheConfig("fp8_scaled"))
+    assert caches.self_attn[0].k.dtype == E4M3 and caches.cross_attn[0].k.dtype == torch.bfloat16
+    assert caches.nbytes == DiTCaches.kv_bytes(cfg, 28, 6, torch.bfloat16, "fp8_scaled")
     released = PRESETS["lingbot-world-fast"].dit  # 81 frames at 464x832
-    ratio = DiTCaches.kv_bytes(released, 1508, 21, torch.bfloat16, fp8=True) / DiTCaches.kv_bytes(
+    ratio = DiTCaches.kv_bytes(released, 1508, 21, torch.bfloat16, "fp8_scaled") / DiTCaches.kv_bytes(
         released, 1508, 21, torch.bfloat16)
     assert 0.5 < ratio < 0.53, ratio
 
@@ -87,8 +89,8 @@ def test_a_session_with_the_fp8_cache_stays_close_to_the_exact_one():
     """The tiny DiT in float32 over 4 chunks: chunk 0 attends only to itself (exact, so equal);
     later chunks deviate by e4m3's rounding of the past, far less than bf16 weights do."""
     exact, _ = _run(load_dit_engine("tiny", None, "float32", "cpu"), 4)
-    quant, caches = _run(load_dit_engine("tiny", None, "float32", "cpu", kv_fp8=True), 4)
-    assert caches.self_attn[0].k.dtype == KV_FP8
+    quant, caches = _run(load_dit_engine("tiny", None, "float32", "cpu", kv=KVCacheConfig("fp8_scaled")), 4)
+    assert caches.self_attn[0].k.dtype == E4M3
     assert torch.equal(exact[0], quant[0])
     devs = [float((q - e).norm() / e.norm()) for q, e in zip(quant[1:], exact[1:])]
     assert all(0 < d < 1e-3 for d in devs), devs  # measured 1.7e-5; bf16 weights alone give 1e-3
@@ -98,20 +100,20 @@ def test_admission_counts_the_fp8_cache_and_its_read_back():
     cfg = PRESETS["lingbot-world-fast"].dit
 
     class Shape(DiTEngine):  # the accounting only: no weights needed
-        dit = None  # no model: its options (kv_codes) are off
+        dit = None  # no model
 
-        def __init__(self, kv_fp8: bool) -> None:
-            self.cfg, self.kv_fp8 = cfg, kv_fp8
+        def __init__(self, kv_format: str) -> None:
+            self.cfg, self.kv = cfg, KVCacheConfig(kv_format)
 
         @property
         def dtype(self) -> torch.dtype:
             return torch.bfloat16
 
-    exact, fp8 = Shape(False).footprint(464, 832, 21, 21), Shape(True).footprint(464, 832, 21, 21)
+    exact, fp8 = Shape("dtype").footprint(464, 832, 21, 21), Shape("fp8_scaled").footprint(464, 832, 21, 21)
     readback = 2 * 21 * 1508 * cfg.dim * 2 + 2 * 3 * 1508 * cfg.dim * 4  # one layer's K/V in bf16 + quantisation
     assert fp8.working == exact.working + readback
     assert exact.held - fp8.held == DiTCaches.kv_bytes(cfg, 1508, 21, torch.bfloat16) - DiTCaches.kv_bytes(
-        cfg, 1508, 21, torch.bfloat16, fp8=True)
+        cfg, 1508, 21, torch.bfloat16, "fp8_scaled")
     assert fp8.total < 0.6 * exact.total + 4.3 * 2**30  # about twice the sessions per budget
 
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from model.accel import AccelOptions, optimize_dit
-from model.camera import plucker_embedding
+from model.dit.plucker import plucker_embedding
 from model.config import DiTConfig
-from model.dit import CausalDiT
-from model.dit_loader import INIT_STD, RESIDUAL_OUTPUTS, init_dit_random
-from model.kv_cache import DiTCaches
+from model.dit.model import CausalDiT
+from model.dit.loader import INIT_STD, RESIDUAL_OUTPUTS, init_dit_random
+from model.dit.caches import DiTCaches
 
 LAYERS = 40
 CFG = DiTConfig(dim=256, ffn_dim=640, num_heads=2, num_layers=LAYERS, text_len=32)  # head_dim 128

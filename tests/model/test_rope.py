@@ -1,11 +1,11 @@
-"""model/rope.py against an independent complex-number implementation of spec A.4."""
+"""model/dit/rope.py against an independent complex-number implementation of spec A.4."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from model.rope import MAX_FRAMES, Rope3D, axis_pairs
+from model.dit.rope import MAX_FRAMES, Rope3D, axis_pairs
 
 
 def reference_freqs(head_dim: int) -> torch.Tensor:

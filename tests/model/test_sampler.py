@@ -1,10 +1,10 @@
-"""model/sampler.py: schedule, sigma quirks, noise plan and the chunk loop against the goldens."""
+"""model/dit/sampler.py: schedule, sigma quirks, noise plan and the chunk loop against the goldens."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.sampler import (
+from model.dit.sampler import (
     DENOISE_TIMESTEPS,
     FlowSchedule,
     NoisePlan,

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES
+from model.dit.caches import KVCacheConfig
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
 
@@ -61,17 +62,15 @@ def test_a_windowed_session_restored_on_a_windowed_engine_continues_bit_for_bit(
 
 
 def test_a_ring_window_gives_the_shifting_windows_latents_in_another_sum_order():
-    """AccelOptions.kv_ring (the GPU serving options): the window's caches are rings, their slots
+    """KVCacheConfig.ring (the GPU serving caches): the window's caches are rings, their slots
     never move, and the session's latents are the shifting window's up to the order of the
     attention's sums (float32 here); a full-attention session on the same engine is no ring."""
-    from model.accel import AccelOptions
-
     CHUNKS_RING = 4  # a window of 9 latent frames with a sink of 3 rolls at the fourth chunk
 
     def session_run(ring: bool):
         engine = load_dit_engine("tiny", None, "float32", "cpu", local_attn_size=9, sink_size=3,
-                                 options=AccelOptions(fast=True, kv_ring=ring))
-        assert engine.kv_ring is ring
+                                 kv=KVCacheConfig(ring=ring))
+        assert engine.kv.ring is ring
         spec = DiTSessionSpec(context=torch.randn(8, engine.cfg.text_dim, generator=torch.Generator().manual_seed(1)),
                               height=H, width=W, seed=3)
         session = engine.open(spec)

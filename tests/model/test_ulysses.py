@@ -18,10 +18,10 @@ import torch.multiprocessing as mp
 from model.accel import AccelOptions, optimize_dit
 from model.checkpoint import CheckpointLayout
 from model.config import DiTConfig
-from model.dit import CausalDiT
-from model.dit_loader import init_dit_random, load_dit
+from model.dit.model import CausalDiT
+from model.dit.loader import init_dit_random, load_dit
 from model.engines import DiTEngine
-from model.kv_cache import DiTCaches
+from model.dit.caches import DiTCaches
 from model.parallel import (
     SequenceShard, SPDiTEngine, UlyssesFastSelfAttention, UlyssesSelfAttention, allocate_sp_caches,
     apply_ulysses, init_sp_group, shard_config, sp_cache_bytes,

@@ -6,8 +6,8 @@ import torch
 
 from model.checkpoint import CheckpointError, VAE_FILE
 from model.config import VAEConfig
-from model.vae import WanVAE, init_vae_random, load_vae
-from model.vae_cache import VaeCache
+from model.vae.model import WanVAE, init_vae_random, load_vae
+from model.vae.cache import VaeCache
 from support import GOLDEN_FILES, SHARED, TINY_CKPT, load_golden, rel_err
 
 GOLDEN_NAMES = [p.name for p in GOLDEN_FILES]

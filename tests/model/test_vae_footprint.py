@@ -1,4 +1,4 @@
-"""The VAE session footprint (model/vae_footprint.py) against what a real session holds."""
+"""The VAE session footprint (model/vae/footprint.py) against what a real session holds."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +7,8 @@ import torch
 
 from model.factory import load_vae_engine
 from camera.frames import CHUNK_VIDEO_FRAMES
-from model.vae_cache import CACHE_T
-from model.vae_footprint import BATCHED_EXTRA_FRAMES, CHUNK_STEP_FRAMES, CacheLayout
+from model.vae.cache import CACHE_T
+from model.vae.footprint import BATCHED_EXTRA_FRAMES, CHUNK_STEP_FRAMES, CacheLayout
 
 
 @pytest.fixture(scope="module")

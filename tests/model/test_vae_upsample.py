@@ -1,12 +1,12 @@
-"""model/accel/vae_upsample.py: nearest 2x + conv3x3 as one low-resolution conv + pixel shuffle."""
+"""model/vae/upsample.py: nearest 2x + conv3x3 as one low-resolution conv + pixel shuffle."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from model.accel.vae_upsample import UpsampleConv2x, phase_weights
-from model.vae_blocks import NearestUpsample2x
+from model.vae.upsample import UpsampleConv2x, phase_weights
+from model.vae.blocks import NearestUpsample2x
 
 
 @pytest.mark.parametrize("kernel", [3, 2])

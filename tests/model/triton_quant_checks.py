@@ -25,12 +25,12 @@ from model.accel import kernels as kn  # noqa: E402
 from model.accel import triton_quant as tq  # noqa: E402
 from model.accel import triton_rope as tr  # noqa: E402
 from model.accel import triton_tensor_quant as tt  # noqa: E402
-from model.accel import vae_stem as vs  # noqa: E402
-from model.accel.kernels import E4M3_MAX, SCALE_FLOOR  # noqa: E402
+from model.vae import stem as vs  # noqa: E402
+from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 WARPS_TIMED = (4, 16, 32)  # besides 8
-CONSTS = {"FLOOR": SCALE_FLOOR, "QMAX": E4M3_MAX}
+CONSTS = {"FLOOR": AMAX_FLOOR, "QMAX": E4M3_MAX}
 
 
 def _compile(fn, types: dict[str, str], consts: dict, num_warps: int = 8) -> None:
@@ -68,7 +68,7 @@ def check_every_kernel_variant_compiles_for_hopper():
     _compile(tt._quantize_by_amax, dict(tensor, q_ptr="*fp8e4nv", descale_ptr="*fp32"),
              dict(CONSTS, BLOCK=tt.BLOCK))
     rows2d = {"k_ptr": "*bf16", "v_ptr": "*bf16", "L": "i32", "C": "i32", "stride_k": "i32", "stride_v": "i32"}
-    blocks = {"ROWS": tt.ROWS, "COLS": tt.COLS}  # the FP8 attention's code cache (model/kv_codes.py)
+    blocks = {"ROWS": tt.ROWS, "COLS": tt.COLS}  # the FP8 attention's code cache (model/dit/kv_codes.py)
     _compile(tt._rows_abs_max, dict(rows2d, amax_ptr="*fp32"), blocks, num_warps=4)
     _compile(tt._rescale_codes, {"ck_ptr": "*fp8e4nv", "cv_ptr": "*fp8e4nv", "descale_ptr": "*fp32",
                                  "amax_ptr": "*fp32", "N": "i32"}, dict(CONSTS, BLOCK=tt.RESCALE_BLOCK))
@@ -95,7 +95,7 @@ def check_every_kernel_variant_compiles_for_hopper():
 def _quotients(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference scale and unrounded code of each element (kernels.quantize_rows before e4m3)."""
     vf = v.float()
-    scale = vf.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_FLOOR) / E4M3_MAX
+    scale = vf.abs().amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) / E4M3_MAX
     return (vf / scale).clamp(-E4M3_MAX, E4M3_MAX), scale
 
 
@@ -162,14 +162,14 @@ def check_tensor_quantization():
     torch.testing.assert_close(codes, (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX), rtol=2.5e-7, atol=1e-5)
     assert codes[2 * tt.BLOCK + 5].item() == -E4M3_MAX
     zeros, floor = tt.quantize_tensor(torch.zeros(5, 7, dtype=HALF), codes=torch.float32)
-    assert not zeros.any() and floor.item() == (torch.tensor(SCALE_FLOOR) / E4M3_MAX).item()
+    assert not zeros.any() and floor.item() == (torch.tensor(AMAX_FLOOR) / E4M3_MAX).item()
 
 
 def check_code_cache():
-    """triton_tensor_quant.append_codes: model/kv_codes.append_codes_reference's descales and
+    """triton_tensor_quant.append_codes: model/dit/kv_codes.py append_codes_reference's descales and
     (unrounded: float32 codes) quotients, K a contiguous tensor, V a strided view of a fused
     projection; the cached codes rescaled only when a louder chunk grows the descale."""
-    from model.kv_codes import append_codes_reference
+    from model.dit.kv_codes import append_codes_reference
 
     gen = torch.Generator().manual_seed(4)
     heads, dim = 2, 640  # rows of 1280: two column blocks, the second partial
@@ -257,8 +257,8 @@ def check_stem_in_the_vae():
     """A VAE whose encoder's first conv is the Triton one encodes and decodes a stream (first call
     1 + 4k frames, then 4k, caches carried) as the plain VAE does."""
     from model.config import VAEConfig
-    from model.vae import init_vae_random
-    from model.vae_cache import VaeCache
+    from model.vae.model import init_vae_random
+    from model.vae.cache import VaeCache
 
     plain = init_vae_random(VAEConfig(dim=8), torch.float32, "cpu", 0)
     fast = init_vae_random(VAEConfig(dim=8), torch.float32, "cpu", 0)

@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from model.vae import WanVAE
-from model.vae_blocks import CausalConv3d
+from model.vae.model import WanVAE
+from model.vae.blocks import CausalConv3d
 
 # session 8 on an H200 (benchmarks.vae_conv_probe): 0.61 ms per later chunk; 0.63-0.83 ms for the
 # other launches tried, 1.48 ms for a kernel that loaded its 9 (dt, dh) taps' weights per block

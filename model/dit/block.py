@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import DiTConfig
-from model.kv_cache import CrossAttnCache, SelfAttnKVCache
-from model.rope import RopeTable
+from model.dit.kv_cache import CrossAttnCache, SelfAttnKVCache
+from model.dit.rope import RopeTable
 
 
 def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

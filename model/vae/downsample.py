@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.vae import WanVAE
-from model.vae_blocks import Downsample
+from model.vae.model import WanVAE
+from model.vae.blocks import Downsample
 
 
 def padded_conv(conv: nn.Conv2d) -> nn.Conv2d:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _triple
 
-from model.vae_cache import CacheStep
+from model.vae.cache import CacheStep
 
 
 def frames_to_batch(x: Tensor) -> Tensor:

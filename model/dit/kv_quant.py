@@ -15,17 +15,16 @@ from typing import Callable
 
 import torch
 
-KV_FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3fn value (every e4m3 path of the project takes it from here)
-AMAX_FLOOR = 1e-12  # the floor of an amax-derived scale's amax: an all-zero row, chunk or tensor
+from model.dit.e4m3 import E4M3, E4M3_MAX
+
 SCALE_DTYPE = torch.float32
 _TINY = 1e-12  # the scale of an all-zero row (any positive value dequantises it to zero)
 
 
 def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1) / FP8_MAX).clamp_min(_TINY)
-    return (xf / scale[..., None]).to(KV_FP8), scale
+    scale = (xf.abs().amax(dim=-1) / E4M3_MAX).clamp_min(_TINY)
+    return (xf / scale[..., None]).to(E4M3), scale
 
 
 def _dequantize_into(out: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
@@ -36,7 +35,7 @@ def _dequantize_into(out: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) ->
 # chunk); eager they are 5 and 2 passes over the data. The same function up to rounding.
 # A compilation that fails (an old Triton without float8) falls back to eager, loudly, once.
 _compiled: dict[str, Callable] = {}
-_log = logging.getLogger("model.kv_quant")
+_log = logging.getLogger("model.dit.kv_quant")
 
 
 def compiled_on_cuda(name: str, fn: Callable) -> Callable:

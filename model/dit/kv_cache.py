@@ -7,19 +7,16 @@ denoising calls of a chunk overwrite the same slot and the t = 0 call writes the
 that later chunks read. With a window (`local_attn_size` != -1) a new chunk that does not
 fit evicts the oldest tokens after the sink; without one the capacity grows on demand.
 With `fp8` the self-attention cache stores float8 with per-token, per-head scales
-(model/kv_quant.py) and hands attention a compute-dtype copy; the FP8 attention's code cache
-(model/kv_codes.py, a subclass) stores the e4m3 codes attention reads. The cross-attention
+(model/dit/kv_quant.py) and hands attention a compute-dtype copy; the FP8 attention's code cache
+(model/dit/kv_codes.py, a subclass) stores the e4m3 codes attention reads. The cross-attention
 cache keeps the compute dtype (512 tokens per layer).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from camera.frames import CHUNK_LATENT_FRAMES
-from model.config import DiTConfig
-from model.kv_quant import KV_FP8, SCALE_DTYPE, dequantize_into, quantize
+from model.dit.e4m3 import E4M3
+from model.dit.kv_quant import SCALE_DTYPE, dequantize_into, quantize
 
 
 class SelfAttnKVCache:
@@ -61,7 +58,7 @@ class SelfAttnKVCache:
         self.max_attention_size = max_attention_size
         self.dtype = dtype  # what attention reads (the storage too, unless fp8)
         self.fp8 = fp8
-        self.k = torch.zeros(capacity, heads, head_dim, dtype=KV_FP8 if fp8 else dtype, device=device)
+        self.k = torch.zeros(capacity, heads, head_dim, dtype=E4M3 if fp8 else dtype, device=device)
         self.v = torch.zeros_like(self.k)
         if fp8:  # one scale per cached token and head, moved with its token
             self.k_scale = torch.zeros(capacity, heads, dtype=SCALE_DTYPE, device=device)
@@ -148,7 +145,7 @@ class SelfAttnKVCache:
 
     def _write_rows(self, slot: int, k: torch.Tensor, v: torch.Tensor, rows: slice, rescale: int) -> None:
         """Rows `rows` of the chunk's K and V at slots from `slot` (`rescale`: the slots a code
-        cache rescales when its descale grows, model/kv_codes.py)."""
+        cache rescales when its descale grows, model/dit/kv_codes.py)."""
         new = slice(slot, slot + rows.stop - rows.start)
         if self.fp8:
             (self.k[new], self.k_scale[new]), (self.v[new], self.v_scale[new]) = quantize(k[rows]), quantize(v[rows])
@@ -213,97 +210,3 @@ class CrossAttnCache:
     def reset(self) -> None:
         """Forget the text K/V; the next call recomputes them."""
         self.is_init = False
-
-
-class DiTCaches:
-    """All caches of one session: a self-attention and a cross-attention cache per layer."""
-
-    def __init__(self, self_attn: list[SelfAttnKVCache], cross_attn: list[CrossAttnCache]) -> None:
-        assert len(self_attn) == len(cross_attn)
-        self.self_attn = self_attn
-        self.cross_attn = cross_attn
-
-    @classmethod
-    def allocate(
-        cls,
-        cfg: DiTConfig,
-        frame_seqlen: int,
-        total_latent_frames: int | None,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        max_attention_size: int | None = None,
-        fp8: bool = False,
-        codes: bool = False,
-        ring: bool = False,
-    ) -> "DiTCaches":
-        """Fresh zeroed caches for one session (never shared with another session).
-
-        Capacity: `frame_seqlen * local_attn_size` with a window, else `frame_seqlen *
-        total_latent_frames` (one chunk when the length is unknown; grows on demand).
-        `max_attention_size` (tokens) shrinks the visible window; None = the whole cache.
-        `fp8`: self-attention K/V stored as float8 with per-token, per-head scales; `codes`: as
-        the FP8 attention's e4m3 codes with one descale per layer and tensor (model/kv_codes.py);
-        `ring`: a window as a ring (`SelfAttnKVCache`; not with `fp8`).
-        """
-        if frame_seqlen <= 0:
-            raise ValueError(f"frame_seqlen must be positive, got {frame_seqlen}")
-        rolling = cfg.local_attn_size != -1
-        if rolling:
-            frames = cfg.local_attn_size
-        elif total_latent_frames is None:
-            frames = CHUNK_LATENT_FRAMES
-        elif total_latent_frames <= 0:
-            raise ValueError(f"total_latent_frames must be positive, got {total_latent_frames}")
-        else:
-            frames = total_latent_frames
-        if codes:
-            from model.kv_codes import Fp8CodesKVCache as layer
-        else:
-            layer = functools.partial(SelfAttnKVCache, fp8=fp8)
-        self_attn = [layer(frame_seqlen * frames, cfg.num_heads, cfg.head_dim, dtype, device, rolling,
-                           cfg.sink_size * frame_seqlen, max_attention_size, ring=ring) for _ in range(cfg.num_layers)]
-        cross = [
-            CrossAttnCache(cfg.text_len, cfg.num_heads, cfg.head_dim, dtype, device)
-            for _ in range(cfg.num_layers)
-        ]
-        return cls(self_attn, cross)
-
-    @staticmethod
-    def kv_bytes(cfg: DiTConfig, frame_seqlen: int, kv_frames: int, dtype: torch.dtype, fp8: bool = False,
-                 codes: bool = False) -> int:
-        """Bytes of a session's caches holding `kv_frames` latent frames (admission control;
-        `fp8` / `codes` as `allocate`)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        tokens = frame_seqlen * kv_frames
-        scale_size = torch.empty((), dtype=SCALE_DTYPE).element_size()
-        if codes:  # one byte per element, a descale per tensor
-            self_attn = tokens * cfg.dim + scale_size
-        elif fp8:
-            self_attn = tokens * (cfg.dim + cfg.num_heads * scale_size)
-        else:
-            self_attn = tokens * cfg.dim * itemsize
-        per_layer = 2 * (self_attn + cfg.text_len * cfg.dim * itemsize)
-        return cfg.num_layers * per_layer
-
-    @property
-    def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.self_attn) + sum(c.nbytes for c in self.cross_attn)
-
-    @property
-    def global_end(self) -> int:
-        return self.self_attn[0].global_end
-
-    @property
-    def local_end(self) -> int:
-        return self.self_attn[0].local_end
-
-    def ensure_capacity(self, tokens: int) -> None:
-        """Grow every layer's self-attention cache to hold `tokens` (no-op when it fits)."""
-        for c in self.self_attn:
-            c.ensure_capacity(tokens)
-
-    def reset(self) -> None:
-        for c in self.self_attn:
-            c.reset()
-        for c in self.cross_attn:
-            c.reset()

@@ -13,7 +13,7 @@ from torch import nn
 
 from model.checkpoint import CheckpointError, CheckpointLayout, assign_state_dict, iter_safetensors
 from model.config import DiTConfig
-from model.dit import CausalDiT
+from model.dit.model import CausalDiT
 
 TEXT_DIM_KEY = "text_embedding.0.weight"  # [dim, text_dim]: text_dim is not in config.json
 INIT_STD = 0.02

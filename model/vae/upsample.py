@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.vae import WanVAE
-from model.vae_blocks import NearestUpsample2x, Upsample
+from model.vae.model import WanVAE
+from model.vae.blocks import NearestUpsample2x, Upsample
 
 # Row (or column) taps of the phase kernels from the original three: PHASE_TAPS[a] @ [W0, W1, W2].
 PHASE_TAPS = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0]],

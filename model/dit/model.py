@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import DiTConfig
-from model.dit_block import DiTBlock, layer_norm
-from model.kv_cache import DiTCaches
-from model.rope import Rope3D, RopeTable
+from model.dit.block import DiTBlock, layer_norm
+from model.dit.caches import DiTCaches
+from model.dit.rope import Rope3D, RopeTable
 
 PIXELS_PER_LATENT = 64  # Plücker channels per component: the 8x8 pixels of one latent cell
 # The reference embeds the timestep once per token (a GEMM of S rows). BLAS picks its kernel by

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES
-from model.vae_cache import CACHE_T
+from model.vae.cache import CACHE_T
 
 WORKING_ROWS = 12  # full-resolution activation tensors of one call (calibration: module docstring)
 CHUNK_STEP_FRAMES = 4  # video frames one decoder step (one latent frame) or encoder step produces / takes

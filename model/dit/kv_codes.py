@@ -1,5 +1,5 @@
 """The self-attention cache of the FP8 attention, kept in the codes that attention reads
-(`AccelOptions.kv_codes`, with `attention="cudnn_fp8"`).
+(`KVCacheConfig(format="fp8_codes")`, with `attention="cudnn_fp8"`).
 
 cuDNN's FP8 SDPA takes K and V as e4m3 codes with one descale per tensor. A bf16 cache makes
 every call quantize the whole visible cache again (2 x 22620 rows per call in a full window,
@@ -16,17 +16,16 @@ by the benchmarks (docs/PERFORMANCE.md).
 """
 from __future__ import annotations
 
-from importlib.util import find_spec
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from model.kv_cache import SelfAttnKVCache
-from model.kv_quant import AMAX_FLOOR  # an all-zero chunk's descale must not be 0
-from model.kv_quant import FP8_MAX as E4M3_MAX
-from model.kv_quant import KV_FP8 as E4M3
+from model.dit.e4m3 import AMAX_FLOOR, E4M3, E4M3_MAX, TensorCodes  # AMAX_FLOOR: an all-zero chunk's descale is not 0
+from model.dit.kv_cache import SelfAttnKVCache
 
-TensorCodes = tuple[Tensor, Tensor]  # (e4m3 codes [n, H, D], float32 descale [1]): x ~= codes * descale
+# (codes, descale, new rows, start slot, rescale end) -> None: writes the rows as codes in place
+AppendCodes = Callable[[tuple[Tensor, ...], Tensor, tuple[Tensor, ...], int, int | None], None]
 
 
 def append_codes_reference(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,
@@ -34,8 +33,8 @@ def append_codes_reference(codes: tuple[Tensor, ...], descale: Tensor, new: tupl
     """Write K and V's `new` rows [L, H, D] (or one tensor's) as codes at slot `start` of `codes`
     ([cap, H, D] each), growing `descale` ([2]: K's, V's; [1] for one) to cover them and
     rescaling slots [0, rescale) (default [0, start)). The function the Triton kernels compute
-    (`triton_tensor_quant.append_codes`); codes of another dtype than e4m3 (float32: the
-    quotients unrounded) are written in theirs."""
+    (model/accel/triton_tensor_quant.py `append_codes`, injected as the cache's `append`); codes
+    of another dtype than e4m3 (float32: the quotients unrounded) are written in theirs."""
     rescale = start if rescale is None else rescale
     for i, (c, x) in enumerate(zip(codes, new)):
         old = descale[i : i + 1]
@@ -44,18 +43,6 @@ def append_codes_reference(codes: tuple[Tensor, ...], descale: Tensor, new: tupl
             c[:rescale] = (c[:rescale].float() * (old / grown)).to(c.dtype)
         c[start : start + x.shape[0]] = (x.float() / grown).clamp(-E4M3_MAX, E4M3_MAX).to(c.dtype)
         old.copy_(grown)
-
-
-def append_codes(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,
-                 rescale: int | None = None) -> None:
-    """`append_codes_reference`, on CUDA by three Triton kernels for K and V together (amax of the
-    new rows; the rescale, which returns at once when the descale did not grow; the codes)."""
-    if codes[0].is_cuda and find_spec("triton") is not None:
-        from model.accel.triton_tensor_quant import append_codes as on_device
-
-        on_device(codes, descale, new, start, rescale)
-    else:
-        append_codes_reference(codes, descale, new, start, rescale)
 
 
 class Fp8CodesKVCache(SelfAttnKVCache):
@@ -68,14 +55,17 @@ class Fp8CodesKVCache(SelfAttnKVCache):
     set to theirs (a session's K must then always come so); V is quantized here.
 
     As a ring (`ring`, `SelfAttnKVCache`) its slots never move: no codes copied down per chunk.
+    `append` writes the codes: `append_codes_reference` or a device kernel with its signature
+    (injected by whoever builds the caches; model/accel has the Triton one).
     """
 
     def __init__(self, capacity: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
                  rolling: bool = False, sink_tokens: int = 0, max_attention_size: int | None = None,
-                 ring: bool = False) -> None:
+                 ring: bool = False, append: AppendCodes = append_codes_reference) -> None:
         super().__init__(capacity, heads, head_dim, E4M3, device, rolling, sink_tokens, max_attention_size,
                          ring=ring)
         self.dtype = dtype  # the chunk's K/V as they come in
+        self._append = append
         self.descale = torch.zeros(2, dtype=torch.float32, device=device)  # K's, V's
 
     @property
@@ -90,9 +80,9 @@ class Fp8CodesKVCache(SelfAttnKVCache):
             piece = codes[rows]
             self.k[slot : slot + piece.shape[0]] = piece
             self.descale[0:1].copy_(descale)
-            append_codes((self.v,), self.descale[1:2], (v[rows],), slot, rescale)
+            self._append((self.v,), self.descale[1:2], (v[rows],), slot, rescale)
         else:
-            append_codes((self.k, self.v), self.descale, (k[rows], v[rows]), slot, rescale)
+            self._append((self.k, self.v), self.descale, (k[rows], v[rows]), slot, rescale)
 
     def _read(self, lo: int, k: Tensor | TensorCodes, v: Tensor) -> tuple[TensorCodes, TensorCodes]:
         end = self.local_end

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 
 from model.checkpoint import assign_state_dict, load_pth, shape_of
 from model.config import VAEConfig
-from model.vae_blocks import CausalConv3d, Decoder3d, Encoder3d
-from model.vae_cache import CacheStep, VaeCache
+from model.vae.blocks import CausalConv3d, Decoder3d, Encoder3d
+from model.vae.cache import CacheStep, VaeCache
 
 # Per-channel latent statistics of the released VAE (spec C.2): z = (mu - mean) / std.
 LATENT_MEAN = (

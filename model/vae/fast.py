@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.vae import WanVAE
-from model.vae_blocks import CausalConv3d, Decoder3d, Encoder3d, NearestUpsample2x, ResidualBlock, RMSNorm
-from model.vae_cache import CACHE_T
+from model.vae.model import WanVAE
+from model.vae.blocks import CausalConv3d, Decoder3d, Encoder3d, NearestUpsample2x, ResidualBlock, RMSNorm
+from model.vae.cache import CACHE_T
 
 
 def rms_norm_silu(x: Tensor, gain: Tensor) -> Tensor:
