@@ -91,6 +91,18 @@ def models_rows(d: dict) -> list[Row]:
                                                   if k in m))]
 
 
+def quant_rows(d: dict) -> list[Row]:
+    """The FP8 quantisation kernels (the probe in git history): compiled against the fastest Triton launch."""
+    rows = []
+    for name, fn in d["quant"].items():
+        if isinstance(fn, dict) and "compiled" in fn:
+            triton = {k: v["us"] for k, v in fn.items() if k.startswith("triton") and "us" in v}
+            best = min(triton, key=triton.get)
+            rows.append(("quantisation kernels", f"{name}: compiled {fmt(fn['compiled']['us'])} us, "
+                                                 f"{best} {fmt(triton[best])} us, floor {fmt(fn['floor_us'])} us"))
+    return rows
+
+
 def other_rows(d: dict) -> list[Row]:
     return [("probe", "keys: " + ", ".join(sorted(k for k in d if k not in ("torch", "device", "cudnn", "triton"))))]
 
@@ -105,6 +117,7 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: "busy_fraction" in d, gaps_rows),
     (lambda d: isinstance(d.get("attention"), dict) and "kv_1_chunks" in d["attention"], attention_rows),
     (lambda d: d.get("object") == "list", models_rows),
+    (lambda d: isinstance(d.get("quant"), dict), quant_rows),
 ]
 
 
