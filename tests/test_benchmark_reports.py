@@ -95,13 +95,13 @@ def test_the_report_lists_fp8_variants_and_takes_the_fastest():
     assert summary({"stages": {"fp8": run(9.4)}})["dit_fp8_total_s"] == 9.4
 
 
-def test_the_fa4_probe_feeds_the_cute_kernel_its_native_layout(monkeypatch):
-    """benchmarks.attention_probe.fa4 hands [S, H, D] rows to flash_attn.cute as [B, S, H, D] and
+def test_the_fa4_benchmark_feeds_the_cute_kernel_its_native_layout(monkeypatch):
+    """benchmarks.attention.fa4 hands [S, H, D] rows to flash_attn.cute as [B, S, H, D] and
     reads [S, H * D] back from its (out, lse) pair: checked against SDPA with a stand-in module
     (the real kernel needs an sm_90 GPU)."""
     import torch
 
-    from benchmarks.attention_probe import fa4, sdpa
+    from benchmarks.attention import fa4, sdpa
 
     calls = install_fake_fa4(monkeypatch)
     gen = torch.Generator().manual_seed(0)

@@ -1,7 +1,7 @@
 """model/accel/fp8_attention.py: per-tensor e4m3 quantization, and the cuDNN FP8 SDPA graph's
 wiring (layouts, scales, output) checked against a stand-in `cudnn` module that computes what
-the FP8 SDPA is documented to compute (the real one needs an sm_90 GPU: benchmarks/
-fp8_attention_probe.py measures it there)."""
+the FP8 SDPA is documented to compute (the real one needs an sm_90 GPU: `python -m benchmarks.window
+--precisions fp8 --fp8-attention` measures it there)."""
 from __future__ import annotations
 
 import pytest

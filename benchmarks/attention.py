@@ -1,0 +1,115 @@
+"""Attention kernels at the DiT's shapes (the `model.attention` option), on one GPU:
+
+    python -m benchmarks.attention --out $OUT/attention.json
+
+One chunk's queries (3 latent frames, 4524 tokens at 464x832, 40 heads of 128) against the
+key/value lengths a session sees (the chunk alone, chunks 0-2, the window of 18 latent
+frames = 6 chunks). Per kernel: TFLOP/s (4 S n H D FLOPs, the best of a few timed runs) and
+the error of its output against a float32 SDPA on the same bf16 inputs (norm-relative).
+Kernels: PyTorch SDPA with the cuDNN and the flash backend; FlashAttention's CuTe DSL kernels
+(`flash_attn.cute`, the flash-attn-4 wheel: FA3-class on sm_90; a row with its import error
+where it is not installed: `FA4=1 bash benchmarks/fetch_wheels.sh` fetches it).
+(The Triton attention kernel and the GEMM / quantisation / VAE-conv probes of issue 18 are in
+git history: docs/PERFORMANCE.md's dead ends.)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from model.accel.fa4_attention import attend_fa4
+
+TOKENS = 4524  # 3 latent frames x 29 x 52 patches
+HEADS, HEAD_DIM = 40, 128
+KV_CHUNKS = (1, 3, 6)
+
+
+def bench(fn, iters: int = 10) -> float:
+    """Seconds per call: the best of 3 rounds of `iters` calls after 2 warm-ups (CUDA events)."""
+    for _ in range(2):
+        fn()
+    best = float("inf")
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b) / 1e3 / iters)
+    return best
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm())
+
+
+def sdpa(q, k, v, backend: SDPBackend | None) -> torch.Tensor:
+    args = (q[None].transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2))
+    if backend is None:
+        out = F.scaled_dot_product_attention(*args)
+    else:
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(*args)
+    return out.transpose(1, 2).flatten(2)[0]
+
+
+def fa4(q, k, v) -> torch.Tensor:
+    """FlashAttention's CuTe DSL forward on [S, H, D] rows (its native [B, S, H, D] layout:
+    no transposes) -> [S, H * D]."""
+    return attend_fa4(q[None], k[None], v[None])[0]
+
+
+def attention_rows(device: torch.device) -> dict:
+    gen = torch.Generator(device=device).manual_seed(0)
+    out: dict = {}
+    for chunks in KV_CHUNKS:
+        n = chunks * TOKENS
+        # cache-like layout: [n, H, D] rows; q as the fast block makes it ([S, H, D] contiguous)
+        q = torch.randn(TOKENS, HEADS, HEAD_DIM, device=device, generator=gen).to(torch.bfloat16)
+        k = torch.randn(n, HEADS, HEAD_DIM, device=device, generator=gen).to(torch.bfloat16)
+        v = torch.randn(n, HEADS, HEAD_DIM, device=device, generator=gen).to(torch.bfloat16)
+        flops = 4 * TOKENS * n * HEADS * HEAD_DIM
+        ref = sdpa(q.float(), k.float(), v.float(), SDPBackend.MATH if n <= 4 * TOKENS else None)
+        row: dict = {"kv_tokens": n}
+        kernels = {"cudnn": lambda: sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION),
+                   "flash": lambda: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION),
+                   "fa4": lambda: fa4(q, k, v)}  # fa4's first call compiles the kernel (a warm-up call)
+        for name, fn in kernels.items():
+            try:
+                t = bench(fn)
+                row[name] = {"tflops": flops / t / 1e12, "ms": t * 1e3, "err": rel(fn(), ref)}
+            except Exception as e:  # noqa: BLE001
+                row[name] = {"error": repr(e)[-300:]}
+        out[f"kv_{chunks}_chunks"] = row
+        print(json.dumps(row), flush=True)
+        del q, k, v, ref
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="attention.json")
+    args = p.parse_args()
+    device = torch.device("cuda")
+    res: dict = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                 "device": torch.cuda.get_device_name(device)}
+    try:
+        with torch.no_grad():
+            res["attention"] = attention_rows(device)
+    except Exception:  # noqa: BLE001
+        res["attention"] = {"error": traceback.format_exc(limit=6)}
+        print(res["attention"]["error"], flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

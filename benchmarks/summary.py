@@ -1,0 +1,155 @@
+"""The table of benchmarks/results/: one row per JSON result, its headline figures.
+
+    python -m benchmarks.summary            # rewrites benchmarks/results/SUMMARY.md
+    python -m benchmarks.summary --check    # exit 1 when SUMMARY.md is not what the JSON files give
+
+Each result's kind is read from its shape (the keys its benchmark writes); the figures are the
+ones docs/PERFORMANCE.md quotes. tests/test_benchmark_summary.py keeps SUMMARY.md up to date.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from benchmarks.report import summary as run_summary
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SUMMARY = RESULTS / "SUMMARY.md"
+
+Row = tuple[str, str]  # (benchmark, headline figures)
+
+
+def fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+
+
+def run_rows(d: dict) -> list[Row]:
+    rows = []
+    if s := run_summary(d):
+        rows.append(("run (DiT, 81 frames)", ", ".join(f"{k} {fmt(v)}" for k, v in sorted(s.items()))))
+    vae = d["stages"].get("vae_only", {})
+    for name, r in vae.items():
+        if isinstance(r, dict) and "mean_decode_s" in r:
+            rows.append(("run --vae-only", f"{name.removeprefix('vae_')}: decode {fmt(r['mean_decode_s'])} s, "
+                                           f"encode {fmt(r['mean_encode_s'])} s per chunk"))
+    return rows or [("run", "no kept stage")]
+
+
+def window_rows(d: dict) -> list[Row]:
+    opts = ", ".join(f"{k}" for k in ("fp8_attention", "kv_codes", "kv_fp8") if d.get(k))
+    head = f"window ({d.get('attention', '?')}{', ' + opts if opts else ''})"
+    return [(head, f"{name}: DiT chunk {fmt(r['summary']['mean_dit_s'])} s (window full from chunk "
+                   f"{r['summary'].get('window_full_from_chunk', '?')})") for name, r in d["runs"].items()]
+
+
+def serve_load_rows(d: dict) -> list[Row]:
+    cfg = d["config"]
+    mode = "open-ended" if cfg.get("open_ended") else f"{cfg['frames']} frames"
+    rows = []
+    for r in d["runs"]:
+        s = r["summary"]
+        rows.append((f"serve_load ({mode})",
+                     f"{s['sessions']} sessions, {s['completed']} served, {s['refused_busy']} busy: interval p50 "
+                     f"{fmt(s['interval_p50_s'])} s, DiT step {fmt(s['dit_step_mean_s'])} s, "
+                     f"{fmt(s['aggregate_fps'])} frames/s"))
+    return rows
+
+
+def capacity_rows(d: dict) -> list[Row]:
+    return [("capacity", f"{s['name']}: {s['admitted']} admitted") for s in d["scenarios"]]
+
+
+def sp_rows(d: dict) -> list[Row]:
+    return [(f"sp_bench (world {d['world']})", f"steady chunk {fmt(d['steady_chunk_s'])} s, "
+                                               f"all-to-all {fmt(100 * d.get('all_to_all_share', 0.0))} %")]
+
+
+def resume_rows(d: dict) -> list[Row]:
+    return [("resume_drill", f"reconnect {fmt(d['reconnect_s'])} s, replayed {d['replayed']}, "
+                             f"first frame after connect {fmt(d['first_frame_after_connect_s'])} s")]
+
+
+def gaps_rows(d: dict) -> list[Row]:
+    return [(f"gaps ({d['precision']})", f"device busy {fmt(100 * d['busy_fraction'])} %, {d['gaps']} gaps")]
+
+
+def attention_rows(d: dict) -> list[Row]:
+    rows = []
+    for name, row in d["attention"].items():
+        tf = {k: fmt(v["tflops"]) for k, v in row.items() if isinstance(v, dict) and "tflops" in v
+              and k in ("cudnn", "flash", "fa4")}
+        rows.append(("attention", f"{name}: " + ", ".join(f"{k} {v} TFLOP/s" for k, v in tf.items())))
+    return rows
+
+
+def models_rows(d: dict) -> list[Row]:
+    m = d["data"][0]
+    return [("/v1/models after warm-up", ", ".join(f"{k} {m[k]}" for k in ("dtype", "attention", "kv_cache", "fp8")
+                                                  if k in m))]
+
+
+def quant_rows(d: dict) -> list[Row]:
+    """The FP8 quantisation kernels (the probe in git history): compiled against the fastest Triton launch."""
+    rows = []
+    for name, fn in d["quant"].items():
+        if isinstance(fn, dict) and "compiled" in fn:
+            triton = {k: v["us"] for k, v in fn.items() if k.startswith("triton") and "us" in v}
+            best = min(triton, key=triton.get)
+            rows.append(("quantisation kernels", f"{name}: compiled {fmt(fn['compiled']['us'])} us, "
+                                                 f"{best} {fmt(triton[best])} us, floor {fmt(fn['floor_us'])} us"))
+    return rows
+
+
+def other_rows(d: dict) -> list[Row]:
+    return [("probe", "keys: " + ", ".join(sorted(k for k in d if k not in ("torch", "device", "cudnn", "triton"))))]
+
+
+KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
+    (lambda d: "stages" in d, run_rows),
+    (lambda d: "runs" in d and isinstance(d["runs"], dict), window_rows),
+    (lambda d: "runs" in d and "server_before" in d, serve_load_rows),
+    (lambda d: "scenarios" in d, capacity_rows),
+    (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
+    (lambda d: "reconnect_s" in d, resume_rows),
+    (lambda d: "busy_fraction" in d, gaps_rows),
+    (lambda d: isinstance(d.get("attention"), dict) and "kv_1_chunks" in d["attention"], attention_rows),
+    (lambda d: d.get("object") == "list", models_rows),
+    (lambda d: isinstance(d.get("quant"), dict), quant_rows),
+]
+
+
+def rows_of(d: dict) -> list[Row]:
+    for matches, rows in KINDS:
+        if matches(d):
+            return rows(d)
+    return other_rows(d)
+
+
+def render(results: Path = RESULTS) -> str:
+    lines = ["# Benchmark results: summary", "",
+             "Generated by `python -m benchmarks.summary` from the JSON files beside it (do not edit by hand).",
+             "What each benchmark measures and how to rerun it: docs/PERFORMANCE.md.", "",
+             "| file | benchmark | headline |", "|---|---|---|"]
+    for path in sorted(results.glob("*.json")):
+        for kind, headline in rows_of(json.loads(path.read_text())):
+            lines.append(f"| `{path.name}` | {kind} | {headline} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = p.parse_args()
+    text = render()
+    if args.check:
+        if not SUMMARY.is_file() or SUMMARY.read_text() != text:
+            sys.exit(f"{SUMMARY} is out of date: run python -m benchmarks.summary")
+        return
+    SUMMARY.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

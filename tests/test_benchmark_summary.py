@@ -1,0 +1,36 @@
+"""benchmarks/results/: the latest result of each benchmark, and SUMMARY.md generated from them."""
+from __future__ import annotations
+
+import json
+
+from benchmarks.summary import RESULTS, SUMMARY, render, rows_of
+
+MAX_RESULT_FILES = 40  # issue 32: the latest of each benchmark; the rest is in git history
+
+
+def test_the_summary_is_what_the_json_results_give():
+    """Rerun `python -m benchmarks.summary` after adding or removing a result."""
+    assert SUMMARY.read_text() == render(RESULTS)
+
+
+def test_every_json_result_has_a_row_and_results_stay_few():
+    files = sorted(RESULTS.glob("*.json"))
+    text = SUMMARY.read_text()
+    assert all(f"`{f.name}`" in text for f in files)
+    assert len([p for p in RESULTS.iterdir() if p.name != "SUMMARY.md"]) <= MAX_RESULT_FILES
+
+
+def test_rows_name_the_headline_figures_of_each_kind():
+    served = {"config": {"frames": 81}, "server_before": {}, "runs": [{"summary": {
+        "sessions": 2, "completed": 2, "refused_busy": 0, "interval_p50_s": 3.5, "dit_step_mean_s": 1.75,
+        "aggregate_fps": 6.36}}]}
+    assert rows_of(served) == [("serve_load (81 frames)",
+                                "2 sessions, 2 served, 0 busy: interval p50 3.5 s, DiT step 1.75 s, 6.36 frames/s")]
+    assert rows_of({"world": 2, "steady_chunk_s": 1.0077, "all_to_all_share": 0.0386}) == [
+        ("sp_bench (world 2)", "steady chunk 1.01 s, all-to-all 3.86 %")]
+    assert rows_of({"something": 1})[0][0] == "probe"
+
+
+def test_summary_reads_a_folder_it_is_given(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"reconnect_s": 0.02, "replayed": 1, "first_frame_after_connect_s": 1.5}))
+    assert "| `a.json` | resume_drill | reconnect 0.02 s, replayed 1, first frame after connect 1.5 s |" in render(tmp_path)

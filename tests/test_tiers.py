@@ -1,0 +1,54 @@
+"""The test tiers: tests/conftest.py marks a test by the fixtures it uses (and its folder or module),
+so `bash scripts/test.sh --fast` leaves out whatever starts Ray, a browser or needs a GPU."""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from support import REPO
+
+CONFTEST = REPO / "tests" / "conftest.py"
+
+
+class FakeItem:
+    def __init__(self, path: str, fixtures: tuple[str, ...] = ()) -> None:
+        self.path = REPO / path
+        self.fixturenames = list(fixtures)
+        self.marks: list[str] = []
+
+    def add_marker(self, mark: pytest.MarkDecorator) -> None:
+        self.marks.append(mark.name)
+
+
+def marked(*items: FakeItem) -> list[list[str]]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tests_root_conftest", CONFTEST)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.pytest_collection_modifyitems(None, list(items))
+    return [sorted(i.marks) for i in items]
+
+
+def test_tests_are_marked_by_the_fixtures_they_use():
+    assert marked(
+        FakeItem("tests/deployments/test_app.py", ("connect", "server", "ray_port")),  # the app fixtures' closure
+        FakeItem("tests/client/test_streaming.py", ("served",)),
+        FakeItem("tests/client/test_web.py", ("browser", "served")),
+        FakeItem("tests/deployments/test_multinode.py", ("cluster", "traj")),
+        FakeItem("tests/deployments/test_sp_dit.py", ("serve_instance",)),
+        FakeItem("tests/gpu/test_kernels.py"),
+        FakeItem("tests/model/test_ulysses.py", ("tmp_path",)),
+        FakeItem("tests/deployments/test_lanes.py", ("tmp_path",)),
+        FakeItem("tests/protocol/test_codec.py"),
+    ) == [["ray"], ["ray"], ["browser", "ray"], ["ray"], ["ray"], ["gpu"], ["slow"], [], []]
+
+
+def test_the_markers_are_registered_and_the_fast_tier_deselects_them():
+    pytest_ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    names = {m.split(":")[0] for m in pytest_ini["markers"]}
+    assert names == {"ray", "browser", "gpu", "slow"}
+    script = (REPO / "scripts" / "test.sh").read_text()
+    assert '-m "not ray and not browser and not gpu and not slow"' in script
