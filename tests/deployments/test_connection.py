@@ -262,7 +262,8 @@ def test_lanes_overlap_dit_and_vae_and_keep_one_call_in_flight_per_deployment(ex
              for name in ("text", "vae", "dit")}
     # All three infers arrived at once: the conditionings were queued before the first decode.
     assert calls["vae"] == ["open"] + ["condition"] * 3 + ["decode"] * 3 + ["close"]  # close: the client left
-    assert calls["dit"] == ["open"] + ["step"] * 3 + ["close"] and calls["text"] == ["encode"]
+    # The DiT reserves the session's room before any work (admission first), then opens it.
+    assert calls["dit"] == ["reserve", "open"] + ["step"] * 3 + ["close"] and calls["text"] == ["encode"]
     # The DiT started chunk 1 before the VAE had decoded chunk 0.
     assert log.index("dit.step start", log.index("dit.step end") + 1) < log.index("vae.decode end")
     replies = ws.sent[1:]
