@@ -39,19 +39,35 @@ RAY_FIXTURES = frozenset({
     "cluster",         # tests/deployments/test_multinode.py: a local multi-node cluster
 })
 BROWSER_FIXTURES = frozenset({"browser"})  # tests/client/test_web.py: Chromium through Playwright
+BROWSER_TESTS = frozenset({"media/test_fmp4.py::test_plays_in_a_browser_through_media_source_extensions"})
 GPU_FOLDER = "gpu"  # tests/gpu/ (none yet): tests that need a CUDA GPU, or a test marks itself @pytest.mark.gpu
-# Slow without Ray (minutes on 2 cores): spawned ranks and the 81-frame goldens.
-SLOW_MODULES = frozenset({"test_ulysses.py"})
+# Slow without Ray (5-60 s each on 2 cores, 85 % of the rest's time; `--durations=40`): whole tiny-model
+# sessions against the goldens and the offline pipeline, spawned ranks, inductor compilations.
+SLOW_MODULES = frozenset({
+    "model/test_ulysses.py", "model/test_golden.py", "model/test_pipeline.py", "model/test_compiled.py",
+    "model/test_deferred_update.py", "model/test_prompt_steering.py", "client/test_offline_match.py",
+})
+SLOW_TESTS = frozenset({
+    "model/test_accel.py::test_vae_written_once_transforms_keep_the_streams",
+    "model/test_vae.py::test_decode_matches_golden", "model/test_vae.py::test_encode_matches_golden",
+    "model/test_vae.py::test_chunked_encode_equals_whole_video_encode",
+    "model/test_vae.py::test_chunked_decode_equals_whole_video_decode",
+    "model/test_triton_quant.py::test_triton_quantization_kernels",
+    "model/test_precision.py::test_bf16_paths_stay_within_2e_2_of_float32",
+})
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
+        module = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else item.path.name
+        test = f"{module}::{getattr(item, 'originalname', None) or item.name}"
         if used & RAY_FIXTURES:
             item.add_marker(pytest.mark.ray)
-        if used & BROWSER_FIXTURES:
+        if used & BROWSER_FIXTURES or test in BROWSER_TESTS:
             item.add_marker(pytest.mark.browser)
         if item.path.parent.name == GPU_FOLDER:
             item.add_marker(pytest.mark.gpu)
-        if item.path.name in SLOW_MODULES:
+        if module in SLOW_MODULES or test in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)

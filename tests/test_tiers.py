@@ -14,6 +14,8 @@ CONFTEST = REPO / "tests" / "conftest.py"
 
 class FakeItem:
     def __init__(self, path: str, fixtures: tuple[str, ...] = ()) -> None:
+        path, _, self.name = path.partition("::")
+        self.originalname = self.name or "test_x"
         self.path = REPO / path
         self.fixturenames = list(fixtures)
         self.marks: list[str] = []
@@ -22,13 +24,17 @@ class FakeItem:
         self.marks.append(mark.name)
 
 
-def marked(*items: FakeItem) -> list[list[str]]:
+def root_conftest():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("tests_root_conftest", CONFTEST)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.pytest_collection_modifyitems(None, list(items))
+    return module
+
+
+def marked(*items: FakeItem) -> list[list[str]]:
+    root_conftest().pytest_collection_modifyitems(None, list(items))
     return [sorted(i.marks) for i in items]
 
 
@@ -41,9 +47,22 @@ def test_tests_are_marked_by_the_fixtures_they_use():
         FakeItem("tests/deployments/test_sp_dit.py", ("serve_instance",)),
         FakeItem("tests/gpu/test_kernels.py"),
         FakeItem("tests/model/test_ulysses.py", ("tmp_path",)),
+        FakeItem("tests/model/test_vae.py::test_decode_matches_golden"),
+        FakeItem("tests/media/test_fmp4.py::test_plays_in_a_browser_through_media_source_extensions"),
+        FakeItem("tests/deployments/test_prompt_steering.py", ("tmp_path",)),  # model/'s namesake is slow
         FakeItem("tests/deployments/test_lanes.py", ("tmp_path",)),
         FakeItem("tests/protocol/test_codec.py"),
-    ) == [["ray"], ["ray"], ["browser", "ray"], ["ray"], ["ray"], ["gpu"], ["slow"], [], []]
+    ) == [["ray"], ["ray"], ["browser", "ray"], ["ray"], ["ray"], ["gpu"], ["slow"], ["slow"], ["browser"], [], [], []]
+
+
+def test_the_slow_lists_name_tests_that_exist():
+    """A renamed test would silently join the fast tier again."""
+    conftest = root_conftest()
+    for module in conftest.SLOW_MODULES:
+        assert (REPO / "tests" / module).is_file(), module
+    for test in conftest.SLOW_TESTS | conftest.BROWSER_TESTS:
+        module, name = test.split("::")
+        assert f"def {name}(" in (REPO / "tests" / module).read_text(), test
 
 
 def test_the_markers_are_registered_and_the_fast_tier_deselects_them():
