@@ -9,7 +9,7 @@ attention over 81 frames or the rolling window, the exact or the FP8 KV cache):
 
 1. the process is capped at the share as a replica caps itself (`set_per_process_memory_fraction`;
    an 80 GB card is emulated on a larger one by the fraction of its bytes, `--card-gib`), and
-   the session budget is computed as the replica computes it (`deployments.memory`);
+   the session budget is computed as the replica computes it (`deployments.replicas.memory`);
 2. admission's count: the most sessions whose held bytes plus the largest working set fit the
    budget (`SessionTable`'s rule, `DiTEngine.footprint`);
 3. that many sessions are opened and run: session 0 to its last chunk (7 for 81 frames; the
@@ -37,7 +37,7 @@ import torch
 from benchmarks.window import dolly_chunk
 from benchmarks.vae_check import norm_rel_err
 from camera import CHUNK_LATENT_FRAMES, chunk_video_frames, planned_latent_frames
-from deployments.memory import resident_model_bytes, session_budget
+from deployments.replicas.memory import resident_model_bytes, session_budget
 from model.accel import AccelOptions
 from model.dit.caches import KVCacheConfig
 from model.engines import DiTEngine

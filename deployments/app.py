@@ -21,12 +21,12 @@ from ray.serve.config import RequestRouterConfig
 
 from deployments.autoscaling_policy import HeldSessionsPolicy
 from deployments.config import AppArgs, AutoscalingArgs, ReplicaArgs
-from deployments.ingress import WorldIngress
-from deployments.parking import SessionParking
+from deployments.ingress.server import WorldIngress
+from deployments.ingress.parking import SessionParking
 from deployments.router import SessionAffinityRouter
-from deployments.sp_dit import bind_dit
-from deployments.text_encoder import TextEncoderDeployment
-from deployments.vae import VaeDeployment
+from deployments.replicas.sp_dit import bind_dit
+from deployments.replicas.text_encoder import TextEncoderDeployment
+from deployments.replicas.vae import VaeDeployment
 
 PIN_TTL_MARGIN_S = 60.0  # a pin outlives its replica session's idle TTL by this much
 # A router counts its own placement as a taken slot until the replicas' stats (pulled every

@@ -3,14 +3,14 @@
 Request rate says nothing here: a session holds its replica (KV cache, VAE caches) between
 chunks, when no request is in flight, so Serve's default policy (ongoing requests) would
 remove a replica full of sessions as soon as their clients think. Each replica publishes, via
-Serve's `record_autoscaling_stats` (deployments/session_host.py):
+Serve's `record_autoscaling_stats` (deployments/replicas/session_host.py):
 
 * `load`: the share of the replica's capacity its sessions take (the larger of slots and
   budget bytes), and
 * `refused`: how many new sessions its admission answered `busy` since it started.
 
 The policy wants `ceil(sum(load) / target_fill)` replicas, so that the sessions held fit the
-others when one goes (scale-down moves them by journal replay, deployments/recovery.py), and
+others when one goes (scale-down moves them by journal replay, deployments/ingress/recovery.py), and
 one replica more than the current target as soon as admission starts answering `busy` (a
 full replica refuses before the held sessions cross a threshold). That raise is kept while the
 new replica starts and for one `look_back_period_s` after it runs (the refused sessions retry

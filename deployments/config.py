@@ -155,7 +155,7 @@ class SessionArgs(_Strict):
     recovery: bool = True
     journal_max_mib: float = Field(512.0, gt=0)
     recovery_timeout_s: float = Field(120.0, gt=0)  # how long a rebuild waits for a replica with room
-    # Resume (deployments/parking.py): a session whose socket dropped stays resumable this long
+    # Resume (deployments/ingress/parking.py): a session whose socket dropped stays resumable this long
     # (its replica state held, its journal parked); 0 ends sessions with their socket. The
     # parking holds at most resume_max_sessions sessions and resume_max_mib of journals and
     # replies; a session beyond either ends with its socket. Each parked session keeps its last
@@ -314,7 +314,7 @@ class AppArgs(_Strict):
     max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=1024, le=PROXY_MAX_FRAME_BYTES)
     debug_fields: bool = False  # add replica ids to frame replies (tests, diagnosis)
     # GPUs of one node per DiT replica. 1: DiTDeployment on one device. N > 1: one replica spread
-    # over N GPUs with Ulysses sequence parallelism (deployments/sp_dit.py, docs/PARALLEL.md);
+    # over N GPUs with Ulysses sequence parallelism (deployments/replicas/sp_dit.py, docs/PARALLEL.md);
     # N must divide the DiT's head count (40 heads: 2, 4, 5 or 8), and `dit` then gives each
     # rank's num_cpus / num_gpus (one placement-group bundle per rank).
     dit_parallel: int = Field(1, ge=1)

@@ -66,7 +66,7 @@ def log_typed_errors_as_info() -> None:
 
 # Serve's access-log lines of the health traffic: `GET /healthz 200 12.3ms` on the ingress (the
 # client address may come first), `CALL probe OK 0.4ms` / `CALL stats OK 1.1ms` on the replicas
-# each /healthz probe reaches (deployments/health.py; `stats` also answers /v1/models).
+# each /healthz probe reaches (deployments/ingress/health.py; `stats` also answers /v1/models).
 _PROBE_ACCESS = re.compile(r"(?:^|\s)(?:(?:GET|HEAD) \S*/healthz/?|CALL (?:probe|stats)) \S+ [\d.]+ms$")
 
 

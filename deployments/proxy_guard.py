@@ -37,7 +37,7 @@ from typing import Any
 from starlette.middleware import Middleware
 
 from deployments.config import DEFAULT_MAX_MESSAGE_BYTES, ConnectionArgs
-from deployments.quotas import TokenBucket
+from deployments.ingress.guards.quotas import TokenBucket
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

@@ -1,7 +1,7 @@
-"""The DiT engine's interface: what a server (deployments/dit.py) calls, and what an engine can do.
+"""The DiT engine's interface: what a server (deployments/replicas/dit.py) calls, and what an engine can do.
 
 Two engines implement it: `DiTEngine` (model/engines.py; also one rank's `SPDiTEngine`) and the
-sequence-parallel replica's `SPReplicaEngine` (deployments/sp_dit.py), which drives every rank
+sequence-parallel replica's `SPReplicaEngine` (deployments/replicas/sp_dit.py), which drives every rank
 of a replica. A caller asks `capabilities` before it calls a method an engine may not support
 (never `hasattr`): an unsupported call raises `NotImplementedError`.
 """

@@ -2,9 +2,9 @@
 "b" held, a metrics and a log stub that record what they get."""
 from __future__ import annotations
 
-from deployments.priority_lock import PriorityLock
-from deployments.session_host import SessionHost
-from deployments.session_table import SessionTable
+from deployments.replicas.priority_lock import PriorityLock
+from deployments.replicas.session_host import SessionHost
+from deployments.replicas.session_table import SessionTable
 
 
 class _Metrics:

@@ -25,7 +25,7 @@ ALLOWED = {
     "deployments": {"camera", "protocol", "media", "model", "web"},
     "client": {"camera", "protocol", "media"},
     "web": set(),
-    # serve_load drives the server as a client; capacity sizes budgets as the replicas do (deployments.memory)
+    # serve_load drives the server as a client; capacity sizes budgets as the replicas do (deployments.replicas.memory)
     "benchmarks": {"camera", "protocol", "media", "model", "client", "deployments"},
 }
 HEAVY = ("torch", "ray", "av", "scipy")

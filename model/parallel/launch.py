@@ -1,7 +1,7 @@
 """Process-group setup and engine loading for one rank of a sequence-parallel DiT replica.
 
 Launchers: `torchrun` (benchmarks; `init_method="env://"`), Ray actors of one Serve replica
-(`deployments/sp_dit.py`; a `tcp://host:port` rendezvous chosen by rank 0) and
+(`deployments/replicas/sp_dit.py`; a `tcp://host:port` rendezvous chosen by rank 0) and
 `torch.multiprocessing` in the tests. CUDA ranks use NCCL, CPU ranks gloo.
 """
 from __future__ import annotations

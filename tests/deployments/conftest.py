@@ -30,7 +30,7 @@ from media.reassembly import Fmp4Assembler
 from protocol import decode_reply, encode_infer, encode_reset
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
 from support import EXAMPLES, wait_healthy
-from deployments.allocator import MALLOC_ENV
+from deployments.replicas.allocator import MALLOC_ENV
 from deployments.proxy_guard import PROXY_GUARD_ENV
 
 IDLE_TTL_S = 10.0

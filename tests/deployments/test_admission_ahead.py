@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from deployments.errors import Busy, SessionLost, TooLarge
-from deployments.session_table import SessionTable
+from deployments.replicas.session_table import SessionTable
 
 RETRY_AFTER_S = 2.0  # the poll interval: a slot whose end is unknown
 

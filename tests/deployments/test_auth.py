@@ -9,10 +9,10 @@ import pytest
 import websockets
 from starlette.requests import HTTPConnection
 
-from deployments.auth import Auth, bearer_subprotocol
+from deployments.ingress.guards.auth import Auth, bearer_subprotocol
 from deployments.config import AuthArgs
 from deployments.errors import Busy
-from deployments.quotas import KeyQuota, TokenBucket
+from deployments.ingress.guards.quotas import KeyQuota, TokenBucket
 from protocol import decode_reply, encode_infer
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply

@@ -1,6 +1,6 @@
 """SessionHost records each model call's wait for the compute lock and its run time (metrics),
 and counts a slow call with both in its `slow calls` summary line (how a stall inside a
-replica shows, apart from queueing; deployments/slow_calls.py)."""
+replica shows, apart from queueing; deployments/replicas/slow_calls.py)."""
 from __future__ import annotations
 
 import asyncio

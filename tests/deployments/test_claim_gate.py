@@ -1,7 +1,7 @@
-"""ClaimGate (deployments/claim_gate.py): failed resume claims cost their client, not others."""
+"""ClaimGate (deployments/ingress/guards/claim_gate.py): failed resume claims cost their client, not others."""
 from __future__ import annotations
 
-from deployments.claim_gate import MAX_WAIT_S, ClaimGate
+from deployments.ingress.guards.claim_gate import MAX_WAIT_S, ClaimGate
 
 
 class Clock:
@@ -34,7 +34,7 @@ def test_successful_claims_cost_nothing():
 
 
 def test_the_buckets_are_bounded():
-    from deployments import claim_gate
+    from deployments.ingress.guards import claim_gate
 
     gate = ClaimGate(Clock())
     for i in range(claim_gate.MAX_CLIENTS + 10):

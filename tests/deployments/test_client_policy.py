@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.client_policy import ClientPolicy
+from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import ConnectionArgs
 
 ARGS = ConnectionArgs(max_messages_per_s=10, message_burst=3, first_message_timeout_s=5, idle_timeout_s=60,

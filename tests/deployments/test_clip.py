@@ -8,9 +8,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from deployments.clip import CLIP_MODE, PeerTransport
-from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
-from deployments.clip.replies import ClipFrames
+from deployments.ingress.peers import CLIP_MODE, PeerTransport
+from deployments.ingress.peers.peer import DEFAULT_SESSION, is_peer_request, read_call
+from deployments.ingress.peers.replies import ClipFrames
 from protocol import encode_infer, encode_reset
 from protocol.codec import unpack
 from protocol.errors import ErrorCode, ProtocolError
@@ -132,7 +132,7 @@ def test_the_openpi_route_refuses_a_clip_too_large_for_one_reply():
     clip whose frames could pass ONE_REPLY_MAX_BYTES at the largest output size is too_large."""
     from dataclasses import replace
 
-    from deployments.clip.replies import ONE_REPLY_MAX_BYTES
+    from deployments.ingress.peers.replies import ONE_REPLY_MAX_BYTES
     limits = replace(DEFAULT_LIMITS, max_output_area=480 * 832)
     most = ONE_REPLY_MAX_BYTES // (480 * 832 * 3 * 4)  # 268 frames
     request_ = {"prompt": "p", "camera": _camera(4093), "session_id": None, "image": _png()}

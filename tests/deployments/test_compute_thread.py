@@ -1,4 +1,4 @@
-"""A replica's model work runs on one thread (deployments/compute_thread.py): PyTorch keeps
+"""A replica's model work runs on one thread (deployments/replicas/compute_thread.py): PyTorch keeps
 cuDNN's autotuned plans per thread, so a call on a thread new to a conv shape autotunes again
 (a 0.27 s decode ran 1.6-2.2 s on the H200 when calls moved between the shared pool's threads)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from deployments.compute_thread import ComputeThread
+from deployments.replicas.compute_thread import ComputeThread
 from session_host_stub import stub_host as _host
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from starlette.websockets import WebSocketState
 
 from deployments.config import AppArgs
-from deployments.connection import Backends, Connection
+from deployments.ingress.connection import Backends, Connection
 from protocol import decode_reply, encode_infer
 from protocol.errors import ErrorCode
 from protocol.limits import Limits

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from starlette.datastructures import Headers
 
-from deployments.connection_caps import ConnectionCaps, client_address
+from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 
 
 def test_caps_refuse_beyond_each_limit_and_releases_give_room_back():

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 import torch
 
-from deployments.session_host import device_probe
+from deployments.replicas.session_host import device_probe
 from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply

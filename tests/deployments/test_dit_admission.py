@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from deployments.dit import DiTDeployment, DiTSlot
+from deployments.replicas.dit import DiTDeployment, DiTSlot
 from deployments.errors import Busy, ChunkLimit, SessionLimit
-from deployments.session_table import SessionTable
+from deployments.replicas.session_table import SessionTable
 from protocol.errors import ErrorCode
 
 FRAME_BYTES = 100  # reservation per latent frame of the fake engine
@@ -96,7 +96,7 @@ def test_the_session_budget_is_the_cap_minus_the_resident_bytes_minus_the_slack(
     """deployments/memory.session_budget: explicit GiB win; else cap - resident - 4 % of the cap
     (the 80 GB card's 0.75 share after the released DiT's 34.6 GiB: 22.4 GiB, room for the one
     windowed session benchmarks/capacity.py ran there: 17.66 + 4.21 GiB)."""
-    from deployments.memory import GIB, session_budget  # noqa: PLC0415
+    from deployments.replicas.memory import GIB, session_budget  # noqa: PLC0415
 
     assert session_budget(3.0, 100 * GIB, 10 * GIB) == 3 * GIB
     cap, resident = int(0.75 * 79.2 * GIB), int(34.58 * GIB)

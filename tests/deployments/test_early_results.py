@@ -11,9 +11,9 @@ import time
 import pytest
 
 from deployments.errors import SessionLost
-from deployments.priority_lock import PriorityLock
-from deployments.session_host import SessionHost
-from deployments.session_table import SessionTable
+from deployments.replicas.priority_lock import PriorityLock
+from deployments.replicas.session_host import SessionHost
+from deployments.replicas.session_table import SessionTable
 
 
 def _host() -> SessionHost:

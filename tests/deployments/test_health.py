@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deployments.health import PathProbe
+from deployments.ingress.health import PathProbe
 
 
 class FakeHandle:

@@ -86,7 +86,7 @@ def test_a_flood_of_large_frames_leaves_every_process_near_its_baseline(server):
     takes at most 2 s meanwhile (1 s asked). Before the proxy guard: 2-3 GB each, sockets closed only by the
     silence timeout, handshakes timing out."""
     from deployments.config import ConnectionArgs
-    from deployments.quotas import TokenBucket
+    from deployments.ingress.guards.quotas import TokenBucket
 
     def bomb(n: int) -> bytes:  # poses: array32 of n zeros
         return msgpack.packb({"endpoint": "infer", "session_id": "flood",

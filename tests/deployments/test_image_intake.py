@@ -9,8 +9,8 @@ import time
 from PIL import Image
 
 from deployments.config import AppArgs
-from deployments.connection import Backends, Connection
-from deployments.image_intake import DECODE_THREADS
+from deployments.ingress.connection import Backends, Connection
+from deployments.ingress.image_intake import DECODE_THREADS
 from protocol import decode_reply, encode_infer
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, FrameReply

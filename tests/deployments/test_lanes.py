@@ -7,7 +7,7 @@ import contextvars
 
 import pytest
 
-from deployments.lanes import Lane
+from deployments.ingress.lanes import Lane
 
 
 def test_jobs_run_one_at_a_time_in_submission_order():

@@ -1,4 +1,4 @@
-"""ParkingBook (deployments/parking.py) without Ray: tokens, principals, the grace period, bounds."""
+"""ParkingBook (deployments/ingress/parking.py) without Ray: tokens, principals, the grace period, bounds."""
 from __future__ import annotations
 
 import asyncio
@@ -6,11 +6,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from deployments import parking
+from deployments.ingress import parking
 from deployments.errors import SessionLost, Unauthorized
-from deployments.journal import SessionJournal
-from deployments.parking import ParkedSession, ParkingBook, UnknownClip, UnknownToken, new_token, token_digest
-from deployments.stream import StreamSpec
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.parking import ParkedSession, ParkingBook, UnknownClip, UnknownToken, new_token, token_digest
+from deployments.ingress.stream import StreamSpec
 from protocol.messages import FrameReply
 
 

@@ -19,7 +19,7 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from deployments.parking import MAX_PER_CLIENT, new_token
+from deployments.ingress.parking import MAX_PER_CLIENT, new_token
 from protocol import encode_resume
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, ResumeOk

@@ -1,4 +1,4 @@
-"""deployments/priority_lock.py: urgent waiters first, FIFO within a class, safe cancellation;
+"""deployments/replicas/priority_lock.py: urgent waiters first, FIFO within a class, safe cancellation;
 and SessionHost's close overtakes queued chunks of other sessions."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from deployments.priority_lock import PriorityLock
+from deployments.replicas.priority_lock import PriorityLock
 
 
 async def _job(lock: PriorityLock, name: str, log: list[str], urgent: bool = False, hold_s: float = 0.01) -> None:
@@ -59,8 +59,8 @@ def test_release_of_an_unlocked_lock_is_an_error():
 def test_a_close_overtakes_the_chunks_queued_on_the_replica():
     """A SessionHost with 3 chunk steps of other sessions queued: the close of a session runs
     right after the step running (before: after all of them), and its memory is released."""
-    from deployments.session_host import SessionHost
-    from deployments.session_table import SessionTable
+    from deployments.replicas.session_host import SessionHost
+    from deployments.replicas.session_table import SessionTable
 
     async def go() -> list[str]:
         host = object.__new__(SessionHost)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from deployments.proxy_guard import DROPPED_FRAME_BYTES, ProxyGuard, middlewares
-from deployments.transport import frame_size, oversize
+from deployments.ingress.transport import frame_size, oversize
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 

@@ -9,10 +9,10 @@ import pytest
 
 from deployments.config import SessionArgs
 from deployments.errors import Busy, SessionLost
-from deployments.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.log import KeyValueLog
-from deployments.recovery import Recovery
-from deployments.stream import Stream, StreamSpec, StreamState
+from deployments.ingress.recovery import Recovery
+from deployments.ingress.stream import Stream, StreamSpec, StreamState
 
 IMAGE = np.zeros((16, 16, 3), np.uint8)
 SPEC = StreamSpec(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=1,

@@ -1,6 +1,6 @@
 """The model replicas' constructors as the GPU configs run them (warm-up on), here on the CPU
 with the tiny model at one small size bucket and without Ray: each warms up on its one model
-thread, and the session calls after it run on that same thread (deployments/compute_thread.py:
+thread, and the session calls after it run on that same thread (deployments/replicas/compute_thread.py:
 cuDNN's autotuned plans and cuBLAS state are per thread)."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import types
 import numpy as np
 import pytest
 
-from deployments import dit as dit_module
-from deployments import session_host
-from deployments import text_encoder as text_module
-from deployments import vae as vae_module
+from deployments.replicas import dit as dit_module
+from deployments.replicas import session_host
+from deployments.replicas import text_encoder as text_module
+from deployments.replicas import vae as vae_module
 from deployments.config import ModelArgs, SessionArgs
 from deployments.wire import DiTOpenSpec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from deployments.errors import Busy, SessionLost, TooLarge
-from deployments.session_table import SessionTable
+from deployments.replicas.session_table import SessionTable
 
 
 class Clock:

@@ -12,7 +12,7 @@ from camera.frames import output_size
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image, probe_image
 from protocol.limits import Limits
-from deployments.sizes import SizeRule, nearest_bucket
+from deployments.ingress.sizes import SizeRule, nearest_bucket
 
 BUCKETS = ((464, 832), (832, 464), (624, 624))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 
 from deployments.log import get_log
-from deployments.slow_calls import SlowCalls
+from deployments.replicas.slow_calls import SlowCalls
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""deployments/sp_dit.py: the N-GPU DiT replica, its serve config and KubeRay variant, and one
+"""deployments/replicas/sp_dit.py: the N-GPU DiT replica, its serve config and KubeRay variant, and one
 real 2-rank replica (gloo on CPU, a real Ray cluster) against the single-process engine."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ray.serve.schema import ServeDeploySchema
 from camera import DEFAULT_INTRINSICS_RESOLUTION
 from deployments.app import build_app, replica_options
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs
-from deployments.sp_dit import SPDiTDeployment, bind_dit, sp_placement
+from deployments.replicas.sp_dit import SPDiTDeployment, bind_dit, sp_placement
 from deployments.wire import DiTOpenSpec
 from model.config import PRESETS
 from model.factory import load_dit_engine
@@ -247,7 +247,7 @@ def test_two_rank_replica_restores_bit_for_bit_and_breaks_at_once_when_a_rank_di
     import ray
 
     from deployments.errors import Busy, SessionLost
-    from deployments.sp_dit import RANK_NAMESPACE
+    from deployments.replicas.sp_dit import RANK_NAMESPACE
 
     serve = serve_instance
     args = AppArgs(model=ModelArgs(preset="tiny"), dit_parallel=2, dit_parallel_timeout_s=20,

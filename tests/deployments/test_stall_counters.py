@@ -1,9 +1,9 @@
-"""deployments/stall_counters.py: the counters a slow call's log line reports, on the CPU."""
+"""deployments/replicas/stall_counters.py: the counters a slow call's log line reports, on the CPU."""
 from __future__ import annotations
 
 import torch
 
-from deployments import stall_counters
+from deployments.replicas import stall_counters
 
 
 def test_a_compile_moves_the_compiled_graphs_counter_and_nothing_else():

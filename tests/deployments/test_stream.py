@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployments.journal import SessionJournal
-from deployments.stream import Stream, StreamClosed, StreamSpec, StreamState, image_digest
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.stream import Stream, StreamClosed, StreamSpec, StreamState, image_digest
 
 SPEC = StreamSpec(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=42,
                   total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))

@@ -9,14 +9,14 @@ import json
 import msgpack
 import pytest
 
-from deployments.transport import LocalTransport
-from deployments.videos.errors import HttpError
-from deployments.videos.jobs import JobStatus, JobStore, VideoJob
-from deployments.videos.json_guard import TOKEN, load_bounded
-from deployments.videos.request import MAX_DEPTH, BodyBudget, max_tokens, parse_request, read_body
+from deployments.ingress.transport import LocalTransport
+from deployments.ingress.videos.errors import HttpError
+from deployments.ingress.videos.jobs import JobStatus, JobStore, VideoJob
+from deployments.ingress.videos.json_guard import TOKEN, load_bounded
+from deployments.ingress.videos.request import MAX_DEPTH, BodyBudget, max_tokens, parse_request, read_body
 from protocol.errors import ProtocolError
 from protocol.limits import DEFAULT_LIMITS
-from deployments.videos.runner import SessionRunner
+from deployments.ingress.videos.runner import SessionRunner
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
@@ -88,7 +88,7 @@ class CountingTokens:
 def test_a_body_of_millions_of_values_is_refused_after_the_token_budget(monkeypatch):
     """60 MiB of floats (15 M values, ~1 GB as Python objects) or of empty lists: `too_large`
     after the budget's tokens, before json.loads builds anything (it is never called)."""
-    import deployments.videos.json_guard as guard
+    import deployments.ingress.videos.json_guard as guard
 
     def no_loads(_):
         raise AssertionError("json.loads ran on a body past the token budget")

@@ -323,13 +323,13 @@ def test_random_weights_are_never_a_default_and_need_no_checkpoint():
 
 @pytest.mark.parametrize("name", GPU_RAYSERVICES)
 def test_every_ray_container_runs_with_the_allocator_environment(name):
-    """The proxy and the ingress give large frames back (deployments/allocator.py): every Ray
+    """The proxy and the ingress give large frames back (deployments/replicas/allocator.py): every Ray
     container of the RayService (head and workers) carries MALLOC_ENV, and the proxy guard's
     callback (deployments/proxy_guard.py: each WebSocket's byte budget inside the proxy)."""
     from support import REPO
     import yaml
 
-    from deployments.allocator import MALLOC_ENV
+    from deployments.replicas.allocator import MALLOC_ENV
     from deployments.proxy_guard import PROXY_GUARD_ENV
 
     doc = next(d for d in yaml.safe_load_all((REPO / name).read_text()) if d and d.get("kind") == "RayService")

@@ -52,7 +52,7 @@ def test_capabilities_are_a_frozen_value():
 
 
 def test_the_sequence_parallel_replica_declares_the_protocol_and_its_capabilities():
-    """SPReplicaEngine (deployments/sp_dit.py, read on the source: importing it needs Ray) derives
+    """SPReplicaEngine (deployments/replicas/sp_dit.py, read on the source: importing it needs Ray) derives
     from the protocol, defines every method of it, and declares no prompt steering and no
     deferred update."""
     tree = ast.parse((REPO / "deployments" / "sp_dit.py").read_text(encoding="utf-8"))

@@ -126,7 +126,7 @@ def test_fp8_kv_is_a_single_device_option():
 def test_capacity_benchmark_counts_as_session_table_admits():
     """benchmarks/capacity.py's admission count is SessionTable's rule for equal sessions."""
     from benchmarks.capacity import admitted_sessions
-    from deployments.session_table import SessionTable
+    from deployments.replicas.session_table import SessionTable
 
     for budget, held, working in ((65, 24, 4), (21, 17, 4), (40, 12, 5), (100, 7, 0), (3, 4, 1)):
         table = SessionTable(64, budget, 300.0, 5.0)

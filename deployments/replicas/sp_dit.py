@@ -48,10 +48,10 @@ from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs, SessionArgs
-from deployments.dit import DiTDeployment
+from deployments.replicas.dit import DiTDeployment
 from deployments.errors import Busy, SessionLost
 from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
-from deployments.memory import cap_process
+from deployments.replicas.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
 from model.engine_api import ChunkOutput, DiTEngineProtocol, EngineCapabilities, SessionFootprint

@@ -22,13 +22,13 @@ from typing import Any, Optional, TypeVar
 import numpy as np
 from ray.serve.handle import DeploymentHandle
 
-from deployments.claim_gate import ClaimGate
-from deployments.detached import detach, settle
+from deployments.ingress.guards.claim_gate import ClaimGate
+from deployments.ingress.detached import detach, settle
 from deployments.errors import ReplicaError
-from deployments.lanes import Lane
+from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
-from deployments.recovery import Recovery, needs_recovery
-from deployments.stream import Stream, StreamState
+from deployments.ingress.recovery import Recovery, needs_recovery
+from deployments.ingress.stream import Stream, StreamState
 
 T = TypeVar("T")
 

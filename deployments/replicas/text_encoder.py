@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from deployments.compute_thread import ComputeThread
+from deployments.replicas.compute_thread import ComputeThread
 from deployments.config import ModelArgs
 from deployments.log import get_log, log_probes_at_debug
-from deployments.memory import cap_process, memory_report
+from deployments.replicas.memory import cap_process, memory_report
 from model.factory import load_text_engine
 from model.warmup import WarmupReport, warm_up_text
 
@@ -57,7 +57,7 @@ class TextEncoderDeployment:
         return emb
 
     async def probe(self) -> bool:
-        """Reachability probe (deployments/health.py)."""
+        """Reachability probe (deployments/ingress/health.py)."""
         return True
 
     async def stats(self) -> dict[str, Any]:

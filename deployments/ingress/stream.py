@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION, frame_plan
-from deployments.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.wire import DiTOpenSpec
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import InferRequest

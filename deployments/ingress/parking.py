@@ -39,9 +39,9 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import SessionArgs
 from deployments.errors import ReplicaError, SessionLost, Unauthorized
-from deployments.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.log import get_log
-from deployments.stream import StreamSpec
+from deployments.ingress.stream import StreamSpec
 from protocol.errors import ErrorCode
 
 TOKEN_BYTES = 24  # 192 bits, url-safe base64: 32 characters

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-from deployments.videos.errors import HttpError
+from deployments.ingress.videos.errors import HttpError
 from protocol.errors import ErrorCode
 
 

@@ -27,13 +27,13 @@ from pydantic import BaseModel
 
 from camera import CHUNK_LATENT_FRAMES
 from deployments.config import AppArgs
-from deployments.detached import detach, settle
+from deployments.ingress.detached import detach, settle
 from deployments.errors import Busy, Unauthorized
-from deployments.lane_jobs import Backends, _done
+from deployments.ingress.lane_jobs import Backends, _done
 from deployments.log import KeyValueLog
-from deployments.parking import ClaimRefused, ParkedSession, token_digest
-from deployments.quotas import KeyQuota
-from deployments.stream import Stream, StreamState
+from deployments.ingress.parking import ClaimRefused, ParkedSession, token_digest
+from deployments.ingress.guards.quotas import KeyQuota
+from deployments.ingress.stream import Stream, StreamState
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply, InferRequest, Request, ResumeOk, ResumeRequest
 

@@ -7,6 +7,6 @@ each clip into our chunk infers and our replies into their messages, so every gu
 Connection (limits, quotas, recovery, release when the socket ends) holds unchanged. The mode
 is chosen per connection from the first request or by `?mode=clip` (docs/COMPATIBILITY.md).
 """
-from deployments.clip.transport import CLIP_MODE, PeerTransport
+from deployments.ingress.peers.transport import CLIP_MODE, PeerTransport
 
 __all__ = ["CLIP_MODE", "PeerTransport"]

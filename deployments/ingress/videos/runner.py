@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Optional
 
-from deployments.transport import LocalTransport, Transport, TransportClosed
-from deployments.videos.errors import HttpError
+from deployments.ingress.transport import LocalTransport, Transport, TransportClosed
+from deployments.ingress.videos.errors import HttpError
 from protocol.codec import decode_reply
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Reply

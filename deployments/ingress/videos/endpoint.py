@@ -27,13 +27,13 @@ from typing import Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from deployments.auth import UNAUTHORIZED_MESSAGE, Auth
+from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth
 from deployments.config import VideoArgs
-from deployments.connection_caps import client_address
-from deployments.videos.errors import HttpError
-from deployments.videos.jobs import JobStore, VideoJob
-from deployments.videos.request import BodyBudget, VideoSpec, parse_request, read_body
-from deployments.videos.runner import SessionRunner
+from deployments.ingress.guards.connection_caps import client_address
+from deployments.ingress.videos.errors import HttpError
+from deployments.ingress.videos.jobs import JobStore, VideoJob
+from deployments.ingress.videos.request import BodyBudget, VideoSpec, parse_request, read_body
+from deployments.ingress.videos.runner import SessionRunner
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 

@@ -31,25 +31,25 @@ from fastapi import WebSocketDisconnect
 from pydantic import BaseModel
 
 from camera import CHUNK_LATENT_FRAMES, parse_size
-from deployments.client_policy import ClientPolicy
+from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
-from deployments.detached import detach
+from deployments.ingress.detached import detach
 from deployments.errors import ReplicaError
-from deployments.image_intake import decode_off_loop
-from deployments.journal import SessionJournal
-from deployments.lane_jobs import Backends, LaneJobs
-from deployments.lanes import Lane
+from deployments.ingress.image_intake import decode_off_loop
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.lane_jobs import Backends, LaneJobs
+from deployments.ingress.lanes import Lane
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
-from deployments.quotas import KeyQuota
-from deployments.parking import new_token, token_digest
-from deployments.recovery import Recovery
-from deployments.releases import Releases
-from deployments.replies import Replies
-from deployments.resume import ClaimsThrottled, Resume
-from deployments.sizes import SizeRule
-from deployments.stream import Stream, StreamState, image_digest, stream_spec
-from deployments.transport import Transport, frame_size, oversize
+from deployments.ingress.guards.quotas import KeyQuota
+from deployments.ingress.parking import new_token, token_digest
+from deployments.ingress.recovery import Recovery
+from deployments.ingress.releases import Releases
+from deployments.ingress.replies import Replies
+from deployments.ingress.resume import ClaimsThrottled, Resume
+from deployments.ingress.sizes import SizeRule
+from deployments.ingress.stream import Stream, StreamState, image_digest, stream_spec
+from deployments.ingress.transport import Transport, frame_size, oversize
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image

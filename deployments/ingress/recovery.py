@@ -21,7 +21,7 @@ from deployments.config import SessionArgs
 from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics
-from deployments.stream import Stream, StreamState, incarnation_key
+from deployments.ingress.stream import Stream, StreamState, incarnation_key
 
 REPLICA_GONE = (RayActorError, ReplicaUnavailableError)  # the replica died or left mid-call
 RETRY_MIN_S = 0.25

@@ -4,7 +4,7 @@ Admission: a new session is admitted only while the replica has a free slot
 (`sessions.max_sessions`) and its whole footprint (KV and cross caches, noise plan, text; plus
 one chunk's camera features and activations, `DiTEngine.footprint`) fits the session budget
 (`sessions.kv_budget_gib`, or the replica's memory cap minus its weights after warm-up,
-`deployments/memory.py`); otherwise `Busy(retry_after_s)`, or `TooLarge` for a session that
+`deployments/replicas/memory.py`); otherwise `Busy(retry_after_s)`, or `TooLarge` for a session that
 cannot fit an empty replica or exceeds `sessions.max_attention_tokens`. The constructor warms
 up every serving size (`model/warmup.py`) before Serve routes to the replica.
 The ingress admits a session with `reserve` before any replica works for it (the footprint does
@@ -29,9 +29,9 @@ from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
 from deployments.errors import Busy, ChunkLimit, SessionLimit, SessionLost, TooLarge, Unsupported
 from deployments.log import get_log
-from deployments.memory import cap_process, resident_model_bytes, session_budget
-from deployments.session_host import SessionHost
-from deployments.session_table import SessionTable
+from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
+from deployments.replicas.session_host import SessionHost
+from deployments.replicas.session_table import SessionTable
 from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
 from model.accel import AccelOptions
 from model.dit.caches import KVCacheConfig

@@ -14,13 +14,13 @@ from typing import Any, Optional
 from pydantic import BaseModel
 from starlette.websockets import WebSocketState
 
-from deployments.client_policy import ClientPolicy
+from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.errors import ReplicaError
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics
-from deployments.stream import Stream
-from deployments.transport import Transport
+from deployments.ingress.stream import Stream
+from deployments.ingress.transport import Transport
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, ResetOk

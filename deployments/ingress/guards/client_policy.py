@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Optional
 
 from deployments.config import ConnectionArgs
-from deployments.quotas import TokenBucket
+from deployments.ingress.guards.quotas import TokenBucket
 
 
 class ClientPolicy:

@@ -30,9 +30,9 @@ from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
 from deployments.errors import Busy, TooLarge
-from deployments.memory import cap_process, resident_model_bytes, session_budget
-from deployments.session_host import SessionHost
-from deployments.session_table import SessionTable
+from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
+from deployments.replicas.session_host import SessionHost
+from deployments.replicas.session_table import SessionTable
 from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.factory import load_vae_engine

@@ -14,7 +14,7 @@ from typing import Optional
 
 from camera.frames import CHUNK_VIDEO_FRAMES
 from camera.plan import plan_session
-from deployments.clip.peer import PeerCall
+from deployments.ingress.peers.peer import PeerCall
 from protocol.codec import encode_infer
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits

@@ -20,8 +20,8 @@ from typing import Any, Optional
 import msgpack
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION, plan_session
-from deployments.videos.errors import HttpError
-from deployments.videos.json_guard import load_bounded
+from deployments.ingress.videos.errors import HttpError
+from deployments.ingress.videos.json_guard import load_bounded
 from protocol.codec import decode, encode_plan
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits

@@ -22,12 +22,12 @@ from typing import Any, Optional
 
 from starlette.websockets import WebSocket, WebSocketState
 
-from deployments.clip.chunks import extension_clip, first_clip
-from deployments.clip.peer import DEFAULT_SESSION, is_peer_request, read_call
-from deployments.clip.replies import (RESET_REPLY, RESET_TEXT, ClipFrames, check_one_reply, error_message, frames_of,
+from deployments.ingress.peers.chunks import extension_clip, first_clip
+from deployments.ingress.peers.peer import DEFAULT_SESSION, is_peer_request, read_call
+from deployments.ingress.peers.replies import (RESET_REPLY, RESET_TEXT, ClipFrames, check_one_reply, error_message, frames_of,
                                       pack)
-from deployments.resume import CLIP_RESUME
-from deployments.transport import NORMAL_CLOSURE, oversize
+from deployments.ingress.resume import CLIP_RESUME
+from deployments.ingress.transport import NORMAL_CLOSURE, oversize
 from protocol.codec import decode_reply, encode_reset, unpack
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits

@@ -3,7 +3,7 @@
 A replica holds many sessions in a `SessionTable`. Model work runs in a worker thread under
 one per-replica lock (`_compute`), so the replica's event loop stays free for health checks,
 routing stats and calls of other sessions. Closes take that lock ahead of queued chunks
-(deployments/priority_lock.py): a reset is answered after the job running, not after every
+(deployments/replicas/priority_lock.py): a reset is answered after the job running, not after every
 session's queued work. A background task expires idle sessions.
 `check_health` (Serve's health check) runs a tiny op on the serving device: a replica whose
 GPU is unusable fails it and Serve replaces the replica (its sessions are then rebuilt
@@ -20,16 +20,16 @@ from typing import Any, Generic, Optional, TypeVar
 import torch
 from ray import serve
 
-from deployments import stall_counters
+from deployments.replicas import stall_counters
 from deployments.autoscaling_policy import LOAD, REFUSED, replica_load
-from deployments.compute_thread import ComputeThread
+from deployments.replicas.compute_thread import ComputeThread
 from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog, log_probes_at_debug, log_typed_errors_as_info
-from deployments.memory import memory_report
+from deployments.replicas.memory import memory_report
 from deployments.metrics import SessionMetrics
-from deployments.priority_lock import PriorityLock
-from deployments.session_table import SessionTable
-from deployments.slow_calls import SlowCalls
+from deployments.replicas.priority_lock import PriorityLock
+from deployments.replicas.session_table import SessionTable
+from deployments.replicas.slow_calls import SlowCalls
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -64,7 +64,7 @@ class SessionHost(Generic[S]):
 
     @property
     def compute_thread(self) -> ComputeThread:
-        """The replica's one model thread (deployments/compute_thread.py says why one); the
+        """The replica's one model thread (deployments/replicas/compute_thread.py says why one); the
         deployments run their warm-up on it before `_start_host`."""
         thread = self.__dict__.get("_compute_thread")
         if thread is None:
@@ -104,7 +104,7 @@ class SessionHost(Generic[S]):
     def _record_call(self, key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
                      counters_moved: Callable[[], dict[str, int]] = dict) -> None:
         """Per-call wait and run times: Prometheus histograms, and a slow call counted in the
-        replica's `slow calls` summary line (deployments/slow_calls.py: a stall inside the
+        replica's `slow calls` summary line (deployments/replicas/slow_calls.py: a stall inside the
         replica shows as a long run; a long wait is other sessions' work) with the process
         counters that moved during it (`stall_counters`: a compile, the allocator's retries,
         cudaMalloc / cudaFree)."""
@@ -226,7 +226,7 @@ class SessionHost(Generic[S]):
                 REFUSED: float(self._refused_total), "sessions": float(len(t))}
 
     async def probe(self) -> bool:
-        """Reachability probe (deployments/health.py): answered on the event loop, never behind
+        """Reachability probe (deployments/ingress/health.py): answered on the event loop, never behind
         the compute lock, so that it measures the path and not the work queued on it."""
         return True
 

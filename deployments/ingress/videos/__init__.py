@@ -4,7 +4,7 @@ endpoint.py (the route handlers), request.py (body cap, validation, chunk plan),
 (the session through a `Connection` in this process), jobs.py (bounded async jobs),
 errors.py (wire codes as HTTP statuses).
 """
-from deployments.videos.endpoint import VideoEndpoint
+from deployments.ingress.videos.endpoint import VideoEndpoint
 
 ROUTE = "/v1/videos"
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION
-from deployments.videos.request import DEFAULT_NUM_FRAMES
+from deployments.ingress.videos.request import DEFAULT_NUM_FRAMES
 
 
 class VideoRequest(BaseModel):

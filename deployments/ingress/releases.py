@@ -18,13 +18,13 @@ from typing import Optional
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppArgs
-from deployments.detached import settle
-from deployments.lane_jobs import Backends
-from deployments.lanes import Lane
+from deployments.ingress.detached import settle
+from deployments.ingress.lane_jobs import Backends
+from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics
-from deployments.quotas import KeyQuota
-from deployments.stream import Stream, StreamState
+from deployments.ingress.guards.quotas import KeyQuota
+from deployments.ingress.stream import Stream, StreamState
 
 PARKING_CLOSE_MARGIN_S = 1.0  # after its grace, a parked session's close: the parking's sweep (0.5 s) and call
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any
 
-from deployments.detached import settle
+from deployments.ingress.detached import settle
 
 class PathProbe:
     def __init__(self, backends: Any, timeout_s: float) -> None:

@@ -19,27 +19,27 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from camera import parse_size
-from deployments.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
-from deployments.clip import CLIP_MODE, PeerTransport
+from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
+from deployments.ingress.peers import CLIP_MODE, PeerTransport
 from deployments.config import AppArgs
-from deployments.connection import POLICY_VIOLATION, Backends, Connection
-from deployments.connection_caps import ConnectionCaps, client_address
-from deployments.detached import running as detached_running
-from deployments.health import PathProbe
+from deployments.ingress.connection import POLICY_VIOLATION, Backends, Connection
+from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
+from deployments.ingress.detached import running as detached_running
+from deployments.ingress.health import PathProbe
 from deployments.log import log_probes_at_debug
 from deployments.metrics import IngressMetrics
-from deployments.quotas import Quotas
-from deployments.transport import Transport
-from deployments.videos import ROUTE as VIDEOS_ROUTE
-from deployments.videos import VideoEndpoint
-from deployments.videos.runner import SessionRunner
-from deployments.videos.schema import openapi_extra as video_body_schema
-from deployments.web import mount_web
+from deployments.ingress.guards.quotas import Quotas
+from deployments.ingress.transport import Transport
+from deployments.ingress.videos import ROUTE as VIDEOS_ROUTE
+from deployments.ingress.videos import VideoEndpoint
+from deployments.ingress.videos.runner import SessionRunner
+from deployments.ingress.videos.schema import openapi_extra as video_body_schema
+from deployments.ingress.web import mount_web
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply
-from deployments.sizes import SizeRule
+from deployments.ingress.sizes import SizeRule
 
 CAMERA_ROUTE = "/v1/realtime/world/camera"
 OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
