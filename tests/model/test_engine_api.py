@@ -55,7 +55,7 @@ def test_the_sequence_parallel_replica_declares_the_protocol_and_its_capabilitie
     """SPReplicaEngine (deployments/replicas/sp_dit.py, read on the source: importing it needs Ray) derives
     from the protocol, defines every method of it, and declares no prompt steering and no
     deferred update."""
-    tree = ast.parse((REPO / "deployments" / "sp_dit.py").read_text(encoding="utf-8"))
+    tree = ast.parse((REPO / "deployments" / "replicas" / "sp_dit.py").read_text(encoding="utf-8"))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SPReplicaEngine")
     assert [ast.unparse(b) for b in cls.bases] == ["DiTEngineProtocol"]
     defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
