@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels the H200 image lacks (Python 3.12, see ../shared/docs/VERIFIED_NOTES.md), fetched
+# The wheels the H200 image lacks (its Python 3.12 has torch and CUDA, not Ray nor Serve's packages), fetched
 # here into the git-ignored folders the device tool carries:
 #
 #   bash benchmarks/fetch_wheels.sh      # from the repo root, where pip reaches PyPI

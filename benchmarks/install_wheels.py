@@ -2,8 +2,8 @@
 
     python3 benchmarks/install_wheels.py .whl /tmp/site
 
-For the H200 image whose Python lacks Ray (../shared/docs/VERIFIED_NOTES.md, "Ray Serve on an
-H200 box whose Python has no Ray"): every `*.whl` of the folder is extracted as pip would lay
+For the H200 image whose Python lacks Ray (its Python 3.12 has torch and CUDA, not Ray nor
+Serve's packages; benchmarks/fetch_wheels.sh fetches them): every `*.whl` of the folder is extracted as pip would lay
 it out (`*.data/purelib` and `*.data/platlib` into the root; scripts, headers and data left
 out), keeping each member's mode bits (raylet and gcs_server must stay executable), and
 leaving out the parts of ray that Serve does not need (`ray/jars`, `ray/rllib`, `ray/llm`).

@@ -37,8 +37,7 @@ def test_every_error_code_has_a_row_in_the_error_table():
     assert set(SCHEMA["$defs"]["ErrorCode"]["enum"]) == {c.value for c in ErrorCode}
 
 
-# README.md is the lead's to edit in issue 32 (its protocol line points at docs/PROTOCOL.md then).
-NOT_YET_CHECKED = {"README.md", "tests/test_protocol_doc.py"}
+NOT_YET_CHECKED = {"tests/test_protocol_doc.py"}  # this file names what it looks for
 
 
 def test_no_tracked_file_cites_the_contract_outside_the_repository():
@@ -46,4 +45,14 @@ def test_no_tracked_file_cites_the_contract_outside_the_repository():
                            cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     citing = [f for f in files if f not in NOT_YET_CHECKED
               and "shared/docs/PROTOCOL.md" in (ROOT / f).read_text(errors="replace")]
+    assert citing == []
+
+
+def test_no_source_file_cites_the_shared_docs():
+    """Source (code, scripts, configs) cites the repository's docs, never ../shared/docs (a
+    folder beside the checkout that users of the project do not have)."""
+    files = subprocess.run(["git", "ls-files", "*.py", "*.js", "*.html", "*.sh", "*.yaml", "*.toml"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    citing = [f for f in files if f != "tests/test_protocol_doc.py"
+              and "shared/docs" in (ROOT / f).read_text(errors="replace")]
     assert citing == []
