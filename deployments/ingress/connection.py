@@ -45,6 +45,7 @@ from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.parking import new_token, token_digest
 from deployments.ingress.recovery import Recovery
 from deployments.ingress.releases import Releases
+from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies
 from deployments.ingress.resume import ClaimsThrottled, Resume
 from deployments.ingress.sizes import SizeRule
@@ -64,7 +65,7 @@ FLUSH_BEFORE_CLOSE_S = 1.0  # a policy close first sends the replies already que
 MIB = 1024 * 1024
 
 
-class Connection(LaneJobs, Releases, Resume, Replies):
+class Connection(LaneJobs, Releases, Resume, Replies, Outbox):
     """Serves one accepted socket (a WebSocket, or `LocalTransport` for `POST /v1/videos`) until
     the client leaves; releases its sessions after."""
 

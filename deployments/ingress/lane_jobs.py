@@ -23,7 +23,6 @@ import numpy as np
 from ray.serve.handle import DeploymentHandle
 
 from deployments.ingress.guards.claim_gate import ClaimGate
-from deployments.ingress.detached import detach, settle
 from deployments.errors import ReplicaError
 from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
@@ -31,8 +30,6 @@ from deployments.ingress.recovery import Recovery, needs_recovery
 from deployments.ingress.stream import Stream, StreamState
 
 T = TypeVar("T")
-
-EXPECT_RELEASE_CALL_S = 10.0  # telling a replica when a parked session ends is given up after this
 
 
 @dataclass(frozen=True)
@@ -74,22 +71,6 @@ class LaneJobs:
         stream.journal.set_context(context)
         replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec.dit_open(context))
         self._log.info("session opened", fields={"session": key, "dit_replica": replica})
-
-    def _expect_release(self, stream: Stream, within_s: float) -> None:
-        """Tell both replicas that `stream` will be closed within `within_s` unless it is used
-        again (a parked session's grace period): their `busy` answers count with it. Detached,
-        bounded, best effort: a replica not told answers from its idle TTL."""
-        async def tell(handle: DeploymentHandle, key: str) -> None:
-            ended, result = await settle(handle.options(session_id=key).expect_release.remote(key, within_s),
-                                         EXPECT_RELEASE_CALL_S)
-            if not ended or isinstance(result, BaseException):
-                self._log.info("replica not told when a parked session ends", fields={
-                    "session": key, "error": repr(result) if ended else "timeout"})
-
-        async def tell_both() -> None:
-            await asyncio.gather(tell(self._b.dit, stream.dit_key), tell(self._b.vae, stream.vae_key))
-
-        detach(tell_both(), name=f"expect-release-{stream.key}")
 
     def _encode_later(self, prompt: str) -> asyncio.Future:
         """The text context of a prompt update, encoded now (concurrently with the lanes)."""

@@ -18,7 +18,7 @@ from typing import Optional
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppArgs
-from deployments.ingress.detached import settle
+from deployments.ingress.detached import detach, settle
 from deployments.ingress.lane_jobs import Backends
 from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
@@ -26,6 +26,7 @@ from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.stream import Stream, StreamState
 
+EXPECT_RELEASE_CALL_S = 10.0  # telling a replica when a parked session ends is given up after this
 PARKING_CLOSE_MARGIN_S = 1.0  # after its grace, a parked session's close: the parking's sweep (0.5 s) and call
 
 
@@ -43,7 +44,6 @@ class Releases:
     _inflight: set[asyncio.Task]  # chunks not yet answered
     _background: set[asyncio.Task]  # releases
     _park_current: Callable[[], Awaitable[Optional[Stream]]]  # resume.py: parks the open session, if it can
-    _expect_release: Callable[[Stream, float], None]  # lane_jobs.py: tells the replicas when it ends
 
     def _fail(self, stream: Stream) -> None:
         if stream.fail():
@@ -91,6 +91,22 @@ class Releases:
                 self._log.warning("close failed; the replica's TTL frees it",
                                   fields={"session": stream.key, "error": repr(r)})
         self._held.pop(stream.key, None)
+
+    def _expect_release(self, stream: Stream, within_s: float) -> None:
+        """Tell both replicas that `stream` will be closed within `within_s` unless it is used
+        again (a parked session's grace period): their `busy` answers count with it. Detached,
+        bounded, best effort: a replica not told answers from its idle TTL."""
+        async def tell(handle: DeploymentHandle, key: str) -> None:
+            ended, result = await settle(handle.options(session_id=key).expect_release.remote(key, within_s),
+                                         EXPECT_RELEASE_CALL_S)
+            if not ended or isinstance(result, BaseException):
+                self._log.info("replica not told when a parked session ends", fields={
+                    "session": key, "error": repr(result) if ended else "timeout"})
+
+        async def tell_both() -> None:
+            await asyncio.gather(tell(self._b.dit, stream.dit_key), tell(self._b.vae, stream.vae_key))
+
+        detach(tell_both(), name=f"expect-release-{stream.key}")
 
     async def _teardown(self) -> None:
         """Connection end (any way it ends): drop the work not started, close every session

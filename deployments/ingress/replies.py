@@ -1,9 +1,6 @@
 """The replies of a `Connection` (connection.py): a chunk's frame reply once its decode is
-done, errors, notices, and the one ordered outbox they leave through.
-
-Every reply, whatever finishes first, goes out in request order: the outbox holds a future per
-reply, with the stream whose chunk it answers (resume.py counts what was sent). `Replies` is a
-base class of `Connection`, which sets the attributes it declares.
+done, errors and notices; they leave through the outbox (outbox.py). `Replies` is a base class
+of `Connection`, which sets the attributes it declares.
 """
 from __future__ import annotations
 
@@ -12,32 +9,24 @@ import time
 from typing import Any, Optional
 
 from pydantic import BaseModel
-from starlette.websockets import WebSocketState
 
-from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.errors import ReplicaError
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics
 from deployments.ingress.stream import Stream
-from deployments.ingress.transport import Transport
-from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, ResetOk
 
 
 class Replies:
-    """Builds and sends the replies of one connection (a mixin of `Connection`)."""
+    """Builds the replies of one connection (a mixin of `Connection`)."""
 
-    _ws: Transport
     _args: AppArgs
     _handshake: CameraServerConfig
     _metrics: IngressMetrics
     _log: KeyValueLog
-    _policy: ClientPolicy
-    _outbox: asyncio.Queue[tuple[asyncio.Future[BaseModel], Optional[Stream]]]
     _fail: Any  # Releases: a stream the server lost
-    _sent: Any  # Resume: a frame reply of a stream was sent
 
     def _session_limit(self, stream: Stream, chunks_left: int) -> ErrorReply:
         n = self._args.sessions.max_chunks
@@ -99,26 +88,3 @@ class Replies:
         self._metrics.count_error(code.value)
         return ErrorReply(code=code, message=message, session_id=session_id,
                           retry_after_s=retry_after_s if code is ErrorCode.BUSY else None)
-
-    def _reply_now(self, reply: BaseModel, stream: Optional[Stream] = None) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(reply)
-        self._outbox.put_nowait((fut, stream))
-
-    async def _send_loop(self) -> None:
-        while True:
-            fut, stream = await self._outbox.get()
-            reply = await asyncio.shield(fut)  # the sender's cancel (socket end) must not cancel a chunk (resume)
-            await self._ws.send_bytes(encode(reply))
-            if stream is not None and isinstance(reply, FrameReply):
-                self._sent(stream, reply)
-            self._outbox.task_done()
-            self._policy.on_reply()
-
-    async def _flush_replies(self, timeout_s: float) -> None:
-        """Wait (bounded) until the replies queued so far are sent."""
-        await asyncio.wait({asyncio.ensure_future(self._outbox.join())}, timeout=timeout_s)
-
-    async def _close_socket(self, code: int, reason: str) -> None:
-        if self._ws.application_state is WebSocketState.CONNECTED:
-            await self._ws.close(code=code, reason=reason)
