@@ -28,7 +28,6 @@ from functools import partial
 from typing import Any, Optional
 
 from fastapi import WebSocketDisconnect
-from pydantic import BaseModel
 
 from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
@@ -45,8 +44,9 @@ from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.parking import new_token, token_digest
 from deployments.ingress.recovery import Recovery
 from deployments.ingress.releases import Releases
+from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies
-from deployments.ingress.resume import ClaimsThrottled, Resume
+from deployments.ingress.resume import ClaimsThrottled, ResumeBook, record_sent
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, stream_spec
 from deployments.ingress.transport import Transport, frame_size, oversize
@@ -64,9 +64,15 @@ FLUSH_BEFORE_CLOSE_S = 1.0  # a policy close first sends the replies already que
 MIB = 1024 * 1024
 
 
-class Connection(LaneJobs, Releases, Resume, Replies):
+class Connection:
     """Serves one accepted socket (a WebSocket, or `LocalTransport` for `POST /v1/videos`) until
-    the client leaves; releases its sessions after."""
+    the client leaves; releases its sessions after.
+
+    It owns: the two lanes; `LaneJobs` (the calls a chunk makes on them, lane_jobs.py);
+    `Replies` (frame replies, errors, notices, replies.py) and the `Outbox` they leave through
+    in order (outbox.py); `Releases` (the streams the replicas may hold, freed on reset,
+    failure and the socket's end, releases.py); `ResumeBook` (parking and claims, resume.py).
+    The connection itself keeps the current stream and the chunks in flight."""
 
     def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
                  handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None,
@@ -79,53 +85,56 @@ class Connection(LaneJobs, Releases, Resume, Replies):
         self._args = args
         self._limits = limits
         self._handshake = handshake
-        self._metrics = metrics
         self._quota = quota
-        self._key_id = key_id
-        self._client = client
-        self._may_park = resumable
         self._id = uuid.uuid4().hex[:8]
         self._log = get_log("connection", conn=self._id)
-        self._recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
         self._policy = ClientPolicy(args.connection, limits.max_message_bytes)
         self._sizes = SizeRule(tuple(args.model.bucket_sizes()), args.model.max_output_area)
+        self._dit_lane = Lane("dit")
+        self._vae_lane = Lane("vae")
+        recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
+        self._jobs = LaneJobs(backends, self._vae_lane, recovery, self._log)
+        self._releases = Releases(backends, self._dit_lane, self._vae_lane, args, quota, metrics, self._log)
+        self._resume = ResumeBook(backends, args, self._releases, quota, self._log, may_park=resumable,
+                                  clip_mode=self._raw_frames, key_id=key_id, client=client)
+        self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail)
+        self._outbox = Outbox(ws, on_sent=record_sent, on_reply=self._policy.on_reply)
         self._stream: Optional[Stream] = None
-        self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
-        self._background: set[asyncio.Task] = set()  # releases
-        # replies in order, each with the stream whose chunk it answers (None: not a chunk's)
-        self._outbox: asyncio.Queue[tuple[asyncio.Future[BaseModel], Optional[Stream]]] = asyncio.Queue()
         self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
+
+    @property
+    def _raw_frames(self) -> bool:
+        """A peer client's socket in clip mode (peers/): its sessions send raw frames."""
+        return bool(getattr(self._ws, "raw_frames", False))
 
     async def run(self) -> None:
         """Handshake, receive loop, cleanup (always)."""
-        self._dit_lane = Lane("dit")
-        self._vae_lane = Lane("vae")
-        sender = asyncio.create_task(self._send_loop())
-        self._reply_now(self._handshake)
+        sender = asyncio.create_task(self._outbox.send_loop())
+        self._outbox.reply_now(self._handshake)
         try:
             while True:
                 msg = await self._next_message()
                 if msg is None:
-                    await self._close_socket(POLICY_VIOLATION, self._policy.silence_reason())
+                    await self._outbox.close_socket(POLICY_VIOLATION, self._policy.silence_reason())
                     break
                 if msg["type"] == "websocket.disconnect":
                     break
                 data = msg.get("bytes")
-                violation = self._policy.on_frame(self._outbox.qsize(), frame_size(msg))
+                violation = self._policy.on_frame(len(self._outbox), frame_size(msg))
                 if violation is None:
                     refused, infer = await self._handle(data, time.perf_counter(), oversize(msg, self._limits))
                     violation = self._policy.on_outcome(refused, infer)
                 del msg, data  # a large frame is not kept alive while waiting for the next
                 if violation is not None:
-                    await self._flush_replies(FLUSH_BEFORE_CLOSE_S)  # e.g. the last refusal's error
-                    await self._close_socket(POLICY_VIOLATION, violation)
+                    await self._outbox.flush(FLUSH_BEFORE_CLOSE_S)  # e.g. the last refusal's error
+                    await self._outbox.close_socket(POLICY_VIOLATION, violation)
                     break
         except WebSocketDisconnect:
             pass
         except Exception:  # noqa: BLE001 - the connection edge: state unknown, close the socket
             self._log.exception("fatal error; closing the connection")
-            await self._close_socket(INTERNAL_ERROR, "internal server error")
+            await self._outbox.close_socket(INTERNAL_ERROR, "internal server error")
         finally:
             # Releasing must finish even if Serve cancels this handler: it runs detached, and
             # the handler waits for it (bounded) so that the connection is counted until then.
@@ -134,6 +143,13 @@ class Connection(LaneJobs, Releases, Resume, Replies):
                 sender.exception()  # a send failed: the client is gone (retrieved, not logged)
             teardown = detach(self._teardown(), name=f"teardown-{self._id}")
             await asyncio.wait({teardown}, timeout=self._args.connection.release_timeout_s + 5.0)
+
+    async def _teardown(self) -> None:
+        """The open session goes to the parking if it can (resume.py); every other is released."""
+        parked = self._stream if await self._resume.park(self._stream) else None
+        if parked is not None:
+            self._stream = None
+        await self._releases.teardown(parked, self._inflight)
 
     async def _next_message(self) -> Optional[dict[str, Any]]:
         """The next ASGI message; None when the client stayed silent too long (ClientPolicy)."""
@@ -161,24 +177,26 @@ class Connection(LaneJobs, Releases, Resume, Replies):
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "send binary frames holding one msgpack map, not text")
             req = decode(data, self._limits)
         except ProtocolError as e:
-            self._reply_now(self._error(e.code, e.message, e.session_id))
+            self._outbox.reply_now(self._replies.error(e.code, e.message, e.session_id))
             return True, False
-        kind = self._resume_kind(req)
+        kind = self._resume.kind(req, self._stream)
         if kind is not None:
             try:
                 if kind == "check":
-                    await self._check_parked(req)
+                    await self._resume.check_parked(req)
                 else:
-                    for reply in await self._resume(req):
-                        self._reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
+                    self._stream, replies = await self._resume.resume(req, self._stream)
+                    for reply in replies:
+                        self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
             except ReplicaError as e:
-                self._reply_now(self._error(e.code, e.message, req.session_id, getattr(e, "retry_after_s", None)))
+                self._outbox.reply_now(self._replies.error(e.code, e.message, req.session_id,
+                                                           getattr(e, "retry_after_s", None)))
                 return e.code is not ErrorCode.BUSY or isinstance(e, ClaimsThrottled), False
             except Exception as e:  # noqa: BLE001 - the parking is unreachable: nothing was claimed
                 self._log.warning("resume failed", fields={"session": req.session_id, "error": repr(e)})
-                self._reply_now(self._error(ErrorCode.SESSION_LOST, "the server could not resume this session "
-                                            f"({type(e).__name__}); send image and prompt to start it again",
-                                            req.session_id))
+                self._outbox.reply_now(self._replies.error(
+                    ErrorCode.SESSION_LOST, "the server could not resume this session "
+                    f"({type(e).__name__}); send image and prompt to start it again", req.session_id))
                 return False, False
             if isinstance(req, ResumeRequest):
                 return False, False
@@ -186,7 +204,7 @@ class Connection(LaneJobs, Releases, Resume, Replies):
             try:  # the pixels decode off the event loop (image_intake.py); dispatch takes them
                 self._decoded = (req.image, await decode_off_loop(req.image, self._limits))
             except ProtocolError as e:
-                self._reply_now(self._error(e.code, e.message, req.session_id))
+                self._outbox.reply_now(self._replies.error(e.code, e.message, req.session_id))
                 return True, False
         try:
             return self._dispatch(req, t0)
@@ -211,8 +229,8 @@ class Connection(LaneJobs, Releases, Resume, Replies):
         session_id = req.session_id
         try:
             if isinstance(req, ResumeRequest):  # for the session this connection holds
-                for reply in self._replay_held(req):
-                    self._reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
+                for reply in self._resume.replay_held(req, self._stream):
+                    self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
                 return False, False
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
@@ -220,9 +238,10 @@ class Connection(LaneJobs, Releases, Resume, Replies):
             self._on_infer(req, t0)
             return False, True
         except ProtocolError as e:
-            self._reply_now(self._error(e.code, e.message, session_id or e.session_id))
+            self._outbox.reply_now(self._replies.error(e.code, e.message, session_id or e.session_id))
         except ReplicaError as e:  # a quota of the API key (busy)
-            self._reply_now(self._error(e.code, e.message, session_id, getattr(e, "retry_after_s", None)))
+            self._outbox.reply_now(self._replies.error(e.code, e.message, session_id,
+                                                       getattr(e, "retry_after_s", None)))
             return False, False  # a busy answer is not the client's fault
         return True, False
 
@@ -231,12 +250,12 @@ class Connection(LaneJobs, Releases, Resume, Replies):
         release = None
         if cur is not None and cur.spec.session_id == req.session_id:
             self._stream = None
-            release = self._close(cur)
-        self._outbox.put_nowait((asyncio.ensure_future(self._reset_ok(req.session_id, release)), None))
+            release = self._releases.close(cur)
+        self._outbox.put(asyncio.ensure_future(self._replies.reset_ok(req.session_id, release)))
 
     def _on_infer(self, req: InferRequest, t0: float) -> None:
         if len(self._inflight) >= self._args.sessions.max_pending_chunks:
-            self._reply_now(self._error(
+            self._outbox.reply_now(self._replies.error(
                 ErrorCode.BUSY, f"{len(self._inflight)} infers of this connection are in flight (the most "
                 "it may have); wait for a reply, then send this chunk again", req.session_id, PIPELINE_RETRY_S))
             return
@@ -248,7 +267,7 @@ class Connection(LaneJobs, Releases, Resume, Replies):
                                                      "reset to start a new session")
         max_chunks = self._args.sessions.max_chunks
         if stream.next_chunk >= max_chunks:
-            self._reply_now(self._session_limit(stream, 0))
+            self._outbox.reply_now(self._replies.session_limit(stream, 0))
             return
         if self._quota is not None:
             self._quota.take_chunk()
@@ -256,18 +275,19 @@ class Connection(LaneJobs, Releases, Resume, Replies):
         timings: dict[str, float] = {}
         context = None
         if req.prompt_update is not None and not reset:
-            context = self._encode_later(req.prompt_update)
+            context = self._jobs.encode_later(req.prompt_update)
             stream.prompt = req.prompt_update
-        y = self._vae_lane.submit(partial(self._condition, stream, timings))
-        step = self._dit_lane.submit(partial(self._step, stream, y, req.cameras.poses, req.cameras.intrinsics,
+        y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
+        step = self._dit_lane.submit(partial(self._jobs.step, stream, y, req.cameras.poses, req.cameras.intrinsics,
                                              context))
-        task = asyncio.create_task(self._finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id, reset, t0))
+        task = asyncio.create_task(self._replies.finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id,
+                                                              reset, t0))
         stream.chunk_tasks.append(task)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
-        self._outbox.put_nowait((task, stream))
+        self._outbox.put(task, stream)
         if chunk_id == max_chunks - 2:  # one chunk before the limit: a notice after this chunk's reply
-            self._outbox.put_nowait((asyncio.ensure_future(self._notice_after(task, stream)), None))
+            self._outbox.put(asyncio.ensure_future(self._replies.notice_after(task, stream)))
         self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
 
     def _stream_for(self, req: InferRequest) -> tuple[Stream, bool]:
@@ -313,29 +333,23 @@ class Connection(LaneJobs, Releases, Resume, Replies):
             prompt, image, digest = req.prompt, self._pixels(req.image), image_digest(req.image)
         max_area = req.max_area or parse_size(self._args.model.default_size)
         resolution = self._sizes.output(max_area, *image.shape[:2])  # buckets, bounds (ProtocolError)
-        spec = stream_spec(req, resolution, prompt, digest, raw_frames=getattr(self._ws, "raw_frames", False))
+        spec = stream_spec(req, resolution, prompt, digest, raw_frames=self._raw_frames)
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)
-        if self._resumable:
+        if self._resume.enabled:
             if spec.raw_frames:  # a clip session: its client's parked one of that id is replaced
-                self._forget_parked_clip(spec.session_id)
+                self._resume.forget_parked_clip(spec.session_id)
             stream.resume_token = new_token()
             stream.resume_digest = token_digest(stream.resume_token)
-            stream.replay = self._replay_ring(spec.raw_frames)
-        cur = self._stream
-        open_now = cur is not None and cur.state is StreamState.OPEN
-        if self._quota is not None:
-            self._quota.start_session(stream.key, replacing=cur.key if open_now else None)
-        if cur is not None and cur.state is not StreamState.CLOSED:
-            self._close(cur)
+            stream.replay = self._resume.replay_ring(spec.raw_frames)
+        self._releases.adopt(stream, replacing=self._stream)
         self._stream = stream
-        self._held[stream.key] = stream
         h, w = spec.resolution
         key = stream.vae_key
         stream.vae_open = self._vae_lane.submit(
             lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w, spec.raw_frames))
-        stream.dit_open = self._dit_lane.submit(partial(self._open_dit, stream))
+        stream.dit_open = self._dit_lane.submit(partial(self._jobs.open_dit, stream))
         self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
                                                   "resolution": f"{h}x{w}"})
         return stream

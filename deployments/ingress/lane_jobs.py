@@ -7,8 +7,9 @@ condition (the costly image encode) for the DiT's. A session that cannot fit is 
 `busy` / `too_large` at once, having cost no model work.
 
 A call that finds its replica dead or the session gone rebuilds the session from its journal
-on a healthy replica (recovery.py), inside the same lane job, and is made again. `LaneJobs` is
-a base class of `Connection`, which sets the attributes it declares.
+on a healthy replica (recovery.py), inside the same lane job, and is made again. The lanes
+are the connection's (it queues these jobs on them); a step queues its chunk's decode on the
+VAE lane itself.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import numpy as np
 from ray.serve.handle import DeploymentHandle
 
 from deployments.ingress.guards.claim_gate import ClaimGate
-from deployments.ingress.detached import detach, settle
 from deployments.errors import ReplicaError
 from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
@@ -31,8 +31,6 @@ from deployments.ingress.recovery import Recovery, needs_recovery
 from deployments.ingress.stream import Stream, StreamState
 
 T = TypeVar("T")
-
-EXPECT_RELEASE_CALL_S = 10.0  # telling a replica when a parked session ends is given up after this
 
 
 @dataclass(frozen=True)
@@ -49,12 +47,13 @@ class Backends:
 class LaneJobs:
     """The VAE and DiT lane jobs of one connection's sessions."""
 
-    _b: Backends
-    _recovery: Recovery
-    _vae_lane: Lane
-    _log: KeyValueLog
+    def __init__(self, backends: Backends, vae_lane: Lane, recovery: Recovery, log: KeyValueLog) -> None:
+        self._b = backends
+        self._vae_lane = vae_lane
+        self._recovery = recovery
+        self._log = log
 
-    async def _open_dit(self, stream: Stream) -> None:
+    async def open_dit(self, stream: Stream) -> None:
         """DiT lane: admit the session on a DiT replica (busy, too_large), wait for the VAE's
         admission, encode the prompt, then open the session where it was admitted."""
         key = stream.dit_key
@@ -75,29 +74,13 @@ class LaneJobs:
         replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec.dit_open(context))
         self._log.info("session opened", fields={"session": key, "dit_replica": replica})
 
-    def _expect_release(self, stream: Stream, within_s: float) -> None:
-        """Tell both replicas that `stream` will be closed within `within_s` unless it is used
-        again (a parked session's grace period): their `busy` answers count with it. Detached,
-        bounded, best effort: a replica not told answers from its idle TTL."""
-        async def tell(handle: DeploymentHandle, key: str) -> None:
-            ended, result = await settle(handle.options(session_id=key).expect_release.remote(key, within_s),
-                                         EXPECT_RELEASE_CALL_S)
-            if not ended or isinstance(result, BaseException):
-                self._log.info("replica not told when a parked session ends", fields={
-                    "session": key, "error": repr(result) if ended else "timeout"})
-
-        async def tell_both() -> None:
-            await asyncio.gather(tell(self._b.dit, stream.dit_key), tell(self._b.vae, stream.vae_key))
-
-        detach(tell_both(), name=f"expect-release-{stream.key}")
-
-    def _encode_later(self, prompt: str) -> asyncio.Future:
+    def encode_later(self, prompt: str) -> asyncio.Future:
         """The text context of a prompt update, encoded now (concurrently with the lanes)."""
         async def encode() -> np.ndarray:
             return await self._b.text.encode.remote(prompt)
         return asyncio.ensure_future(encode())
 
-    async def _condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
+    async def condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
         """VAE lane: the chunk's conditioning y (a new session's first, once the DiT admitted it)."""
         await _dit_admitted(stream)
         t = time.perf_counter()
@@ -106,7 +89,7 @@ class LaneJobs:
         timings["vae_encode"] = time.perf_counter() - t
         return y
 
-    async def _step(self, stream: Stream, y_fut: asyncio.Future, poses: np.ndarray, intrinsics: np.ndarray,
+    async def step(self, stream: Stream, y_fut: asyncio.Future, poses: np.ndarray, intrinsics: np.ndarray,
                     context_fut: Optional[asyncio.Future] = None) -> tuple[dict[str, Any], asyncio.Future]:
         """DiT lane: one chunk step (rebuilding the session first when it was lost); queues the
         chunk's decode on the VAE lane when done. `context_fut`: the encoding of a prompt
@@ -130,10 +113,10 @@ class LaneJobs:
             stream.dit_open = _done()
             out = await step(stream.dit_key)
         stream.journal.add_chunk(poses, intrinsics, y, out["latents"], out["noise"], context)
-        decoded = self._vae_lane.submit(partial(self._decode, stream, out["latents"]))
+        decoded = self._vae_lane.submit(partial(self.decode, stream, out["latents"]))
         return out, decoded
 
-    async def _decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:
+    async def decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:
         """VAE lane: decode and mux one chunk."""
         out = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).decode.remote(key, latents))
         stream.journal.decoded += 1
@@ -162,7 +145,7 @@ def _admission(stream: Stream) -> asyncio.Future:
 
 async def _dit_admitted(stream: Stream) -> None:
     """Until the DiT admitted the stream; its refusal (busy, too_large) re-raised. A stream not
-    opened by `_open_dit` (resumed, rebuilt) ends the wait with its `dit_open`; a failure of
+    opened by `open_dit` (resumed, rebuilt) ends the wait with its `dit_open`; a failure of
     another kind (a replica died) is left to the step, which rebuilds the session."""
     admitted, opened = _admission(stream), stream.dit_open
     if opened is not None:

@@ -1,7 +1,7 @@
 """Session parking: where a session waits, between a dropped socket and its resume.
 
 When a client's socket ends while its session is open, the connection (resume.py,
-`Resume._park_current`) does not close the session on the replicas: it waits for the session's
+`ResumeBook.park`) does not close the session on the replicas: it waits for the session's
 chunks in flight, then hands the session's connection-side state (its journal, keys, chunk
 counter and the replies the client may have missed) to `SessionParking`, one replica for the
 application, reachable from every ingress replica. A new socket, through any ingress replica,

@@ -2,12 +2,13 @@
 failure, and at the end of the socket, whichever way it ends.
 
 During the connection, a stream's closes are queued on its lanes behind its own calls. At the
-end (`_teardown`, run detached from the request: see detached.py) nothing is cancelled: the
+end (`teardown`, run detached from the request: see detached.py) nothing is cancelled: the
 work not started is dropped, the sessions whose open was answered are closed at once (a
 replica frees a session's slot at once and its memory when the call running for it ends; it
 refuses an open that arrives after the close, and frees a session closed while being opened),
-the calls in flight finish (see lanes.py), and the rest is closed then. `Releases` is a base
-class of `Connection`, which sets the attributes it declares.
+the calls in flight finish (see lanes.py), and the rest is closed then. `Releases` holds every
+stream of its connection whose replicas may still hold state, and counts sessions against the
+API key's quota from `adopt` to their end.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Optional
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppArgs
-from deployments.ingress.detached import settle
+from deployments.ingress.detached import detach, settle
 from deployments.ingress.lane_jobs import Backends
 from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
@@ -26,31 +27,41 @@ from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.stream import Stream, StreamState
 
+EXPECT_RELEASE_CALL_S = 10.0  # telling a replica when a parked session ends is given up after this
 PARKING_CLOSE_MARGIN_S = 1.0  # after its grace, a parked session's close: the parking's sweep (0.5 s) and call
 
 
 class Releases:
-    """Frees streams on the replicas (a mixin of `Connection`)."""
+    """Frees streams on the replicas."""
 
-    _b: Backends
-    _args: AppArgs
-    _log: KeyValueLog
-    _metrics: IngressMetrics
-    _quota: Optional[KeyQuota]
-    _dit_lane: Lane
-    _vae_lane: Lane
-    _held: dict[str, Stream]  # every stream whose replicas may still hold state
-    _inflight: set[asyncio.Task]  # chunks not yet answered
-    _background: set[asyncio.Task]  # releases
-    _park_current: Callable[[], Awaitable[Optional[Stream]]]  # resume.py: parks the open session, if it can
-    _expect_release: Callable[[Stream, float], None]  # lane_jobs.py: tells the replicas when it ends
+    def __init__(self, backends: Backends, dit_lane: Lane, vae_lane: Lane, args: AppArgs, quota: Optional[KeyQuota],
+                 metrics: IngressMetrics, log: KeyValueLog) -> None:
+        self._b = backends
+        self._dit_lane = dit_lane
+        self._vae_lane = vae_lane
+        self._args = args
+        self._quota = quota
+        self._metrics = metrics
+        self._log = log
+        self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
+        self._background: set[asyncio.Task] = set()  # releases
 
-    def _fail(self, stream: Stream) -> None:
+    def adopt(self, stream: Stream, replacing: Optional[Stream]) -> None:
+        """`stream` becomes its connection's session in place of `replacing` (closed now, if it
+        was not): counted against the quota (which may refuse it: busy), then held."""
+        open_now = replacing is not None and replacing.state is StreamState.OPEN
+        if self._quota is not None:
+            self._quota.start_session(stream.key, replacing=replacing.key if open_now else None)
+        if replacing is not None and replacing.state is not StreamState.CLOSED:
+            self.close(replacing)
+        self._held[stream.key] = stream
+
+    def fail(self, stream: Stream) -> None:
         if stream.fail():
             self._ended(stream)
             stream.release = self._release_later(stream)
 
-    def _close(self, stream: Stream) -> Optional[asyncio.Task]:
+    def close(self, stream: Stream) -> Optional[asyncio.Task]:
         """Close a stream; its release task (started now if it was open)."""
         if stream.close():
             self._ended(stream)
@@ -92,19 +103,36 @@ class Releases:
                                   fields={"session": stream.key, "error": repr(r)})
         self._held.pop(stream.key, None)
 
-    async def _teardown(self) -> None:
+    def expect_release(self, stream: Stream, within_s: float) -> None:
+        """Tell both replicas that `stream` will be closed within `within_s` unless it is used
+        again (a parked session's grace period): their `busy` answers count with it. Detached,
+        bounded, best effort: a replica not told answers from its idle TTL."""
+        async def tell(handle: DeploymentHandle, key: str) -> None:
+            ended, result = await settle(handle.options(session_id=key).expect_release.remote(key, within_s),
+                                         EXPECT_RELEASE_CALL_S)
+            if not ended or isinstance(result, BaseException):
+                self._log.info("replica not told when a parked session ends", fields={
+                    "session": key, "error": repr(result) if ended else "timeout"})
+
+        async def tell_both() -> None:
+            await asyncio.gather(tell(self._b.dit, stream.dit_key), tell(self._b.vae, stream.vae_key))
+
+        detach(tell_both(), name=f"expect-release-{stream.key}")
+
+    async def teardown(self, parked: Optional[Stream], inflight: set[asyncio.Task]) -> None:
         """Connection end (any way it ends): drop the work not started, close every session
         still held on both deployments at once (a replica frees a session's slot at once and
         its memory when the call running for it ends; it refuses an open that arrives after the
         close, and frees a session closed while being opened), let the calls in flight finish
         (never cancelled: see lanes.py), and close again what a rebuild running meanwhile
         opened under a new key. Bounded by `connection.release_timeout_s`; the replicas' idle
-        TTL frees whatever a replica could not be told in time."""
+        TTL frees whatever a replica could not be told in time. `parked`: the open session the
+        parking took instead (resume.py), not closed; `inflight`: the connection's chunk tasks."""
         timeout = self._args.connection.release_timeout_s
-        parked = await self._park_current()  # the open session waits for a resume instead (resume.py), if it can
         if parked is not None:  # its replicas hold it for the grace period: their `busy` hints say so
-            self._expect_release(parked, self._args.sessions.resume_grace_s + PARKING_CLOSE_MARGIN_S)
-        for t in [*self._inflight, *self._background]:
+            self._held.pop(parked.key, None)
+            self.expect_release(parked, self._args.sessions.resume_grace_s + PARKING_CLOSE_MARGIN_S)
+        for t in [*inflight, *self._background]:
             t.cancel()  # local tasks waiting on lane futures; no Serve call is cancelled
         self._dit_lane.close()
         self._vae_lane.close()

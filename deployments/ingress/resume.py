@@ -2,20 +2,21 @@
 
 * A session's first frame reply carries its `resume_token` (`Stream.resume_token`, issued when
   the stream opens and `sessions.resume_grace_s` > 0).
-* When the socket ends, `_park_current` hands the open session to the parking instead of
+* When the socket ends, `park` hands the open session to the parking instead of
   closing it: announced at once (a quick reconnect waits for it), then, once the chunks in
   flight are answered (however long they take, within the grace period), its journal, keys,
   counters, the last `resume_replay_chunks` sent replies and every reply the socket could not
   send (those of the chunks in flight at the drop included). The replica state stays where it is.
 * On a new socket, a `resume` request, or an infer with `resume_token`, claims it
-  (`_resume`) before anything else of that socket is read: the missed replies go out again in
+  (`resume`) before anything else of that socket is read: the missed replies go out again in
   order (those from `resume_from` on; without it, the unsent ones), then the session goes on.
   A clip-mode connection (deployments/clip) claims its client's clip session by session id.
   A token the parking does not know is asked for once more after `UNKNOWN_WAIT_S` (the old
   socket's end may not have been seen yet): that wait, and the one of a client whose claims
   keep failing (claim_gate.py), happen here, in the claiming connection, never in the parking.
 
-`Resume` is a base class of `Connection`, which sets the attributes it declares.
+`ResumeBook` is told the connection's current stream with each call and returns the stream a
+claim makes current; the sessions it adopts and the ones they replace go through `Releases`.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from deployments.ingress.lane_jobs import Backends, _done
 from deployments.log import KeyValueLog
 from deployments.ingress.parking import ClaimRefused, ParkedSession, token_digest
 from deployments.ingress.guards.quotas import KeyQuota
+from deployments.ingress.releases import Releases
 from deployments.ingress.stream import Stream, StreamState
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply, InferRequest, Request, ResumeOk, ResumeRequest
@@ -46,23 +48,28 @@ class ClaimsThrottled(Busy):
     """This client's resume claims failed too often: not made (claim_gate.py)."""
 
 
-class Resume:
-    """Parks the open session when the socket ends; resumes parked ones (a mixin of `Connection`)."""
+class ResumeBook:
+    """Parks the open session when the socket ends; resumes parked ones."""
 
-    _b: Backends
-    _args: AppArgs
-    _log: KeyValueLog
-    _quota: Optional[KeyQuota]
-    _stream: Optional[Stream]
-    _held: dict[str, Stream]
-    _key_id: Optional[str]  # API key id (auth on)
-    _client: Optional[str]  # client address
-
-    _may_park: bool  # a WebSocket's connection (not an offline video's)
+    def __init__(self, backends: Backends, args: AppArgs, releases: Releases, quota: Optional[KeyQuota],
+                 log: KeyValueLog, *, may_park: bool, clip_mode: bool, key_id: Optional[str],
+                 client: Optional[str]) -> None:
+        """`may_park`: a WebSocket's connection (not an offline video's); `clip_mode`: a peer
+        client's socket in clip mode; `key_id`, `client`: its API key id (auth on) and address."""
+        self._parking = backends.parking
+        self._claims = backends.claims
+        self._sessions = args.sessions
+        self._releases = releases
+        self._quota = quota
+        self._log = log
+        self._may_park = may_park
+        self.clip_mode = clip_mode
+        self._key_id = key_id
+        self._client = client
 
     @property
-    def _resumable(self) -> bool:
-        return self._may_park and self._b.parking is not None and self._args.sessions.resume_grace_s > 0
+    def enabled(self) -> bool:
+        return self._may_park and self._parking is not None and self._sessions.resume_grace_s > 0
 
     def _principal(self, clip: bool) -> Optional[str]:
         """Who may resume: the API key (auth on); for clip sessions, without auth, the address."""
@@ -78,20 +85,20 @@ class Resume:
 
     # ---- the socket ended ----
 
-    async def _park_current(self) -> Optional[Stream]:
-        """Park the connection's open session (see the module doc); the stream when parked."""
-        s = self._stream
-        if not (self._resumable and s is not None and s.state is StreamState.OPEN and s.resume_digest
+    async def park(self, s: Optional[Stream]) -> bool:
+        """Park the connection's open session `s` (see the module doc); True when parked (the
+        parking holds it now: its connection releases nothing of it)."""
+        if not (self.enabled and s is not None and s.state is StreamState.OPEN and s.resume_digest
                 and s.token_delivered):  # a client that never got chunk 0 has no token
-            return None
+            return False
         digest, clip = s.resume_digest, s.spec.raw_frames
-        parking = self._b.parking
+        parking = self._parking
         if not await self._call(parking.reserve.remote(digest, s.spec.session_id, self._principal(clip), clip,
                                                       self._owner)):
-            return None
+            return False
         pending = [t for t in s.chunk_tasks if not t.done()]
         if pending:  # their replies are the ones the client missed: parked with the session
-            await asyncio.wait(pending, timeout=self._args.sessions.resume_grace_s)
+            await asyncio.wait(pending, timeout=self._sessions.resume_grace_s)
         replies = [t.result() for t in s.chunk_tasks if t.done() and not t.cancelled()]
         if s.state is not StreamState.OPEN or len(replies) < len(s.chunk_tasks) or not all(
                 isinstance(r, FrameReply) for r in replies):  # a chunk failed or is still running
@@ -99,10 +106,10 @@ class Resume:
                 "session": s.key, "state": s.state.name, "chunks": len(s.chunk_tasks), "answered": len(replies),
                 "errors": [getattr(r, "code", None) for r in replies if not isinstance(r, FrameReply)]})
             await self._call(parking.unreserve.remote(digest))
-            return None
+            return False
         unsent = [*s.pending_replays, *(r for r in replies if r.chunk_id >= s.sent_chunks)]
         total = s.spec.total_latent_frames
-        ended = s.next_chunk >= self._args.sessions.max_chunks or (
+        ended = s.next_chunk >= self._sessions.max_chunks or (
             total is not None and s.next_chunk >= total // CHUNK_LATENT_FRAMES)
         record = ParkedSession(
             spec=s.spec, journal=s.journal, image=s.image, key=s.key, dit_key=s.dit_key, vae_key=s.vae_key,
@@ -110,21 +117,19 @@ class Resume:
             text_encode_s=s.text_encode_s, replies=[*s.replay, *unsent], token_digest=digest,
             principal=self._principal(clip), clip=clip)
         if not await self._call(parking.park.remote(record)):
-            return None
+            return False
         if ended:  # no chunk is left to make: its replicas free it now, the parking keeps its replies
             self._log.info("ended session parked for its replies", fields={"session": s.key})
-            return None
+            return False
         s.state = StreamState.CLOSED  # the parking holds it now: this connection releases nothing of it
-        self._held.pop(s.key, None)
-        self._stream = None
         self._log.info("session parked", fields={"session": s.key, "chunks": s.next_chunk,
-                                                 "unsent": len(unsent), "grace_s": self._args.sessions.resume_grace_s})
-        return s
+                                                 "unsent": len(unsent), "grace_s": self._sessions.resume_grace_s})
+        return True
 
-    def _forget_parked_clip(self, session_id: str) -> None:
+    def forget_parked_clip(self, session_id: str) -> None:
         """A new clip session `session_id` starts here: the parking drops its client's parked
         one of that id (sent now, so it reaches the parking before any later claim)."""
-        detach(self._call(self._b.parking.discard_clip.remote(session_id, self._principal(True))),
+        detach(self._call(self._parking.discard_clip.remote(session_id, self._principal(True))),
                name=f"discard-clip-{session_id}")
 
     async def _call(self, call) -> bool:
@@ -137,12 +142,12 @@ class Resume:
 
     # ---- a new socket resumes ----
 
-    def _resume_kind(self, req: Request) -> Optional[str]:
-        """"claim" when `req` resumes a session this connection does not hold; "check" when it
-        continues one it does not hold without a token (the parking may hold it); else None."""
-        if not self._resumable or not isinstance(req, (InferRequest, ResumeRequest)):
+    def kind(self, req: Request, cur: Optional[Stream]) -> Optional[str]:
+        """"claim" when `req` resumes a session this connection (current stream `cur`) does not
+        hold; "check" when it continues one it does not hold without a token (the parking may
+        hold it); else None."""
+        if not self.enabled or not isinstance(req, (InferRequest, ResumeRequest)):
             return None
-        cur = self._stream
         if cur is not None and cur.spec.session_id == req.session_id and cur.state is StreamState.OPEN:
             return None
         if isinstance(req, ResumeRequest) or req.resume_token is not None:
@@ -151,16 +156,17 @@ class Resume:
             return "check"
         return None
 
-    async def _resume(self, req: Request) -> list[BaseModel]:
-        """Claim the parked session `req` names and make it this connection's; the replies to
-        send again (in order). Raises ReplicaError (unauthorized, session_lost, busy)."""
-        clip = req.resume_token == CLIP_RESUME and self._ws_clip_mode
+    async def resume(self, req: Request, cur: Optional[Stream]) -> tuple[Stream, list[BaseModel]]:
+        """Claim the parked session `req` names and make it this connection's in place of `cur`;
+        the stream and the replies to send again (in order). Raises ReplicaError
+        (unauthorized, session_lost, busy)."""
+        clip = req.resume_token == CLIP_RESUME and self.clip_mode
         token = None if clip else req.resume_token
         if self._quota is not None:  # before the claim: a session claimed is never dropped for the quota
-            self._quota.check_session(self._open_key())
+            self._quota.check_session(_open_key(cur))
         record = await self._claim(req.session_id, token, self._principal(clip), clip)
         resume_from = record.next_chunk if clip else (req.resume_from if req.resume_from is not None else record.sent)
-        stream = self._install(record, resume_from)
+        stream = self._install(record, resume_from, cur)
         replay = [r for r in record.replies if r.chunk_id >= resume_from]
         missing = sorted(set(range(resume_from, record.next_chunk)) - {r.chunk_id for r in replay})
         if missing:
@@ -171,13 +177,13 @@ class Resume:
         out: list[BaseModel] = list(replay)
         if isinstance(req, ResumeRequest):
             out.append(ResumeOk(session_id=req.session_id, next_chunk_id=record.next_chunk, replayed=len(replay)))
-        return out
+        return stream, out
 
     async def _claim(self, session_id: str, token: Optional[str], principal: Optional[str],
                      clip: bool) -> ParkedSession:
         """The parked session, claimed through this client's gate (see the module doc). Raises
         ClaimsThrottled, Unauthorized or SessionLost."""
-        sessions, gate, who = self._args.sessions, self._b.claims, self._owner
+        sessions, gate, who = self._sessions, self._claims, self._owner
         rate, burst = sessions.resume_failed_claims_per_minute, sessions.resume_failed_claims_burst
         wait = gate.take(who, rate, burst)
         if wait is None:
@@ -187,10 +193,10 @@ class Resume:
             raise ClaimsThrottled("too many resume claims of this client failed; try again later", retry)
         if wait > 0:
             await asyncio.sleep(wait)
-        result = await self._b.parking.claim.remote(session_id, token, principal, clip)
+        result = await self._parking.claim.remote(session_id, token, principal, clip)
         if isinstance(result, ClaimRefused) and result.unknown:  # its old socket's end may not be seen yet
             await asyncio.sleep(UNKNOWN_WAIT_S)
-            result = await self._b.parking.claim.remote(session_id, token, principal, clip)
+            result = await self._parking.claim.remote(session_id, token, principal, clip)
         if isinstance(result, ClaimRefused):
             self._log.info("resume refused", fields={"session": session_id, "code": result.code.value,
                                                      "why": "unknown token" if result.unknown else result.message})
@@ -198,65 +204,56 @@ class Resume:
         gate.give_back(who, burst)
         return result
 
-    def _replay_held(self, req: ResumeRequest) -> list[BaseModel]:
-        """`resume` of the session this connection holds: its kept replies from `resume_from` on, again."""
-        if not self._resumable:
+    def replay_held(self, req: ResumeRequest, s: Optional[Stream]) -> list[BaseModel]:
+        """`resume` of the session this connection holds (`s`): its kept replies from
+        `resume_from` on, again."""
+        if not self.enabled:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "this server does not resume sessions (the handshake has no "
                                                        "`resume_grace_s`): sessions end with their connection")
-        s = self._stream
         if s is None or s.resume_digest is None or token_digest(req.resume_token) != s.resume_digest:
             raise Unauthorized(f"the resume token is not session {req.session_id!r}'s")
         start = s.sent_chunks if req.resume_from is None else req.resume_from
         replay = [r for r in s.replay if r.chunk_id >= start]
         return [*replay, ResumeOk(session_id=req.session_id, next_chunk_id=s.next_chunk, replayed=len(replay))]
 
-    def _sent(self, stream: Stream, reply: FrameReply) -> None:
-        """The send loop sent a frame reply of `stream` (what a park keeps, see the module doc)."""
-        stream.sent_chunks = max(stream.sent_chunks, reply.chunk_id + 1)
-        stream.replay.append(reply)
-        if stream.pending_replays and stream.pending_replays[0] is reply:
-            stream.pending_replays.popleft()
-        if reply.resume_token is not None:
-            stream.token_delivered = True
-
-    async def _check_parked(self, req: InferRequest) -> None:
+    async def check_parked(self, req: InferRequest) -> None:
         """An infer that continues a session this connection does not hold, without a token:
         Unauthorized when the parking holds it (it needs its token), else nothing."""
-        if await self._b.parking.holds.remote(req.session_id, self._principal(self._ws_clip_mode)):
+        if await self._parking.holds.remote(req.session_id, self._principal(self.clip_mode)):
             raise Unauthorized(f"session {req.session_id!r} waits to be resumed: send the `resume_token` of its "
                                "first frame reply with `session_id` (a `resume` request, or this infer with it)")
 
-    def _install(self, record: ParkedSession, sent: int) -> Stream:
-        """A stream from a parked session, made this connection's current one; `sent`: the
-        chunk replies its client has."""
+    def _install(self, record: ParkedSession, sent: int, cur: Optional[Stream]) -> Stream:
+        """A stream from a parked session, to be this connection's current one in place of
+        `cur`; `sent`: the chunk replies its client has."""
         stream = Stream(record.spec, record.journal, record.image)
         stream.key, stream.dit_key, stream.vae_key = record.key, record.dit_key, record.vae_key
         stream.next_chunk, stream.sent_chunks, stream.prompt = record.next_chunk, sent, record.prompt
         stream.recoveries, stream.text_encode_s = record.recoveries, record.text_encode_s
         stream.resume_digest = record.token_digest  # dropped again: parked under the same token
         stream.token_delivered = True  # the client sent it
-        stream.replay = self._replay_ring(record.spec.raw_frames)
+        stream.replay = self.replay_ring(record.spec.raw_frames)
         stream.replay.extend(r for r in record.replies if r.chunk_id < record.sent)
         stream.dit_open = _done()
         stream.vae_open = _done()
-        cur = self._stream
-        if self._quota is not None:
-            self._quota.start_session(stream.key, replacing=self._open_key())
-        if cur is not None and cur.state is not StreamState.CLOSED:
-            self._close(cur)
-        self._stream = stream
-        self._held[stream.key] = stream
+        self._releases.adopt(stream, replacing=cur)
         return stream
 
-    def _open_key(self) -> Optional[str]:
-        """The key of the connection's open session (a new or resumed one replaces it)."""
-        cur = self._stream
-        return cur.key if cur is not None and cur.state is StreamState.OPEN else None
-
-    def _replay_ring(self, raw_frames: bool) -> deque:
+    def replay_ring(self, raw_frames: bool) -> deque:
         """The sent replies a stream keeps to send again (none of raw clip frames: too large)."""
-        return deque(maxlen=0 if raw_frames else self._args.sessions.resume_replay_chunks)
+        return deque(maxlen=0 if raw_frames else self._sessions.resume_replay_chunks)
 
-    @property
-    def _ws_clip_mode(self) -> bool:
-        return bool(getattr(self._ws, "raw_frames", False))
+
+def _open_key(cur: Optional[Stream]) -> Optional[str]:
+    """The key of the connection's open session (a new or resumed one replaces it)."""
+    return cur.key if cur is not None and cur.state is StreamState.OPEN else None
+
+
+def record_sent(stream: Stream, reply: FrameReply) -> None:
+    """The send loop sent a frame reply of `stream` (what a park keeps, see the module doc)."""
+    stream.sent_chunks = max(stream.sent_chunks, reply.chunk_id + 1)
+    stream.replay.append(reply)
+    if stream.pending_replays and stream.pending_replays[0] is reply:
+        stream.pending_replays.popleft()
+    if reply.resume_token is not None:
+        stream.token_delivered = True

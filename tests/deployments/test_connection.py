@@ -268,3 +268,9 @@ def test_lanes_overlap_dit_and_vae_and_keep_one_call_in_flight_per_deployment(ex
     assert log.index("dit.step start", log.index("dit.step end") + 1) < log.index("vae.decode end")
     replies = ws.sent[1:]
     assert [r.chunk_id for r in replies] == [0, 1, 2] and [r.client_chunk_id for r in replies] == [0, 1, 2]
+
+
+def test_connection_owns_its_parts_instead_of_inheriting_them():
+    """Issue 32: lanes, replies, outbox, releases and resume book are objects a Connection
+    holds, each with its own state; no mixin bases that reach into each other's attributes."""
+    assert Connection.__bases__ == (object,)

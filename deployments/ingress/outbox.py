@@ -1,0 +1,63 @@
+"""Outbox: the one ordered way out of a `Connection` (connection.py).
+
+Every reply, whatever finishes first, goes out in request order: the outbox holds a future per
+reply, with the stream whose chunk it answers; once a frame reply of a stream is sent,
+`on_sent` is told (resume.py counts what was sent), and `on_reply` after every reply (the
+client policy counts the replies it owes).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Optional
+
+from pydantic import BaseModel
+from starlette.websockets import WebSocketState
+
+from deployments.ingress.stream import Stream
+from deployments.ingress.transport import Transport
+from protocol.codec import encode
+from protocol.messages import FrameReply
+
+OnSent = Callable[[Stream, FrameReply], None]
+
+
+class Outbox:
+    """Sends the replies of one connection in the order they were put."""
+
+    def __init__(self, ws: Transport, on_sent: OnSent, on_reply: Callable[[], None]) -> None:
+        self._ws = ws
+        self._on_sent = on_sent
+        self._on_reply = on_reply
+        self._queue: asyncio.Queue[tuple[asyncio.Future[BaseModel], Optional[Stream]]] = asyncio.Queue()
+
+    def __len__(self) -> int:
+        """Replies queued and not yet sent."""
+        return self._queue.qsize()
+
+    def put(self, reply: asyncio.Future[BaseModel], stream: Optional[Stream] = None) -> None:
+        """Queue a reply still being made; `stream`: the stream whose chunk it answers."""
+        self._queue.put_nowait((reply, stream))
+
+    def reply_now(self, reply: BaseModel, stream: Optional[Stream] = None) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(reply)
+        self._queue.put_nowait((fut, stream))
+
+    async def send_loop(self) -> None:
+        while True:
+            fut, stream = await self._queue.get()
+            reply = await asyncio.shield(fut)  # the sender's cancel (socket end) must not cancel a chunk (resume)
+            await self._ws.send_bytes(encode(reply))
+            if stream is not None and isinstance(reply, FrameReply):
+                self._on_sent(stream, reply)
+            self._queue.task_done()
+            self._on_reply()
+
+    async def flush(self, timeout_s: float) -> None:
+        """Wait (bounded) until the replies queued so far are sent."""
+        await asyncio.wait({asyncio.ensure_future(self._queue.join())}, timeout=timeout_s)
+
+    async def close_socket(self, code: int, reason: str) -> None:
+        if self._ws.application_state is WebSocketState.CONNECTED:
+            await self._ws.close(code=code, reason=reason)
