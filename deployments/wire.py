@@ -1,7 +1,12 @@
-"""What the ingress hands the DiT deployment over Ray to open or rebuild a session.
+"""What the ingress and the DiT deployment hand each other over Ray (one type per message).
 
-Plain numpy and Python values (no torch in the ingress process); the DiT replica turns them
-into the model's `DiTSessionSpec` and `PastChunk`s.
+Plain numpy and Python values (no torch, no pydantic: the ingress process imports neither the
+model nor the replicas). The DiT replica derives the model's `DiTSessionSpec` and
+`model.session.PastChunk`s from them.
+
+Names: a session's `session_id` is the client's; a `routing_key` (`<session_id>~<random>`, one
+per incarnation of a session on one deployment, deployments/ingress/stream.py) is what the
+router pins and what a replica keys its state by.
 """
 from __future__ import annotations
 
@@ -10,20 +15,62 @@ from typing import Optional
 
 import numpy as np
 
-WireNoise = tuple[np.ndarray, bool]  # (CPU generator state bytes, whole-video noise drawn)
-# A past chunk as the ingress journals it: poses [N, 4, 4], intrinsics [N, 4], y, latents, and the
-# text context [L, text_dim] of a prompt update made before it (None: none).
-WirePastChunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]
+
+@dataclass(frozen=True, slots=True)
+class SessionOptions:
+    """A session's options, fixed for its life: built once from its first infer (at the
+    output size the ingress chose) and carried unchanged to the replicas."""
+
+    session_id: str  # the client's
+    prompt: str  # as opened (a prompt update changes what the session attends to, not this)
+    image_digest: str  # identity of the image as sent (deployments/ingress/stream.py `image_digest`)
+    resolution: tuple[int, int]  # output pixels (h, w)
+    seed: int
+    total_latent_frames: Optional[int]  # from the declared `num_frames`; None: open-ended, per-chunk noise
+    translation_scale: Optional[float]  # None: per-chunk normalisation
+    intrinsics_resolution: tuple[int, int]  # [H, W] the intrinsics are given in
+    raw_frames: bool = False  # the VAE answers raw RGB frames, not fMP4 (the transport's choice: clip mode)
+
+    @property
+    def height(self) -> int:
+        return self.resolution[0]
+
+    @property
+    def width(self) -> int:
+        return self.resolution[1]
 
 
 @dataclass(frozen=True, slots=True)
-class DiTOpenSpec:
-    """A DiT session's opening arguments (`DiTDeployment.reserve` / `.open` / `.restore`)."""
+class NoiseSnapshot:
+    """The DiT's noise generator after a chunk (the model's `NoiseState`, as numpy)."""
 
-    context: Optional[np.ndarray]  # float32 [L, text_dim]: the prompt's text-encoder output (None: `reserve`)
-    height: int  # output pixels
-    width: int
-    seed: int
-    total_latent_frames: Optional[int]  # from the declared `num_frames`; None: open-ended
-    translation_scale: Optional[float]  # None: per-chunk normalisation
-    intrinsics_resolution: tuple[int, int]  # [H, W] the intrinsics are given in
+    rng: np.ndarray  # uint8: the CPU generator's state
+    whole_drawn: bool  # the whole-video noise was drawn (a session of declared length)
+
+
+@dataclass(frozen=True, slots=True)
+class PastChunk:
+    """One finished chunk as the ingress journals it and hands it back to rebuild the session."""
+
+    poses: np.ndarray  # [N, 4, 4] as received
+    intrinsics: np.ndarray  # [N, 4]
+    y: np.ndarray  # [20, 3, lh, lw] its conditioning (one array shared by equal consecutive y)
+    latents: np.ndarray  # float32 [16, 3, lh, lw] its clean x0
+    context: Optional[np.ndarray] = None  # [L, text_dim]: a prompt update applied before this chunk
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """`DiTDeployment.step`'s answer: one chunk's latents, with what the ingress journals and reports."""
+
+    latents: np.ndarray  # float32 [16, 3, lh, lw]: the chunk's clean x0
+    noise: NoiseSnapshot  # after this chunk (the journal's, for a rebuild)
+    # Seconds per DiT stage; with the cache update deferred, `previous_cache_update` is the
+    # previous chunk's (it ran before this one), so that their sum is still the DiT's time per chunk.
+    timings: dict[str, float]
+    replica: str  # the replica that ran it (debug fields)
+
+    @property
+    def dit_s(self) -> float:
+        """The chunk's `dit` stage (seconds)."""
+        return sum(self.timings.values())

@@ -14,23 +14,11 @@ session can no longer be recovered and a lost replica then means `session_lost`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from deployments.wire import WireNoise
-
-
-@dataclass(frozen=True, slots=True)
-class JournalChunk:
-    """One finished chunk."""
-
-    poses: np.ndarray  # [N, 4, 4] as received
-    intrinsics: np.ndarray  # [N, 4]
-    y: np.ndarray  # [20, 3, lh, lw] (shared with the previous chunk's when equal)
-    latents: np.ndarray  # float32 [16, 3, lh, lw] clean x0
-    context: Optional[np.ndarray] = None  # [L, text_dim]: a prompt update applied before this chunk
+from deployments.wire import NoiseSnapshot, PastChunk
 
 
 class SessionJournal:
@@ -40,8 +28,8 @@ class SessionJournal:
         """`image`: RGB uint8 [H0, W0, 3]; `max_bytes` None turns recovery off."""
         self.image: Optional[np.ndarray] = image
         self.context: Optional[np.ndarray] = None  # [L, text_dim] once the prompt is encoded
-        self.chunks: list[JournalChunk] = []
-        self.noise: Optional[WireNoise] = None  # after the last chunk
+        self.chunks: list[PastChunk] = []  # sent as they are to `DiTDeployment.restore`
+        self.noise: Optional[NoiseSnapshot] = None  # after the last chunk
         self.conditioned = 0  # condition calls the VAE answered (its encoder position)
         self.decoded = 0  # decode calls the VAE answered (its decoder and muxer position)
         self._max_bytes = max_bytes
@@ -60,7 +48,7 @@ class SessionJournal:
             self.context = context
 
     def add_chunk(self, poses: np.ndarray, intrinsics: np.ndarray, y: np.ndarray, latents: np.ndarray,
-                  noise: WireNoise, context: Optional[np.ndarray] = None) -> None:
+                  noise: NoiseSnapshot, context: Optional[np.ndarray] = None) -> None:
         """Record a finished chunk (in chunk order); `context`: the prompt update (prompt
         steering) applied before it, replayed at the same point by a rebuild."""
         previous = self.chunks[-1].y if self.chunks else None
@@ -70,7 +58,7 @@ class SessionJournal:
         new_bytes += 0 if context is None else context.nbytes
         self._keep(new_bytes)
         if self._enabled:
-            self.chunks.append(JournalChunk(poses, intrinsics, y, latents, context))
+            self.chunks.append(PastChunk(poses, intrinsics, y, latents, context))
             self.noise = noise
 
     def decoded_latents(self) -> list[np.ndarray]:

@@ -29,6 +29,7 @@ from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
 from deployments.ingress.recovery import Recovery, needs_recovery
 from deployments.ingress.stream import Stream, StreamState
+from deployments.wire import StepResult
 
 T = TypeVar("T")
 
@@ -59,7 +60,7 @@ class LaneJobs:
         key = stream.dit_key
         admitted = _admission(stream)
         try:
-            await self._b.dit.options(session_id=key).reserve.remote(key, stream.spec.dit_open(None))
+            await self._b.dit.options(session_id=key).reserve.remote(key, stream.spec)
         except Exception as e:
             if not admitted.done():
                 admitted.set_exception(e)
@@ -71,7 +72,7 @@ class LaneJobs:
         context = await self._b.text.encode.remote(stream.spec.prompt)
         stream.text_encode_s = time.perf_counter() - t
         stream.journal.set_context(context)
-        replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec.dit_open(context))
+        replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec, context)
         self._log.info("session opened", fields={"session": key, "dit_replica": replica})
 
     def encode_later(self, prompt: str) -> asyncio.Future:
@@ -90,14 +91,14 @@ class LaneJobs:
         return y
 
     async def step(self, stream: Stream, y_fut: asyncio.Future, poses: np.ndarray, intrinsics: np.ndarray,
-                    context_fut: Optional[asyncio.Future] = None) -> tuple[dict[str, Any], asyncio.Future]:
+                   context_fut: Optional[asyncio.Future] = None) -> tuple[StepResult, asyncio.Future]:
         """DiT lane: one chunk step (rebuilding the session first when it was lost); queues the
         chunk's decode on the VAE lane when done. `context_fut`: the encoding of a prompt
         update (prompt steering), applied by the DiT before this chunk and journaled with it."""
         y = await y_fut
         context = None if context_fut is None else await context_fut
 
-        def step(key: str) -> Awaitable[dict[str, Any]]:
+        def step(key: str) -> Awaitable[StepResult]:
             dit = self._b.dit.options(session_id=key)
             if context is None:  # the call as before (older replicas, the sharded DiT)
                 return dit.step.remote(key, y, poses, intrinsics)
@@ -112,8 +113,8 @@ class LaneJobs:
             await self._recovery.dit(stream, e)
             stream.dit_open = _done()
             out = await step(stream.dit_key)
-        stream.journal.add_chunk(poses, intrinsics, y, out["latents"], out["noise"], context)
-        decoded = self._vae_lane.submit(partial(self.decode, stream, out["latents"]))
+        stream.journal.add_chunk(poses, intrinsics, y, out.latents, out.noise, context)
+        decoded = self._vae_lane.submit(partial(self.decode, stream, out.latents))
         return out, decoded
 
     async def decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from deployments.config import SessionArgs
 from deployments.errors import ReplicaError, SessionLost, Unauthorized
 from deployments.ingress.journal import SessionJournal
 from deployments.log import get_log
-from deployments.ingress.stream import StreamSpec
+from deployments.wire import SessionOptions
 from protocol.errors import ErrorCode
 
 TOKEN_BYTES = 24  # 192 bits, url-safe base64: 32 characters
@@ -68,7 +68,7 @@ def token_digest(token: str) -> str:
 class ParkedSession:
     """A session's connection-side state, as its dropped connection left it (see connection.py)."""
 
-    spec: StreamSpec
+    spec: SessionOptions
     journal: SessionJournal
     image: Any  # RGB uint8 [H0, W0, 3] (np.ndarray)
     key: str  # the stream's identity

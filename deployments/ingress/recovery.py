@@ -21,7 +21,7 @@ from deployments.config import SessionArgs
 from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics
-from deployments.ingress.stream import Stream, StreamState, incarnation_key
+from deployments.ingress.stream import Stream, StreamState, new_routing_key
 
 REPLICA_GONE = (RayActorError, ReplicaUnavailableError)  # the replica died or left mid-call
 RETRY_MIN_S = 0.25
@@ -52,12 +52,12 @@ class Recovery:
         if not (self._enabled and j.recoverable and j.context is not None):
             raise self._lost("dit", cause)
         await self._forget(self._dit, stream.dit_key)
-        key = stream.dit_key = incarnation_key(stream.spec.session_id)
-        spec = stream.spec.dit_open(j.context)
-        past = [(c.poses, c.intrinsics, c.y, c.latents, c.context) for c in j.chunks]
+        key = stream.dit_key = new_routing_key(stream.spec.session_id)
+        context, past = j.context, list(j.chunks)
         t0 = time.perf_counter()
         dit = self._dit.options(session_id=key)
-        replica = await self._until_placed("dit", stream, cause, lambda: dit.restore.remote(key, spec, past, j.noise))
+        replica = await self._until_placed("dit", stream, cause,
+                                           lambda: dit.restore.remote(key, stream.spec, context, past, j.noise))
         stream.recoveries += 1
         self._metrics.count_recovery("dit", rebuilt=True)
         self._log.warning("session rebuilt on the DiT", fields={
@@ -70,7 +70,7 @@ class Recovery:
         if not (self._enabled and j.recoverable):
             raise self._lost("vae", cause)
         await self._forget(self._vae, stream.vae_key)
-        key = stream.vae_key = incarnation_key(stream.spec.session_id)
+        key = stream.vae_key = new_routing_key(stream.spec.session_id)
         decoded = j.decoded_latents()
         t0 = time.perf_counter()
         vae = self._vae.options(session_id=key)

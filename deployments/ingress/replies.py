@@ -65,7 +65,7 @@ class Replies:
         durations = {
             "text_encode": stream.text_encode_s if chunk_id == 0 else 0.0,
             "vae_encode": timings["vae_encode"],
-            "dit": sum(out["timings"].values()),
+            "dit": out.dit_s,
             "vae_decode": dec["timings"]["vae_decode"],
             "mux": dec["timings"]["mux"],
         }
@@ -74,7 +74,7 @@ class Replies:
         self._metrics.observe_chunk(durations)
         debug = None
         if self._debug_fields:
-            debug = {"dit_replica": out["replica"], "vae_replica": dec["replica"], "recoveries": stream.recoveries}
+            debug = {"dit_replica": out.replica, "vae_replica": dec["replica"], "recoveries": stream.recoveries}
         return FrameReply(
             session_id=sid, chunk_id=chunk_id, video=dec["video"], num_frames=dec["num_frames"],
             resolution=stream.spec.resolution, fps=self._fps, stage_durations=durations,

@@ -1,10 +1,11 @@
 """Stream: the connection's view of one session (its lifecycle, identity, chunk counter, journal).
 
-The replicas key a session by a key unique per *incarnation* (client id + random suffix): two
-connections that pick the same `session_id`, or a session restarted under the same id, never
-share server-side state, and releasing an old incarnation cannot touch the new one. A session
-rebuilt on another replica after a failure (recovery) gets a fresh key on that deployment
-(`dit_key`, `vae_key`), so stale pins and late calls of the lost incarnation cannot reach it.
+The replicas key a session by a routing key unique per *incarnation* (client id + random
+suffix, deployments/wire.py): two connections that pick the same `session_id`, or a session
+restarted under the same id, never share server-side state, and releasing an old incarnation
+cannot touch the new one. A session rebuilt on another replica after a failure (recovery) gets
+a fresh routing key on that deployment (`dit_key`, `vae_key`), so stale pins and late calls of
+the lost incarnation cannot reach it.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION, frame_plan
 from deployments.ingress.journal import SessionJournal
-from deployments.wire import DiTOpenSpec
+from deployments.wire import SessionOptions
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import InferRequest
 
@@ -37,8 +38,8 @@ class StreamClosed(RuntimeError):
     """An illegal lifecycle transition (a bug in the connection logic)."""
 
 
-def incarnation_key(session_id: str) -> str:
-    """`<session_id>~<random>`: the replicas' key of one incarnation of a session."""
+def new_routing_key(session_id: str) -> str:
+    """`<session_id>~<random>`: a routing key, the replicas' key of one incarnation of a session."""
     return f"{session_id}~{uuid.uuid4().hex[:12]}"
 
 
@@ -53,36 +54,15 @@ def image_digest(image: bytes | np.ndarray) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class StreamSpec:
-    """What a session was opened with (fixed for its life)."""
-
-    session_id: str
-    prompt: str
-    image_digest: str
-    resolution: tuple[int, int]  # output (h, w)
-    seed: int
-    total_latent_frames: Optional[int]  # from `num_frames` (spec B.1); None: per-chunk noise
-    translation_scale: Optional[float]
-    intrinsics_resolution: tuple[int, int]
-    raw_frames: bool = False  # the VAE answers raw RGB frames, not fMP4 (the transport's choice: clip mode)
-
-    def dit_open(self, context: np.ndarray) -> DiTOpenSpec:
-        """What the DiT deployment opens (or rebuilds) this session with, given its text context."""
-        h, w = self.resolution
-        return DiTOpenSpec(context, h, w, self.seed, self.total_latent_frames, self.translation_scale,
-                           self.intrinsics_resolution)
-
-
 @dataclass(eq=False, slots=True)
 class Stream:
     """One session incarnation on one connection."""
 
-    spec: StreamSpec
+    spec: SessionOptions
     journal: SessionJournal
     image: np.ndarray  # RGB uint8 [H0, W0, 3]: an implicit reset that changes only the prompt reuses it
-    key: str = field(init=False)  # the stream's identity on the connection
-    dit_key: str = field(init=False)  # the session's key on the DiT deployment (new after a recovery)
+    key: str = field(init=False)  # the stream's identity on the connection (its first routing key)
+    dit_key: str = field(init=False)  # the session's routing key on the DiT deployment (new after a recovery)
     vae_key: str = field(init=False)  # ... and on the VAE deployment
     state: StreamState = StreamState.OPEN
     next_chunk: int = 0
@@ -105,7 +85,7 @@ class Stream:
     pending_replays: deque = field(default_factory=deque)  # replies a resume sends again, not yet sent
 
     def __post_init__(self) -> None:
-        self.key = self.dit_key = self.vae_key = incarnation_key(self.spec.session_id)
+        self.key = self.dit_key = self.vae_key = new_routing_key(self.spec.session_id)
         self.prompt = self.spec.prompt
 
     def take_chunk_id(self) -> int:
@@ -130,16 +110,16 @@ class Stream:
         return was_open
 
 
-def stream_spec(req: InferRequest, resolution: tuple[int, int], prompt: str, digest: str,
-                raw_frames: bool = False) -> StreamSpec:
-    """Session options of a first infer at output `resolution` -> StreamSpec; ProtocolError for
+def session_options(req: InferRequest, resolution: tuple[int, int], prompt: str, digest: str,
+                    raw_frames: bool = False) -> SessionOptions:
+    """The session options of a first infer at output `resolution`; ProtocolError for
     unusable values. `prompt` and `digest` (of the image) are the request's, or on an implicit
     reset that changes one of them, the replaced session's other one."""
     try:
         total = None if req.num_frames is None else frame_plan(req.num_frames, req.num_frames)[1]
     except ValueError as e:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None
-    return StreamSpec(
+    return SessionOptions(
         session_id=req.session_id, prompt=prompt, image_digest=digest,
         resolution=resolution, seed=DEFAULT_SEED if req.seed is None else req.seed,
         total_latent_frames=total, translation_scale=req.translation_scale,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -32,7 +32,8 @@ from deployments.log import get_log
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
-from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
+from deployments import wire
+from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
 from model.accel import AccelOptions
 from model.dit.caches import KVCacheConfig
 from model.engine_api import DiTEngineProtocol, SessionFootprint
@@ -108,33 +109,34 @@ class DiTDeployment(SessionHost[DiTSlot]):
                                         "warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}",
                                         "torch_threads": torch.get_num_threads()})
 
-    async def reserve(self, key: str, spec: DiTOpenSpec) -> str:
-        """Admit a session before any work is done for it (`spec.context` may be None): its slot
-        and bytes are held for the `open` that follows; `Busy` / `TooLarge` at once otherwise.
-        Returns the replica id."""
-        plan = self._plan(spec, 0)
-        with self._refusals(key, plan.need):
-            self._reserve_slot(key, plan.need.held, plan.need.working, reserve_only=True)
+    async def reserve(self, routing_key: str, options: SessionOptions) -> str:
+        """Admit a session before any work is done for it (before its prompt is encoded): its
+        slot and bytes are held for the `open` that follows; `Busy` / `TooLarge` at once
+        otherwise. Returns the replica id."""
+        plan = self._plan(options, 0)
+        with self._refusals(routing_key, plan.need):
+            self._reserve_slot(routing_key, plan.need.held, plan.need.working, reserve_only=True)
         return self._replica
 
-    async def open(self, key: str, spec: DiTOpenSpec) -> str:
-        """Admit (or take the reservation of) and open a session; returns the replica id."""
-        plan = self._plan(spec, 0)
-        session_spec = self._session_spec(spec)
-        await self._admit(key, session_spec, plan, 0, lambda: self._engine.open(session_spec))
-        self._log.info("session opened", fields={"session": key, "size": f"{spec.height}x{spec.width}"})
+    async def open(self, routing_key: str, options: SessionOptions, context: np.ndarray) -> str:
+        """Admit (or take the reservation of) and open a session whose prompt encodes to
+        `context` float32 [L, text_dim]; returns the replica id."""
+        plan = self._plan(options, 0)
+        session_spec = self._session_spec(options, context)
+        await self._admit(routing_key, session_spec, plan, 0, lambda: self._engine.open(session_spec))
+        self._log.info("session opened", fields={"session": routing_key, "size": f"{options.height}x{options.width}"})
         return self._replica
 
-    async def restore(self, key: str, spec: DiTOpenSpec, past: list[WirePastChunk],
-                      noise: Optional[WireNoise]) -> str:
+    async def restore(self, routing_key: str, options: SessionOptions, context: np.ndarray, past: list[wire.PastChunk],
+                      noise: Optional[NoiseSnapshot]) -> str:
         """Admit a session like `open` and rebuild it from its journal: `past` chunks in order,
         `noise` the generator state after the last one. Returns the replica id."""
         if not self._engine.capabilities.restore:
             raise SessionLost("this DiT deployment cannot rebuild sessions; start again with image and prompt")
         if len(past) > self._max_chunks:
             raise ChunkLimit(f"the session has {len(past)} chunks, more than max_chunks ({self._max_chunks})")
-        plan = self._plan(spec, len(past))
-        session_spec = self._session_spec(spec)
+        plan = self._plan(options, len(past))
+        session_spec = self._session_spec(options, context)
         tensors: dict[int, torch.Tensor] = {}  # equal y arrive as one shared array: keep one tensor
 
         def tensor(a: np.ndarray) -> torch.Tensor:
@@ -142,17 +144,18 @@ class DiTDeployment(SessionHost[DiTSlot]):
                 tensors[id(a)] = torch.tensor(a)  # a copy: Ray hands in read-only arrays
             return tensors[id(a)]
 
-        if any(len(c) > 4 and c[4] is not None for c in past) and not self._engine.capabilities.update_prompt:
+        if any(c.context is not None for c in past) and not self._engine.capabilities.update_prompt:
             raise SessionLost("this DiT deployment cannot rebuild a steered session; start again with image and prompt")
-        chunks = [PastChunk(c[0], c[1], tensor(c[2]), tensor(c[3]),
-                            None if len(c) < 5 or c[4] is None else torch.tensor(c[4], dtype=torch.float32))
+        chunks = [PastChunk(c.poses, c.intrinsics, tensor(c.y), tensor(c.latents),
+                            None if c.context is None else torch.tensor(c.context, dtype=torch.float32))
                   for c in past]
-        state = None if noise is None else NoiseState(torch.from_numpy(noise[0].copy()), noise[1])
-        await self._admit(key, session_spec, plan, len(past), lambda: self._engine.restore(session_spec, chunks, state))
-        self._log.info("session restored", fields={"session": key, "chunks": len(past)})
+        state = None if noise is None else NoiseState(torch.from_numpy(noise.rng.copy()), noise.whole_drawn)
+        await self._admit(routing_key, session_spec, plan, len(past),
+                          lambda: self._engine.restore(session_spec, chunks, state))
+        self._log.info("session restored", fields={"session": routing_key, "chunks": len(past)})
         return self._replica
 
-    def _full_attention(self, spec: DiTOpenSpec) -> bool:
+    def _full_attention(self, options: SessionOptions) -> bool:
         """Per session, at open and alike at restore (same spec, same budget): a session that
         declares its length and whose full-attention footprint fits the replica's whole budget
         and the attention bound attends to all its frames (exact, as the offline pipeline); an
@@ -160,53 +163,54 @@ class DiTDeployment(SessionHost[DiTSlot]):
         configured window every session runs full attention (open-ended ones grow per chunk)."""
         if self._engine.cfg.local_attn_size == -1:
             return True
-        if spec.total_latent_frames is None:
+        if options.total_latent_frames is None:
             return False
-        frames = spec.total_latent_frames
-        if (spec.height // 8) * (spec.width // 8) // 4 * frames > self._max_attention_tokens:
+        frames = options.total_latent_frames
+        if (options.height // 8) * (options.width // 8) // 4 * frames > self._max_attention_tokens:
             return False
         budget = self._table.budget_bytes
-        return budget is None or self._engine.footprint(spec.height, spec.width, frames, frames).total <= budget
+        return budget is None or self._engine.footprint(options.height, options.width, frames, frames).total <= budget
 
-    def _plan(self, spec: DiTOpenSpec, chunks: int) -> AdmissionPlan:
-        """Attention mode, KV reservation and footprint of a session opened with `spec` after
+    def _plan(self, options: SessionOptions, chunks: int) -> AdmissionPlan:
+        """Attention mode, KV reservation and footprint of a session opened with `options` after
         `chunks` past chunks; `TooLarge` beyond the attention bound."""
-        full_attention = self._full_attention(spec)
-        kv_frames = self._engine.kv_frames(spec.total_latent_frames, full_attention)
+        full_attention = self._full_attention(options)
+        kv_frames = self._engine.kv_frames(options.total_latent_frames, full_attention)
         windowed = self._engine.session_cfg(full_attention).local_attn_size != -1
         if not windowed:
             kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
-        self._check_attention((spec.height // 8) * (spec.width // 8) // 4, kv_frames)
-        need = self._engine.footprint(spec.height, spec.width, kv_frames, spec.total_latent_frames)
+        self._check_attention((options.height // 8) * (options.width // 8) // 4, kv_frames)
+        need = self._engine.footprint(options.height, options.width, kv_frames, options.total_latent_frames)
         return AdmissionPlan(full_attention, kv_frames, windowed, need)
 
-    def _session_spec(self, spec: DiTOpenSpec) -> DiTSessionSpec:
+    def _session_spec(self, options: SessionOptions, context: np.ndarray) -> DiTSessionSpec:
+        """The model's spec of a session: its options, with its text context as a tensor."""
         return DiTSessionSpec(
-            context=torch.tensor(spec.context, dtype=torch.float32),  # a copy: Ray hands in read-only arrays
-            height=spec.height, width=spec.width, seed=spec.seed, total_latent_frames=spec.total_latent_frames,
-            translation_scale=spec.translation_scale, intrinsics_resolution=tuple(spec.intrinsics_resolution),
-            full_attention=self._full_attention(spec),
+            context=torch.tensor(context, dtype=torch.float32),  # a copy: Ray hands in read-only arrays
+            height=options.height, width=options.width, seed=options.seed,
+            total_latent_frames=options.total_latent_frames, translation_scale=options.translation_scale,
+            intrinsics_resolution=tuple(options.intrinsics_resolution), full_attention=self._full_attention(options),
         )
 
-    async def _admit(self, key: str, spec: DiTSessionSpec, plan: AdmissionPlan, chunks: int,
+    async def _admit(self, routing_key: str, spec: DiTSessionSpec, plan: AdmissionPlan, chunks: int,
                      build: Callable[[], DiTSession]) -> None:
         """Reserve the session's whole footprint, or take its reservation (`Busy` when it does
         not fit now, `TooLarge` when it never can), then build it."""
-        with self._refusals(key, plan.need):
-            await self._open_slot(key, plan.need.held,
+        with self._refusals(routing_key, plan.need):
+            await self._open_slot(routing_key, plan.need.held,
                                   lambda: DiTSlot(build(), spec.height, spec.width, plan.kv_frames, chunks, plan.windowed),
                                   working=plan.need.working)
         self._metrics.admitted.inc()
 
     @contextmanager
-    def _refusals(self, key: str, need: SessionFootprint) -> Iterator[None]:
+    def _refusals(self, routing_key: str, need: SessionFootprint) -> Iterator[None]:
         """Count and log an admission's `Busy` / `TooLarge`."""
         try:
             yield
         except (Busy, TooLarge) as e:
             self._metrics.rejected.inc()
             self._log.info(f"session refused ({e.code.value})", fields={
-                "session": key, "held_mib": need.held >> 20, "working_mib": need.working >> 20,
+                "session": routing_key, "held_mib": need.held >> 20, "working_mib": need.working >> 20,
                 "retry_after_s": getattr(e, "retry_after_s", None)})
             raise
 
@@ -218,27 +222,27 @@ class DiTDeployment(SessionHost[DiTSlot]):
                            f"{frame_seqlen}); this server allows {self._max_attention_tokens}: ask for a smaller "
                            "size or fewer frames")
 
-    async def step(self, key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray,
-                   context: Optional[np.ndarray] = None) -> dict[str, Any]:
+    async def step(self, routing_key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray,
+                   context: Optional[np.ndarray] = None) -> StepResult:
         """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw].
         `context` [L, text_dim]: a prompt update (prompt steering) applied before the chunk."""
         if context is not None and not self._engine.capabilities.update_prompt:
             raise Unsupported("this DiT deployment (sequence parallel) does not support prompt_update")
         try:
-            out = await self._compute_on_early(key, self._step, y, poses, intrinsics, context,
+            out = await self._compute_on_early(routing_key, self._step, y, poses, intrinsics, context,
                                                prepare=self._admit_chunk)
         except (SessionLost, ChunkLimit, SessionLimit, Busy):  # typed: the session's state is intact
             raise
         except Exception as e:
             # The caches may be half-written: the session cannot continue. Drop it.
-            self._log.exception("step failed; session dropped", fields={"session": key})
-            await self.close(key)
+            self._log.exception("step failed; session dropped", fields={"session": routing_key})
+            await self.close(routing_key)
             raise SessionLost(f"the server failed this chunk ({type(e).__name__}) and dropped the "
                               "session; start again with image and prompt") from e
         self._publish()
         return out
 
-    def _admit_chunk(self, key: str, slot: DiTSlot) -> None:
+    def _admit_chunk(self, routing_key: str, slot: DiTSlot) -> None:
         """Chunk cap, and a growing reservation for sessions of unknown length without a window
         (`Busy` when the budget cannot hold one more chunk)."""
         if slot.chunks >= self._max_chunks:
@@ -252,7 +256,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
             raise ChunkLimit(f"the session reached the server's attention bound ({self._max_attention_tokens} "
                              "tokens); reset to start a new one, or serve with a local_attn_size window")
         held = self._engine.footprint(slot.height, slot.width, needed, None).held
-        if not self._table.resize(key, held):
+        if not self._table.resize(routing_key, held):
             # capacity, not a limit of the request: the budget frees as other sessions end
             retry = self._table.retry_hint()
             raise Busy(f"the replica's KV cache budget is full and this session cannot grow; start it "
@@ -260,8 +264,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
                        "a local_attn_size window", retry)
         slot.kv_frames = needed
 
-    def _step(self, slot: DiTSlot, publish: Callable[[dict[str, Any]], None], y: np.ndarray, poses: np.ndarray,
-              intrinsics: np.ndarray, context: Optional[np.ndarray] = None) -> dict[str, Any]:
+    def _step(self, slot: DiTSlot, publish: Callable[[StepResult], None], y: np.ndarray, poses: np.ndarray,
+              intrinsics: np.ndarray, context: Optional[np.ndarray] = None) -> StepResult:
         """The chunk's latents are published after its 4 denoising calls (they go to decoding
         at once); its cache-update call runs after, before this replica's next job (where the
         engine can defer it: the sequence-parallel replica steps all at once)."""
@@ -272,15 +276,9 @@ class DiTDeployment(SessionHost[DiTSlot]):
                                 defer_update=defer)
         slot.chunks += 1
         noise = slot.session.noise.state()
-        # The ingress reports the sum as the chunk's `dit` stage: with the update deferred, the
-        # previous chunk's (it ran before this one), so that the stage is still the DiT's time per chunk.
         timings = {**out.timings, "previous_cache_update": slot.update_s} if defer else out.timings
-        reply = {
-            "latents": out.latents.numpy(),  # float32 [16, 3, lh, lw]
-            "noise": (noise.rng.numpy(), noise.whole_drawn),  # for the ingress's journal
-            "timings": timings,
-            "replica": self._replica,
-        }
+        reply = StepResult(latents=out.latents.numpy(), noise=NoiseSnapshot(noise.rng.numpy(), noise.whole_drawn),
+                           timings=timings, replica=self._replica)
         publish(reply)
         if defer:
             slot.update_s = self._engine.finish_chunk(slot.session)

@@ -80,28 +80,28 @@ class SessionHost(Generic[S]):
         async with self._lock:
             return await self._run(fn, *args)
 
-    async def _compute_on(self, key: str, fn: Callable[..., T], *args: Any,
+    async def _compute_on(self, routing_key: str, fn: Callable[..., T], *args: Any,
                           prepare: Optional[Callable[[str, S], None]] = None) -> T:
-        """`fn(state, *args)` for session `key` in the worker thread; `SessionLost` when not held.
+        """`fn(state, *args)` for session `routing_key` in the worker thread; `SessionLost` when not held.
 
-        `prepare(key, state)` runs first on the event loop (bookkeeping that touches the table).
+        `prepare(routing_key, state)` runs first on the event loop (bookkeeping that touches the table).
         """
-        with self._table.hold(key):  # a call queued behind other sessions' work never expires
+        with self._table.hold(routing_key):  # a call queued behind other sessions' work never expires
             queued = time.perf_counter()
             async with self._lock:
-                state = self._table.get(key)  # closed while queued -> SessionLost
+                state = self._table.get(routing_key)  # closed while queued -> SessionLost
                 if prepare is not None:
-                    prepare(key, state)
+                    prepare(routing_key, state)
                 counters = stall_counters.snapshot(self._device)
                 started = time.perf_counter()
                 try:
                     return await self._run(fn, state, *args)
                 finally:
                     ran_s = time.perf_counter() - started
-                    self._record_call(key, fn, started - queued, ran_s,
+                    self._record_call(routing_key, fn, started - queued, ran_s,
                                       lambda: stall_counters.moved(counters, stall_counters.snapshot(self._device)))
 
-    def _record_call(self, key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
+    def _record_call(self, routing_key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
                      counters_moved: Callable[[], dict[str, int]] = dict) -> None:
         """Per-call wait and run times: Prometheus histograms, and a slow call counted in the
         replica's `slow calls` summary line (deployments/replicas/slow_calls.py: a stall inside the
@@ -114,7 +114,7 @@ class SessionHost(Generic[S]):
         if self._metrics is not None:
             self._metrics.observe_call(call, waited_s, ran_s)
         if ran_s >= self.slow_call_s:
-            self.slow_calls.add(key, call, waited_s, ran_s, counters_moved())
+            self.slow_calls.add(routing_key, call, waited_s, ran_s, counters_moved())
 
     @property
     def slow_calls(self) -> SlowCalls:
@@ -124,7 +124,7 @@ class SessionHost(Generic[S]):
             slow = self._slow_calls = SlowCalls(self._log)
         return slow
 
-    async def _compute_on_early(self, key: str, fn: Callable[..., T], *args: Any,
+    async def _compute_on_early(self, routing_key: str, fn: Callable[..., T], *args: Any,
                                 prepare: Optional[Callable[[str, S], None]] = None) -> T:
         """As `_compute_on`, for `fn(state, publish, *args)` that calls `publish(result)` before
         it is done: the result is returned then, while the rest of `fn` (its follow-up work on
@@ -136,62 +136,62 @@ class SessionHost(Generic[S]):
         def publish(value: Any) -> None:
             loop.call_soon_threadsafe(lambda: early.done() or early.set_result(value))
 
-        job = asyncio.ensure_future(self._compute_on(key, fn, publish, *args, prepare=prepare))
+        job = asyncio.ensure_future(self._compute_on(routing_key, fn, publish, *args, prepare=prepare))
         self._jobs.add(job)
-        job.add_done_callback(lambda j: self._job_done(key, j, early))
+        job.add_done_callback(lambda j: self._job_done(routing_key, j, early))
         await asyncio.wait({early, job}, return_when=asyncio.FIRST_COMPLETED)
         if early.done():
             return early.result()
         return job.result()  # it ended without publishing: its result or its error
 
-    def _job_done(self, key: str, job: asyncio.Future, early: asyncio.Future) -> None:
+    def _job_done(self, routing_key: str, job: asyncio.Future, early: asyncio.Future) -> None:
         self._jobs.discard(job)
         if job.cancelled() or job.exception() is None or not early.done():
             return  # a failure before publishing reached the caller
         self._log.error("follow-up work failed; session dropped", fields={
-            "session": key, "error": f"{type(job.exception()).__name__}: {job.exception()}"})
-        closing = asyncio.ensure_future(self.close(key))
+            "session": routing_key, "error": f"{type(job.exception()).__name__}: {job.exception()}"})
+        closing = asyncio.ensure_future(self.close(routing_key))
         self._jobs.add(closing)
         closing.add_done_callback(self._jobs.discard)
 
-    def _reserve_slot(self, key: str, nbytes: int, working: int = 0, reserve_only: bool = False) -> None:
-        """Admit `key` (`Busy` when full, `TooLarge` when it never fits); `reserve_only`: ahead
+    def _reserve_slot(self, routing_key: str, nbytes: int, working: int = 0, reserve_only: bool = False) -> None:
+        """Admit `routing_key` (`Busy` when full, `TooLarge` when it never fits); `reserve_only`: ahead
         of its open, before any work is done for it (the open claims it)."""
         try:
-            self._table.admit(key, nbytes, working, reserve_only=reserve_only)
+            self._table.admit(routing_key, nbytes, working, reserve_only=reserve_only)
         except Busy:
             self._refused_total += 1
             raise
 
-    async def _open_slot(self, key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
-        """Admit `key` (or take its reservation), build its state in the worker thread, hold it."""
-        if not self._table.claim(key):
-            self._reserve_slot(key, nbytes, working)
+    async def _open_slot(self, routing_key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
+        """Admit `routing_key` (or take its reservation), build its state in the worker thread, hold it."""
+        if not self._table.claim(routing_key):
+            self._reserve_slot(routing_key, nbytes, working)
         try:
             async with self._lock:
-                if not self._table.start_building(key):  # closed while it waited for its turn
+                if not self._table.start_building(routing_key):  # closed while it waited for its turn
                     raise SessionLost("the session was closed before it was opened; start a new one")
                 state = await self._run(build)
         except BaseException:
-            self._table.pop(key)
+            self._table.pop(routing_key)
             raise
-        if not self._table.add(key, state):  # closed meanwhile: nobody will close it again
+        if not self._table.add(routing_key, state):  # closed meanwhile: nobody will close it again
             async with self._lock.urgent():
                 await self._run(self._release, state)
             self._publish()
-            self._log.info("session closed while opening; freed", fields={"session": key})
+            self._log.info("session closed while opening; freed", fields={"session": routing_key})
             raise SessionLost("the session was closed while it was being opened; start a new one")
         self._publish()
         return state
 
-    async def close(self, key: str) -> bool:
+    async def close(self, routing_key: str) -> bool:
         """End a session; False when it was not held (closing is idempotent).
 
         Its slot is free at once, so that a router that saw this close routed can place the
         next session here; its memory is freed (and its bytes stop counting) once the call
         that may be running for it has ended.
         """
-        retired = self._table.retire(key)
+        retired = self._table.retire(routing_key)
         if retired is not None:
             state, nbytes = retired
             try:
@@ -199,14 +199,14 @@ class SessionHost(Generic[S]):
                     await self._run(self._release, state)
             finally:
                 self._table.released(nbytes)
-            self._log.info("session closed", fields={"session": key})
+            self._log.info("session closed", fields={"session": routing_key})
         self._publish()
         return retired is not None
 
-    async def expect_release(self, key: str, within_s: float) -> bool:
+    async def expect_release(self, routing_key: str, within_s: float) -> bool:
         """The session's holder will close it within `within_s` unless it is used again (the
         parking, for its grace period): `busy` answers count with it (`SessionTable.retry_hint`)."""
-        return self._table.expect_release(key, within_s)
+        return self._table.expect_release(routing_key, within_s)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Read by SessionAffinityRouter to place new sessions."""
@@ -255,9 +255,10 @@ class SessionHost(Generic[S]):
                     if state is not None:  # None: a reservation whose open never came
                         await self._run(self._release, state)
             self._expired_total += len(expired)
-            for key, _ in expired:
+            for routing_key, _ in expired:
                 self._metrics.expired.inc()
-                self._log.info("session expired (idle)", fields={"session": key, "ttl_s": self._table.idle_ttl_s})
+                self._log.info("session expired (idle)",
+                               fields={"session": routing_key, "ttl_s": self._table.idle_ttl_s})
             if expired:
                 self._publish()
 

@@ -50,7 +50,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs, SessionArgs
 from deployments.replicas.dit import DiTDeployment
 from deployments.errors import Busy, SessionLost
-from deployments.wire import DiTOpenSpec, WireNoise, WirePastChunk
+from deployments import wire
+from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
 from deployments.replicas.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
@@ -95,7 +96,8 @@ def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
 
 @ray.remote
 class SPRank:
-    """Rank r >= 1 of an SP replica: sessions by id, driven by rank 0 (an in-order actor)."""
+    """Rank r >= 1 of an SP replica: its shards of sessions by `shard_id` (a uuid rank 0 gives
+    each session it opens; not the routing routing_key), driven by rank 0 (an in-order actor)."""
 
     def __init__(self, rank: int, world: int, init_method: str, model: ModelArgs, options: AccelOptions,
                  timeout_s: float) -> None:
@@ -109,17 +111,17 @@ class SPRank:
     def ping(self) -> None:
         """Liveness (and, the first time, that loading finished)."""
 
-    def open(self, sid: str, spec: DiTSessionSpec) -> None:
-        self._sessions[sid] = self._engine.open(spec)
+    def open(self, shard_id: str, spec: DiTSessionSpec) -> None:
+        self._sessions[shard_id] = self._engine.open(spec)
 
-    def step(self, sid: str, y: torch.Tensor, poses: np.ndarray, intrinsics: np.ndarray) -> None:
-        self._engine.step(self._sessions[sid], y, poses, intrinsics)
+    def step(self, shard_id: str, y: torch.Tensor, poses: np.ndarray, intrinsics: np.ndarray) -> None:
+        self._engine.step(self._sessions[shard_id], y, poses, intrinsics)
 
-    def replay(self, sid: str, spec: DiTSessionSpec, past: Sequence[PastChunk], noise: Optional[NoiseState]) -> None:
-        self._engine.replay(self._sessions[sid], spec, past, noise)
+    def replay(self, shard_id: str, spec: DiTSessionSpec, past: Sequence[PastChunk], noise: Optional[NoiseState]) -> None:
+        self._engine.replay(self._sessions[shard_id], spec, past, noise)
 
-    def close(self, sid: str) -> None:
-        session = self._sessions.pop(sid, None)
+    def close(self, shard_id: str) -> None:
+        session = self._sessions.pop(shard_id, None)
         if session is not None:
             self._engine.close(session)
 
@@ -142,7 +144,7 @@ class SPReplicaEngine(DiTEngineProtocol):
         self._local = local
         self._ranks = ranks
         self._timeout_s = timeout_s
-        self._ids: dict[DiTSession, str] = {}  # rank 0's session -> id on the other ranks
+        self._shard_ids: dict[DiTSession, str] = {}  # rank 0's session -> its shard_id on the other ranks
         self._broken: Optional[str] = None
         self._lock = threading.Lock()
 
@@ -175,17 +177,17 @@ class SPReplicaEngine(DiTEngineProtocol):
     def open(self, spec: DiTSessionSpec) -> DiTSession:
         self._check()
         session = self._local.open(spec)  # no collectives: rank 0 first, so a bad spec stops here
-        sid = uuid.uuid4().hex
-        self._wait([r.open.remote(sid, spec) for r in self._ranks], "open")
-        self._ids[session] = sid
+        shard_id = uuid.uuid4().hex
+        self._wait([r.open.remote(shard_id, spec) for r in self._ranks], "open")
+        self._shard_ids[session] = shard_id
         return session
 
     def restore(self, spec: DiTSessionSpec, past: Sequence[PastChunk], noise: Optional[NoiseState]) -> DiTSession:
         """DiTEngine.restore on every rank: open everywhere, then replay together."""
         session = self.open(spec)
         past_ref = ray.put(list(past))  # one copy in the object store for all ranks
-        sid = self._ids[session]
-        self._together([r.replay.remote(sid, spec, past_ref, noise) for r in self._ranks],
+        shard_id = self._shard_ids[session]
+        self._together([r.replay.remote(shard_id, spec, past_ref, noise) for r in self._ranks],
                        lambda: self._local.replay(session, spec, past, noise), "replay")
         return session
 
@@ -194,8 +196,8 @@ class SPReplicaEngine(DiTEngineProtocol):
         if defer_update:  # not among its capabilities
             raise ValueError("the sequence-parallel engine steps every rank in one call: no deferred update")
         self._check()
-        sid = self._ids[session]
-        others = [r.step.remote(sid, y, poses, intrinsics) for r in self._ranks]  # meet in the collectives
+        shard_id = self._shard_ids[session]
+        others = [r.step.remote(shard_id, y, poses, intrinsics) for r in self._ranks]  # meet in the collectives
         return self._together(others, lambda: self._local.step(session, y, poses, intrinsics), "step")
 
     def finish_chunk(self, session: DiTSession) -> float:
@@ -205,10 +207,10 @@ class SPReplicaEngine(DiTEngineProtocol):
         raise NotImplementedError("the sequence-parallel engine does not steer prompts")
 
     def close(self, session: DiTSession) -> None:
-        sid = self._ids.pop(session, None)
+        shard_id = self._shard_ids.pop(session, None)
         self._local.close(session)
-        if sid is not None and self._broken is None:
-            self._wait([r.close.remote(sid) for r in self._ranks], "close")
+        if shard_id is not None and self._broken is None:
+            self._wait([r.close.remote(shard_id) for r in self._ranks], "close")
 
     async def ping(self) -> None:
         self._check()
@@ -318,25 +320,25 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
         self._replica_info["ranks"] = names
         self._log.info("sequence-parallel replica ready", fields={"ranks": parallel, "device": str(device)})
 
-    async def reserve(self, key: str, spec: DiTOpenSpec) -> str:
+    async def reserve(self, routing_key: str, options: SessionOptions) -> str:
         self._refuse_if_broken()
-        return await super().reserve(key, spec)
+        return await super().reserve(routing_key, options)
 
-    async def open(self, key: str, spec: DiTOpenSpec) -> str:
+    async def open(self, routing_key: str, options: SessionOptions, context: np.ndarray) -> str:
         self._refuse_if_broken()
-        return await super().open(key, spec)
+        return await super().open(routing_key, options, context)
 
-    async def restore(self, key: str, spec: DiTOpenSpec, past: list[WirePastChunk],
-                      noise: Optional[WireNoise]) -> str:
+    async def restore(self, routing_key: str, options: SessionOptions, context: np.ndarray, past: list[wire.PastChunk],
+                      noise: Optional[NoiseSnapshot]) -> str:
         self._refuse_if_broken()
-        return await super().restore(key, spec, past, noise)
+        return await super().restore(routing_key, options, context, past, noise)
 
-    async def step(self, key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> dict[str, Any]:
+    async def step(self, routing_key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> StepResult:
         if self._engine.broken is not None:  # at once, not behind the lock
-            await self.close(key)
+            await self.close(routing_key)
             raise SessionLost("the server lost this session (a rank of its replica failed); "
                               "send image and prompt to start again")
-        return await super().step(key, y, poses, intrinsics)
+        return await super().step(routing_key, y, poses, intrinsics)
 
     def record_routing_stats(self) -> dict[str, Any]:
         stats = super().record_routing_stats()

@@ -80,14 +80,14 @@ class VaeDeployment(SessionHost[VaeSlot]):
             self._log.warning("RANDOM WEIGHTS: this VAE is NOT A REAL MODEL (load tests only)")
         self._log.info("ready", fields={"warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}"})
 
-    async def open(self, key: str, image: np.ndarray, height: int, width: int, raw_frames: bool = False) -> str:
+    async def open(self, routing_key: str, image: np.ndarray, height: int, width: int, raw_frames: bool = False) -> str:
         """Start a session from its RGB uint8 image [H0, W0, 3] at output size (height, width);
         `raw_frames`: its chunks come back as raw RGB uint8 bytes, not fMP4."""
-        await self._admit(key, height, width, lambda: self._new_slot(image, height, width, raw_frames))
-        self._log.info("session opened", fields={"session": key, "resolution": f"{height}x{width}"})
+        await self._admit(routing_key, height, width, lambda: self._new_slot(image, height, width, raw_frames))
+        self._log.info("session opened", fields={"session": routing_key, "resolution": f"{height}x{width}"})
         return self._replica
 
-    async def restore(self, key: str, image: np.ndarray, height: int, width: int, conditioned: int,
+    async def restore(self, routing_key: str, image: np.ndarray, height: int, width: int, conditioned: int,
                       decoded: list[np.ndarray], raw_frames: bool = False) -> str:
         """Rebuild a session: `conditioned` conditions done, then the chunks `decoded` (latents
         [16, 3, lh, lw] each, in order) decoded and muxed."""
@@ -102,21 +102,21 @@ class VaeDeployment(SessionHost[VaeSlot]):
                     slot.muxer.add_chunk(frames)
             return slot
 
-        await self._admit(key, height, width, build)
-        self._log.info("session restored", fields={"session": key, "conditioned": conditioned,
+        await self._admit(routing_key, height, width, build)
+        self._log.info("session restored", fields={"session": routing_key, "conditioned": conditioned,
                                                    "decoded": len(decoded)})
         return self._replica
 
-    async def _admit(self, key: str, height: int, width: int, build) -> None:
+    async def _admit(self, routing_key: str, height: int, width: int, build) -> None:
         """Reserve the session's footprint at its size (`Busy` when it does not fit now,
         `TooLarge` when it never can), then build it."""
         need = self._layout.footprint(height, width)
         try:
-            await self._open_slot(key, need.held, build, working=need.working)
+            await self._open_slot(routing_key, need.held, build, working=need.working)
         except (Busy, TooLarge) as e:
             self._metrics.rejected.inc()
             self._log.info(f"session refused ({e.code.value})", fields={
-                "session": key, "held_mib": need.held >> 20, "working_mib": need.working >> 20})
+                "session": routing_key, "held_mib": need.held >> 20, "working_mib": need.working >> 20})
             raise
         self._metrics.admitted.inc()
 
@@ -124,13 +124,13 @@ class VaeDeployment(SessionHost[VaeSlot]):
         writable = np.array(image)  # Ray hands in read-only arrays; torch wants to own a copy
         return VaeSlot(self._engine.open(writable, height, width), None if raw_frames else Fmp4Muxer(width, height, FPS))
 
-    async def condition(self, key: str) -> np.ndarray:
+    async def condition(self, routing_key: str) -> np.ndarray:
         """The next chunk's conditioning y, float32 [20, 3, lh, lw]."""
-        return await self._compute_on(key, self._condition)
+        return await self._compute_on(routing_key, self._condition)
 
-    async def decode(self, key: str, latents: np.ndarray) -> dict[str, Any]:
+    async def decode(self, routing_key: str, latents: np.ndarray) -> dict[str, Any]:
         """Decode one chunk of latents [16, 3, lh, lw] and mux it: the chunk's fMP4 bytes."""
-        return await self._compute_on(key, self._decode, latents)
+        return await self._compute_on(routing_key, self._decode, latents)
 
     def _condition(self, slot: VaeSlot) -> np.ndarray:
         return self._engine.condition(slot.session).numpy()  # CPU float32

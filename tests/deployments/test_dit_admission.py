@@ -69,7 +69,9 @@ def test_the_chunk_cap_is_session_limit():
 
 def test_declared_sessions_that_fit_get_full_attention_the_others_the_window():
     """Issue 15: with a window configured, the choice is per session, at open and at restore."""
-    from deployments.wire import DiTOpenSpec  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from deployments.wire import SessionOptions  # noqa: PLC0415
     from model.factory import load_dit_engine  # noqa: PLC0415
 
     host = object.__new__(DiTDeployment.func_or_class)
@@ -78,18 +80,18 @@ def test_declared_sessions_that_fit_get_full_attention_the_others_the_window():
     fits = host._engine.footprint(32, 48, 30, 30).total
     host._table = SessionTable(4, fits, idle_ttl_s=60.0, retry_after_s=RETRY_AFTER_S)
 
-    def spec(total):
-        import numpy as np  # noqa: PLC0415
-        return DiTOpenSpec(np.zeros((8, 64), np.float32), 32, 48, 0, total, None, (480, 832))
+    def options(total):
+        return SessionOptions("s", "p", "d", (32, 48), 0, total, None, (480, 832))
 
-    declared, open_ended, too_long = (host._session_spec(spec(t)) for t in (30, None, 60))
+    context = np.zeros((8, 64), np.float32)
+    declared, open_ended, too_long = (host._session_spec(options(t), context) for t in (30, None, 60))
     assert declared.full_attention and not open_ended.full_attention and not too_long.full_attention
     assert host._engine.kv_frames(30, True) == 30 and host._engine.kv_frames(None, False) == 6
     need_full = host._engine.footprint(32, 48, 30, 30).held
     need_window = host._engine.footprint(32, 48, 6, None).held
     assert need_window < need_full
     host._engine = load_dit_engine("tiny", None, "float32", "cpu")  # no window configured: all full attention
-    assert host._session_spec(spec(None)).full_attention
+    assert host._session_spec(options(None), context).full_attention
 
 
 def test_the_session_budget_is_the_cap_minus_the_resident_bytes_minus_the_slack():
@@ -124,11 +126,11 @@ def test_a_step_publishes_its_latents_before_the_cache_update():
     seen = []
 
     def publish(reply):
-        seen.append((reply["latents"].shape, slot.session.pending_update is not None))
+        seen.append((reply.latents.shape, slot.session.pending_update is not None))
 
     y, poses, k = np.zeros((20, 3, 4, 6), np.float32), np.eye(4, dtype=np.float32)[None], np.array([[24.0, 24, 24, 16]], np.float32)
     first = host._step(slot, publish, y, poses, k)
     second = host._step(slot, publish, y, poses, k)
     assert seen == [((16, 3, 4, 6), True), ((16, 3, 4, 6), True)]
     assert slot.session.pending_update is None and slot.chunks == 2
-    assert first["timings"]["previous_cache_update"] == 0.0 < second["timings"]["previous_cache_update"]
+    assert first.timings["previous_cache_update"] == 0.0 < second.timings["previous_cache_update"]

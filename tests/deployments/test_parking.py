@@ -10,7 +10,7 @@ from deployments.ingress import parking
 from deployments.errors import SessionLost, Unauthorized
 from deployments.ingress.journal import SessionJournal
 from deployments.ingress.parking import ParkedSession, ParkingBook, UnknownClip, UnknownToken, new_token, token_digest
-from deployments.ingress.stream import StreamSpec
+from deployments.wire import SessionOptions
 from protocol.messages import FrameReply
 
 
@@ -23,8 +23,8 @@ class Clock:
 
 
 def record(token: str, sid: str = "s", principal=None, clip=False, video_bytes: int = 10, owner=None) -> ParkedSession:
-    spec = StreamSpec(session_id=sid, prompt="p", image_digest="d", resolution=(32, 48), seed=1,
-                      total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
+    spec = SessionOptions(session_id=sid, prompt="p", image_digest="d", resolution=(32, 48), seed=1,
+                          total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
     reply = FrameReply(session_id=sid, chunk_id=0, video=b"v" * video_bytes, num_frames=9, resolution=(32, 48))
     return ParkedSession(spec=spec, journal=SessionJournal(np.zeros((4, 4, 3), np.uint8), 1 << 20),
                          image=None, key=f"{sid}~k", dit_key=f"{sid}~d", vae_key=f"{sid}~v", next_chunk=1, sent=1,

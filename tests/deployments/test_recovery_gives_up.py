@@ -12,11 +12,12 @@ from deployments.errors import Busy, SessionLost
 from deployments.ingress.journal import SessionJournal
 from deployments.log import KeyValueLog
 from deployments.ingress.recovery import Recovery
-from deployments.ingress.stream import Stream, StreamSpec, StreamState
+from deployments.ingress.stream import Stream, StreamState
+from deployments.wire import SessionOptions
 
 IMAGE = np.zeros((16, 16, 3), np.uint8)
-SPEC = StreamSpec(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=1,
-                  total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
+SPEC = SessionOptions(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=1,
+                      total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
 
 
 class Metrics:

@@ -16,7 +16,7 @@ from deployments.replicas import session_host
 from deployments.replicas import text_encoder as text_module
 from deployments.replicas import vae as vae_module
 from deployments.config import ModelArgs, SessionArgs
-from deployments.wire import DiTOpenSpec
+from deployments.wire import SessionOptions
 
 MODEL = ModelArgs(preset="tiny", device="cpu", warmup=True, size_buckets=["32*48"], default_size="32*48")
 
@@ -74,8 +74,9 @@ def test_dit_and_text_replicas_warm_up_on_their_model_thread(threads):
         real = dit._engine.step
         dit._engine.step = lambda *a, **k: (step_thread.append(threading.get_ident()), real(*a, **k))[1]
         emb = await text.encode("a cat")
-        await dit.open("s", DiTOpenSpec(context=emb, height=32, width=48, seed=1, total_latent_frames=6,
-                                              translation_scale=None, intrinsics_resolution=(32, 48)))
+        await dit.open("s", SessionOptions(session_id="s", prompt="a cat", image_digest="d", resolution=(32, 48),
+                                           seed=1, total_latent_frames=6, translation_scale=None,
+                                           intrinsics_resolution=(32, 48)), emb)
         poses = np.tile(np.eye(4, dtype=np.float32), (12, 1, 1))
         await dit.step("s", np.zeros((20, 3, 4, 6), np.float32), poses, np.array([[40, 40, 24, 16.0]], np.float32))
         return dit, text, step_thread

@@ -17,7 +17,7 @@ from camera import DEFAULT_INTRINSICS_RESOLUTION
 from deployments.app import build_app, replica_options
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs
 from deployments.replicas.sp_dit import SPDiTDeployment, bind_dit, sp_placement
-from deployments.wire import DiTOpenSpec
+from deployments.wire import PastChunk, SessionOptions
 from model.config import PRESETS
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
@@ -221,8 +221,8 @@ def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
 
     handle = serve.run(bind_dit(args, replica_options(args.dit)), name="sp-dit-test", route_prefix=None)
     try:
-        spec = DiTOpenSpec(context.numpy(), height, width, seed, None, None, DEFAULT_INTRINSICS_RESOLUTION)
-        handle.open.remote("s", spec).result()
+        options = SessionOptions("s", "p", "d", (height, width), seed, None, None, DEFAULT_INTRINSICS_RESOLUTION)
+        handle.open.remote("s", options, context.numpy()).result()
         outs = [handle.step.remote("s", ys[c].numpy(), *cams[c]).result() for c in range(2)]
         stats = handle.stats.remote().result()
         assert handle.close.remote("s").result() is True
@@ -232,7 +232,7 @@ def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
     engine = load_dit_engine("tiny", None, "float32", "cpu")
     session = engine.open(DiTSessionSpec(context=context, height=height, width=width, seed=seed))
     refs = [engine.step(session, ys[c], *cams[c]).latents for c in range(2)]
-    errors = [rel_err(o["latents"], r) for o, r in zip(outs, refs)]
+    errors = [rel_err(o.latents, r) for o, r in zip(outs, refs)]
     print("2-rank replica vs single process, rel err per chunk:", errors)
     assert max(errors) <= EXACT
     assert stats["sessions"] == 1
@@ -258,18 +258,19 @@ def test_two_rank_replica_restores_bit_for_bit_and_breaks_at_once_when_a_rank_di
     ys = [torch.randn(20, 3, height // 8, width // 8, generator=gen).numpy() for _ in range(4)]
     poses, intrinsics = np.load(EXAMPLES / "00" / "poses.npy"), np.load(EXAMPLES / "00" / "intrinsics.npy")
     cams = [(poses[12 * c : 12 * c + 12], intrinsics[12 * c : 12 * c + 12]) for c in range(4)]
-    spec = DiTOpenSpec(context.numpy(), height, width, 3, None, None, DEFAULT_INTRINSICS_RESOLUTION)
+    options = SessionOptions("s", "p", "d", (height, width), 3, None, None, DEFAULT_INTRINSICS_RESOLUTION)
+    spec = (options, context.numpy())
 
     def past(outs, n):
-        return [(*cams[c], ys[c], outs[c]["latents"]) for c in range(n)]
+        return [PastChunk(*cams[c], ys[c], outs[c].latents) for c in range(n)]
 
     handle = serve.run(bind_dit(args, replica_options(args.dit)), name="sp-dit-restore", route_prefix=None)
     try:
-        handle.open.remote("a", spec).result()
+        handle.open.remote("a", *spec).result()
         ref = [handle.step.remote("a", ys[c], *cams[c]).result() for c in range(4)]
-        handle.restore.remote("b", spec, past(ref, 2), ref[1]["noise"]).result()
+        handle.restore.remote("b", *spec, past(ref, 2), ref[1].noise).result()
         rebuilt = handle.step.remote("b", ys[2], *cams[2]).result()
-        assert np.array_equal(rebuilt["latents"], ref[2]["latents"])
+        assert np.array_equal(rebuilt.latents, ref[2].latents)
         stats = handle.stats.remote().result()
         assert stats["sessions"] == 2
 
@@ -279,20 +280,20 @@ def test_two_rank_replica_restores_bit_for_bit_and_breaks_at_once_when_a_rank_di
             handle.step.remote("b", ys[3], *cams[3]).result()
         lost_s = time.monotonic() - t0
         with pytest.raises((Busy, SessionLost)):  # broken: refuses, or already replaced
-            handle.restore.remote("c", spec, past(ref, 3), ref[2]["noise"]).result()
+            handle.restore.remote("c", *spec, past(ref, 3), ref[2].noise).result()
 
         deadline = time.monotonic() + 120
         while True:  # Serve replaces the unhealthy replica
             try:
-                handle.restore.remote("c", spec, past(ref, 3), ref[2]["noise"]).result()
+                handle.restore.remote("c", *spec, past(ref, 3), ref[2].noise).result()
                 break
             except Busy:
                 assert time.monotonic() < deadline, "the broken replica was not replaced"
                 time.sleep(1)
         replaced_s = time.monotonic() - t0
         again = handle.step.remote("c", ys[3], *cams[3]).result()
-        assert again["replica"] != ref[0]["replica"]
-        assert np.array_equal(again["latents"], ref[3]["latents"])
+        assert again.replica != ref[0].replica
+        assert np.array_equal(again.latents, ref[3].latents)
         print(f"rank killed: session_lost after {lost_s:.2f} s, rebuilt on a new replica after {replaced_s:.1f} s")
         assert lost_s < 10
     finally:

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from deployments.ingress.journal import SessionJournal
-from deployments.ingress.stream import Stream, StreamClosed, StreamSpec, StreamState, image_digest
+from deployments.ingress.stream import Stream, StreamClosed, StreamState, image_digest
+from deployments.wire import SessionOptions
 
-SPEC = StreamSpec(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=42,
-                  total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
+SPEC = SessionOptions(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=42,
+                      total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
 IMAGE = np.zeros((16, 16, 3), np.uint8)
 
 
