@@ -8,13 +8,14 @@ from starlette.websockets import WebSocketState
 
 from deployments.ingress.journal import SessionJournal
 from deployments.ingress.outbox import Outbox
-from deployments.ingress.stream import Stream, StreamSpec
+from deployments.ingress.stream import Stream
+from deployments.wire import SessionOptions
 from protocol import decode_reply
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply
 
-SPEC = StreamSpec(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=42,
-                  total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
+SPEC = SessionOptions(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=42,
+                      total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
 IMAGE = np.zeros((16, 16, 3), np.uint8)
 
 

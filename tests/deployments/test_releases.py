@@ -12,11 +12,12 @@ from deployments.ingress.journal import SessionJournal
 from deployments.ingress.lane_jobs import Backends
 from deployments.ingress.lanes import Lane
 from deployments.ingress.releases import Releases
-from deployments.ingress.stream import Stream, StreamSpec, StreamState
+from deployments.ingress.stream import Stream, StreamState
+from deployments.wire import SessionOptions
 from deployments.log import get_log
 
-SPEC = StreamSpec(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=42,
-                  total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
+SPEC = SessionOptions(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=42,
+                      total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
 IMAGE = np.zeros((16, 16, 3), np.uint8)
 
 
