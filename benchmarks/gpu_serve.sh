@@ -57,6 +57,8 @@ export PYTHONPATH="$SITE:$PWD"
 # FA4's CUTLASS DSL keeps its modules in a folder its .pth file adds, which a PYTHONPATH entry never runs
 if [ -d "$SITE/nvidia_cutlass_dsl/dsl_packages" ]; then PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/dsl_packages"; fi
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# the proxy guard (deployments/proxy_guard.py), as the k8s manifests and scripts/setup.sh's venv have it
+export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=${RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH:-deployments.proxy_guard:middlewares}
 export RAY_SERVE_LOG_TO_STDERR=0
 if ! $PY -c "import ray, ray.serve, fastapi, uvicorn, websockets, av, msgpack_numpy, pydantic, ftfy, torch, yaml, scipy, PIL
 print('ray', ray.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" >> "$OUT/gpu_serve.log" 2>&1; then
