@@ -25,8 +25,10 @@ DEFAULT_MAX_AREA = parse_size(DEFAULT_SIZE)
 
 
 @dataclass(frozen=True)
-class SessionSpec:
-    """What a client opens a session with (PROTOCOL.md: first infer and its options)."""
+class SessionRequest:
+    """What a client opens a session with, in process (PROTOCOL.md: a first infer and its
+    options). The server's counterpart, once the output size is chosen, is
+    `deployments.wire.SessionOptions`; both derive the model's `DiTSessionSpec`."""
 
     image: np.ndarray  # RGB uint8 [H0, W0, 3]
     prompt: str
@@ -39,7 +41,7 @@ class SessionSpec:
 
 @dataclass(eq=False)
 class Session:
-    spec: SessionSpec
+    spec: SessionRequest
     height: int
     width: int
     dit: DiTSession
@@ -73,7 +75,7 @@ class WorldPipeline:
             load_dit_engine(preset, checkpoint, dtype, device, local_attn_size, sink_size, shift),
         )
 
-    def open_session(self, spec: SessionSpec, trace: bool = False) -> Session:
+    def open_session(self, spec: SessionRequest, trace: bool = False) -> Session:
         t0 = time.perf_counter()
         h, w = output_size(spec.max_area, spec.image.shape[0], spec.image.shape[1])
         context = self.text.encode(spec.prompt)
@@ -141,7 +143,7 @@ class WorldPipeline:
         poses = np.asarray(poses)
         intrinsics = np.asarray(intrinsics)
         kept, lat_f, video_frames = frame_plan(frame_num, poses.shape[0])
-        spec = SessionSpec(image, prompt, seed, max_area, num_frames=video_frames,
+        spec = SessionRequest(image, prompt, seed, max_area, num_frames=video_frames,
                            translation_scale=translation_scale(poses, frame_num),
                            intrinsics_resolution=intrinsics_resolution)
         session = self.open_session(spec, trace=trace)

@@ -6,6 +6,7 @@ import asyncio
 import numpy as np
 from starlette.websockets import WebSocketState
 
+from deployments.wire import NoiseSnapshot, StepResult
 from protocol import decode_reply
 
 
@@ -38,8 +39,9 @@ class FakeDeployment:
         self.log.append(f"{self.name}.{method} end")
         self.in_flight -= 1
         if method == "step":
-            return {"latents": np.zeros((16, 3, 4, 6), np.float32), "noise": (np.zeros(8, np.uint8), False),
-                    "timings": {"dit": self.seconds}, "replica": "d"}
+            return StepResult(latents=np.zeros((16, 3, 4, 6), np.float32),
+                              noise=NoiseSnapshot(np.zeros(8, np.uint8), False), timings={"dit": self.seconds},
+                              replica="d")
         if method == "decode":
             return {"video": b"\0\0\0\x08moof", "num_frames": 12, "mime_type": "video/mp4",
                     "timings": {"vae_decode": self.seconds, "mux": 0.0}, "replica": "v"}

@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from camera import DEFAULT_INTRINSICS_RESOLUTION, frame_plan
+from camera import DEFAULT_INTRINSICS_RESOLUTION, planned_latent_frames
 from deployments.ingress.journal import SessionJournal
 from deployments.wire import SessionOptions
 from protocol.errors import ErrorCode, ProtocolError
@@ -116,7 +116,7 @@ def session_options(req: InferRequest, resolution: tuple[int, int], prompt: str,
     unusable values. `prompt` and `digest` (of the image) are the request's, or on an implicit
     reset that changes one of them, the replaced session's other one."""
     try:
-        total = None if req.num_frames is None else frame_plan(req.num_frames, req.num_frames)[1]
+        total = planned_latent_frames(req.num_frames)
     except ValueError as e:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None
     return SessionOptions(

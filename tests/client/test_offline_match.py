@@ -26,11 +26,11 @@ def pipe():
 
 
 def streamed(pipe, traj: Trajectory, frames: int, *, with_options: bool = True) -> np.ndarray:
-    from model.pipeline import SessionSpec
+    from model.pipeline import SessionRequest
 
     plan = plan_session(traj, frames)
     image = np.asarray(Image.open(io.BytesIO(traj.image)).convert("RGB"))
-    spec = SessionSpec(image, traj.prompt, SEED, MAX_AREA, plan.num_frames if with_options else None,
+    spec = SessionRequest(image, traj.prompt, SEED, MAX_AREA, plan.num_frames if with_options else None,
                        plan.translation_scale if with_options else None)
     session = pipe.open_session(spec)
     try:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from camera import chunk_cameras, translation_scale
-from model.pipeline import SessionSpec, WorldPipeline
+from model.pipeline import SessionRequest, WorldPipeline
 
 MAX_AREA = 7300  # 16:9 -> 64x112 px, as the goldens
 
@@ -15,7 +15,7 @@ MAX_AREA = 7300  # 16:9 -> 64x112 px, as the goldens
 
 def stream(pipe, image, prompt, poses, intrinsics, frame_num, seed=42, declare=True):
     """A streaming client: chunk slices poses[12k:12k+12], one infer each."""
-    spec = SessionSpec(image, prompt, seed, MAX_AREA,
+    spec = SessionRequest(image, prompt, seed, MAX_AREA,
                        num_frames=frame_num if declare else None,
                        translation_scale=translation_scale(poses, frame_num) if declare else None)
     session = pipe.open_session(spec)
@@ -51,9 +51,9 @@ def test_sessions_are_independent(pipe, example):
     alone_a, _, _ = stream(pipe, image, prompt, poses, intrinsics, 21, seed=1)
     alone_b, _, _ = stream(pipe, image, "another prompt", poses[::-1].copy(), intrinsics, 21, seed=2)
     # interleave the two sessions chunk by chunk in one pipeline
-    sa = pipe.open_session(SessionSpec(image, prompt, 1, MAX_AREA, 21, translation_scale(poses, 21)))
+    sa = pipe.open_session(SessionRequest(image, prompt, 1, MAX_AREA, 21, translation_scale(poses, 21)))
     rev = poses[::-1].copy()
-    sb = pipe.open_session(SessionSpec(image, "another prompt", 2, MAX_AREA, 21, translation_scale(rev, 21)))
+    sb = pipe.open_session(SessionRequest(image, "another prompt", 2, MAX_AREA, 21, translation_scale(rev, 21)))
     ptrs_a = {c.k.data_ptr() for c in sa.dit.caches.self_attn}
     ptrs_b = {c.k.data_ptr() for c in sb.dit.caches.self_attn}
     assert not ptrs_a & ptrs_b
@@ -67,7 +67,7 @@ def test_sessions_are_independent(pipe, example):
 
 def test_closed_session_refuses_steps(pipe, example):
     image, prompt, poses, intrinsics = example
-    session = pipe.open_session(SessionSpec(image, prompt, num_frames=21, max_area=MAX_AREA))
+    session = pipe.open_session(SessionRequest(image, prompt, num_frames=21, max_area=MAX_AREA))
     pipe.close(session)
     with pytest.raises(RuntimeError, match="closed"):
         pipe.step(session, poses[:12], intrinsics[:12])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from camera import chunk_cameras, translation_scale
-from model.pipeline import SessionSpec
+from model.pipeline import SessionRequest
 from model.session import PastChunk
 
 MAX_AREA = 7300  # 64x112 px
@@ -16,7 +16,7 @@ NEW_PROMPT = "a snowy mountain village at night, lanterns glowing"
 
 def _open(pipe, example, frame_num=33):
     image, prompt, poses, _ = example
-    return pipe.open_session(SessionSpec(image, prompt, 42, MAX_AREA, num_frames=frame_num,
+    return pipe.open_session(SessionRequest(image, prompt, 42, MAX_AREA, num_frames=frame_num,
                                          translation_scale=translation_scale(poses, frame_num)))
 
 
@@ -41,7 +41,7 @@ def test_update_replaces_the_cross_cache_and_keeps_the_scene(pipe, example):
     # ... and after the next call the cross-attention cache equals a fresh session's of the new prompt
     p, k = chunk_cameras(poses[:33], intrinsics[:33], 1)
     pipe.step(session, p, k)
-    other = pipe.open_session(SessionSpec(image, NEW_PROMPT, 42, MAX_AREA, num_frames=33,
+    other = pipe.open_session(SessionRequest(image, NEW_PROMPT, 42, MAX_AREA, num_frames=33,
                                           translation_scale=translation_scale(poses, 33)))
     p0, k0 = chunk_cameras(poses[:33], intrinsics[:33], 0)
     pipe.step(other, p0, k0)
