@@ -148,6 +148,9 @@ class SessionArgs(_Strict):
     max_frames: int = Field(MAX_NUM_FRAMES, ge=9)  # num_frames a session may declare (4093: 341 chunks)
     retry_after_s: float = Field(5.0, gt=0)  # hint sent with `busy` when no slot is free
     max_pending_chunks: int = Field(4, ge=1)  # infers one connection may have in flight (pipelining)
+    # Sessions one connection holds besides its current one, made by `fork` (branching.py);
+    # each counts against admission and the key's session quota like any session.
+    max_branches: int = Field(4, ge=0)
     routing_stats_period_s: float = Field(2.0, gt=0)  # how often replicas report free slots to routers
     # Session recovery: the ingress journals each session (camera payloads, clean latents, y,
     # noise state; ~1.2 MB per chunk at 480p) and rebuilds it on a healthy replica when a replica

@@ -17,7 +17,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from camera.plan import SessionPlan
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS, Limits
-from protocol.messages import REQUEST_TYPES, InferRequest, Reply, Request, ResetRequest, ResumeRequest
+from protocol.messages import (REQUEST_TYPES, ForkRequest, InferRequest, Reply, Request, ResetRequest, ResumeRequest,
+                               RewindRequest)
 
 _FIELD_CODES = {"cameras": ErrorCode.BAD_CAMERAS, "image": ErrorCode.BAD_IMAGE}
 _REPLY = TypeAdapter(Reply)
@@ -115,7 +116,7 @@ def _protocol_error(err: ValidationError) -> ProtocolError:
     return ProtocolError(code, f"`{field}`: {first['msg']}")
 
 
-def _request_fields(obj: object) -> tuple[type[InferRequest] | type[ResetRequest] | type[ResumeRequest], dict]:
+def _request_fields(obj: object) -> tuple[type[Request], dict]:
     """Apply the compatibility leniencies; pick the request type by `endpoint`."""
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "a message must be a msgpack map")
@@ -142,7 +143,8 @@ def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> object:
 
 
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
-    """One client frame -> InferRequest | ResetRequest | ResumeRequest; raises only ProtocolError."""
+    """One client frame -> InferRequest | ResetRequest | ResumeRequest | ForkRequest | RewindRequest; raises
+    only ProtocolError."""
     obj = unpack(data, limits)
     try:
         model, fields = _request_fields(obj)
@@ -161,7 +163,8 @@ def _valid_session_id(obj: object, limits: Limits) -> Optional[str]:
 
 
 def decode_reply(data: bytes, max_bytes: int = 1 << 30) -> Reply:
-    """One server frame -> CameraServerConfig | FrameReply | ResetOk | ResumeOk | ErrorReply (client side)."""
+    """One server frame -> CameraServerConfig | FrameReply | ResetOk | ResumeOk | Forked | Rewound | ErrorReply
+    (client side)."""
     obj = _unpack(data, max_bytes=max_bytes, max_str_len=max_bytes, max_map_len=1024)
     try:
         return _REPLY.validate_python(obj)
@@ -243,5 +246,21 @@ def encode_reset(session_id: str) -> bytes:
     """Client side: pack one reset request."""
     try:
         return encode(ResetRequest(session_id=session_id))
+    except ValidationError as e:
+        raise _protocol_error(e) from None
+
+
+def encode_fork(session_id: str, new_session_id: str, at_chunk: int) -> bytes:
+    """Client side: pack one fork request (a new session from `session_id`'s first `at_chunk` chunks)."""
+    try:
+        return encode(ForkRequest(session_id=session_id, new_session_id=new_session_id, at_chunk=int(at_chunk)))
+    except ValidationError as e:
+        raise _protocol_error(e) from None
+
+
+def encode_rewind(session_id: str, to_chunk: int) -> bytes:
+    """Client side: pack one rewind request (the session's next infer produces `to_chunk`)."""
+    try:
+        return encode(RewindRequest(session_id=session_id, to_chunk=int(to_chunk)))
     except ValidationError as e:
         raise _protocol_error(e) from None

@@ -80,10 +80,11 @@ class _Request(_Message):
     @classmethod
     def _session_id(cls, v: str, info: ValidationInfo) -> str:
         limit = _limits(info).max_session_id_chars
+        name = info.field_name or "session_id"
         if not v:
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, "`session_id` must be a non-empty string")
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`{name}` must be a non-empty string")
         if len(v) > limit:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"`session_id` has {len(v)} chars; at most {limit}")
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"`{name}` has {len(v)} chars; at most {limit}")
         return v
 
 
@@ -262,6 +263,35 @@ class ResumeRequest(_Request):
     resume_from: Optional[ResumeFrom] = Field(None, description=_RESUME_FROM_DOC)
 
 
+AtChunk = Annotated[int, Strict(), Field(ge=1, le=MAX_CHUNKS)]
+ToChunk = Annotated[int, Strict(), Field(ge=0, le=MAX_CHUNKS)]
+
+
+class ForkRequest(_Request):
+    """Branch a session: a new session `new_session_id` on this connection continues from this
+    one's state after chunk `at_chunk` - 1 (its first infer produces chunk `at_chunk`); this one
+    is unaffected. The reply is `forked`."""
+
+    endpoint: Literal["fork"] = "fork"
+    new_session_id: Annotated[str, Strict()] = Field(description="the new session's id: non-empty, not in use on "
+                                                                 "this connection; at most 128 chars by default")
+    at_chunk: AtChunk = Field(description="chunks of this session the new one keeps: 1 ..= the chunks it produced")
+
+    @field_validator("new_session_id")
+    @classmethod
+    def _new_session_id(cls, v: str, info: ValidationInfo) -> str:
+        return cls._session_id(v, info)
+
+
+class RewindRequest(_Request):
+    """Take chunks back: the session returns to its state after chunk `to_chunk` - 1 (0: as
+    opened from its image) and its next infer produces chunk `to_chunk` again. The reply is
+    `rewound`."""
+
+    endpoint: Literal["rewind"] = "rewind"
+    to_chunk: ToChunk = Field(description="the chunk_id the next infer produces: 0 ..= the chunks it produced")
+
+
 class CameraServerConfig(_Message):
     """Handshake, sent by the server right after the WebSocket accept."""
 
@@ -331,6 +361,23 @@ class ResumeOk(_Message):
     replayed: int = Field(ge=0, description="frame replies sent again before this message")
 
 
+class Forked(_Message):
+    """The answer to `fork`: the new session is held and its next infer produces `next_chunk_id`."""
+
+    type: Literal["forked"] = "forked"
+    session_id: str = Field(description="the new session (the fork's `new_session_id`)")
+    parent_session_id: str = Field(description="the session it was forked from (unaffected)")
+    next_chunk_id: int = Field(ge=1, description="the chunk_id the new session's next infer produces (`at_chunk`)")
+
+
+class Rewound(_Message):
+    """The answer to `rewind`: the session's next infer produces `next_chunk_id`."""
+
+    type: Literal["rewound"] = "rewound"
+    session_id: str
+    next_chunk_id: int = Field(ge=0, description="the chunk_id the session's next infer produces (`to_chunk`)")
+
+
 class ResetOk(_Message):
     type: Literal["reset_ok"] = "reset_ok"
     session_id: str
@@ -363,7 +410,9 @@ class ErrorReply(_Message):
         return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
 
 
-Request = Union[InferRequest, ResetRequest, ResumeRequest]
-Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, ErrorReply], Field(discriminator="type")]
-REQUEST_TYPES: dict[str, type[InferRequest] | type[ResetRequest] | type[ResumeRequest]] = {
-    "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest}
+Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest]
+Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, ErrorReply],
+                  Field(discriminator="type")]
+REQUEST_TYPES: dict[str, type[Request]] = {
+    "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest, "fork": ForkRequest,
+    "rewind": RewindRequest}

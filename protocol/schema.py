@@ -11,11 +11,11 @@ from pathlib import Path
 
 from pydantic.json_schema import models_json_schema
 
-from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, ResetOk, ResetRequest,
-                               ResumeOk, ResumeRequest)
+from protocol.messages import (CameraServerConfig, ErrorReply, Forked, ForkRequest, FrameReply, InferRequest, ResetOk,
+                               ResetRequest, ResumeOk, ResumeRequest, Rewound, RewindRequest)
 
-REQUESTS = (InferRequest, ResetRequest, ResumeRequest)
-REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, ErrorReply)
+REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest)
+REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, ErrorReply)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
                "msgpack map; `binary` strings are msgpack bin; arrays may also be msgpack-numpy or openpi "
@@ -30,7 +30,7 @@ def json_schema() -> dict:
     defs = top["$defs"]
     # The tag is always on the wire (defaults make pydantic call it optional), except for
     # infer, whose `endpoint` vllm-omni clients leave out.
-    for model, tag in [(ResetRequest, "endpoint"), (ResumeRequest, "endpoint"), *((m, "type") for m in REPLIES)]:
+    for model, tag in [*((m, "endpoint") for m in REQUESTS[1:]), *((m, "type") for m in REPLIES)]:
         schema = defs[model.__name__]
         schema["required"] = [tag, *(f for f in schema.get("required", []) if f != tag)]
 

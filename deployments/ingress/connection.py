@@ -32,6 +32,7 @@ from fastapi import WebSocketDisconnect
 from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
+from deployments.ingress.branching import Branches
 from deployments.ingress.detached import detach
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
@@ -54,8 +55,8 @@ from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
 from protocol.limits import Limits
-from protocol.messages import (CameraServerConfig, FrameReply, InferRequest, Request, ResetRequest, ResumeRequest,
-                               require_session_start)
+from protocol.messages import (CameraServerConfig, ForkRequest, FrameReply, InferRequest, Request, ResetRequest,
+                               ResumeRequest, RewindRequest, require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
@@ -99,6 +100,8 @@ class Connection:
                                   clip_mode=self._raw_frames, key_id=key_id, client=client)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail)
         self._outbox = Outbox(ws, on_sent=record_sent, on_reply=self._policy.on_reply)
+        self._branches = Branches(backends, self._dit_lane, self._vae_lane, self._releases, self._replies, args,
+                                  self._log)  # fork, rewind, the forked sessions held (branching.py)
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
@@ -232,6 +235,13 @@ class Connection:
                 for reply in self._resume.replay_held(req, self._stream):
                     self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
                 return False, False
+            if isinstance(req, ForkRequest):
+                self._outbox.put(self._branches.fork(req, self._stream))
+                return False, False
+            if isinstance(req, RewindRequest):
+                self._outbox.put(self._branches.rewind(req, self._stream))
+                return False, False
+            self._stream = self._branches.switch(session_id, self._stream)  # a forked session it holds
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
                 return False, False
@@ -277,6 +287,7 @@ class Connection:
         if req.prompt_update is not None and not reset:
             context = self._jobs.encode_later(req.prompt_update)
             stream.prompt = req.prompt_update
+            stream.journal.steer(chunk_id, req.prompt_update)  # a rewind or fork before it knows the prompt
         y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
         step = self._dit_lane.submit(partial(self._jobs.step, stream, y, req.cameras.poses, req.cameras.intrinsics,
                                              context))

@@ -8,12 +8,17 @@ or drops the session, the DiT replays one cache-update call per past chunk and t
 replays its conditions and decodes (`DiTDeployment.restore`, `VaeDeployment.restore`); the session then
 continues exactly as if nothing had happened.
 
+The journal also keeps the noise state after every chunk and the prompt updates by chunk, so
+that a prefix of it is the journal of the session as it was after that many chunks: a rewind
+truncates it and a fork copies a prefix (branching.py); the rebuild is the same.
+
 Consecutive chunks' y converge to one value (zero frames through the causal encoder), so
 equal y are stored once. A journal that outgrows its byte budget drops its contents: the
 session can no longer be recovered and a lost replica then means `session_lost`.
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import numpy as np
@@ -30,6 +35,8 @@ class SessionJournal:
         self.context: Optional[np.ndarray] = None  # [L, text_dim] once the prompt is encoded
         self.chunks: list[PastChunk] = []  # sent as they are to `DiTDeployment.restore`
         self.noise: Optional[NoiseSnapshot] = None  # after the last chunk
+        self.noises: list[NoiseSnapshot] = []  # after each chunk (a prefix's `noise`)
+        self.steering: dict[int, str] = {}  # chunk -> the prompt update made before it (a prefix's prompt)
         self.conditioned = 0  # condition calls the VAE answered (its encoder position)
         self.decoded = 0  # decode calls the VAE answered (its decoder and muxer position)
         self._max_bytes = max_bytes
@@ -55,11 +62,51 @@ class SessionJournal:
         if previous is not None and previous.shape == y.shape and np.array_equal(previous, y):
             y = previous
         new_bytes = poses.nbytes + intrinsics.nbytes + latents.nbytes + (0 if y is previous else y.nbytes)
-        new_bytes += 0 if context is None else context.nbytes
+        new_bytes += (0 if context is None else context.nbytes) + noise.rng.nbytes
         self._keep(new_bytes)
         if self._enabled:
             self.chunks.append(PastChunk(poses, intrinsics, y, latents, context))
             self.noise = noise
+            self.noises.append(noise)
+
+    def steer(self, chunk: int, prompt: str) -> None:
+        """Chunk `chunk` (and the later ones) attend to `prompt` (a prompt update)."""
+        if self._enabled:
+            self.steering[chunk] = prompt
+
+    def prompt_after(self, chunks: int, opened: str) -> str:
+        """The prompt the session attended to after its first `chunks` chunks (`opened`: its first)."""
+        steered = [c for c in self.steering if c < chunks]
+        return self.steering[max(steered)] if steered else opened
+
+    def truncate(self, chunks: int) -> None:
+        """Keep the first `chunks` chunks: the journal of the session as it was after them
+        (conditioned and decoded as many; no call of the session may be in flight)."""
+        assert self._enabled and 0 <= chunks <= len(self.chunks), "truncate: not recoverable or out of range"
+        self.chunks, self.noises = self.chunks[:chunks], self.noises[:chunks]
+        self.noise = self.noises[-1] if chunks else None
+        self.steering = {c: p for c, p in self.steering.items() if c < chunks}
+        self.conditioned = self.decoded = chunks
+        self.nbytes = self._measure()
+
+    def prefix(self, chunks: int) -> SessionJournal:
+        """A new journal of the first `chunks` chunks (its arrays shared with this one: never
+        written in place), for a forked session."""
+        other = copy.copy(self)
+        other.truncate(chunks)
+        return other
+
+    def _measure(self) -> int:
+        """Bytes held (arrays shared between equal consecutive y counted once)."""
+        seen: set[int] = set()
+        total = 0
+        for a in [self.image, self.context, *(x for c in self.chunks for x in (c.poses, c.intrinsics, c.y, c.latents,
+                                                                               c.context)),
+                  *(n.rng for n in self.noises)]:
+            if a is not None and id(a) not in seen:
+                seen.add(id(a))
+                total += a.nbytes
+        return total
 
     def decoded_latents(self) -> list[np.ndarray]:
         """Latents of the chunks the VAE has decoded, in order (to rebuild its decoder)."""
@@ -71,3 +118,4 @@ class SessionJournal:
         if self._enabled and self.nbytes > self._max_bytes:
             self._enabled = False  # over budget: free everything, the session is no longer recoverable
             self.image, self.context, self.chunks, self.noise = None, None, [], None
+            self.noises, self.steering = [], {}

@@ -6,7 +6,7 @@ import pytest
 
 from deployments.ingress.journal import SessionJournal
 from deployments.ingress.stream import Stream, StreamClosed, StreamState, image_digest
-from deployments.wire import SessionOptions
+from deployments.wire import NoiseSnapshot, SessionOptions
 
 SPEC = SessionOptions(session_id="s", prompt="p", image_digest="d", resolution=(32, 48), seed=42,
                       total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
@@ -55,13 +55,13 @@ def test_journal_keeps_chunks_in_order_and_equal_y_once():
     j.set_context(np.zeros((5, 64), np.float32))
     y0 = np.ones((20, 3, 4, 6), np.float32)
     y1 = np.full((20, 3, 4, 6), 2.0, np.float32)
-    noise = (np.zeros(8, np.uint8), False)
+    noise = NoiseSnapshot(np.zeros(8, np.uint8), False)
     for k, y in enumerate([y0, y1, y1.copy(), y1.copy()]):
         j.add_chunk(*_chunk(y, k), noise)
     assert j.recoverable and len(j.chunks) == 4
     assert j.chunks[3].y is j.chunks[2].y is j.chunks[1].y and j.chunks[0].y is not j.chunks[1].y
     latents = 16 * 3 * 4 * 6 * 4
-    assert j.nbytes == IMAGE.nbytes + 5 * 64 * 4 + 2 * y0.nbytes + 4 * (latents + 3 * 16 * 4 + 3 * 4 * 4)
+    assert j.nbytes == IMAGE.nbytes + 5 * 64 * 4 + 2 * y0.nbytes + 4 * (latents + 3 * 16 * 4 + 3 * 4 * 4 + 8)
     j.decoded = 2
     assert [a is c.latents for a, c in zip(j.decoded_latents(), j.chunks)] == [True, True]
 
@@ -69,8 +69,8 @@ def test_journal_keeps_chunks_in_order_and_equal_y_once():
 def test_a_journal_over_its_budget_drops_everything_and_is_no_longer_recoverable():
     j = SessionJournal(IMAGE, max_bytes=IMAGE.nbytes + 15_000)  # the context and one chunk fit
     j.set_context(np.zeros((5, 64), np.float32))
-    j.add_chunk(*_chunk(np.ones((20, 3, 4, 6), np.float32), 0), (np.zeros(8, np.uint8), False))
+    j.add_chunk(*_chunk(np.ones((20, 3, 4, 6), np.float32), 0), NoiseSnapshot(np.zeros(8, np.uint8), False))
     assert j.recoverable
-    j.add_chunk(*_chunk(np.zeros((20, 3, 4, 6), np.float32), 1), (np.zeros(8, np.uint8), False))
+    j.add_chunk(*_chunk(np.zeros((20, 3, 4, 6), np.float32), 1), NoiseSnapshot(np.zeros(8, np.uint8), False))
     assert not j.recoverable and j.chunks == [] and j.image is None and j.context is None
     assert not SessionJournal(IMAGE, max_bytes=None).recoverable  # recovery off

@@ -1,0 +1,218 @@
+"""Fork and rewind (PROTOCOL.md §2): a session branched or taken back to an earlier chunk.
+
+Both are journal rebuilds (journal.py, recovery.py): the session as it was after chunk k - 1
+is the journal's first k chunks replayed (`DiTDeployment.restore`: one cache-update call per
+chunk, rolling window included, then the noise generator put where it was;
+`VaeDeployment.restore`: k conditions and k decodes, muxed again). Its next chunk is then
+byte-identical to the one an uninterrupted session with the same first k chunks produces.
+
+* Rewind: the session keeps its identity on the connection (quota, resume token) but gets
+  fresh routing keys; its old incarnation is closed on both lanes first, then it is restored
+  from its journal truncated to k chunks.
+* Fork: a new stream with its own keys from a prefix copy of the journal (arrays shared),
+  admitted like a new session (quota at once; the DiT's `reserve`, then the VAE's and the
+  DiT's `restore`: `busy` / `too_large` when they refuse, the new session then released).
+  The connection then holds it beside its current session (`Branches`); an infer or reset
+  that names it makes it the current one. At most `sessions.max_branches` such held sessions.
+
+Either is refused, with nothing changed, for a session the connection does not hold open, a
+chunk out of range, a session with a chunk in flight (`busy`: the journal is only complete
+between chunks), and a session without a journal (recovery off, or over `journal_max_mib`).
+Their replies (`forked`, `rewound`) come once the rebuild is done, in request order.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import deque
+from typing import Optional
+
+from pydantic import BaseModel
+
+from deployments.config import AppArgs
+from deployments.errors import Busy, ReplicaError
+from deployments.ingress.lane_jobs import Backends, _admission
+from deployments.ingress.lanes import Lane
+from deployments.ingress.releases import Releases
+from deployments.ingress.replies import Replies
+from deployments.ingress.stream import Stream, StreamState, new_routing_key
+from deployments.log import KeyValueLog
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import ForkRequest, Forked, FrameReply, Rewound, RewindRequest
+
+IN_FLIGHT_RETRY_S = 0.5  # retry hint of a fork / rewind of a session with a chunk in flight
+PLACE_RETRY_S = 0.25  # a rewind's rebuild retries a full replica this often, up to recovery_timeout_s
+
+
+class Branches:
+    """One connection's forks and rewinds, and the forked sessions it holds besides its current one."""
+
+    def __init__(self, backends: Backends, dit_lane: Lane, vae_lane: Lane, releases: Releases, replies: Replies,
+                 args: AppArgs, log: KeyValueLog) -> None:
+        self._b = backends
+        self._dit_lane = dit_lane
+        self._vae_lane = vae_lane
+        self._releases = releases
+        self._replies = replies
+        self._sessions = args.sessions
+        self._log = log
+        self._held: dict[str, Stream] = {}  # session_id -> an open session that is not the current one
+
+    def switch(self, session_id: str, current: Optional[Stream]) -> Optional[Stream]:
+        """The connection's current stream for a request that names `session_id`: a held one of
+        that id becomes current, and the current one (when open) is held in its place."""
+        held = self._held.pop(session_id, None)
+        if held is None:
+            return current
+        if current is not None and current.state is StreamState.OPEN:
+            self._held[current.spec.session_id] = current
+        return held
+
+    # ---- fork ----
+
+    def fork(self, req: ForkRequest, current: Optional[Stream]) -> asyncio.Future:
+        """Validate and start a fork (ProtocolError / Busy: nothing changed); the future of its reply."""
+        source = self._open(req.session_id, current)
+        k = req.at_chunk
+        self._check(source, k, low=1)
+        new = req.new_session_id
+        self._held = {sid: s for sid, s in self._held.items() if s.state is StreamState.OPEN}
+        if new == req.session_id or new in self._held or (
+                current is not None and current.state is StreamState.OPEN and current.spec.session_id == new):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "`new_session_id` names a session this connection holds; "
+                                                       "pick another id (or reset that session first)")
+        if len(self._held) >= self._sessions.max_branches:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"this connection holds {len(self._held)} sessions besides "
+                                                     "its current one, the most it may (sessions.max_branches); "
+                                                     "reset one before forking again")
+        journal = source.journal.prefix(k)
+        stream = Stream(dataclasses.replace(source.spec, session_id=new), journal, source.image)
+        stream.next_chunk = stream.sent_chunks = k
+        stream.prompt = journal.prompt_after(k, source.spec.prompt)
+        stream.text_encode_s = 0.0
+        self._releases.adopt(stream, replacing=None)  # the key's session quota: Busy, nothing changed
+        self._held[new] = stream
+        h, w = stream.spec.resolution
+        vae_key = stream.vae_key
+        stream.vae_open = self._vae_lane.submit(lambda: self._b.vae.options(session_id=vae_key).restore.remote(
+            vae_key, journal.image, h, w, k, journal.decoded_latents(), stream.spec.raw_frames))
+        stream.dit_open = self._dit_lane.submit(lambda: self._fork_dit(stream))
+        self._log.info("session forked", fields={"session": stream.key, "from": source.key, "chunks": k})
+        return asyncio.ensure_future(self._forked(stream, req.session_id))
+
+    async def _fork_dit(self, stream: Stream) -> str:
+        """DiT lane: admit the fork like a new session (its slot and bytes, before any work),
+        wait for the VAE's admission, then replay its chunks."""
+        key, j = stream.dit_key, stream.journal
+        dit = self._b.dit.options(session_id=key)
+        admitted = _admission(stream)
+        try:
+            await dit.reserve.remote(key, stream.spec)
+        except Exception as e:
+            admitted.set_exception(e)
+            raise
+        admitted.set_result(None)
+        await stream.vae_open
+        return await dit.restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
+
+    async def _forked(self, stream: Stream, parent: str) -> BaseModel:
+        failed = await self._rebuilt(stream)
+        if failed is not None:
+            if self._held.get(stream.spec.session_id) is stream:
+                del self._held[stream.spec.session_id]
+            return failed
+        return Forked(session_id=stream.spec.session_id, parent_session_id=parent, next_chunk_id=stream.next_chunk)
+
+    # ---- rewind ----
+
+    def rewind(self, req: RewindRequest, current: Optional[Stream]) -> asyncio.Future:
+        """Validate and start a rewind (ProtocolError / Busy: nothing changed); the future of its reply."""
+        stream = self._open(req.session_id, current)
+        k = req.to_chunk
+        self._check(stream, k, low=0)
+        if k < stream.next_chunk:
+            self._take_back(stream, k)
+        return asyncio.ensure_future(self._rewound(stream))
+
+    def _take_back(self, stream: Stream, k: int) -> None:
+        """The stream becomes its state after chunk k - 1: old incarnation closed, rebuilt under new keys."""
+        j = stream.journal
+        j.truncate(k)
+        stream.next_chunk = k
+        stream.sent_chunks = min(stream.sent_chunks, k)
+        stream.prompt = j.prompt_after(k, stream.spec.prompt)
+        stream.replay = deque((r for r in stream.replay if r.chunk_id < k), maxlen=stream.replay.maxlen)
+        stream.pending_replays = deque(r for r in stream.pending_replays if r.chunk_id < k)
+        stream.chunk_tasks = [t for t in stream.chunk_tasks  # all done (no chunk in flight)
+                              if isinstance(t.result(), FrameReply) and t.result().chunk_id < k]
+        old_dit, old_vae = stream.dit_key, stream.vae_key
+        stream.dit_key, stream.vae_key = new_routing_key(stream.spec.session_id), new_routing_key(stream.spec.session_id)
+        dit_key, vae_key = stream.dit_key, stream.vae_key
+        h, w = stream.spec.resolution
+        self._dit_lane.submit(lambda: self._b.dit.options(session_id=old_dit).close.remote(old_dit))
+        self._vae_lane.submit(lambda: self._b.vae.options(session_id=old_vae).close.remote(old_vae))
+        vae, dit = self._b.vae.options(session_id=vae_key), self._b.dit.options(session_id=dit_key)
+        stream.vae_open = self._vae_lane.submit(lambda: self._placed(stream, lambda: vae.restore.remote(
+            vae_key, j.image, h, w, k, j.decoded_latents(), stream.spec.raw_frames)))
+        stream.dit_open = self._dit_lane.submit(lambda: self._placed(stream, lambda: dit.restore.remote(
+            dit_key, stream.spec, j.context, list(j.chunks), j.noise)))
+        self._log.info("session rewound", fields={"session": stream.key, "to_chunk": k})
+
+    async def _placed(self, stream: Stream, call) -> str:
+        """`call()` until a replica takes it: the slot its old incarnation freed may be taken
+        meanwhile, or routed to another replica that is full (up to `recovery_timeout_s`)."""
+        deadline = time.monotonic() + self._sessions.recovery_timeout_s
+        while True:
+            try:
+                return await call()
+            except Busy as e:
+                if time.monotonic() + e.retry_after_s > deadline or stream.state is not StreamState.OPEN:
+                    raise
+                await asyncio.sleep(min(e.retry_after_s, PLACE_RETRY_S))
+
+    async def _rewound(self, stream: Stream) -> BaseModel:
+        failed = await self._rebuilt(stream)
+        return failed or Rewound(session_id=stream.spec.session_id, next_chunk_id=stream.next_chunk)
+
+    # ---- shared ----
+
+    def _open(self, session_id: str, current: Optional[Stream]) -> Stream:
+        """The open session `session_id` of this connection (current or held)."""
+        stream = current if current is not None and current.spec.session_id == session_id else self._held.get(session_id)
+        if stream is None:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "this connection holds no session of that `session_id`; "
+                                                       "fork and rewind work on this connection's own sessions")
+        if stream.state is not StreamState.OPEN:
+            raise ProtocolError(ErrorCode.SESSION_LOST, "the server no longer holds this session; "
+                                                        "send image and prompt to start it again")
+        return stream
+
+    def _check(self, stream: Stream, k: int, low: int) -> None:
+        """A chunk in range, no chunk in flight, a journal to rebuild from."""
+        if any(not t.done() for t in stream.chunk_tasks):
+            raise Busy("the session has a chunk in flight; send this again once its reply came", IN_FLIGHT_RETRY_S)
+        if not stream.journal.recoverable:
+            why = ("this server keeps no session journals (sessions.recovery is off)" if not self._sessions.recovery
+                   else f"the session's journal outgrew sessions.journal_max_mib ({self._sessions.journal_max_mib:g}"
+                        " MiB) and was dropped")
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"{why}: it cannot be forked or rewound")
+        if not low <= k <= stream.next_chunk:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the chunk must be in {low}..{stream.next_chunk} (the "
+                                                       "chunks the session produced)")
+
+    async def _rebuilt(self, stream: Stream) -> Optional[BaseModel]:
+        """None once both restores are done; else the error reply (the stream is failed and released)."""
+        sid = stream.spec.session_id
+        opens = [f for f in (stream.vae_open, stream.dit_open) if f is not None]
+        results = await asyncio.gather(*opens, return_exceptions=True)
+        error = next((r for r in results if isinstance(r, BaseException)), None)
+        if error is None:
+            return None
+        self._releases.fail(stream)
+        if isinstance(error, ReplicaError):
+            return self._replies.error(error.code, error.message, sid, getattr(error, "retry_after_s", None))
+        self._log.warning("fork or rewind rebuild failed", fields={"session": stream.key, "error": repr(error)})
+        return self._replies.error(ErrorCode.SESSION_LOST, f"the server could not rebuild this session "
+                                                           f"({type(error).__name__}); send image and prompt to "
+                                                           "start it again", sid)
