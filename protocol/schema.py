@@ -11,10 +11,10 @@ from pathlib import Path
 
 from pydantic.json_schema import models_json_schema
 
-from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, ResetOk, ResetRequest,
-                               ResumeOk, ResumeRequest)
+from protocol.messages import (CameraServerConfig, ControlRequest, ErrorReply, FrameReply, InferRequest, ResetOk,
+                               ResetRequest, ResumeOk, ResumeRequest)
 
-REQUESTS = (InferRequest, ResetRequest, ResumeRequest)
+REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ControlRequest)
 REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, ErrorReply)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
@@ -30,7 +30,8 @@ def json_schema() -> dict:
     defs = top["$defs"]
     # The tag is always on the wire (defaults make pydantic call it optional), except for
     # infer, whose `endpoint` vllm-omni clients leave out.
-    for model, tag in [(ResetRequest, "endpoint"), (ResumeRequest, "endpoint"), *((m, "type") for m in REPLIES)]:
+    for model, tag in [*((m, "endpoint") for m in (ResetRequest, ResumeRequest, ControlRequest)),
+                       *((m, "type") for m in REPLIES)]:
         schema = defs[model.__name__]
         schema["required"] = [tag, *(f for f in schema.get("required", []) if f != tag)]
 
