@@ -299,6 +299,17 @@ class VideoArgs(_Strict):
     max_frames: int = Field(481, ge=9)
 
 
+class ControlArgs(_Strict):
+    """Per video frame steps of the keys held (`control`, camera/keys.py `KeySteps`); the defaults
+    are the LingBot-World keyboard convention (TeleFuser's lingbot_world_fast service)."""
+
+    move: float = Field(0.05, ge=0)  # scene units per frame, W/S
+    lateral: float = Field(0.05, ge=0)  # scene units per frame, A/D and Q/E
+    yaw_deg: float = Field(2.0, ge=0, le=90)  # J/L
+    pitch_deg: float = Field(2.0, ge=0, le=90)  # I/K
+    pitch_limit_deg: float = Field(85.0, ge=0, le=90)
+
+
 class AppArgs(_Strict):
     """Arguments of `deployments.app:build_app` (the `args:` block of serve_config.yaml)."""
 
@@ -311,6 +322,7 @@ class AppArgs(_Strict):
     auth: AuthArgs = AuthArgs()
     connection: ConnectionArgs = ConnectionArgs()
     videos: VideoArgs = VideoArgs()
+    controls: ControlArgs = ControlArgs()
     # The largest client frame. Ray 2.60's HTTP proxy closes a socket on a frame above 16 MiB
     # (1009) as soon as it reads the frame's header; a larger value could never be reached. The
     # default stays below it so that an oversized frame up to 16 MiB gets the typed `too_large`.

@@ -7,6 +7,7 @@ numpy arrays as msgpack-numpy maps and bytes as msgpack bin.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Optional
 
 import msgpack
@@ -17,8 +18,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from camera.plan import SessionPlan
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS, Limits
-from protocol.messages import (REQUEST_TYPES, ForkRequest, InferRequest, Reply, Request, ResetRequest, ResumeRequest,
-                               RewindRequest)
+from protocol.messages import (REQUEST_TYPES, ControlRequest, ForkRequest, InferRequest, Reply, Request, ResetRequest,
+                               ResumeRequest, RewindRequest)
 
 _FIELD_CODES = {"cameras": ErrorCode.BAD_CAMERAS, "image": ErrorCode.BAD_IMAGE}
 _REPLY = TypeAdapter(Reply)
@@ -143,8 +144,8 @@ def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> object:
 
 
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
-    """One client frame -> InferRequest | ResetRequest | ResumeRequest | ForkRequest | RewindRequest; raises
-    only ProtocolError."""
+    """One client frame -> InferRequest | ResetRequest | ResumeRequest | ForkRequest | RewindRequest |
+    ControlRequest; raises only ProtocolError."""
     obj = unpack(data, limits)
     try:
         model, fields = _request_fields(obj)
@@ -178,20 +179,23 @@ def encode(message: BaseModel) -> bytes:
                          use_bin_type=True, default=msgpack_numpy.encode)
 
 
-def encode_infer(session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
+def encode_infer(session_id: str, poses: Optional[np.ndarray] = None, intrinsics: Optional[np.ndarray] = None, *,
+                 from_keys: bool = False,
                  image: Optional[bytes | np.ndarray] = None, prompt: Optional[str] = None,
                  seed: Optional[int] = None, size: Optional[str] = None,
                  intrinsics_resolution: Optional[tuple[int, int]] = None, num_frames: Optional[int] = None,
                  translation_scale: Optional[float] = None, client_chunk_id: Optional[int] = None,
                  prompt_update: Optional[str] = None, resume_token: Optional[str] = None,
                  resume_from: Optional[int] = None, limits: Limits = DEFAULT_LIMITS) -> bytes:
-    """Client side: validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32).
+    """Client side: validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32), or
+    with `from_keys` and no poses one whose camera the keys held move (`encode_control`).
 
     Raises ProtocolError with the code the server would answer.
     """
     scalars = {"seed": seed, "num_frames": num_frames, "client_chunk_id": client_chunk_id}
     fields = {
-        "session_id": session_id, "cameras": {"poses": poses, "intrinsics": intrinsics},
+        "session_id": session_id, "from_keys": from_keys or None,
+        "cameras": None if poses is None and intrinsics is None else {"poses": poses, "intrinsics": intrinsics},
         "image": image, "prompt": prompt, "prompt_update": prompt_update, "size": size, "resume_token": resume_token,
         "resume_from": None if resume_from is None else int(resume_from),
         "intrinsics_resolution": intrinsics_resolution, "translation_scale": None if translation_scale is None else float(translation_scale),
@@ -238,6 +242,15 @@ def encode_resume(session_id: str, resume_token: str, resume_from: Optional[int]
     """Client side: pack one resume request (continue a session on a new connection)."""
     try:
         return encode(ResumeRequest(session_id=session_id, resume_token=resume_token, resume_from=resume_from))
+    except ValidationError as e:
+        raise _protocol_error(e) from None
+
+
+def encode_control(session_id: str, event_id: int, keys: Iterable[str]) -> bytes:
+    """Client side: pack one control (the keys held now, the whole state; `[]` releases all)."""
+    try:
+        return encode(ControlRequest.model_validate({"session_id": session_id, "event_id": int(event_id),
+                                                     "keys": list(keys)}))
     except ValidationError as e:
         raise _protocol_error(e) from None
 

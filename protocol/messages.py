@@ -17,6 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, 
 
 from camera.frames import (CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, DEFAULT_INTRINSICS_RESOLUTION,
                            FIRST_CHUNK_VIDEO_FRAMES, FPS, MAX_CHUNKS, MAX_LATENT_FRAMES, VAE_TIME_STRIDE)
+from camera.keys import KEY_NAMES
 from camera.poses import rigid_errors
 from protocol.arrays import finite_float32, wire_array
 from protocol.errors import ErrorCode, ProtocolError
@@ -159,6 +160,10 @@ def _check_rigid(poses: np.ndarray, tol: float) -> None:
 class InferRequest(_Request):
     """Produce the next chunk. `image`/`prompt` and the session options matter on the first infer."""
 
+    # The schema says what `_one_camera_source` checks: `cameras`, or `from_keys: true`.
+    model_config = ConfigDict(**_Message.model_config, json_schema_extra={"anyOf": [
+        {"required": ["cameras"]}, {"required": ["from_keys"], "properties": {"from_keys": {"const": True}}}]})
+
     endpoint: Literal["infer"] = "infer"
     image: Optional[ImageField] = None
     prompt: Optional[Annotated[str, Strict()]] = None
@@ -166,7 +171,9 @@ class InferRequest(_Request):
         None, description="prompt steering, on any infer after a session's first: the session attends to this "
                           "prompt from this chunk on, keeping its scene (KV cache, image, position, noise); a changed "
                           "`prompt` without it starts a fresh session instead")
-    cameras: Cameras
+    cameras: Optional[Cameras] = Field(None, description="the chunk's camera; required unless `from_keys`")
+    from_keys: Optional[Annotated[bool, Strict()]] = Field(None, description="the chunk's 12 poses come from the keys held (`control`), "
+                                               "continuing from the session's last pose; not with `cameras`")
     seed: Optional[Annotated[int, Strict(), Field(ge=0, le=2**64 - 1)]] = None
     size: Optional[Annotated[str, Strict()]] = Field(None, description='max output area "H*W", e.g. "480*832"')
     intrinsics_resolution: Optional[tuple[PositiveInt, PositiveInt]] = Field(
@@ -234,6 +241,15 @@ class InferRequest(_Request):
             raise ProtocolError(ErrorCode.TOO_LARGE, f"`num_frames` {v} exceeds {limit}")
         return v
 
+    @model_validator(mode="after")
+    def _one_camera_source(self) -> InferRequest:
+        if self.cameras is None and not self.from_keys:
+            raise ProtocolError(ErrorCode.MISSING_FIELD, "`cameras` is required (or `from_keys: true` to move the "
+                                                         "camera by the keys held, see `control`)")
+        if self.cameras is not None and self.from_keys:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "send `cameras` or `from_keys: true`, not both")
+        return self
+
     @property
     def max_area(self) -> int | None:
         """H*W of `size`, or None when the session keeps the server default."""
@@ -292,6 +308,33 @@ class RewindRequest(_Request):
     to_chunk: ToChunk = Field(description="the chunk_id the next infer produces: 0 ..= the chunks it produced")
 
 
+MAX_CONTROL_KEYS = 32  # entries of one `control.keys` (there are 14 distinct keys)
+
+
+class ControlRequest(_Request):
+    """The keys held now (the whole state: a key not listed is released). An infer with
+    `from_keys` then moves the camera by them (camera/keys.py); frame replies echo `event_id`."""
+
+    endpoint: Literal["control"] = "control"
+    event_id: Annotated[int, Strict(), Field(ge=0, le=2**63 - 1)] = Field(
+        description="the client's id of this key state; the frame replies of chunks made with it carry it")
+    keys: tuple[str, ...] = Field(description=f"held keys, any case: {', '.join(KEY_NAMES)}; [] releases all")
+
+    @field_validator("keys", mode="before")
+    @classmethod
+    def _keys(cls, v: object) -> tuple[str, ...]:
+        if not isinstance(v, (list, tuple)) or not all(isinstance(k, str) for k in v):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "`keys` must be a list of key names")
+        if len(v) > MAX_CONTROL_KEYS:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"`keys` has {len(v)} entries; at most {MAX_CONTROL_KEYS}")
+        keys = {k.lower() for k in v}
+        unknown = sorted(keys - set(KEY_NAMES))
+        if unknown:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`keys` holds {len(unknown)} unknown key name(s); the keys "
+                                                       f"are {', '.join(KEY_NAMES)}")
+        return tuple(k for k in KEY_NAMES if k in keys)
+
+
 class CameraServerConfig(_Message):
     """Handshake, sent by the server right after the WebSocket accept."""
 
@@ -346,10 +389,25 @@ class FrameReply(_Message):
     reset: bool = Field(False, description="true when a changed image/prompt started a fresh session")
     mime_type: Optional[str] = Field(None, description='MSE type, e.g. video/mp4; codecs="avc1.42C01E"')
     debug: Optional[dict[str, JsonValue]] = Field(None, description="server-side debug fields (replica ids, ...)")
+    event_id: Optional[int] = Field(None, description="with `from_keys`: the `event_id` of the last `control` "
+                                                      "applied to this chunk (absent: none had come)")
+    poses: Optional[PosesArray] = Field(None, description="the chunk's poses as the server used them: the 12 "
+                                                         "integrated from the keys, or the infer's `cameras.poses`")
     resume_token: Optional[str] = Field(
         None, description="on a session's first frame reply (chunk 0), where the server keeps sessions across "
                           "connections: send it with `session_id` on a new connection to continue the session "
                           "(`resume`, or an infer with it). Keep it secret: it is the session's key")
+
+
+    @field_validator("poses", mode="before")
+    @classmethod
+    def _poses(cls, v: object) -> Optional[np.ndarray]:
+        if v is None:
+            return None
+        arr = wire_array(v, field="poses", code=ErrorCode.BAD_MESSAGE, kinds="iuf")
+        if arr.ndim != 3 or arr.shape[1:] != (4, 4):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`poses` must be [N, 4, 4], got {list(arr.shape)}")
+        return arr.astype(np.float32, copy=False)
 
 
 class ResumeOk(_Message):
@@ -410,9 +468,9 @@ class ErrorReply(_Message):
         return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
 
 
-Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest]
+Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest]
 Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, ErrorReply],
                   Field(discriminator="type")]
 REQUEST_TYPES: dict[str, type[Request]] = {
     "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest, "fork": ForkRequest,
-    "rewind": RewindRequest}
+    "rewind": RewindRequest, "control": ControlRequest}

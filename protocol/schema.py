@@ -11,10 +11,10 @@ from pathlib import Path
 
 from pydantic.json_schema import models_json_schema
 
-from protocol.messages import (CameraServerConfig, ErrorReply, Forked, ForkRequest, FrameReply, InferRequest, ResetOk,
-                               ResetRequest, ResumeOk, ResumeRequest, Rewound, RewindRequest)
+from protocol.messages import (CameraServerConfig, ControlRequest, ErrorReply, Forked, ForkRequest, FrameReply,
+                               InferRequest, ResetOk, ResetRequest, ResumeOk, ResumeRequest, Rewound, RewindRequest)
 
-REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest)
+REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest)
 REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, ErrorReply)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "

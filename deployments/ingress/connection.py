@@ -33,6 +33,7 @@ from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.ingress.branching import Branches
+from deployments.ingress.controls import ControlBook
 from deployments.ingress.detached import detach
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
@@ -55,8 +56,8 @@ from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
 from protocol.limits import Limits
-from protocol.messages import (CameraServerConfig, ForkRequest, FrameReply, InferRequest, Request, ResetRequest,
-                               ResumeRequest, RewindRequest, require_session_start)
+from protocol.messages import (CameraServerConfig, ControlRequest, ForkRequest, FrameReply, InferRequest, Request,
+                               ResetRequest, ResumeRequest, RewindRequest, require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
@@ -102,6 +103,7 @@ class Connection:
         self._outbox = Outbox(ws, on_sent=record_sent, on_reply=self._policy.on_reply)
         self._branches = Branches(backends, self._dit_lane, self._vae_lane, self._releases, self._replies, args,
                                   self._log)  # fork, rewind, the forked sessions held (branching.py)
+        self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
@@ -245,6 +247,9 @@ class Connection:
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
                 return False, False
+            if isinstance(req, ControlRequest):  # no reply: the frames echo its event_id
+                self._controls.set(req)
+                return False, False
             self._on_infer(req, t0)
             return False, True
         except ProtocolError as e:
@@ -258,6 +263,7 @@ class Connection:
     def _on_reset(self, req: ResetRequest) -> None:
         cur = self._stream
         release = None
+        self._controls.forget(req.session_id)
         if cur is not None and cur.spec.session_id == req.session_id:
             self._stream = None
             release = self._releases.close(cur)
@@ -279,9 +285,11 @@ class Connection:
         if stream.next_chunk >= max_chunks:
             self._outbox.reply_now(self._replies.session_limit(stream, 0))
             return
+        cams = self._controls.chunk(stream, req)  # explicit, or from the keys held
         if self._quota is not None:
             self._quota.take_chunk()
         chunk_id = stream.take_chunk_id()
+        self._controls.commit(stream, cams)
         timings: dict[str, float] = {}
         context = None
         if req.prompt_update is not None and not reset:
@@ -289,10 +297,9 @@ class Connection:
             stream.prompt = req.prompt_update
             stream.journal.steer(chunk_id, req.prompt_update)  # a rewind or fork before it knows the prompt
         y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
-        step = self._dit_lane.submit(partial(self._jobs.step, stream, y, req.cameras.poses, req.cameras.intrinsics,
-                                             context))
-        task = asyncio.create_task(self._replies.finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id,
-                                                              reset, t0))
+        step = self._dit_lane.submit(partial(self._jobs.step, stream, y, cams.poses, cams.intrinsics, context))
+        task = asyncio.create_task(self._controls.annotate(
+            self._replies.finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id, reset, t0), cams))
         stream.chunk_tasks.append(task)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)

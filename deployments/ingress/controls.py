@@ -1,0 +1,102 @@
+"""Key control of one connection (PROTOCOL.md, `control`): the keys held and the camera they move.
+
+`control` sets the keys held for a session id (the whole state; one per connection: a control
+for another session id replaces it). An infer with `from_keys` then gets its chunk's 12 poses
+from them (camera/keys.py), continuing the stream's camera: the last pose of the stream's last
+chunk, explicit or key-driven. Poses are worked out when the infer is dispatched (in request
+order), so pipelined infers continue each other; `commit` records them once the chunk is
+accepted, so a refused infer moves nothing. The frame reply then carries the chunk's poses and,
+for a key-driven chunk, the `event_id` of the key state it used.
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from pydantic import BaseModel
+
+from camera.frames import CHUNK_VIDEO_FRAMES
+from camera.keys import KeySteps, default_intrinsics_row, key_chunk_poses
+from deployments.config import ControlArgs
+from deployments.ingress.stream import Stream
+from protocol.messages import ControlRequest, FrameReply, InferRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCameras:
+    """The camera of one accepted chunk: what the DiT gets and what its reply reports."""
+
+    poses: np.ndarray  # float32 [N, 4, 4]
+    intrinsics: np.ndarray  # float32 [N, 4]
+    event_id: Optional[int]  # the key state a key-driven chunk used (None: explicit, or no control yet)
+    last_pose: np.ndarray  # float64 [4, 4]: where the next key-driven chunk continues from
+
+
+@dataclass(slots=True)
+class _Cursor:
+    stream: Stream  # the incarnation it belongs to (a new stream starts from the identity)
+    pose: np.ndarray  # float64 [4, 4]
+    intrinsics: np.ndarray  # float32 [4]: the row key-driven chunks use
+
+
+class ControlBook:
+    """The keys held (for one session id) and the camera cursor of the current stream."""
+
+    def __init__(self, args: ControlArgs) -> None:
+        self._steps = KeySteps(move=args.move, lateral=args.lateral, yaw_deg=args.yaw_deg,
+                               pitch_deg=args.pitch_deg, pitch_limit_deg=args.pitch_limit_deg)
+        self._session_id: Optional[str] = None
+        self._keys: tuple[str, ...] = ()
+        self._event_id: Optional[int] = None
+        self._cursor: Optional[_Cursor] = None
+
+    def set(self, req: ControlRequest) -> None:
+        """The keys held now for `req.session_id` (validated by the codec)."""
+        self._session_id, self._keys, self._event_id = req.session_id, req.keys, req.event_id
+
+    def forget(self, session_id: str) -> None:
+        """`reset`: the session's keys are released."""
+        if self._session_id == session_id:
+            self._session_id, self._keys, self._event_id = None, (), None
+
+    def chunk(self, stream: Stream, req: InferRequest) -> ChunkCameras:
+        """The camera of `req`'s chunk on `stream` (nothing recorded: see `commit`)."""
+        cursor = self._cursor if self._cursor is not None and self._cursor.stream is stream else None
+        if req.cameras is not None:
+            poses, intrinsics = req.cameras.poses, req.cameras.intrinsics
+            return ChunkCameras(poses, intrinsics, None, poses[-1].astype(np.float64))
+        held = self._session_id == stream.spec.session_id
+        keys, event_id = (self._keys, self._event_id) if held else ((), None)
+        last = cursor.pose if cursor is not None else _journaled_pose(stream)
+        poses = key_chunk_poses(last, keys, self._steps)
+        row = cursor.intrinsics if cursor is not None else _journaled_intrinsics(stream)
+        intrinsics = np.tile(row, (CHUNK_VIDEO_FRAMES, 1))
+        return ChunkCameras(poses.astype(np.float32), intrinsics, event_id, poses[-1])
+
+    def commit(self, stream: Stream, cams: ChunkCameras) -> None:
+        """The chunk was accepted: the stream's camera continues from it."""
+        self._cursor = _Cursor(stream, cams.last_pose, cams.intrinsics[0])
+
+    @staticmethod
+    async def annotate(reply_task: Awaitable[BaseModel], cams: ChunkCameras) -> BaseModel:
+        """The chunk's reply with its `poses` and `event_id` (errors as they are)."""
+        reply = await reply_task
+        if isinstance(reply, FrameReply):
+            return reply.model_copy(update={"poses": cams.poses, "event_id": cams.event_id})
+        return reply
+
+
+def _journaled_pose(stream: Stream) -> Optional[np.ndarray]:
+    """The last pose of a stream this connection has no cursor for (one resumed from the
+    parking): its journal's last chunk; None (the identity start) when it has none."""
+    chunks = stream.journal.chunks
+    return chunks[-1].poses[-1].astype(np.float64) if chunks else None
+
+
+def _journaled_intrinsics(stream: Stream) -> np.ndarray:
+    chunks = stream.journal.chunks
+    if chunks:
+        return chunks[-1].intrinsics[0].astype(np.float32)
+    return default_intrinsics_row(stream.spec.intrinsics_resolution)

@@ -1,0 +1,89 @@
+"""Key control through the running app (PROTOCOL.md, `control`): sessions driven by the keys
+held, replies that echo `event_id` and carry the poses the chunk was made with, bad controls
+refused with the session intact, explicit cameras and keys mixed."""
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import numpy as np
+
+from camera.keys import KeySteps, key_chunk_poses
+from protocol import encode_control, encode_infer
+from protocol.errors import ErrorCode
+from protocol.messages import ErrorReply, FrameReply
+
+STEPS = KeySteps()  # the app runs the default `controls`
+
+
+def frame(reply) -> FrameReply:
+    assert isinstance(reply, FrameReply), reply
+    return reply
+
+
+def test_a_session_driven_by_keys_alone(server, connect, example):
+    async def go():
+        async with connect() as c:
+            # The keys may be set before the session's first infer.
+            await c.send(encode_control("keys", 1, ["w"]))
+            await c.send(encode_infer("keys", from_keys=True, image=example.image, prompt=example.prompt,
+                                      client_chunk_id=0))
+            await c.send(encode_control("keys", 2, ["W", "l"]))  # pipelined: read before the next infer
+            await c.send(encode_infer("keys", from_keys=True, client_chunk_id=1))
+            replies = [frame(await c.recv()), frame(await c.recv())]
+            # An unknown key (encode_control would refuse it client-side): refused, nothing changes.
+            await c.send(msgpack.packb({"endpoint": "control", "session_id": "keys", "event_id": 3, "keys": ["w", "x"]}))
+            refused = await c.recv()
+            await c.send(encode_infer("keys", from_keys=True, client_chunk_id=2))
+            replies.append(frame(await c.recv()))
+            frames = c.videos["keys"].decode_frames()
+            await c.reset("keys")
+        return replies, refused, frames
+
+    replies, refused, frames = asyncio.run(go())
+    assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.BAD_MESSAGE and refused.session_id == "keys"
+    assert [r.chunk_id for r in replies] == [0, 1, 2]
+    assert [r.event_id for r in replies] == [1, 2, 2]
+    expected = [key_chunk_poses(None, {"w"}, STEPS)]
+    expected.append(key_chunk_poses(expected[-1][-1], {"w", "l"}, STEPS))
+    expected.append(key_chunk_poses(expected[-1][-1], {"w", "l"}, STEPS))
+    for reply, poses in zip(replies, expected):
+        assert reply.poses.shape == (12, 4, 4) and reply.poses.dtype == np.float32
+        np.testing.assert_allclose(reply.poses, poses, atol=1e-6)
+    np.testing.assert_allclose(replies[0].poses[:, 2, 3], 0.05 * np.arange(12), atol=1e-6)  # W: along +z
+    assert frames.shape[0] == 9 + 12 + 12  # the session still streams after the refused control
+
+
+def test_explicit_cameras_and_keys_mix(server, connect, example):
+    async def go():
+        async with connect() as c:
+            await c.infer("mix", example, 0, first=True)  # explicit cameras, no control yet
+            await c.send(encode_control("mix", 5, ["d", "j"]))
+            await c.send(encode_infer("mix", from_keys=True))
+            await c.infer("mix", example, 2, first=False)  # explicit again: cameras win for their chunk
+            replies = [frame(await c.recv()) for _ in range(3)]
+            await c.reset("mix")
+        return replies
+
+    replies = asyncio.run(go())
+    sent0, sent2 = example.chunk(0)[0], example.chunk(2)[0]
+    assert [r.event_id for r in replies] == [None, 5, None]
+    np.testing.assert_array_equal(replies[0].poses, sent0.astype(np.float32))
+    np.testing.assert_allclose(replies[1].poses, key_chunk_poses(sent0[-1].astype(np.float64), {"d", "j"}, STEPS),
+                               atol=1e-6)  # the keys continue from the explicit chunk's last pose
+    np.testing.assert_array_equal(replies[2].poses, sent2.astype(np.float32))
+
+
+def test_reset_releases_the_keys(server, connect, example):
+    async def go():
+        async with connect() as c:
+            await c.send(encode_control("rk", 9, ["w"]))
+            await c.reset("rk")
+            await c.send(encode_infer("rk", from_keys=True, image=example.image, prompt=example.prompt))
+            reply = frame(await c.recv())
+            await c.reset("rk")
+        return reply
+
+    reply = asyncio.run(go())
+    assert reply.event_id is None  # no key state since the reset: a still camera
+    np.testing.assert_array_equal(reply.poses, np.broadcast_to(np.eye(4, dtype=np.float32), (12, 4, 4)))
