@@ -28,7 +28,14 @@ class SessionLost(ReplicaError):
 
 
 class ChunkLimit(ReplicaError):
-    """The session reached its chunk cap (`sessions.max_chunks`)."""
+    """A rebuild of more chunks than the chunk cap allows (`sessions.max_chunks`)."""
+
+    code = ErrorCode.TOO_LARGE
+
+
+class AttentionBound(ReplicaError):
+    """A session without a window whose next chunk would attend to more tokens than the
+    server's bound (`sessions.max_attention_tokens`)."""
 
     code = ErrorCode.TOO_LARGE
 

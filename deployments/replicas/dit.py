@@ -27,7 +27,7 @@ from ray import serve
 
 from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
-from deployments.errors import Busy, ChunkLimit, SessionLimit, SessionLost, TooLarge, Unsupported
+from deployments.errors import AttentionBound, Busy, ChunkLimit, SessionLimit, SessionLost, TooLarge, Unsupported
 from deployments.log import get_log
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
@@ -231,7 +231,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         try:
             out = await self._compute_on_early(routing_key, self._step, y, poses, intrinsics, context,
                                                prepare=self._admit_chunk)
-        except (SessionLost, ChunkLimit, SessionLimit, Busy):  # typed: the session's state is intact
+        except (SessionLost, ChunkLimit, AttentionBound, SessionLimit, Busy):  # typed: the session's state is intact
             raise
         except Exception as e:
             # The caches may be half-written: the session cannot continue. Drop it.
@@ -253,7 +253,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
             return
         frame_seqlen = (slot.height // 8) * (slot.width // 8) // 4
         if frame_seqlen * needed > self._max_attention_tokens:
-            raise ChunkLimit(f"the session reached the server's attention bound ({self._max_attention_tokens} "
+            raise AttentionBound(f"the session reached the server's attention bound ({self._max_attention_tokens} "
                              "tokens); reset to start a new one, or serve with a local_attn_size window")
         held = self._engine.footprint(slot.height, slot.width, needed, None).held
         if not self._table.resize(routing_key, held):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from deployments.replicas.dit import DiTDeployment, DiTSlot
-from deployments.errors import Busy, ChunkLimit, SessionLimit
+from deployments.errors import AttentionBound, Busy, SessionLimit
 from deployments.replicas.session_table import SessionTable
 from protocol.errors import ErrorCode
 
@@ -65,6 +65,16 @@ def test_the_chunk_cap_is_session_limit():
     with pytest.raises(SessionLimit, match=r"its 2 chunks") as capped:
         host._admit_chunk("s", slot)
     assert capped.value.code is ErrorCode.SESSION_LIMIT
+
+
+def test_an_open_ended_session_past_the_attention_bound_is_told_so():
+    """Its own error (AttentionBound, too_large), not the chunk cap's."""
+    host = replica(budget_bytes=FRAME_BYTES * 100)
+    host._max_attention_tokens = 6 * 3  # 6 tokens per latent frame at 32x48: one chunk
+    slot = hold(host, "s", kv_frames=3, chunks=1)
+    with pytest.raises(AttentionBound, match="attention bound") as bound:
+        host._admit_chunk("s", slot)
+    assert pickle.loads(pickle.dumps(bound.value)).code is ErrorCode.TOO_LARGE
 
 
 def test_declared_sessions_that_fit_get_full_attention_the_others_the_window():
