@@ -119,22 +119,33 @@ def test_a_prompt_nested_1000_deep_is_refused_with_a_typed_error():
     assert error.code is ErrorCode.BAD_MESSAGE and "`prompt` must be a string" in error.message
 
 
-def test_frames_per_chunk_beyond_one_chunk_is_refused_so_a_clip_is_never_buffered_whole():
-    body = {"frames_per_chunk": 10 ** 9}
-    error = _refusal({"prompt": "p", "camera": _camera(24), "session_id": None, "extra_body": body})
-    assert error.code is ErrorCode.BAD_MESSAGE and "frames_per_chunk" in error.message
-    body["frames_per_chunk"] = 12  # one chunk's frames: the most accepted
-    assert read_call({"prompt": "p", "camera": _camera(24), "extra_body": body}).frames_per_message == 12
+def test_a_message_that_could_pass_its_byte_bound_is_refused_so_a_clip_is_never_buffered_whole():
+    """A clip's frames wait in the ingress until a message is full: `frames_per_chunk` of 1e9
+    with a 4093-pose clip would buffer the whole clip (~19.6 GB at 464x832). Refused with
+    too_large when min(frames_per_chunk, the clip's frames) could pass MESSAGE_MAX_BYTES at the
+    largest output size; openpi's "all frames in one message" for a short clip still works."""
+    from dataclasses import replace
+
+    from deployments.ingress.peers.replies import MESSAGE_MAX_BYTES
+    limits = replace(DEFAULT_LIMITS, max_output_area=480 * 832)
+    most = MESSAGE_MAX_BYTES // (480 * 832 * 3 * 4)  # 268 frames
+    request_ = {"prompt": "p", "camera": _camera(4093), "session_id": None, "image": _png(),
+                "extra_body": {"frames_per_chunk": 10 ** 9}}
+    error = _refusal(request_, limits)
+    assert error.code is ErrorCode.TOO_LARGE and f"at most {most}" in error.message
+    with pytest.raises(AssertionError):  # 21 frames in one message (openpi's way): nothing refused
+        _refusal({**request_, "camera": _camera(24)}, limits)
+    assert read_call({"prompt": "p", "camera": _camera(24), "extra_body": {"frames_per_chunk": 21}}).frames_per_message == 21
 
 
 def test_the_openpi_route_refuses_a_clip_too_large_for_one_reply():
     """The root (openpi) route answers a clip in one message, buffered whole in the ingress: a
-    clip whose frames could pass ONE_REPLY_MAX_BYTES at the largest output size is too_large."""
+    clip whose frames could pass MESSAGE_MAX_BYTES at the largest output size is too_large."""
     from dataclasses import replace
 
-    from deployments.ingress.peers.replies import ONE_REPLY_MAX_BYTES
+    from deployments.ingress.peers.replies import MESSAGE_MAX_BYTES
     limits = replace(DEFAULT_LIMITS, max_output_area=480 * 832)
-    most = ONE_REPLY_MAX_BYTES // (480 * 832 * 3 * 4)  # 268 frames
+    most = MESSAGE_MAX_BYTES // (480 * 832 * 3 * 4)  # 268 frames
     request_ = {"prompt": "p", "camera": _camera(4093), "session_id": None, "image": _png()}
     error = _refusal(request_, limits, one_reply=True)
     assert error.code is ErrorCode.TOO_LARGE and f"at most {most}" in error.message

@@ -20,10 +20,9 @@ from protocol.errors import ErrorCode, ProtocolError
 
 DEFAULT_SESSION = "default"  # their server's session when a request names none
 DEFAULT_FRAMES_PER_MESSAGE = 4  # their server's CHUNK_FRAMES
-# `frames_per_chunk` at most one of our chunks: a clip's frames wait in the ingress until a
-# message is full (float32, 11 MB a frame at 1280x720), so a larger value would buffer up to the
-# whole clip there (1e9: every frame of a 4093-pose clip, ~19.6 GB at 464x832).
-MAX_FRAMES_PER_MESSAGE = CHUNK_VIDEO_FRAMES
+# A clip's frames wait in the ingress until a message is full (float32, 11 MB a frame at
+# 1280x720): `frames_per_chunk` is bounded by the bytes of one message (replies.py
+# check_message_frames; 1e9 with a 4093-pose clip would buffer ~19.6 GB at 464x832).
 
 
 def _poses_count(obj: dict) -> int:
@@ -116,5 +115,5 @@ def read_call(obj: dict) -> PeerCall:
         prompt=_prompt(obj),
         image=obj.get("image"), num_frames=_int(body, "num_frames"), seed=seed,
         size=None if height is None else f"{height}*{width}",
-        frames_per_message=_int(body, "frames_per_chunk", hi=MAX_FRAMES_PER_MESSAGE) or DEFAULT_FRAMES_PER_MESSAGE,
+        frames_per_message=_int(body, "frames_per_chunk") or DEFAULT_FRAMES_PER_MESSAGE,
     )

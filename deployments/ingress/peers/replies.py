@@ -51,18 +51,20 @@ def error_message(reply: ErrorReply) -> dict:
     return out
 
 
-ONE_REPLY_MAX_BYTES = 1 << 30  # a clip answered in one message (the openpi route) is buffered whole: at most this
+MESSAGE_MAX_BYTES = 1 << 30  # a message's frames wait in the ingress until it is full: at most this
 
 
-def check_one_reply(frames: int, limits: Limits) -> None:
-    """Refuse a clip whose one reply could exceed ONE_REPLY_MAX_BYTES at the largest output
-    size (`max_output_area`, float32 RGB): the ingress buffers it whole before sending."""
+def check_message_frames(frames: int, limits: Limits) -> None:
+    """Refuse a clip whose messages could hold more than MESSAGE_MAX_BYTES at the largest
+    output size (`max_output_area`, float32 RGB): the ingress buffers a message's frames until
+    it is full (`frames_per_chunk`, or the whole clip on the openpi route)."""
     per_frame = limits.max_output_area * 3 * np.dtype(np.float32).itemsize
-    most = max(1, ONE_REPLY_MAX_BYTES // per_frame)
+    most = max(1, MESSAGE_MAX_BYTES // per_frame)
     if frames > most:
         raise ProtocolError(ErrorCode.TOO_LARGE, (
-            f"a clip of {frames} frames answered in one message; at most {most} here (one reply is at most "
-            f"{ONE_REPLY_MAX_BYTES >> 20} MiB at the largest output size): split the trajectory into clips"))
+            f"{frames} frames in one message; at most {most} here (a message is at most "
+            f"{MESSAGE_MAX_BYTES >> 20} MiB at the largest output size): a smaller frames_per_chunk, or split "
+            "the trajectory into clips"))
 
 
 class ClipFrames:

@@ -24,7 +24,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from deployments.ingress.peers.chunks import extension_clip, first_clip
 from deployments.ingress.peers.peer import DEFAULT_SESSION, is_peer_request, read_call
-from deployments.ingress.peers.replies import (RESET_REPLY, RESET_TEXT, ClipFrames, check_one_reply, error_message, frames_of,
+from deployments.ingress.peers.replies import (RESET_REPLY, RESET_TEXT, ClipFrames, check_message_frames, error_message, frames_of,
                                       pack)
 from deployments.ingress.resume import CLIP_RESUME
 from deployments.ingress.transport import NORMAL_CLOSURE, oversize
@@ -154,18 +154,15 @@ class PeerTransport:
     def _clip(self, obj: dict) -> None:
         call = read_call(obj)
         if call.session_id == self._session and self._next_chunk:
-            chunks = extension_clip(call, self._next_chunk, self._limits)
+            chunks, session = extension_clip(call, self._next_chunk, self._limits), (self._session, self._next_chunk)
         elif call.image is None and self._resumable:  # an extension on a new socket: resume (resume.py)
-            chunks = extension_clip(call, 0, self._limits, resume_token=CLIP_RESUME)
-            self._session, self._next_chunk = call.session_id, 0
+            chunks, session = extension_clip(call, 0, self._limits, resume_token=CLIP_RESUME), (call.session_id, 0)
         else:
-            chunks = first_clip(call, self._limits)
-            self._session, self._next_chunk = call.session_id, 0
-        self._next_chunk += len(chunks.infers)
-        if self._one_reply:
-            check_one_reply(chunks.frames, self._limits)
-        clip = ClipFrames(len(chunks.infers), chunks.frames,
-                          chunks.frames if self._one_reply else call.frames_per_message)
+            chunks, session = first_clip(call, self._limits), (call.session_id, 0)
+        per_message = chunks.frames if self._one_reply else min(call.frames_per_message, chunks.frames)
+        check_message_frames(per_message, self._limits)  # before any state moves: a refusal changes nothing
+        self._session, self._next_chunk = session[0], session[1] + len(chunks.infers)
+        clip = ClipFrames(len(chunks.infers), chunks.frames, per_message)
         self._queue.extend((data, _Expect(clip=clip)) for data in chunks.infers)
 
     # ---- Connection -> client ----
