@@ -98,7 +98,7 @@ class Connection:
         self._jobs = LaneJobs(backends, self._vae_lane, recovery, self._log)
         self._releases = Releases(backends, self._dit_lane, self._vae_lane, args, quota, metrics, self._log)
         self._resume = ResumeBook(backends, args, self._releases, quota, self._log, may_park=resumable,
-                                  clip_mode=self._raw_frames, key_id=key_id, client=client)
+                                  clip_mode=lambda: self._raw_frames, key_id=key_id, client=client)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail)
         self._outbox = Outbox(ws, on_sent=record_sent, on_reply=self._policy.on_reply)
         self._branches = Branches(backends, self._dit_lane, self._vae_lane, self._releases, self._replies, args,

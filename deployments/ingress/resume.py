@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Optional
 
 from pydantic import BaseModel
@@ -52,10 +53,12 @@ class ResumeBook:
     """Parks the open session when the socket ends; resumes parked ones."""
 
     def __init__(self, backends: Backends, args: AppArgs, releases: Releases, quota: Optional[KeyQuota],
-                 log: KeyValueLog, *, may_park: bool, clip_mode: bool, key_id: Optional[str],
+                 log: KeyValueLog, *, may_park: bool, clip_mode: Callable[[], bool], key_id: Optional[str],
                  client: Optional[str]) -> None:
-        """`may_park`: a WebSocket's connection (not an offline video's); `clip_mode`: a peer
-        client's socket in clip mode; `key_id`, `client`: its API key id (auth on) and address."""
+        """`may_park`: a WebSocket's connection (not an offline video's); `clip_mode`: whether the
+        socket is a peer client's in clip mode, asked when needed (a peer transport chooses its
+        mode with its first request, after this book is made); `key_id`, `client`: its API key id
+        (auth on) and address."""
         self._parking = backends.parking
         self._claims = backends.claims
         self._sessions = args.sessions
@@ -63,9 +66,13 @@ class ResumeBook:
         self._quota = quota
         self._log = log
         self._may_park = may_park
-        self.clip_mode = clip_mode
+        self._clip_mode = clip_mode
         self._key_id = key_id
         self._client = client
+
+    @property
+    def clip_mode(self) -> bool:
+        return self._clip_mode()
 
     @property
     def enabled(self) -> bool:
