@@ -164,9 +164,12 @@ def test_scaling_the_dit_down_drains_its_replica_and_rebuilds_its_sessions(serve
     seeds = (11, 12)
     tries = 5
 
-    async def session(i: int, seed: int, barrier: asyncio.Barrier, homes: list, scale_down: asyncio.Event) -> list:
+    async def session(i: int, seed: int, barrier: asyncio.Barrier, homes: list, scale_down: asyncio.Event,
+                      scaled: asyncio.Event) -> list:
         async with connect() as c:
             reference = await c.run_session(f"drain{i}-reference", traj, chunks=KILL_CHUNKS, seed=seed)
+            await c.infer(f"drain{i}-reference", traj, KILL_CHUNKS, first=False, seed=seed)
+            reference.append(await c.recv())
             await c.reset(f"drain{i}-reference")
             for attempt in range(tries):
                 await barrier.wait()  # both replicas hold nothing of ours: the two open together
@@ -184,17 +187,30 @@ def test_scaling_the_dit_down_drains_its_replica_and_rebuilds_its_sessions(serve
                 await c.infer(sid, traj, k, first=False, seed=seed)
             scale_down.set()
             replies += [await c.recv() for _ in range(2, KILL_CHUNKS)]
+            # One chunk more once the replica is gone: the session it held must be rebuilt (the
+            # chunks in flight may all finish before the drain on a fast machine).
+            await scaled.wait()
+            await c.infer(sid, traj, KILL_CHUNKS, first=False, seed=seed)
+            replies.append(await c.recv())
             await c.reset(sid)
         return [reference, replies]
 
     async def go():
         events, barrier, homes = [asyncio.Event(), asyncio.Event()], asyncio.Barrier(2), [None, None]
-        sessions = [asyncio.create_task(session(i, seed, barrier, homes, e))
+        scaled = asyncio.Event()
+        sessions = [asyncio.create_task(session(i, seed, barrier, homes, e, scaled))
                     for i, (seed, e) in enumerate(zip(seeds, events))]
-        await asyncio.gather(*(e.wait() for e in events))
+        ready = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in events)))
+        await asyncio.wait({ready, *sessions}, return_when=asyncio.FIRST_COMPLETED)
+        for t in sessions:  # a session that failed before the scale-down fails the test now
+            if t.done():
+                t.result()
+        await ready
         await asyncio.to_thread(redeploy, 1)
+        scaled.set()
         return await asyncio.gather(*sessions), homes
 
+    _healthy_with(server, dit_replicas=2)  # both DiT replicas up (the app may still be starting one)
     server.wait_held(0)
     before = replicas_of("lwf")
     try:
