@@ -40,3 +40,22 @@ def test_serve_load_open_ended_sessions_declare_no_length(server, tmp_path):
     (run,) = results["runs"]
     assert run["summary"]["completed"] == 1 and run["summary"]["per_session"][0]["chunks"] == 2
     server.wait_held(0)
+
+
+def test_branch_bench_forks_and_rewinds_through_the_server(server, tmp_path):
+    """benchmarks/branch_bench.py (run on the H200 by gpu_serve.sh BRANCH=1) against the CPU app:
+    a cold session, the same inputs on a second socket, a fork at the last chunk and a rewind
+    of it; on CPU float32 the second session's and the rewound chunk's videos equal the first's."""
+    from benchmarks.branch_bench import main as branch_main
+
+    server.wait_held(0)
+    out = tmp_path / "branch.json"
+    assert branch_main(["--url", server.ws, "--chunks", "3", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["cold"]["ttfc_s"] > 0 and r["cold"]["dit_step_mean_s"] > 0
+    assert r["hit"]["video_equal"] == 3  # same inputs, same bytes (stored or computed again)
+    assert r["fork"]["at_chunk"] == 3 and 0 < r["fork"]["forked_s"] <= r["fork"]["fork_to_frame_s"]
+    assert r["fork"]["frame_dit_s"] > 0
+    assert r["rewind"]["to_chunk"] == 2 and r["rewind"]["video_equal"] is True
+    assert set(r["replicas"]["replicas"]) == {"text_encoder", "vae", "dit"}
+    server.wait_held(0)

@@ -1,0 +1,151 @@
+"""Branching worlds through the real server (issue 33): a prefix hit, a fork and a rewind, timed.
+
+    python -m benchmarks.branch_bench --url ws://HOST:8000/v1/realtime/world/camera \\
+        --chunks 20 --out branch.json
+
+One run, four phases on a synthetic open-ended dolly (one chunk more than --chunks is planned:
+the continuation the fork and the rewind send):
+1. **cold**: session A streams --chunks chunks (--pipeline in flight). TTFC, DiT step per chunk.
+2. **hit**: session B on a second socket sends A's inputs (same image, prompt, seed, poses):
+   TTFC, how many replies say `cached`, and whether each chunk's video bytes equal A's. Without
+   a prefix store (or with it off) this is a second cold session.
+3. **fork**: A is forked at its last chunk into F (`fork` -> `forked`), then F's next chunk:
+   time to `forked` and from the fork request to F's first frame, against A's mean DiT step
+   (issue 33: within one DiT step + 0.3 s).
+4. **rewind**: A rewound to its last chunk (`rewind` -> `rewound`), the chunk sent again: time to
+   `rewound`, to the frame, and whether its video equals the original (CPU float32: equal by
+   design; GPU bf16: kernels are not bit-reproducible, so this reports, not asserts).
+Written: the JSON (--out) and a summary on stdout. Definitions as benchmarks/serve_load.py.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from benchmarks.serve_load import http_base, replica_report
+from client.session import WorldClient
+from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
+from client.trajectory import plan_session
+from protocol.codec import encode_fork, encode_rewind
+from protocol.messages import ErrorReply, Forked, FrameReply, Rewound
+
+SEED = 7
+
+
+def _messages(args: argparse.Namespace, session_id: str) -> list[bytes]:
+    frames = 12 * (args.chunks + 1) - 3
+    traj = synthetic_trajectory("dolly", frames, prompt=f"{DEFAULT_PROMPT} (branch bench)")
+    return traj.messages(plan_session(traj, frames), session_id, seed=SEED, size=args.size, open_ended=True)
+
+
+async def _frame(client: WorldClient, timeout_s: float) -> FrameReply:
+    reply = await client.receive(timeout_s)
+    if not isinstance(reply, FrameReply):
+        raise RuntimeError(f"expected a frame, got {reply!r}"[:400])
+    return reply
+
+
+async def _stream(client: WorldClient, messages: list[bytes], pipeline: int, timeout_s: float) -> tuple[
+        list[FrameReply], list[float]]:
+    """Send `messages` with `pipeline` in flight: the replies and their arrival times (from the first send)."""
+    replies: list[FrameReply] = []
+    times: list[float] = []
+    t0 = time.perf_counter()
+    sent = 0
+    while len(replies) < len(messages):
+        while sent < len(messages) and sent - len(replies) < pipeline:
+            await client.send(messages[sent])
+            sent += 1
+        replies.append(await _frame(client, timeout_s))
+        times.append(time.perf_counter() - t0)
+    return replies, times
+
+
+def _dit(replies: list[FrameReply]) -> list[float]:
+    return [r.stage_durations.get("dit", 0.0) for r in replies[1:]]
+
+
+async def _answer(client: WorldClient, kind: type, timeout_s: float) -> Any:
+    reply = await client.receive(timeout_s)
+    if isinstance(reply, ErrorReply) or not isinstance(reply, kind):
+        raise RuntimeError(f"expected `{kind.__name__}`, got {reply!r}"[:400])
+    return reply
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    n, t = args.chunks, args.reply_timeout_s
+    out: dict[str, Any] = {"chunks": n, "pipeline": args.pipeline, "size": args.size}
+    msgs_a, msgs_b, msgs_f = _messages(args, "bb-a"), _messages(args, "bb-b"), _messages(args, "bb-f")
+    async with await WorldClient.connect(args.url, api_key=args.api_key) as a:
+        out["model"] = a.config.model
+        started = time.perf_counter()
+        cold, cold_t = await _stream(a, msgs_a[:n], args.pipeline, t)
+        steps = _dit(cold)
+        out["cold"] = {"ttfc_s": cold_t[0], "wall_s": time.perf_counter() - started,
+                       "dit_step_mean_s": float(np.mean(steps)) if steps else None,
+                       "vae_decode_mean_s": float(np.mean([r.stage_durations.get("vae_decode", 0.0) for r in cold]))}
+
+        async with await WorldClient.connect(args.url, api_key=args.api_key) as b:
+            t_b = time.perf_counter()
+            hit, hit_t = await _stream(b, msgs_b[:n], args.pipeline, t)
+            out["hit"] = {"ttfc_s": hit_t[0], "wall_s": time.perf_counter() - t_b,
+                          "cached": sum(bool(getattr(r, "cached", False)) for r in hit),
+                          "video_equal": sum(x.video == y.video for x, y in zip(cold, hit))}
+            await b.reset("bb-b")
+
+        t_f = time.perf_counter()
+        await a.send(encode_fork("bb-a", "bb-f", n))
+        await _answer(a, Forked, t)
+        forked_s = time.perf_counter() - t_f
+        await a.send(msgs_f[n])
+        first = await _frame(a, t)
+        fork_to_frame = time.perf_counter() - t_f
+        step = out["cold"]["dit_step_mean_s"]
+        out["fork"] = {"at_chunk": n, "forked_s": forked_s, "fork_to_frame_s": fork_to_frame,
+                       "frame_dit_s": first.stage_durations.get("dit"),
+                       "target_s": step + 0.3 if step is not None else None}
+        await a.reset("bb-f")
+
+        t_r = time.perf_counter()
+        await a.send(encode_rewind("bb-a", n - 1))
+        await _answer(a, Rewound, t)
+        rewound_s = time.perf_counter() - t_r
+        await a.send(msgs_a[n - 1])
+        again = await _frame(a, t)
+        out["rewind"] = {"to_chunk": n - 1, "rewound_s": rewound_s, "rewind_to_frame_s": time.perf_counter() - t_r,
+                         "video_equal": again.video == cold[n - 1].video}
+        await a.reset("bb-a")
+    out["replicas"] = replica_report(http_base(args.url), args.api_key)
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime/world/camera")
+    p.add_argument("--chunks", type=int, default=20, help="chunks of the cold session (the fork's at_chunk)")
+    p.add_argument("--pipeline", type=int, default=2)
+    p.add_argument("--size", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--reply-timeout-s", type=float, default=300.0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.chunks < 2:
+        p.error("--chunks must be at least 2")
+    result = asyncio.run(run(args))
+    text = json.dumps(result, indent=2, default=str)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    summary = {k: result[k] for k in ("cold", "hit", "fork", "rewind")}
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
