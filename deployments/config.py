@@ -308,6 +308,7 @@ class ControlArgs(_Strict):
     yaw_deg: float = Field(2.0, ge=0, le=90)  # J/L
     pitch_deg: float = Field(2.0, ge=0, le=90)  # I/K
     pitch_limit_deg: float = Field(85.0, ge=0, le=90)
+    max_unacked_chunks: int = Field(2, ge=1, le=64)  # a driven session (`drive`) runs this far ahead of its `ack`s
 
 
 class AppArgs(_Strict):

@@ -18,8 +18,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from camera.plan import SessionPlan
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS, Limits
-from protocol.messages import (REQUEST_TYPES, ControlRequest, ForkRequest, InferRequest, Reply, Request, ResetRequest,
-                               ResumeRequest, RewindRequest)
+from protocol.messages import (REQUEST_TYPES, AckRequest, ControlRequest, DriveRequest, ForkRequest, InferRequest, Reply,
+                               Request, ResetRequest, ResumeRequest, RewindRequest)
 
 _FIELD_CODES = {"cameras": ErrorCode.BAD_CAMERAS, "image": ErrorCode.BAD_IMAGE}
 _REPLY = TypeAdapter(Reply)
@@ -145,7 +145,7 @@ def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> object:
 
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     """One client frame -> InferRequest | ResetRequest | ResumeRequest | ForkRequest | RewindRequest |
-    ControlRequest; raises only ProtocolError."""
+    ControlRequest | DriveRequest | AckRequest; raises only ProtocolError."""
     obj = unpack(data, limits)
     try:
         model, fields = _request_fields(obj)
@@ -164,8 +164,8 @@ def _valid_session_id(obj: object, limits: Limits) -> Optional[str]:
 
 
 def decode_reply(data: bytes, max_bytes: int = 1 << 30) -> Reply:
-    """One server frame -> CameraServerConfig | FrameReply | ResetOk | ResumeOk | Forked | Rewound | ErrorReply
-    (client side)."""
+    """One server frame -> CameraServerConfig | FrameReply | ResetOk | ResumeOk | Forked | Rewound | Paused |
+    ErrorReply (client side)."""
     obj = _unpack(data, max_bytes=max_bytes, max_str_len=max_bytes, max_map_len=1024)
     try:
         return _REPLY.validate_python(obj)
@@ -275,5 +275,28 @@ def encode_rewind(session_id: str, to_chunk: int) -> bytes:
     """Client side: pack one rewind request (the session's next infer produces `to_chunk`)."""
     try:
         return encode(RewindRequest(session_id=session_id, to_chunk=int(to_chunk)))
+    except ValidationError as e:
+        raise _protocol_error(e) from None
+
+
+def encode_drive(session_id: str, image: bytes | np.ndarray, prompt: str, *, seed: Optional[int] = None,
+                 size: Optional[str] = None, intrinsics_resolution: Optional[tuple[int, int]] = None,
+                 num_frames: Optional[int] = None, translation_scale: Optional[float] = None,
+                 limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Client side: pack one drive request (a session the server runs from the keys held)."""
+    fields = {"session_id": session_id, "image": image, "prompt": prompt, "seed": None if seed is None else int(seed),
+              "size": size, "intrinsics_resolution": intrinsics_resolution,
+              "num_frames": None if num_frames is None else int(num_frames),
+              "translation_scale": None if translation_scale is None else float(translation_scale)}
+    try:
+        return encode(DriveRequest.model_validate(fields, context={"limits": limits}))
+    except ValidationError as e:
+        raise _protocol_error(e) from None
+
+
+def encode_ack(session_id: str, chunk_id: int) -> bytes:
+    """Client side: pack one ack (the driven session's frame replies received up to `chunk_id`)."""
+    try:
+        return encode(AckRequest.model_validate({"session_id": session_id, "chunk_id": int(chunk_id)}))
     except ValidationError as e:
         raise _protocol_error(e) from None

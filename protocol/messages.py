@@ -157,33 +157,17 @@ def _check_rigid(poses: np.ndarray, tol: float) -> None:
             f"det R = {det[i]:.4f}, last-row error {last_row[i]:.2e}; tolerance {tol:.0e})"))
 
 
-class InferRequest(_Request):
-    """Produce the next chunk. `image`/`prompt` and the session options matter on the first infer."""
+class _Opening(_Request):
+    """The fields that open a session (a session's first infer, `drive`): image, prompt, options."""
 
-    # The schema says what `_one_camera_source` checks: `cameras`, or `from_keys: true`.
-    model_config = ConfigDict(**_Message.model_config, json_schema_extra={"anyOf": [
-        {"required": ["cameras"]}, {"required": ["from_keys"], "properties": {"from_keys": {"const": True}}}]})
-
-    endpoint: Literal["infer"] = "infer"
     image: Optional[ImageField] = None
     prompt: Optional[Annotated[str, Strict()]] = None
-    prompt_update: Optional[Annotated[str, Strict()]] = Field(
-        None, description="prompt steering, on any infer after a session's first: the session attends to this "
-                          "prompt from this chunk on, keeping its scene (KV cache, image, position, noise); a changed "
-                          "`prompt` without it starts a fresh session instead")
-    cameras: Optional[Cameras] = Field(None, description="the chunk's camera; required unless `from_keys`")
-    from_keys: Optional[Annotated[bool, Strict()]] = Field(None, description="the chunk's 12 poses come from the keys held (`control`), "
-                                               "continuing from the session's last pose; not with `cameras`")
     seed: Optional[Annotated[int, Strict(), Field(ge=0, le=2**64 - 1)]] = None
     size: Optional[Annotated[str, Strict()]] = Field(None, description='max output area "H*W", e.g. "480*832"')
     intrinsics_resolution: Optional[tuple[PositiveInt, PositiveInt]] = Field(
         None, description="[H, W] that `intrinsics` are expressed in")
     num_frames: Optional[StrictInt] = Field(None, description="planned total length, 4n+1")
     translation_scale: Optional[Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]] = None
-    client_chunk_id: Optional[StrictInt] = Field(None, description="echoed in the reply")
-    resume_token: Optional[ResumeToken] = Field(None, description=_RESUME_TOKEN_DOC + "; this infer's chunk "
-                                                "follows the chunks the server had accepted")
-    resume_from: Optional[ResumeFrom] = Field(None, description=_RESUME_FROM_DOC)
 
     @field_validator("image", mode="before")
     @classmethod
@@ -199,13 +183,10 @@ class InferRequest(_Request):
                                                      "or a raw RGB uint8 array [H, W, 3]")
         return raw_image(wire_array(v, field="image", code=ErrorCode.BAD_IMAGE, kinds="iu"), limits)
 
-    @field_validator("prompt", "prompt_update")
+    @field_validator("prompt")
     @classmethod
     def _prompt(cls, v: str | None, info: ValidationInfo) -> str | None:
-        limit = _limits(info).max_prompt_chars
-        if v is not None and len(v) > limit:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"`{info.field_name}` has {len(v)} chars; at most {limit}")
-        return v
+        return _check_prompt(v, info)
 
     @field_validator("size")
     @classmethod
@@ -241,6 +222,44 @@ class InferRequest(_Request):
             raise ProtocolError(ErrorCode.TOO_LARGE, f"`num_frames` {v} exceeds {limit}")
         return v
 
+    @property
+    def max_area(self) -> int | None:
+        """H*W of `size`, or None when the session keeps the server default."""
+        return None if self.size is None else math.prod(int(s) for s in self.size.split("*"))
+
+
+def _check_prompt(v: str | None, info: ValidationInfo) -> str | None:
+    limit = _limits(info).max_prompt_chars
+    if v is not None and len(v) > limit:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"`{info.field_name}` has {len(v)} chars; at most {limit}")
+    return v
+
+
+class InferRequest(_Opening):
+    """Produce the next chunk. `image`/`prompt` and the session options matter on the first infer."""
+
+    # The schema says what `_one_camera_source` checks: `cameras`, or `from_keys: true`.
+    model_config = ConfigDict(**_Message.model_config, json_schema_extra={"anyOf": [
+        {"required": ["cameras"]}, {"required": ["from_keys"], "properties": {"from_keys": {"const": True}}}]})
+
+    endpoint: Literal["infer"] = "infer"
+    prompt_update: Optional[Annotated[str, Strict()]] = Field(
+        None, description="prompt steering, on any infer after a session's first: the session attends to this "
+                          "prompt from this chunk on, keeping its scene (KV cache, image, position, noise); a changed "
+                          "`prompt` without it starts a fresh session instead")
+    cameras: Optional[Cameras] = Field(None, description="the chunk's camera; required unless `from_keys`")
+    from_keys: Optional[Annotated[bool, Strict()]] = Field(None, description="the chunk's 12 poses come from the keys held (`control`), "
+                                               "continuing from the session's last pose; not with `cameras`")
+    client_chunk_id: Optional[StrictInt] = Field(None, description="echoed in the reply")
+    resume_token: Optional[ResumeToken] = Field(None, description=_RESUME_TOKEN_DOC + "; this infer's chunk "
+                                                "follows the chunks the server had accepted")
+    resume_from: Optional[ResumeFrom] = Field(None, description=_RESUME_FROM_DOC)
+
+    @field_validator("prompt_update")
+    @classmethod
+    def _prompt_update(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _check_prompt(v, info)
+
     @model_validator(mode="after")
     def _one_camera_source(self) -> InferRequest:
         if self.cameras is None and not self.from_keys:
@@ -250,17 +269,26 @@ class InferRequest(_Request):
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "send `cameras` or `from_keys: true`, not both")
         return self
 
-    @property
-    def max_area(self) -> int | None:
-        """H*W of `size`, or None when the session keeps the server default."""
-        return None if self.size is None else math.prod(int(s) for s in self.size.split("*"))
+
+class DriveRequest(_Opening):
+    """Open a session that the server runs by itself (server-paced streaming): it makes chunk
+    after chunk from the keys held (`control`), pauses while none is held (`paused`), and runs
+    at most `max_unacked_chunks` ahead of the client's `ack`. `image` and `prompt` are required;
+    the options are those of a first infer."""
+
+    endpoint: Literal["drive"] = "drive"
+
+    def as_infer(self) -> InferRequest:
+        """The first infer this drive stands for (its opening fields, the camera from the keys)."""
+        return InferRequest.model_construct(**{name: getattr(self, name) for name in _Opening.model_fields},
+                                            from_keys=True)
 
 
-def require_session_start(req: InferRequest) -> None:
+def require_session_start(req: _Opening) -> None:
     """Raise missing_field unless `req` can open a session (image and prompt present)."""
     missing = [name for name in ("image", "prompt") if getattr(req, name) is None]
     if missing:
-        raise ProtocolError(ErrorCode.MISSING_FIELD, f"the first infer of a session needs `{'` and `'.join(missing)}`; "
+        raise ProtocolError(ErrorCode.MISSING_FIELD, f"a session's first infer (or `drive`) needs `{'` and `'.join(missing)}`; "
                                                      "send them to start the session")
 
 
@@ -333,6 +361,15 @@ class ControlRequest(_Request):
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`keys` holds {len(unknown)} unknown key name(s); the keys "
                                                        f"are {', '.join(KEY_NAMES)}")
         return tuple(k for k in KEY_NAMES if k in keys)
+
+
+class AckRequest(_Request):
+    """A driven session's frame replies received up to `chunk_id` (cumulative): the server runs at
+    most `max_unacked_chunks` chunks ahead of the last ack."""
+
+    endpoint: Literal["ack"] = "ack"
+    chunk_id: Annotated[int, Strict(), Field(ge=0, le=MAX_CHUNKS)] = Field(
+        description="the highest chunk_id whose frame reply the client has (every lower one too)")
 
 
 class CameraServerConfig(_Message):
@@ -436,6 +473,15 @@ class Rewound(_Message):
     next_chunk_id: int = Field(ge=0, description="the chunk_id the session's next infer produces (`to_chunk`)")
 
 
+class Paused(_Message):
+    """A driven session stopped making chunks: no key is held (or, resumed on a new socket, none
+    was sent yet). The next `control` with keys resumes it; frames before this one were all sent."""
+
+    type: Literal["paused"] = "paused"
+    session_id: str
+    next_chunk_id: int = Field(ge=0, description="the chunk_id the session produces when it goes on")
+
+
 class ResetOk(_Message):
     type: Literal["reset_ok"] = "reset_ok"
     session_id: str
@@ -468,9 +514,10 @@ class ErrorReply(_Message):
         return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
 
 
-Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest]
-Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, ErrorReply],
+Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
+                AckRequest]
+Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, ErrorReply],
                   Field(discriminator="type")]
 REQUEST_TYPES: dict[str, type[Request]] = {
     "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest, "fork": ForkRequest,
-    "rewind": RewindRequest, "control": ControlRequest}
+    "rewind": RewindRequest, "control": ControlRequest, "drive": DriveRequest, "ack": AckRequest}

@@ -11,11 +11,13 @@ from pathlib import Path
 
 from pydantic.json_schema import models_json_schema
 
-from protocol.messages import (CameraServerConfig, ControlRequest, ErrorReply, Forked, ForkRequest, FrameReply,
-                               InferRequest, ResetOk, ResetRequest, ResumeOk, ResumeRequest, Rewound, RewindRequest)
+from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ErrorReply, Forked,
+                               ForkRequest, FrameReply, InferRequest, Paused, ResetOk, ResetRequest, ResumeOk,
+                               ResumeRequest, Rewound, RewindRequest)
 
-REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest)
-REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, ErrorReply)
+REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
+            AckRequest)
+REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, ErrorReply)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
                "msgpack map; `binary` strings are msgpack bin; arrays may also be msgpack-numpy or openpi "

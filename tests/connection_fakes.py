@@ -79,3 +79,39 @@ class FakeMetrics:
 
     def connection_released(self) -> None:
         pass
+
+
+class ScriptedSocket:
+    """A socket a test talks through while the Connection runs: `send` frames in, `sent` replies
+    out (decoded), `wait_for` a condition on them."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.sent: list = []
+        self.application_state = WebSocketState.CONNECTED
+        self._changed = asyncio.Event()
+
+    def send(self, frame: bytes) -> None:
+        self.inbox.put_nowait({"type": "websocket.receive", "bytes": frame})
+
+    def leave(self) -> None:
+        self.inbox.put_nowait({"type": "websocket.disconnect"})
+
+    async def receive(self) -> dict:
+        return await self.inbox.get()
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.sent.append(decode_reply(data))
+        self._changed.set()
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.application_state = WebSocketState.DISCONNECTED
+
+    async def wait_for(self, predicate, timeout: float = 10.0):
+        """Until `predicate(sent)` is truthy; returns it."""
+        async def wait():
+            while not (result := predicate(self.sent)):
+                self._changed.clear()
+                await self._changed.wait()
+            return result
+        return await asyncio.wait_for(wait(), timeout)

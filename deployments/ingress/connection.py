@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Optional
 
@@ -33,8 +34,10 @@ from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.ingress.branching import Branches
-from deployments.ingress.controls import ControlBook
+from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
+from deployments.ingress.drive.binding import late_bound_step
+from deployments.ingress.drive.driver import Driver
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
 from deployments.ingress.journal import SessionJournal
@@ -56,8 +59,9 @@ from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
 from protocol.limits import Limits
-from protocol.messages import (CameraServerConfig, ControlRequest, ForkRequest, FrameReply, InferRequest, Request,
-                               ResetRequest, ResumeRequest, RewindRequest, require_session_start)
+from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ForkRequest, FrameReply,
+                               InferRequest, Paused, Request, ResetRequest, ResumeRequest, RewindRequest,
+                               require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
@@ -104,6 +108,7 @@ class Connection:
         self._branches = Branches(backends, self._dit_lane, self._vae_lane, self._releases, self._replies, args,
                                   self._log)  # fork, rewind, the forked sessions held (branching.py)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
+        self._driver: Optional[Driver] = None  # the driven session's (`drive`, drive/driver.py), while it is current
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
@@ -151,6 +156,7 @@ class Connection:
 
     async def _teardown(self) -> None:
         """The open session goes to the parking if it can (resume.py); every other is released."""
+        self._stop_driver()  # no chunk starts after the socket's end
         parked = self._stream if await self._resume.park(self._stream) else None
         if parked is not None:
             self._stream = None
@@ -193,6 +199,9 @@ class Connection:
                     self._stream, replies = await self._resume.resume(req, self._stream)
                     for reply in replies:
                         self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
+                    self._stop_driver()  # a driven session it replaced
+                    if self._stream.driven:  # paused until a control with keys (PROTOCOL.md, drive)
+                        self._drive(self._stream)
             except ReplicaError as e:
                 self._outbox.reply_now(self._replies.error(e.code, e.message, req.session_id,
                                                            getattr(e, "retry_after_s", None)))
@@ -205,7 +214,8 @@ class Connection:
                 return False, False
             if isinstance(req, ResumeRequest):
                 return False, False
-        if isinstance(req, InferRequest) and req.image is not None and not self._holds_image(req):
+        if isinstance(req, (InferRequest, DriveRequest)) and req.image is not None and (
+                isinstance(req, DriveRequest) or not self._holds_image(req)):
             try:  # the pixels decode off the event loop (image_intake.py); dispatch takes them
                 self._decoded = (req.image, await decode_off_loop(req.image, self._limits))
             except ProtocolError as e:
@@ -237,6 +247,9 @@ class Connection:
                 for reply in self._resume.replay_held(req, self._stream):
                     self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
                 return False, False
+            if isinstance(req, (ForkRequest, RewindRequest)) and self._driven(session_id):
+                raise ProtocolError(ErrorCode.BAD_MESSAGE, "a driven session (`drive`) cannot be forked or rewound; "
+                                                           "reset it, or branch a session driven by infers")
             if isinstance(req, ForkRequest):
                 self._outbox.put(self._branches.fork(req, self._stream))
                 return False, False
@@ -244,12 +257,22 @@ class Connection:
                 self._outbox.put(self._branches.rewind(req, self._stream))
                 return False, False
             self._stream = self._branches.switch(session_id, self._stream)  # a forked session it holds
+            if self._driver is not None and self._driver.stream is not self._stream:
+                self._stop_driver()  # its session is no longer the current one: driven by infers from now on
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
                 return False, False
             if isinstance(req, ControlRequest):  # no reply: the frames echo its event_id
                 self._controls.set(req)
+                if self._driver is not None:
+                    self._driver.wake()
                 return False, False
+            if isinstance(req, AckRequest):
+                self._on_ack(req)
+                return False, True
+            if isinstance(req, DriveRequest):
+                self._on_drive(req)
+                return False, True
             self._on_infer(req, t0)
             return False, True
         except ProtocolError as e:
@@ -265,11 +288,15 @@ class Connection:
         release = None
         self._controls.forget(req.session_id)
         if cur is not None and cur.spec.session_id == req.session_id:
+            self._stop_driver()
             self._stream = None
             release = self._releases.close(cur)
         self._outbox.put(asyncio.ensure_future(self._replies.reset_ok(req.session_id, release)))
 
     def _on_infer(self, req: InferRequest, t0: float) -> None:
+        if self._driven(req.session_id):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "this session is driven by the server (`drive`): send "
+                                                       "`control` and `ack`, not infers; reset it to drive it by infers")
         if len(self._inflight) >= self._args.sessions.max_pending_chunks:
             self._outbox.reply_now(self._replies.error(
                 ErrorCode.BUSY, f"{len(self._inflight)} infers of this connection are in flight (the most "
@@ -288,18 +315,34 @@ class Connection:
         cams = self._controls.chunk(stream, req)  # explicit, or from the keys held
         if self._quota is not None:
             self._quota.take_chunk()
+        self._queue_chunk(stream, cams, t0, client_chunk_id=req.client_chunk_id, reset=reset,
+                          prompt_update=None if reset else req.prompt_update)
+
+    def _queue_chunk(self, stream: Stream, cams: Optional[ChunkCameras], t0: float, *,
+                     client_chunk_id: Optional[int] = None, reset: bool = False, prompt_update: Optional[str] = None,
+                     dit_started: Optional[Callable[[], None]] = None) -> asyncio.Task:
+        """Queue `stream`'s next chunk on the lanes (quota already taken); its reply task.
+        `cams` None: a driven chunk, its camera bound from the keys when its DiT job starts
+        (drive/binding.py), which then calls `dit_started`."""
+        max_chunks = self._args.sessions.max_chunks
         chunk_id = stream.take_chunk_id()
-        self._controls.commit(stream, cams)
         timings: dict[str, float] = {}
         context = None
-        if req.prompt_update is not None and not reset:
-            context = self._jobs.encode_later(req.prompt_update)
-            stream.prompt = req.prompt_update
-            stream.journal.steer(chunk_id, req.prompt_update)  # a rewind or fork before it knows the prompt
+        if prompt_update is not None:
+            context = self._jobs.encode_later(prompt_update)
+            stream.prompt = prompt_update
+            stream.journal.steer(chunk_id, prompt_update)  # a rewind or fork before it knows the prompt
         y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
-        step = self._dit_lane.submit(partial(self._jobs.step, stream, y, cams.poses, cams.intrinsics, context))
+        if cams is not None:
+            self._controls.commit(stream, cams)
+            camera: ChunkCameras | asyncio.Future[ChunkCameras] = cams
+            step = self._dit_lane.submit(partial(self._jobs.step, stream, y, cams.poses, cams.intrinsics, context))
+        else:
+            camera = asyncio.get_running_loop().create_future()
+            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, y, camera,
+                                                 dit_started or (lambda: None)))
         task = asyncio.create_task(self._controls.annotate(
-            self._replies.finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id, reset, t0), cams))
+            self._replies.finish_chunk(stream, chunk_id, step, timings, client_chunk_id, reset, t0), camera))
         stream.chunk_tasks.append(task)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -307,6 +350,50 @@ class Connection:
         if chunk_id == max_chunks - 2:  # one chunk before the limit: a notice after this chunk's reply
             self._outbox.put(asyncio.ensure_future(self._replies.notice_after(task, stream)))
         self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
+        return task
+
+    # ---- driven sessions (`drive`, drive/driver.py) ----
+
+    def _driven(self, session_id: str) -> bool:
+        """`session_id` names the connection's open driven session."""
+        d = self._driver
+        return (d is not None and d.stream is self._stream and d.stream.state is StreamState.OPEN
+                and d.stream.spec.session_id == session_id)
+
+    def _on_drive(self, req: DriveRequest) -> None:
+        """Open a session the server runs (validated as a first infer; it replaces the current one)."""
+        infer = req.as_infer()
+        require_session_start(infer)
+        stream = self._replace(infer)  # validates, admits, releases the current one
+        stream.driven = True
+        self._drive(stream)
+
+    def _drive(self, stream: Stream) -> None:
+        """Start the driver of `stream` (new, or resumed on this socket: paused until keys come)."""
+        sid = stream.spec.session_id
+        self._driver = Driver(stream, keys_held=lambda: self._controls.holds_keys(sid), start=self._start_driven,
+                              put_paused=self._put_paused, max_unacked=self._args.controls.max_unacked_chunks,
+                              max_chunks=self._args.sessions.max_chunks, log=self._log)
+
+    def _start_driven(self, stream: Stream, dit_started: Callable[[], None]) -> asyncio.Task:
+        if self._quota is not None:
+            self._quota.take_chunk()  # Busy: the driver waits
+        return self._queue_chunk(stream, None, time.perf_counter(), dit_started=dit_started)
+
+    def _put_paused(self, reply: Paused) -> None:
+        self._outbox.reply_now(reply)
+
+    def _on_ack(self, req: AckRequest) -> None:
+        d = self._driver
+        if d is None or d.stream is not self._stream or d.stream.spec.session_id != req.session_id:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "`ack` is for the connection's driven session (`drive`); "
+                                                       "this connection drives no session of that id")
+        d.ack(req)
+
+    def _stop_driver(self) -> None:
+        if self._driver is not None:
+            self._driver.stop()
+            self._driver = None
 
     def _stream_for(self, req: InferRequest) -> tuple[Stream, bool]:
         """The stream this infer continues, or a new one; True when a change reset the session.
@@ -362,6 +449,8 @@ class Connection:
             stream.resume_digest = token_digest(stream.resume_token)
             stream.replay = self._resume.replay_ring(spec.raw_frames)
         self._releases.adopt(stream, replacing=self._stream)
+        if self._driver is not None:
+            self._stop_driver()  # the driven session is replaced
         self._stream = stream
         h, w = spec.resolution
         key = stream.vae_key

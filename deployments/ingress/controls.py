@@ -61,12 +61,20 @@ class ControlBook:
         if self._session_id == session_id:
             self._session_id, self._keys, self._event_id = None, (), None
 
+    def holds_keys(self, session_id: str) -> bool:
+        """Some key is held for `session_id` (a driven session goes on; none: it pauses)."""
+        return self._session_id == session_id and bool(self._keys)
+
     def chunk(self, stream: Stream, req: InferRequest) -> ChunkCameras:
         """The camera of `req`'s chunk on `stream` (nothing recorded: see `commit`)."""
-        cursor = self._cursor if self._cursor is not None and self._cursor.stream is stream else None
         if req.cameras is not None:
             poses, intrinsics = req.cameras.poses, req.cameras.intrinsics
             return ChunkCameras(poses, intrinsics, None, poses[-1].astype(np.float64))
+        return self.keyed(stream)
+
+    def keyed(self, stream: Stream) -> ChunkCameras:
+        """The camera of `stream`'s next chunk from the keys held now (nothing recorded)."""
+        cursor = self._cursor if self._cursor is not None and self._cursor.stream is stream else None
         held = self._session_id == stream.spec.session_id
         keys, event_id = (self._keys, self._event_id) if held else ((), None)
         last = cursor.pose if cursor is not None else _journaled_pose(stream)
@@ -80,10 +88,13 @@ class ControlBook:
         self._cursor = _Cursor(stream, cams.last_pose, cams.intrinsics[0])
 
     @staticmethod
-    async def annotate(reply_task: Awaitable[BaseModel], cams: ChunkCameras) -> BaseModel:
-        """The chunk's reply with its `poses` and `event_id` (errors as they are)."""
+    async def annotate(reply_task: Awaitable[BaseModel], cams: ChunkCameras | Awaitable[ChunkCameras]) -> BaseModel:
+        """The chunk's reply with its `poses` and `event_id` (errors as they are). `cams`: the
+        chunk's camera, or (a driven chunk, drive/binding.py) the future it is bound on."""
         reply = await reply_task
         if isinstance(reply, FrameReply):
+            if not isinstance(cams, ChunkCameras):
+                cams = await cams  # bound before the chunk's step: done once its frame exists
             return reply.model_copy(update={"poses": cams.poses, "event_id": cams.event_id})
         return reply
 

@@ -83,6 +83,7 @@ class ParkedSession:
     token_digest: str = ""
     principal: Optional[str] = None  # API key id (auth on) or client address; a claim must match
     clip: bool = False  # opened in clip mode: a clip-mode connection of the same principal claims it by session id
+    driven: bool = False  # opened by `drive`: resumed paused, driven again by the server (drive/driver.py)
 
     @property
     def session_id(self) -> str:

@@ -122,7 +122,7 @@ class ResumeBook:
             spec=s.spec, journal=s.journal, image=s.image, key=s.key, dit_key=s.dit_key, vae_key=s.vae_key,
             next_chunk=s.next_chunk, sent=s.sent_chunks, prompt=s.prompt, recoveries=s.recoveries,
             text_encode_s=s.text_encode_s, replies=[*s.replay, *unsent], token_digest=digest,
-            principal=self._principal(clip), clip=clip)
+            principal=self._principal(clip), clip=clip, driven=s.driven)
         if not await self._call(parking.park.remote(record)):
             return False
         if ended:  # no chunk is left to make: its replicas free it now, the parking keeps its replies
@@ -237,6 +237,7 @@ class ResumeBook:
         stream.key, stream.dit_key, stream.vae_key = record.key, record.dit_key, record.vae_key
         stream.next_chunk, stream.sent_chunks, stream.prompt = record.next_chunk, sent, record.prompt
         stream.recoveries, stream.text_encode_s = record.recoveries, record.text_encode_s
+        stream.driven = record.driven
         stream.resume_digest = record.token_digest  # dropped again: parked under the same token
         stream.token_delivered = True  # the client sent it
         stream.replay = self.replay_ring(record.spec.raw_frames)

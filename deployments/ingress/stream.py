@@ -72,6 +72,7 @@ class Stream:
     vae_open: Optional[asyncio.Future] = None
     text_encode_s: float = 0.0
     recoveries: int = 0  # times the session was rebuilt on another replica
+    driven: bool = False  # opened by `drive`: the server starts its chunks (drive/driver.py), not infers
     release: Optional[asyncio.Task] = None  # frees the replicas' state once the stream ended
     prompt: str = field(init=False)  # the prompt the session attends to now (after prompt updates)
     # Resume (resume.py): the token its chunk-0 reply carries (None when the server does not

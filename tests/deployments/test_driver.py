@@ -1,0 +1,200 @@
+"""The driver of a driven session (`drive`) inside one Connection against recording fake
+deployments (no Ray): late binding of the keys at the chunk's DiT start, one chunk queued
+ahead, the ack window, pause and resume, refusals that leave the session driving, the end of
+the socket. The same behaviours through the real app: test_drive.py."""
+from __future__ import annotations
+
+import asyncio
+import io
+
+import msgpack
+import numpy as np
+from PIL import Image
+
+from camera.keys import KeySteps, key_chunk_poses
+from connection_fakes import FakeDeployment, FakeMetrics, ScriptedSocket
+from deployments.config import AppArgs
+from deployments.ingress.connection import Backends, Connection
+from protocol import encode_ack, encode_control, encode_drive, encode_infer
+from protocol.errors import ErrorCode
+from protocol.limits import Limits
+from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Paused
+
+DIT_S = 0.2  # a DiT step of the fakes; VAE calls take VAE_S
+VAE_S = 0.03
+
+
+def png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 36), (90, 120, 150)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def frames(sent) -> list[FrameReply]:
+    return [r for r in sent if isinstance(r, FrameReply)]
+
+
+class ClosingDeployment(FakeDeployment):
+    """A fake whose `close` may come while a call runs (the teardown closes at once; a replica
+    frees the session when the running call ends)."""
+
+    async def call(self, method: str, args: tuple):
+        if method == "close":
+            self.log.append(f"{self.name}.close")
+            return None
+        return await super().call(method, args)
+
+
+class Rig:
+    """One Connection on fakes, run in the background of a test coroutine."""
+
+    def __init__(self, max_unacked: int = 2) -> None:
+        self.log: list[str] = []
+        self.backends = Backends(text=FakeDeployment("text", self.log, 0.0),
+                                 vae=ClosingDeployment("vae", self.log, VAE_S),
+                                 dit=ClosingDeployment("dit", self.log, DIT_S))
+        self.ws = ScriptedSocket()
+        self.args = AppArgs(controls={"max_unacked_chunks": max_unacked}, model={"default_size": "32*64"})
+
+    async def __aenter__(self) -> "Rig":
+        self.conn = Connection(self.ws, self.backends, self.args, Limits(), CameraServerConfig(model="tiny"),
+                               FakeMetrics())
+        self.task = asyncio.create_task(self.conn.run())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.ws.leave()
+        await asyncio.wait_for(self.task, 30)
+
+    def steps(self) -> int:
+        return self.log.count("dit.step start")
+
+    async def frame(self, chunk_id: int, timeout: float = 10.0) -> FrameReply:
+        return await self.ws.wait_for(lambda sent: next((r for r in frames(sent) if r.chunk_id == chunk_id), None),
+                                      timeout)
+
+    async def paused(self, n: int = 1) -> Paused:
+        """The n-th `paused` reply."""
+        found = await self.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, Paused)][n - 1:])
+        return found[0]
+
+
+def test_the_keys_bind_when_the_dit_takes_the_chunk():
+    """A key pressed while chunk k runs shows in chunk k + 1 whose DiT job starts after it (the
+    queued chunk reads the keys then, not when it was queued), continuing the camera."""
+    async def go():
+        async with Rig(max_unacked=16) as rig:
+            rig.ws.send(encode_control("d", 1, ["w"]))
+            rig.ws.send(encode_drive("d", png(), "a street"))
+            await rig.frame(1)  # chunk 2 runs on the DiT now, chunk 3 is queued behind it
+            steps_then = rig.steps()
+            rig.ws.send(encode_control("d", 2, ["l"]))
+            await rig.frame(5)
+            rig.ws.send(encode_control("d", 3, []))
+            await rig.paused()
+            replies = frames(rig.ws.sent)
+        return steps_then, replies
+
+    steps_then, replies = asyncio.run(go())
+    ids = [r.chunk_id for r in replies]
+    assert ids == list(range(len(ids)))
+    first_l = next(r.chunk_id for r in replies if r.event_id == 2)
+    # The control came while chunk `steps_then - 1` was on the DiT: the next chunk took it.
+    assert first_l == steps_then
+    assert all(r.event_id == 1 for r in replies[:first_l])
+    steps = KeySteps()
+    expected = key_chunk_poses(None, {"w"}, steps)
+    for r in replies[1:]:
+        keys = {"w"} if r.event_id == 1 else {"l"} if r.event_id == 2 else set()
+        expected = key_chunk_poses(expected[-1], keys, steps)
+        np.testing.assert_allclose(r.poses, expected, atol=1e-5)
+
+
+def test_the_ack_window_bounds_the_chunks_started():
+    async def go():
+        async with Rig(max_unacked=2) as rig:
+            rig.ws.send(encode_control("a", 1, ["w"]))
+            rig.ws.send(encode_drive("a", png(), "a street"))
+            await rig.frame(1)
+            await asyncio.sleep(4 * DIT_S)
+            held_back = rig.steps()  # chunks 0 and 1, nothing acked
+            rig.ws.send(encode_ack("a", 0))
+            await rig.frame(2)
+            await asyncio.sleep(4 * DIT_S)
+            after_one = rig.steps()
+            rig.ws.send(encode_ack("a", 2))
+            rig.ws.send(encode_ack("a", 1))  # older: changes nothing
+            await rig.frame(4)
+            await asyncio.sleep(4 * DIT_S)
+            after_three = rig.steps()
+            rig.ws.send(encode_control("a", 2, []))
+        return held_back, after_one, after_three
+
+    assert asyncio.run(go()) == (2, 3, 5)
+
+
+def test_no_key_pauses_and_a_control_with_keys_resumes():
+    async def go():
+        async with Rig(max_unacked=16) as rig:
+            rig.ws.send(encode_drive("p", png(), "a street"))  # no key held: chunk 0 shows the scene, then a pause
+            first = await rig.paused()
+            await asyncio.sleep(5 * DIT_S)
+            idle_steps = rig.steps()
+            rig.ws.send(encode_control("p", 7, ["s"]))
+            await rig.frame(3)
+            rig.ws.send(encode_control("p", 8, []))
+            second = await rig.paused(2)
+            await asyncio.sleep(5 * DIT_S)
+            sent = list(rig.ws.sent)
+            steps = rig.steps()
+        return first, idle_steps, second, sent, steps
+
+    first, idle_steps, second, sent, steps = asyncio.run(go())
+    assert first.session_id == "p" and first.next_chunk_id == 1 and idle_steps == 1
+    replies = frames(sent)
+    assert replies[0].event_id is None and all(r.event_id in (7, 8) for r in replies[1:])
+    # Every chunk started was answered before the `paused`, and none after it.
+    assert second.next_chunk_id == len(replies) == steps
+    assert sent.index(second) > max(sent.index(r) for r in replies)
+    assert sum(isinstance(r, Paused) for r in sent) == 2  # one per pause
+
+
+def test_refusals_leave_the_session_driving():
+    async def go():
+        async with Rig(max_unacked=16) as rig:
+            rig.ws.send(encode_control("r", 1, ["w"]))
+            rig.ws.send(encode_drive("r", png(), "a street"))
+            await rig.frame(0)
+            rig.ws.send(encode_ack("r", 300))  # not sent yet
+            rig.ws.send(encode_ack("other", 0))  # no such driven session
+            rig.ws.send(encode_infer("r", from_keys=True))  # infers do not mix with the driver
+            # A drive whose image does not decode: refused before it replaces the driven session.
+            rig.ws.send(msgpack.packb({"endpoint": "drive", "session_id": "r", "image": b"not an image", "prompt": "p"}))
+            errors = await rig.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, ErrorReply)][3:] and
+                                           [r for r in sent if isinstance(r, ErrorReply)])
+            before = max(r.chunk_id for r in frames(rig.ws.sent))
+            await rig.frame(before + 2)
+            rig.ws.send(encode_control("r", 2, []))
+            await rig.paused()
+        return errors
+
+    errors = asyncio.run(go())
+    assert [e.code for e in errors] == [ErrorCode.BAD_MESSAGE] * 3 + [ErrorCode.BAD_IMAGE]
+    assert all(e.session_id in ("r", "other") for e in errors)
+
+
+def test_the_socket_end_stops_the_driver_and_releases():
+    async def go():
+        async with Rig(max_unacked=16) as rig:
+            rig.ws.send(encode_control("x", 1, ["w"]))
+            rig.ws.send(encode_drive("x", png(), "a street"))
+            await rig.frame(0)
+            await asyncio.sleep(DIT_S / 2)  # mid-chunk
+        steps = rig.steps()
+        await asyncio.sleep(4 * DIT_S)
+        return rig, steps
+
+    rig, steps = asyncio.run(go())
+    assert rig.steps() == steps  # nothing started after the end
+    assert "dit.close" in rig.log and "vae.close" in rig.log
+    assert rig.conn._driver is None
