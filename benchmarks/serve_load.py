@@ -2,6 +2,8 @@
 
     python -m benchmarks.serve_load --url ws://HOST:8000/v1/realtime/world/camera \\
         --sessions 1 2 4 --frames 81 --out serve_load.json
+    python -m benchmarks.serve_load --drive --presses 8 --hold-chunks 3 --pause-s 3 --out drive.json
+        (a driven session's control lag instead: benchmarks/drive_load.py)
 
 For each N of --sessions (one "run" after the other) it opens N sockets at once and streams one
 session on each (`WorldClient` + `stream_session`, a synthetic trajectory, the session's
@@ -39,6 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from benchmarks import drive_load
 from client.errors import ServerError
 from client.session import WorldClient, camera_url
 from client.streaming import stream_session
@@ -270,6 +273,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default="serve_load.json")
     p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     p.add_argument("--plot-from", default=None, help="only draw the plot of an existing JSON")
+    drive_load.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -280,6 +284,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         note = plot(results, Path(args.plot or Path(args.plot_from).with_suffix(".png")))
         print(note or "plot written")
         return results
+    if args.drive:  # a driven session's control lag (benchmarks/drive_load.py)
+        return drive_load.main(args, http_base(args.url), replica_report)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     base = http_base(args.url)

@@ -6,7 +6,8 @@ so a bad input fails here with the code the server would answer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import itertools
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
@@ -16,7 +17,7 @@ import websockets
 
 from client.errors import ServerError
 from client.streaming import StreamResult, stream_session
-from protocol.codec import decode_reply, encode_infer, encode_reset
+from protocol.codec import decode_reply, encode_ack, encode_control, encode_drive, encode_infer, encode_reset
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Reply, ResetOk
 
@@ -46,6 +47,8 @@ class WorldClient:
         self._reopen = reopen
         self.config = config  # the server's handshake
         self.notices: list[ErrorReply] = []  # session_limit notices received (see `receive`)
+        self._auto_ack: set[str] = set()  # driven sessions whose frames `receive` acks (see `drive`)
+        self._event_ids = itertools.count(1)  # `control` event ids when the caller gives none
 
     @classmethod
     async def connect(cls, url: str = DEFAULT_URL, api_key: Optional[str] = None,
@@ -107,6 +110,8 @@ class WorldClient:
             if isinstance(reply, ErrorReply) and reply.is_notice:
                 self.notices.append(reply)
                 continue
+            if isinstance(reply, FrameReply) and reply.session_id in self._auto_ack:
+                await self.ack(reply.session_id, reply.chunk_id)
             return reply
 
     async def send_infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, **options) -> None:
@@ -127,7 +132,31 @@ class WorldClient:
         flight; the reassembled video and per-chunk stats. Options as `stream_session`."""
         return await stream_session(self, messages, pipeline=pipeline, **options)
 
+    async def drive(self, session_id: str, image: bytes | np.ndarray, prompt: str, *, auto_ack: bool = True,
+                    **options) -> None:
+        """Open a session the server runs by itself (`drive`, PROTOCOL.md): its frames come as
+        the keys held (`control`) move the camera, `paused` while none is. With `auto_ack`
+        (the default) `receive` acks every frame of it as it reads it; else call `ack`. Options
+        as `protocol.encode_drive` (seed, size, num_frames, ...)."""
+        await self.send(encode_drive(session_id, image, prompt, **options))
+        if auto_ack:
+            self._auto_ack.add(session_id)
+        else:
+            self._auto_ack.discard(session_id)
+
+    async def control(self, session_id: str, keys: Iterable[str], event_id: Optional[int] = None) -> int:
+        """Set the keys held (the whole state; `[]` releases all); the event id sent (the next
+        of this client's counter when none is given): frames made with it carry it."""
+        event = next(self._event_ids) if event_id is None else int(event_id)
+        await self.send(encode_control(session_id, event, list(keys)))
+        return event
+
+    async def ack(self, session_id: str, chunk_id: int) -> None:
+        """Tell the server the frames of a driven session up to `chunk_id` arrived."""
+        await self.send(encode_ack(session_id, chunk_id))
+
     async def send_reset(self, session_id: str) -> None:
+        self._auto_ack.discard(session_id)
         await self.send(encode_reset(session_id))
 
     async def reset(self, session_id: str, timeout_s: Optional[float] = RESET_TIMEOUT_S) -> ResetOk:

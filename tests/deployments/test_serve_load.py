@@ -59,3 +59,28 @@ def test_branch_bench_forks_and_rewinds_through_the_server(server, tmp_path):
     assert r["rewind"]["to_chunk"] == 2 and r["rewind"]["video_equal"] is True
     assert set(r["replicas"]["replicas"]) == {"text_encoder", "vae", "dit"}
     server.wait_held(0)
+
+
+def test_serve_load_drive_measures_control_lag_against_the_server(server, tmp_path):
+    """`serve_load --drive` (benchmarks/drive_load.py) against the CPU app: two presses of two
+    chunks each, a short pause between; the lags and the DiT step come from the replies, no
+    chunk arrives while paused, the ack window holds."""
+    server.wait_held(0)
+    out = tmp_path / "drive.json"
+    main(["--drive", "--url", server.ws, "--presses", "2", "--hold-chunks", "2", "--pause-s", "1.5",
+          "--out", str(out)])
+    results = json.loads(out.read_text())
+    (run,) = results["runs"]
+    s = run["summary"]
+    assert run["mode"] == "drive" and s["presses"] == 2 and not s["errors"]
+    assert 0 < s["control_lag_p50_s"] <= s["control_lag_p95_s"] < 60
+    assert s["interval_p50_s"] > 0 and s["dit_step_p50_s"] > 0 and s["release_lag_p50_s"] > 0
+    assert s["chunks_while_paused"] == 0 and s["paused_s"] >= 1.5
+    assert s["window_ok"] and 1 <= s["max_unacked_seen"] <= 2
+    presses = run["raw_presses"]
+    assert [p["keys"] for p in presses] == [["w"], ["l"]]
+    # Each press's first frame carries its event id (or a later one), never an older key state.
+    assert all(p["frames"][0]["event_id"] >= p["event_id"] and len(p["frames"]) >= 2 for p in presses)
+    assert set(run["replicas_after"]["replicas"]) == {"text_encoder", "vae", "dit"}
+    assert "control lag p50" in out.with_suffix(".txt").read_text()
+    server.wait_held(0)

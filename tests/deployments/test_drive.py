@@ -1,0 +1,205 @@
+"""Server-paced streaming through the running app (PROTOCOL.md, `drive`): the frames echo the
+last control applied and carry the poses of the documented formula, a session pauses while no
+key is held and goes on with the next control, never runs more than `max_unacked_chunks` ahead
+of the acks, is driven again (paused) when resumed on a new socket, refuses bad controls, acks
+and infers with typed errors and goes on, and is released when its socket drops mid-chunk.
+The scheduling against fake deployments: test_driver.py."""
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import numpy as np
+
+from camera.keys import KeySteps, key_chunk_poses
+from protocol import encode_ack, encode_control, encode_drive, encode_infer, encode_reset, encode_resume
+from protocol.errors import ErrorCode
+from protocol.messages import ErrorReply, FrameReply, Paused, ResetOk, ResumeOk
+
+STEPS = KeySteps()
+QUIET_S = 4.0  # longer than a tiny chunk on a loaded 2-core machine: nothing may come meanwhile
+
+
+async def recv_frame(c, ack: bool = True) -> FrameReply:
+    reply = await c.recv()
+    assert isinstance(reply, FrameReply), reply
+    if ack:
+        await c.send(encode_ack(reply.session_id, reply.chunk_id))
+    return reply
+
+
+async def reset(c, sid: str) -> None:
+    """Reset a driven session: the frames of the chunks in flight may come before `reset_ok`."""
+    await c.send(encode_reset(sid))
+    while not isinstance(reply := await c.recv(), ResetOk):
+        assert isinstance(reply, (FrameReply, Paused)), reply
+
+
+async def nothing_for(c, seconds: float) -> None:
+    try:
+        reply = await c.recv(timeout=seconds)
+    except asyncio.TimeoutError:
+        return
+    raise AssertionError(f"expected silence, got {reply!r}")
+
+
+def expected_poses(replies: list[FrameReply], keys_of: dict) -> list[np.ndarray]:
+    """The poses the formula gives for each reply, from its event_id's keys and the last pose
+    of the reply before it."""
+    out, last = [], None
+    for r in replies:
+        poses = key_chunk_poses(last, keys_of.get(r.event_id, set()), STEPS)
+        out.append(poses)
+        last = poses[-1]
+    return out
+
+
+def test_drive_echoes_controls_pauses_and_goes_on(server, connect, example):
+    keys_of = {1: {"w"}, 2: {"w", "l"}, 3: set(), 4: {"e"}}
+
+    async def go():
+        async with connect() as c:
+            await c.send(encode_control("drv", 1, ["w"]))
+            await c.send(encode_drive("drv", example.image, example.prompt, seed=3))
+            replies = [await recv_frame(c) for _ in range(2)]
+            await c.send(encode_control("drv", 2, ["w", "l"]))
+            sent_at = replies[-1].chunk_id
+            while (r := await recv_frame(c)).event_id != 2:
+                replies.append(r)
+            replies.append(r)
+            replies.append(await recv_frame(c))
+            await c.send(encode_control("drv", 3, []))
+            while not isinstance(reply := await c.recv(), Paused):
+                assert isinstance(reply, FrameReply), reply
+                await c.send(encode_ack("drv", reply.chunk_id))
+                replies.append(reply)
+            paused = reply
+            await nothing_for(c, QUIET_S)  # paused: no chunk made
+            await c.send(encode_control("drv", 4, ["e"]))
+            after = [await recv_frame(c) for _ in range(2)]
+            await c.send(encode_control("drv", 5, []))
+            while not isinstance(last := await c.recv(), Paused):
+                after.append(last)
+            frames = c.videos["drv"].decode_frames()
+            await reset(c, "drv")
+        return replies, sent_at, paused, after, frames, last
+
+    replies, sent_at, paused, after, frames, last = asyncio.run(go())
+    ids = [r.chunk_id for r in replies + after]
+    assert ids == list(range(len(ids)))
+    assert paused.session_id == "drv" and paused.next_chunk_id == len(replies) == after[0].chunk_id
+    # The control came while chunk sent_at + 1 ran: the chunk after it (queued, bound when the
+    # DiT took it) or the one after shows it.
+    first_two = next(r.chunk_id for r in replies if r.event_id == 2)
+    assert sent_at + 1 <= first_two <= sent_at + 3
+    events = [r.event_id for r in replies + after]
+    assert events == sorted(events) and events[0] == 1 and after[0].event_id == 4
+    assert last.next_chunk_id == len(ids)
+    for reply, poses in zip(replies + after, expected_poses(replies + after, keys_of)):
+        assert reply.poses.shape == (12, 4, 4)
+        np.testing.assert_allclose(reply.poses, poses, atol=1e-5)
+    assert frames.shape[0] == 9 + 12 * (len(ids) - 1)
+    server.wait_held(0)
+
+
+def test_the_session_never_runs_more_than_max_unacked_ahead(server, connect, example):
+    async def go():
+        async with connect() as c:
+            await c.send(encode_control("win", 1, ["d"]))
+            await c.send(encode_drive("win", example.image, example.prompt))
+            first = [await recv_frame(c, ack=False) for _ in range(2)]  # the default window: 2
+            await nothing_for(c, QUIET_S)
+            await c.send(encode_ack("win", 0))
+            third = await recv_frame(c, ack=False)
+            await nothing_for(c, QUIET_S)
+            await c.send(encode_ack("win", 2))
+            more = [await recv_frame(c, ack=False) for _ in range(2)]
+            await nothing_for(c, QUIET_S)
+            await reset(c, "win")
+        return first, third, more
+
+    first, third, more = asyncio.run(go())
+    assert [r.chunk_id for r in first + [third] + more] == [0, 1, 2, 3, 4]
+
+
+def test_bad_controls_acks_and_infers_are_refused_and_the_session_drives_on(server, connect, example):
+    async def go():
+        async with connect() as c:
+            await c.send(encode_control("bad", 1, ["s"]))
+            await c.send(encode_drive("bad", example.image, example.prompt))
+            before = await recv_frame(c)
+            await c.send(msgpack.packb({"endpoint": "control", "session_id": "bad", "event_id": 2, "keys": ["s", "x"]}))
+            await c.send(msgpack.packb({"endpoint": "control", "session_id": "bad", "event_id": -1, "keys": []}))
+            await c.send(msgpack.packb({"endpoint": "ack", "session_id": "bad", "chunk_id": 99}))
+            await c.send(msgpack.packb({"endpoint": "ack", "session_id": "bad", "chunk_id": "1"}))
+            await c.send(encode_infer("bad", from_keys=True))
+            await c.send(msgpack.packb({"endpoint": "drive", "session_id": "bad", "prompt": "no image"}))
+            errors, frames = [], [before]
+            while len(errors) < 6:
+                reply = await c.recv()
+                if isinstance(reply, FrameReply):
+                    await c.send(encode_ack("bad", reply.chunk_id))
+                    frames.append(reply)
+                else:
+                    errors.append(reply)
+            frames.append(await recv_frame(c))
+            await reset(c, "bad")
+        return errors, frames
+
+    errors, frames = asyncio.run(go())
+    assert all(isinstance(e, ErrorReply) for e in errors)
+    assert [e.code for e in errors] == [ErrorCode.BAD_MESSAGE] * 5 + [ErrorCode.MISSING_FIELD]
+    assert [r.chunk_id for r in frames] == list(range(len(frames)))  # the same session, on and on
+    assert all(r.event_id == 1 for r in frames)  # the refused controls changed no key
+
+
+def test_a_socket_dropped_mid_chunk_releases_the_driven_session(server, connect, example):
+    async def go():
+        async with connect() as c:
+            await c.send(encode_control("drop", 1, ["w"]))
+            await c.send(encode_drive("drop", example.image, example.prompt))
+            await recv_frame(c)
+            await asyncio.sleep(0.3)  # chunk 1 or 2 on the DiT
+
+    asyncio.run(go())
+    server.wait_held(0)
+
+
+def test_a_driven_session_resumed_on_a_new_socket_waits_paused_for_keys(resume_server, resume_connect, example):
+    async def go():
+        async with resume_connect() as a:
+            await a.send(encode_control("res", 1, ["w"]))
+            await a.send(encode_drive("res", example.image, example.prompt))
+            old = [await recv_frame(a) for _ in range(2)]
+        token = old[0].resume_token
+        async with resume_connect() as b:
+            await b.send(encode_resume("res", token, resume_from=len(old)))
+            replayed = []
+            while not isinstance(reply := await b.recv(), ResumeOk):
+                assert isinstance(reply, FrameReply), reply
+                await b.send(encode_ack("res", reply.chunk_id))  # the window counts from resume_from
+                replayed.append(reply)
+            resumed = reply
+            paused = await b.recv()
+            await nothing_for(b, QUIET_S)
+            await b.send(encode_control("res", 2, ["l"]))
+            new = [await recv_frame(b) for _ in range(2)]
+            await b.send(encode_infer("res", from_keys=True))  # still driven
+            refused = await b.recv()
+            while isinstance(refused, FrameReply):
+                await b.send(encode_ack("res", refused.chunk_id))
+                refused = await b.recv()
+            await reset(b, "res")
+        return old, replayed, resumed, paused, new, refused
+
+    old, replayed, resumed, paused, new, refused = asyncio.run(go())
+    before = old + replayed
+    assert [r.chunk_id for r in before] == list(range(len(before)))
+    assert resumed.next_chunk_id == len(before)
+    assert isinstance(paused, Paused) and paused.next_chunk_id == resumed.next_chunk_id
+    assert [r.chunk_id for r in new] == [len(before), len(before) + 1]
+    assert [r.event_id for r in new] == [2, 2]
+    # The camera continues from the parked session's last pose.
+    np.testing.assert_allclose(new[0].poses, key_chunk_poses(before[-1].poses[-1].astype(np.float64), {"l"}, STEPS),
+                               atol=1e-5)
+    assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.BAD_MESSAGE
