@@ -1,0 +1,67 @@
+"""WorldClient's side of `drive` (client/session.py) on a recording socket: what drive(),
+control() and ack() send, and receive()'s auto-ack of a driven session's frames."""
+from __future__ import annotations
+
+import asyncio
+import io
+
+import numpy as np
+from PIL import Image
+
+from client.session import WorldClient
+from protocol import AckRequest, ControlRequest, DriveRequest, Paused, ResetRequest, decode, encode
+from protocol.messages import CameraServerConfig, FrameReply
+
+
+class RecordingSocket:
+    def __init__(self, replies) -> None:
+        self.sent: list = []
+        self.replies = list(replies)
+
+    async def send(self, data: bytes) -> None:
+        self.sent.append(decode(data))
+
+    async def recv(self) -> bytes:
+        return encode(self.replies.pop(0))
+
+    async def close(self) -> None:
+        pass
+
+
+def frame(sid: str, k: int) -> FrameReply:
+    return FrameReply(session_id=sid, chunk_id=k, video=b"\0", num_frames=12, resolution=(32, 48), event_id=1,
+                      poses=np.eye(4, dtype=np.float32)[None].repeat(12, 0))
+
+
+def png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 36)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_drive_control_and_auto_ack():
+    ws = RecordingSocket([frame("d", 0), Paused(session_id="d", next_chunk_id=1), frame("m", 0), frame("d", 1)])
+
+    async def go():
+        c = WorldClient(ws, CameraServerConfig(model="tiny"))
+        await c.drive("d", png(), "a street", seed=3)
+        first = await c.control("d", ["W"])
+        second = await c.control("d", [], event_id=41)
+        third = await c.control("d", ["l"])
+        got = [await c.receive() for _ in range(3)]
+        await c.send_reset("d")
+        got.append(await c.receive())  # after the reset: no ack
+        await c.drive("m", png(), "manual", auto_ack=False)
+        return first, second, third, got
+
+    first, second, third, got = asyncio.run(go())
+    assert (first, second, third) == (1, 41, 2)
+    kinds = [type(m).__name__ for m in ws.sent]
+    assert kinds == ["DriveRequest", "ControlRequest", "ControlRequest", "ControlRequest", "AckRequest",
+                     "ResetRequest", "DriveRequest"]
+    drive, ack = ws.sent[0], ws.sent[4]
+    assert isinstance(drive, DriveRequest) and drive.seed == 3 and drive.prompt == "a street"
+    assert [m.keys for m in ws.sent[1:4] if isinstance(m, ControlRequest)] == [("w",), (), ("l",)]
+    assert isinstance(ack, AckRequest) and (ack.session_id, ack.chunk_id) == ("d", 0)  # frame "m" 0: not driven
+    assert isinstance(ws.sent[5], ResetRequest)
+    assert [type(r).__name__ for r in got] == ["FrameReply", "Paused", "FrameReply", "FrameReply"]
