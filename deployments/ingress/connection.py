@@ -258,7 +258,8 @@ class Connection:
                 return False, False
             self._stream = self._branches.switch(session_id, self._stream)  # a forked session it holds
             if self._driver is not None and self._driver.stream is not self._stream:
-                self._stop_driver()  # its session is no longer the current one: driven by infers from now on
+                self._driver.stream.driven = False  # no longer the current one: driven by infers from now on
+                self._stop_driver()
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
                 return False, False
