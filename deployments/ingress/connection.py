@@ -77,8 +77,11 @@ class Connection:
     It owns: the two lanes; `LaneJobs` (the calls a chunk makes on them, lane_jobs.py);
     `Replies` (frame replies, errors, notices, replies.py) and the `Outbox` they leave through
     in order (outbox.py); `Releases` (the streams the replicas may hold, freed on reset,
-    failure and the socket's end, releases.py); `ResumeBook` (parking and claims, resume.py).
-    The connection itself keeps the current stream and the chunks in flight."""
+    failure and the socket's end, releases.py); `ResumeBook` (parking and claims, resume.py);
+    `ControlBook` (the keys held, controls.py) and, while its current session is a driven one
+    (`drive`), that session's `Driver` (drive/driver.py), which starts its chunks through
+    `_queue_chunk` as an infer does. The connection itself keeps the current stream and the
+    chunks in flight."""
 
     def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
                  handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None,
