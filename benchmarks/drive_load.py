@@ -6,14 +6,17 @@
 One socket, one driven session (`WorldClient.drive`, a synthetic start image, every frame
 acked as it arrives unless --ack-delay-s). Chunk 0 and the first `paused` come first (the
 session's start is not a key press). Then --presses times: press a key state (W, L, W+J, S,
-A+I, ... in turn), keep it held until --hold-chunks frames made with it arrived, release all
-keys, wait for `paused`, stay released --pause-s seconds. Recorded (seconds, the client's
-clock):
+A+I, ... in turn) from the pause, keep it held until --hold-chunks frames made with it
+arrived, change to the next key state while moving (a "change") and hold it for one frame,
+release all keys, wait for `paused`, stay released --pause-s seconds. Recorded (seconds, the
+client's clock):
 
-* control lag: from sending a press's `control` to the first frame whose `event_id` is that
-  control's or later: what a person feels. p50 / p95 over the presses. The server binds a
-  chunk's keys when the DiT takes it, one chunk queued ahead: a lag of about one DiT step +
-  decode + transfer is the design (issue 34's target: p50 <= 1.5 x (DiT step + decode)).
+* control lag: from sending a `control` to the first frame whose `event_id` is that
+  control's or later: what a person feels. p50 / p95 over all presses and changes, and apart:
+  `press_lag` (from the pause: the chunk starts at once, so about a condition + DiT step +
+  decode) and `change_lag` (while moving: the DiT is busy with a chunk bound before it, the
+  next one reads it when the DiT takes it, so between one and two DiT steps + a decode; about
+  1.5 x DiT step + decode on average). Issue 34's target: p50 <= 1.5 x DiT step + decode.
 * release lag: from sending the release to its `paused`.
 * chunk interval: between consecutive frames of one press (keys held): p50 / p95.
 * chunks while paused: frames that arrived after a `paused` and before the next press was
@@ -57,6 +60,10 @@ class Press:
     release_lag_s: Optional[float] = None
     frames: list[dict] = field(default_factory=list)  # chunk_id, received_s, event_id, dit_s, decode_s
     frames_while_paused: int = 0
+    change_keys: tuple[str, ...] = ()  # the key state changed to while moving
+    change_event_id: Optional[int] = None
+    change_sent_s: Optional[float] = None
+    change_lag_s: Optional[float] = None
 
 
 class Reader:
@@ -148,6 +155,12 @@ async def drive_session(args: argparse.Namespace) -> dict[str, Any]:
             press.frames = [{"chunk_id": r.chunk_id, "received_s": t, "event_id": r.event_id,
                              "dit_s": r.stage_durations.get("dit"), "decode_s": r.stage_durations.get("vae_decode")}
                             for t, r in made]
+            press.change_keys = KEY_CYCLE[(i + 1) % len(KEY_CYCLE)]
+            press.change_sent_s = time.perf_counter() - t0
+            press.change_event_id = await client.control(sid, press.change_keys)
+            mark_change = len(reader.replies)
+            changed = await reader.wait(lambda rs: _made_with(rs, mark_change, press.change_event_id, 1), timeout)
+            press.change_lag_s = changed[0][0] - press.change_sent_s
             press.release_sent_s = time.perf_counter() - t0
             await client.control(sid, [])
             mark_release = len(reader.replies)
@@ -173,7 +186,9 @@ async def drive_session(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     presses: list[Press] = raw["presses"]
-    lags = [p.lag_s for p in presses if p.lag_s is not None]
+    press_lags = [p.lag_s for p in presses if p.lag_s is not None]
+    change_lags = [p.change_lag_s for p in presses if p.change_lag_s is not None]
+    lags = press_lags + change_lags
     intervals = [b["received_s"] - a["received_s"] for p in presses for a, b in zip(p.frames, p.frames[1:])]
     frames = [r for _, r in raw["replies"] if isinstance(r, FrameReply)]
     dit = [r.stage_durations["dit"] for r in frames if r.chunk_id > 0 and "dit" in r.stage_durations]
@@ -183,6 +198,8 @@ def summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     return {
         "sessions": 1, "presses": len(presses), "errors": [raw["error"]] if raw["error"] else [],
         "control_lag_p50_s": _pct(lags, 50), "control_lag_p95_s": _pct(lags, 95), "control_lag_max_s": max(lags, default=None),
+        "press_lag_p50_s": _pct(press_lags, 50), "press_lag_p95_s": _pct(press_lags, 95),
+        "change_lag_p50_s": _pct(change_lags, 50), "change_lag_p95_s": _pct(change_lags, 95),
         "release_lag_p50_s": _pct([p.release_lag_s for p in presses if p.release_lag_s is not None], 50),
         "interval_p50_s": _pct(intervals, 50), "interval_p95_s": _pct(intervals, 95),
         "chunks_while_paused": sum(p.frames_while_paused for p in presses) + raw["trailing_paused_frames"],
@@ -200,6 +217,7 @@ def table(summary: dict[str, Any]) -> str:
         return "-" if v is None else f"{v:.2f}"
     rows = [("presses", summary["presses"]), ("control lag p50 / p95 s",
                                                  f"{f(summary['control_lag_p50_s'])} / {f(summary['control_lag_p95_s'])}"),
+            ("from pause / while moving p50 s", f"{f(summary['press_lag_p50_s'])} / {f(summary['change_lag_p50_s'])}"),
             ("release -> paused p50 s", f(summary["release_lag_p50_s"])),
             ("chunk interval p50 / p95 s", f"{f(summary['interval_p50_s'])} / {f(summary['interval_p95_s'])}"),
             ("DiT step p50 s / decode p50 s", f"{f(summary['dit_step_p50_s'])} / {f(summary['vae_decode_p50_s'])}"),

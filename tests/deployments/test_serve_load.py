@@ -74,6 +74,7 @@ def test_serve_load_drive_measures_control_lag_against_the_server(server, tmp_pa
     s = run["summary"]
     assert run["mode"] == "drive" and s["presses"] == 2 and not s["errors"]
     assert 0 < s["control_lag_p50_s"] <= s["control_lag_p95_s"] < 60
+    assert s["press_lag_p50_s"] > 0 and s["change_lag_p50_s"] > 0  # from the pause, and while moving
     assert s["interval_p50_s"] > 0 and s["dit_step_p50_s"] > 0 and s["release_lag_p50_s"] > 0
     assert s["chunks_while_paused"] == 0 and s["paused_s"] >= 1.5
     assert s["window_ok"] and 1 <= s["max_unacked_seen"] <= 2
@@ -81,6 +82,7 @@ def test_serve_load_drive_measures_control_lag_against_the_server(server, tmp_pa
     assert [p["keys"] for p in presses] == [["w"], ["l"]]
     # Each press's first frame carries its event id (or a later one), never an older key state.
     assert all(p["frames"][0]["event_id"] >= p["event_id"] and len(p["frames"]) >= 2 for p in presses)
+    assert [p["change_keys"] for p in presses] == [["l"], ["w", "j"]] and all(p["change_lag_s"] > 0 for p in presses)
     assert set(run["replicas_after"]["replicas"]) == {"text_encoder", "vae", "dit"}
     assert "control lag p50" in out.with_suffix(".txt").read_text()
     server.wait_held(0)
