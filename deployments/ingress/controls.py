@@ -5,8 +5,12 @@ for another session id replaces it). An infer with `from_keys` then gets its chu
 from them (camera/keys.py), continuing the stream's camera: the last pose of the stream's last
 chunk, explicit or key-driven. Poses are worked out when the infer is dispatched (in request
 order), so pipelined infers continue each other; `commit` records them once the chunk is
-accepted, so a refused infer moves nothing. The frame reply then carries the chunk's poses and,
-for a key-driven chunk, the `event_id` of the key state it used.
+accepted, so a refused infer moves nothing. The frame reply then carries the chunk's poses
+and, for a key-driven chunk, the `event_id` of the key state it used.
+
+A cursor holds for its stream and the chunk it was left at: after a rewind to chunk k (the
+stream's `next_chunk` taken back) the camera continues from the journal's last kept chunk,
+chunk k - 1's last pose, not from the chunks taken back; a fork starts from its prefix's.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from pydantic import BaseModel
 from camera.frames import CHUNK_VIDEO_FRAMES
 from camera.keys import KeySteps, default_intrinsics_row, key_chunk_poses
 from deployments.config import ControlArgs
-from deployments.ingress.stream import Stream
+from deployments.ingress.stream import Stream, StreamState
 from protocol.messages import ControlRequest, FrameReply, InferRequest
 
 
@@ -37,6 +41,7 @@ class ChunkCameras:
 @dataclass(slots=True)
 class _Cursor:
     stream: Stream  # the incarnation it belongs to (a new stream starts from the identity)
+    next_chunk: int  # the stream's `next_chunk` when it was left: any other value (a rewind) voids it
     pose: np.ndarray  # float64 [4, 4]
     intrinsics: np.ndarray  # float32 [4]: the row key-driven chunks use
 
@@ -50,7 +55,7 @@ class ControlBook:
         self._session_id: Optional[str] = None
         self._keys: tuple[str, ...] = ()
         self._event_id: Optional[int] = None
-        self._cursor: Optional[_Cursor] = None
+        self._cursors: dict[str, _Cursor] = {}  # session_id -> cursor (the current and the forked sessions held)
 
     def set(self, req: ControlRequest) -> None:
         """The keys held now for `req.session_id` (validated by the codec)."""
@@ -60,10 +65,18 @@ class ControlBook:
         """`reset`: the session's keys are released."""
         if self._session_id == session_id:
             self._session_id, self._keys, self._event_id = None, (), None
+        self._cursors.pop(session_id, None)
+
+    def _cursor(self, stream: Stream) -> Optional[_Cursor]:
+        """`stream`'s cursor while it is where the cursor left it (same incarnation, same chunk)."""
+        cursor = self._cursors.get(stream.spec.session_id)
+        if cursor is None or cursor.stream is not stream or cursor.next_chunk != stream.next_chunk:
+            return None
+        return cursor
 
     def chunk(self, stream: Stream, req: InferRequest) -> ChunkCameras:
         """The camera of `req`'s chunk on `stream` (nothing recorded: see `commit`)."""
-        cursor = self._cursor if self._cursor is not None and self._cursor.stream is stream else None
+        cursor = self._cursor(stream)
         if req.cameras is not None:
             poses, intrinsics = req.cameras.poses, req.cameras.intrinsics
             return ChunkCameras(poses, intrinsics, None, poses[-1].astype(np.float64))
@@ -77,7 +90,9 @@ class ControlBook:
 
     def commit(self, stream: Stream, cams: ChunkCameras) -> None:
         """The chunk was accepted: the stream's camera continues from it."""
-        self._cursor = _Cursor(stream, cams.last_pose, cams.intrinsics[0])
+        sid = stream.spec.session_id
+        self._cursors = {k: c for k, c in self._cursors.items() if k != sid and c.stream.state is StreamState.OPEN}
+        self._cursors[sid] = _Cursor(stream, stream.next_chunk, cams.last_pose, cams.intrinsics[0])
 
     @staticmethod
     async def annotate(reply_task: Awaitable[BaseModel], cams: ChunkCameras) -> BaseModel:
