@@ -16,14 +16,15 @@ import websockets
 
 from client.errors import ServerError
 from client.streaming import StreamResult, stream_session
-from protocol.codec import decode_reply, encode_infer, encode_reset
+from protocol.codec import decode_reply, encode_control, encode_fork, encode_infer, encode_reset, encode_rewind
 from protocol.errors import ErrorCode
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Reply, ResetOk
+from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, Reply, ResetOk, Rewound
 
 CAMERA_PATH = "/v1/realtime/world/camera"
 DEFAULT_URL = f"ws://127.0.0.1:8000{CAMERA_PATH}"
 HANDSHAKE_TIMEOUT_S = 30.0
 RESET_TIMEOUT_S = 5.0
+BRANCH_TIMEOUT_S = 120.0  # a fork or rewind replays the kept chunks on the server first
 
 
 def camera_url(url: str) -> str:
@@ -126,6 +127,33 @@ class WorldClient:
         """Send a session's packed infers (e.g. `SessionPlan.messages`) with up to `pipeline` in
         flight; the reassembled video and per-chunk stats. Options as `stream_session`."""
         return await stream_session(self, messages, pipeline=pipeline, **options)
+
+    async def control(self, session_id: str, event_id: int, keys: Sequence[str]) -> None:
+        """Set the keys held for `session_id` (the whole state; `[]` releases all). No reply:
+        the frames of later `from_keys` infers echo `event_id` (`infer_keys`)."""
+        await self.send(encode_control(session_id, event_id, keys))
+
+    async def infer_keys(self, session_id: str, timeout_s: Optional[float] = None, **options) -> FrameReply:
+        """The next chunk with its poses from the keys held (`from_keys`); options as
+        `protocol.encode_infer` (image and prompt on a session's first). Nothing else in flight."""
+        await self.send(encode_infer(session_id, from_keys=True, **options))
+        return _expect(await self.receive(timeout_s), FrameReply)
+
+    async def fork(self, session_id: str, new_session_id: str, at_chunk: int,
+                   timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Forked:
+        """A new session `new_session_id` on this connection from `session_id`'s first `at_chunk`
+        chunks (its next infer produces chunk `at_chunk`); `ServerError` when refused (`busy`
+        while a chunk is in flight: call this between chunks)."""
+        await self.send(encode_fork(session_id, new_session_id, at_chunk))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Forked)
+
+    async def rewind(self, session_id: str, to_chunk: int, timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Rewound:
+        """Take `session_id` back to its state after chunk `to_chunk` - 1: its next infer produces
+        chunk `to_chunk` again. `ServerError` when refused (nothing changed then)."""
+        await self.send(encode_rewind(session_id, to_chunk))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Rewound)
 
     async def send_reset(self, session_id: str) -> None:
         await self.send(encode_reset(session_id))
