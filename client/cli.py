@@ -135,7 +135,7 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
                                                        prompt_schedule=dict(getattr(args, "prompt_at", None) or []))
     recorder = SessionRecorder(args.save_session) if args.save_session is not None else None
     if recorder is not None:
-        recorder.inputs(traj, command=sys.argv[1:] if sys.argv else [], session_id=sid, num_frames=frames,
+        recorder.inputs(traj, command=getattr(args, "argv", []), session_id=sid, num_frames=frames,
                         key_script=None if traj is not None else [list(k) for k in args.script],
                         branch=None if spec is None else {"mode": spec.mode, "at": spec.at})
     client = await WorldClient.connect(args.url, api_key=args.api_key)
@@ -243,7 +243,9 @@ async def _reset_quietly(client: WorldClient, session_id: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser().parse_args(argv)
+    args.argv = argv  # --save-session keeps the command line
     if args.command == "compare":
         try:
             frames, (h, w) = compare(args.videos, args.out)

@@ -51,6 +51,7 @@ def test_drive_plays_a_key_script_and_saves_the_session(served, tmp_path):
     assert payloads == out.read_bytes() == (saved / "main.mp4").read_bytes()
     meta = json.loads((saved / "session.json").read_text())
     assert meta["key_script"] == [["w"], ["w"], ["w", "j"]] and meta["num_frames"] == 33
+    assert meta["command"][:2] == ["drive", "w:2,j+w:1"]
     assert meta["branches"]["main"]["chunks"] == 3
 
 
