@@ -25,7 +25,7 @@ const KEY_OF_CODE = {
 export const CONTROL_CODES = new Set(Object.keys(KEY_OF_CODE));
 
 export class KeyControl {
-  /** `send(eventId, keys)` delivers one control (the page's socket). */
+  /** `send(eventId, keys)` delivers one control (the page's socket); false when it could not. */
   constructor(send) {
     this.send = send;
     this.eventId = 0; // the last control sent
@@ -80,10 +80,10 @@ export class KeyControl {
     const keys = this.keys();
     const state = keys.join("+");
     if (state === this.lastSent) return;
+    if (!this.send(this.eventId + 1, keys)) return; // no session to send it to: sent with the next chunk
     this.lastSent = state;
     this.eventId += 1;
     this.sentAt.set(this.eventId, performance.now());
-    this.send(this.eventId, keys);
   }
 
   /** Before a chunk's infer: the drag since the last chunk becomes its look keys. */

@@ -215,8 +215,10 @@ export class LiveStream extends EventTarget {
 
   /** One `control`: the keys held now (the whole state) for this session. */
   sendControl(eventId, keys) {
-    if (this.ws === null || this.ws.readyState !== WebSocket.OPEN || !this.sessionId) return;
+    if (this.ws === null || this.ws.readyState !== WebSocket.OPEN || !this.sessionId) return false;
+    if (this.state !== "starting" && this.state !== "streaming") return false; // no session runs
     this.ws.send(encode({ endpoint: "control", session_id: this.sessionId, event_id: eventId, keys }));
+    return true;
   }
 
   /** Build and send the next infer, its camera from the keys held (image, prompt and options on the first one). */
@@ -303,7 +305,7 @@ export class LiveStream extends EventTarget {
       for (const lag of this.keys.shown(msg.event_id, now)) s.lags.push(lag / 1000);
       if (s.lags.length > 200) s.lags.splice(0, s.lags.length - 200);
     }
-    this.pacer.arrived(msg.num_frames, now);
+    if (s.chunks > 0) this.pacer.arrived(msg.num_frames, (now - s.sentAt) / 1000); // chunk 0 carries the start-up
     if (s.chunks === 0) {
       s.ttfc = (now - s.sentAt) / 1000;
       s.resolution = msg.resolution;

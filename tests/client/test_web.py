@@ -341,3 +341,26 @@ def test_slow_generation_plays_at_the_rate_chunks_arrive(browser, served):
     page.click("#reset")
     assert errors == []
     page.close()
+
+
+def test_the_playback_rate_follows_generation_not_pacing(browser, served):
+    """web/playback.js alone: 1x while chunks come at 16 fps or more (whatever the buffer), the
+    generation rate over 16 steered by the buffer below it, within [half, 1.5] x the target."""
+    page, _ = open_page(browser, served.http + "/")
+    rates = page.evaluate("""async () => {
+        const { RatePacer } = await import('./static/playback.js');
+        const p = new RatePacer();
+        const out = { none: p.update(0.1) };
+        p.arrived(12, 0.3); p.arrived(12, 0.4);  // 34 fps: faster than real time
+        out.fast_low = p.update(0.05); out.fast_high = p.update(3);
+        p.reset();
+        for (let i = 0; i < 5; i++) p.arrived(12, 1.5);  // 8 fps: half real time
+        out.slow_one_chunk = p.update(0.75); out.slow_low = p.update(0.1); out.slow_high = p.update(5);
+        out.text = p.describe();
+        return out;
+    }""")
+    assert rates["none"] == 1 and rates["fast_low"] == 1 and rates["fast_high"] == 1
+    assert rates["slow_one_chunk"] == pytest.approx(0.5)
+    assert rates["slow_low"] == pytest.approx(0.25) and rates["slow_high"] == pytest.approx(0.75)
+    assert rates["text"] == "0.75× (playing 12.0 fps; chunks arrive at 8.0 fps)"
+    page.close()
