@@ -86,13 +86,16 @@ async def run_branch(client: WorldClient, main: MainSession, spec: BranchSpec, *
     steer = {"prompt_update": spec.prompt} if spec.prompt is not None else {}
     keys = spec.keys if spec.keys is not None else (
         main.chunk_keys[spec.at:] if spec.cameras is None and main.chunk_keys is not None else None)
+    log = None
     if keys is not None:
         log = await drive_keys(client, sid, keys, into=result, first_chunk=spec.at, first_options=steer,
                                on_chunk=on_chunk, clock=clock)
-        return sid, result, log
-    cameras = spec.cameras if spec.cameras is not None else main.chunk_cameras
-    assert cameras is not None, "a main session has either cameras or keys"
-    messages = [encode_infer(sid, *cameras[k], **(steer if k == spec.at else {}))
-                for k in range(spec.at, main.chunks)]
-    await client.stream(messages, pipeline=pipeline, on_chunk=on_chunk, into=result, clock=clock)
-    return sid, result, None
+    else:
+        cameras = spec.cameras if spec.cameras is not None else main.chunk_cameras
+        assert cameras is not None, "a main session has either cameras or keys"
+        messages = [encode_infer(sid, *cameras[k], **(steer if k == spec.at else {}))
+                    for k in range(spec.at, main.chunks)]
+        await client.stream(messages, pipeline=pipeline, on_chunk=on_chunk, into=result, clock=clock)
+    if spec.mode == "fork":  # done: free its slot now (the main session ends with the socket, as without a branch)
+        await client.reset(sid)
+    return sid, result, log
