@@ -2,6 +2,12 @@
 
     lwf-client play EXAMPLE_DIR_or_FILES --url ws://HOST:8000 [--frames 81] [--out video.mp4]
     lwf-client orbit|dolly|pan [--image IMG] [--prompt TEXT] [--save-trajectory DIR] ...
+    lwf-client drive w:3,j:2,none:1 [--image IMG] ...        keys held per chunk (client/keyscript.py)
+    lwf-client ... --fork-at K | --rewind-to K [--branch-trajectory ...|--branch-keys ...] [--branch-prompt ...]
+    lwf-client ... --save-session DIR                          (client/recorder.py)
+    lwf-client compare A.mp4 B.mp4 ... -o side_by_side.mp4     (client/compare.py)
+
+The parser is client/cli_args.py; the exploration after the main session client/branch_run.py.
 
 Exit codes: 0 done, 1 server or connection error, 2 bad input, 130 interrupted (Ctrl-C:
 the session is reset and the socket closed). When the stream fails after some chunks came
@@ -12,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -24,65 +30,21 @@ from tqdm import tqdm
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
+from client.branch_run import BranchSpec, MainSession, run_branch
+from client.cli_args import API_KEY_ENV, parser, prompt_at  # noqa: F401 (re-exported: the CLI's names)
+from client.compare import compare
 from client.errors import ServerError
-from client.session import DEFAULT_URL, WorldClient
+from client.keydrive import KEYS_TRANSLATION_SCALE, KeyDriveLog, drive_keys, keys_num_frames
+from client.recorder import SessionRecorder
+from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import ResumePolicy, StreamResult
-from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
+from client.synthetic import DEFAULT_PROMPT, default_image, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply
 
-API_KEY_ENV = "LWF_API_KEY"
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
-
-
-def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=DEFAULT_URL,
-                        help=f"server WebSocket (or http) address (default {DEFAULT_URL})")
-    common.add_argument("--frames", type=int, default=81,
-                        help=f"video frames to generate: {FIRST_CHUNK_VIDEO_FRAMES} + {CHUNK_VIDEO_FRAMES}k (9, 21, "
-                             "33, ... 81; other values are rounded down, and said so) (default 81)")
-    common.add_argument("--seed", type=int, default=None, help="noise seed (server default 42)")
-    common.add_argument("--size", default=None, help='max output area "H*W" (server default, e.g. "480*832")')
-    common.add_argument("--out", type=Path, default=Path("video.mp4"), help="MP4 to write (default video.mp4)")
-    common.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"API key when the server requires one (default: ${API_KEY_ENV})")
-    common.add_argument("--pipeline", type=int, default=2, metavar="N", help="requests kept in flight (default 2)")
-    common.add_argument("--session-id", default=None, help="session id (default: random)")
-    common.add_argument("--no-resume", action="store_true",
-                        help="end on a dropped connection (default: reconnect and resume the session "
-                             "when the server allows it, handshake `resume_grace_s`)")
-    common.add_argument("--prompt", default=None, help="text prompt (overrides prompt.txt)")
-    common.add_argument("--prompt-at", action="append", default=[], type=prompt_at, metavar="CHUNK:TEXT",
-                        help="prompt steering: from chunk CHUNK (>= 1) on the session follows TEXT, keeping "
-                             "its scene (repeatable)")
-
-    p = argparse.ArgumentParser(prog="lwf-client", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    play = sub.add_parser("play", parents=[common], help="play an example folder (image, prompt, poses, intrinsics)")
-    play.add_argument("inputs", nargs="+", type=Path, metavar="EXAMPLE_DIR_or_FILES")
-    synth = argparse.ArgumentParser(add_help=False, parents=[common])
-    synth.add_argument("--image", type=Path, default=None, help="start image, PNG or JPEG (default: generated)")
-    synth.add_argument("--save-trajectory", type=Path, default=None, metavar="DIR",
-                       help="also write what was sent (poses.npy, intrinsics.npy, prompt.txt, image)")
-    orbit = sub.add_parser("orbit", parents=[synth], help="circle a point ahead of the camera")
-    orbit.add_argument("--degrees", type=float, default=60.0, help="arc swept around the point (default 60)")
-    orbit.add_argument("--radius", type=float, default=4.0, help="distance to the point, scene units (default 4)")
-    dolly = sub.add_parser("dolly", parents=[synth], help="move straight ahead (negative: back)")
-    dolly.add_argument("--distance", type=float, default=2.0, help="scene units travelled (default 2)")
-    pan = sub.add_parser("pan", parents=[synth], help="turn in place (negative: left)")
-    pan.add_argument("--degrees", type=float, default=45.0, help="angle turned (default 45)")
-    return p
-
-
-def prompt_at(value: str) -> tuple[int, str]:
-    """`CHUNK:TEXT` -> (chunk, text), for --prompt-at."""
-    chunk, sep, text = value.partition(":")
-    if not sep or not chunk.strip().isdigit() or int(chunk) < 1 or not text:
-        raise argparse.ArgumentTypeError(f"expected CHUNK:TEXT with CHUNK >= 1, got {value!r}")
-    return int(chunk), text
 
 
 def frames_notice(requested: int, planned: int, poses: int) -> Optional[str]:
@@ -95,8 +57,10 @@ def frames_notice(requested: int, planned: int, poses: int) -> Optional[str]:
     return f"--frames {requested} rounded down to {planned}: {why}"
 
 
-def trajectory_from_args(args: argparse.Namespace) -> Trajectory:
-    """The trajectory a command plays (loaded, or synthesised and optionally saved)."""
+def trajectory_from_args(args: argparse.Namespace) -> Optional[Trajectory]:
+    """The trajectory a command plays (loaded, or synthesised and optionally saved); None for `drive`."""
+    if args.command == "drive":
+        return None
     if args.command == "play":
         return Trajectory.load(args.inputs, prompt=args.prompt)
     shape = {k: getattr(args, k) for k in ("degrees", "radius", "distance") if hasattr(args, k)}
@@ -108,47 +72,147 @@ def trajectory_from_args(args: argparse.Namespace) -> Trajectory:
     return traj
 
 
-async def play(args: argparse.Namespace, traj: Trajectory) -> None:
-    """Stream `traj`, show progress, write the MP4 and print the summary."""
-    plan = plan_session(traj, args.frames)
-    notice = frames_notice(args.frames, plan.num_frames, len(traj.poses))
-    if notice:
-        print(notice, file=sys.stderr)
-    sid = args.session_id or f"lwf-client-{uuid.uuid4().hex[:8]}"
-    messages = traj.messages(plan, sid, seed=args.seed, size=args.size,  # validated before connecting
-                             prompt_schedule=dict(getattr(args, "prompt_at", None) or []))
-    client = await WorldClient.connect(args.url, api_key=args.api_key)
-    bar = tqdm(total=plan.num_chunks, unit="chunk", desc=f"{plan.num_frames} frames", file=sys.stderr)
+def branch_from_args(args: argparse.Namespace, frames: int) -> Optional[BranchSpec]:
+    """--fork-at / --rewind-to and the branch's inputs (ValueError: inconsistent)."""
+    given = [f for f in ("branch_trajectory", "branch_keys", "branch_prompt", "branch_out")
+             if getattr(args, f) is not None]
+    if args.fork_at is None and args.rewind_to is None:
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} needs --fork-at K or --rewind-to K")
+        return None
+    cameras = None
+    if args.branch_trajectory is not None:
+        bplan = plan_session(Trajectory.load(args.branch_trajectory, prompt=""), frames)
+        cameras = [(p, bplan.chunk_intrinsics(k)) for k, p in enumerate(bplan.chunk_poses)]
+    mode = "fork" if args.fork_at is not None else "rewind"
+    return BranchSpec(mode, args.fork_at if mode == "fork" else args.rewind_to, cameras=cameras,
+                      keys=args.branch_keys, prompt=args.branch_prompt)
 
-    def on_chunk(stat: ChunkStat, reply: FrameReply) -> None:
-        bar.set_postfix_str(f"chunk {stat.index}: {1000 * stat.latency_s:.0f} ms, {reply.resolution[0]}x"
-                            f"{reply.resolution[1]}")
-        bar.update(1)
+
+def branch_out(args: argparse.Namespace) -> Path:
+    return args.branch_out or args.out.with_name(f"{args.out.stem}.branch{args.out.suffix or '.mp4'}")
+
+
+@dataclass
+class _Run:
+    """One CLI run's connection, progress and what it keeps."""
+
+    client: WorldClient
+    recorder: Optional[SessionRecorder]
+    fragments: list[bytes] = field(default_factory=list)  # the main session's payloads, in order
+    bar: Optional[tqdm] = None
+
+    def on_chunk(self, branch: str):
+        def take(stat: ChunkStat, reply: FrameReply) -> None:
+            if branch == "main":
+                self.fragments.append(bytes(reply.video))
+            if self.recorder is not None:
+                self.recorder.reply(branch, reply)
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"{branch} chunk {reply.chunk_id}: {1000 * stat.latency_s:.0f} ms, "
+                                         f"{reply.resolution[0]}x{reply.resolution[1]}")
+                self.bar.update(1)
+        return take
+
+
+async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
+    """Stream the main session (a trajectory, or a key script for `drive`), then the branch when
+    asked; show progress, write the MP4s and print the summaries."""
+    if traj is not None:
+        plan = plan_session(traj, args.frames)
+        notice = frames_notice(args.frames, plan.num_frames, len(traj.poses))
+        if notice:
+            print(notice, file=sys.stderr)
+        chunks, frames = plan.num_chunks, plan.num_frames
+    else:
+        plan, chunks = None, len(args.script)
+        frames = keys_num_frames(chunks)
+    spec = branch_from_args(args, frames)  # validated before connecting
+    if spec is not None:
+        spec.check(chunks)
+    sid = args.session_id or f"lwf-client-{uuid.uuid4().hex[:8]}"
+    messages = None if traj is None else traj.messages(plan, sid, seed=args.seed, size=args.size,
+                                                       prompt_schedule=dict(getattr(args, "prompt_at", None) or []))
+    recorder = SessionRecorder(args.save_session) if args.save_session is not None else None
+    if recorder is not None:
+        recorder.inputs(traj, command=getattr(args, "argv", []), session_id=sid, num_frames=frames,
+                        key_script=None if traj is not None else [list(k) for k in args.script],
+                        branch=None if spec is None else {"mode": spec.mode, "at": spec.at})
+    client = await WorldClient.connect(args.url, api_key=args.api_key)
+    run = _Run(client, recorder)
+    todo = chunks + (0 if spec is None else (len(spec.keys) if spec.keys is not None else chunks - spec.at))
+    run.bar = tqdm(total=todo, unit="chunk", desc=f"{frames} frames", file=sys.stderr)
 
     def on_busy(err: ServerError) -> None:
-        bar.write(f"server busy: {err.message} (retrying in {err.retry_after_s:g} s)", file=sys.stderr)
+        run.bar.write(f"server busy: {err.message} (retrying in {err.retry_after_s:g} s)", file=sys.stderr)
 
     result = StreamResult(started_at=time.perf_counter())
     grace_s = client.config.resume_grace_s
+    drive_log: Optional[KeyDriveLog] = None
+    branch = None
     try:
-        resume = None if args.no_resume or not grace_s else ResumePolicy(sid)
-        await client.stream(messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy,
-                            resume=resume, into=result)
+        if messages is not None:
+            resume = None if args.no_resume or not grace_s else ResumePolicy(sid)
+            await client.stream(messages, pipeline=args.pipeline, on_chunk=run.on_chunk("main"), on_busy=on_busy,
+                                resume=resume, into=result)
+        else:
+            image = args.image.read_bytes() if args.image is not None else default_image()
+            first = {"image": image, "prompt": args.prompt if args.prompt is not None else DEFAULT_PROMPT,
+                     "seed": args.seed, "size": args.size, "num_frames": frames,
+                     "translation_scale": KEYS_TRANSLATION_SCALE}
+            drive_log = await drive_keys(client, sid, args.script, into=result, first_options=first,
+                                         on_chunk=run.on_chunk("main"))
+        if spec is not None:
+            main = MainSession(sid, run.fragments, chunks,
+                               chunk_cameras=None if plan is None else
+                               [(p, plan.chunk_intrinsics(k)) for k, p in enumerate(plan.chunk_poses)],
+                               chunk_keys=None if traj is not None else args.script)
+            branch = await run_branch(client, main, spec, pipeline=args.pipeline, on_chunk=run.on_chunk("branch"),
+                                      clock=time.perf_counter)
     except asyncio.CancelledError:  # Ctrl-C: leave the server clean
         await _reset_quietly(client, sid)
         raise
     except (ServerError, ConnectionClosed, OSError) as e:
-        _keep_partial(args, result, plan.num_chunks, sid, grace_s, e)
+        if len(run.fragments) < chunks:
+            _keep_partial(args, result, chunks, sid, grace_s, e)
+        else:  # the main session is whole: keep it; the fork or rewind (or its branch) failed
+            result.video.write(args.out)
+            print(f"wrote {args.out} (the main session, whole); the {spec.mode} at chunk {spec.at} failed",
+                  file=sys.stderr)
         raise
     finally:
-        bar.close()
+        run.bar.close()
         await client.close()
     result.video.write(args.out)
+    if recorder is not None:
+        recorder.video("main", result.video.data)
     summary = result.summary()
     print(f"wrote {args.out} ({summary.frames} frames at {client.config.fps} fps, session {sid})")
     if result.resumes:
         print(f"the connection dropped {result.resumes} time(s); resumed, {result.replayed} replies sent again")
     print(summary.format())
+    if drive_log is not None:
+        _print_lags(drive_log)
+    if branch is not None:
+        bsid, bresult, blog = branch
+        out = branch_out(args)
+        bresult.video.write(out)
+        if recorder is not None:
+            recorder.video("branch", bresult.video.data)
+        done = "forked" if spec.mode == "fork" else "rewound"
+        print(f"{done} at chunk {spec.at}: wrote {out} ({len(bresult.stats)} new chunks after "
+              f"{spec.at} kept, session {bsid})")
+        if blog is not None:
+            _print_lags(blog)
+    if recorder is not None:
+        print(f"saved the session in {recorder.folder}")
+
+
+def _print_lags(log: KeyDriveLog) -> None:
+    lags = sorted(log.control_lags_s)
+    if lags:
+        print(f"control lag (control sent -> first frame with its event_id): median "
+              f"{1000 * lags[len(lags) // 2]:.0f} ms, max {1000 * lags[-1]:.0f} ms over {len(lags)} key states")
 
 
 def _keep_partial(args: argparse.Namespace, result: StreamResult, chunks: int, sid: str,
@@ -179,7 +243,17 @@ async def _reset_quietly(client: WorldClient, session_id: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    args = parser().parse_args(argv)
+    args.argv = argv  # --save-session keeps the command line
+    if args.command == "compare":
+        try:
+            frames, (h, w) = compare(args.videos, args.out)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"wrote {args.out} ({frames} frames, {w}x{h}: {len(args.videos)} videos side by side)")
+        return 0
     try:
         traj = trajectory_from_args(args)
     except (ValueError, OSError) as e:  # unreadable or inconsistent input files
@@ -204,7 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (OSError, InvalidHandshake) as e:  # includes TimeoutError
         print(f"error: cannot reach the server at {args.url}: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except ValueError as e:  # e.g. too few frames for one chunk, a malformed --url
+    except ValueError as e:  # e.g. too few frames for one chunk, a malformed --url, a branch out of range
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     return 0

@@ -17,14 +17,16 @@ import websockets
 
 from client.errors import ServerError
 from client.streaming import StreamResult, stream_session
-from protocol.codec import decode_reply, encode_ack, encode_control, encode_drive, encode_infer, encode_reset
+from protocol.codec import (decode_reply, encode_ack, encode_control, encode_drive, encode_fork, encode_infer,
+                            encode_reset, encode_rewind)
 from protocol.errors import ErrorCode
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Reply, ResetOk
+from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, Reply, ResetOk, Rewound
 
 CAMERA_PATH = "/v1/realtime/world/camera"
 DEFAULT_URL = f"ws://127.0.0.1:8000{CAMERA_PATH}"
 HANDSHAKE_TIMEOUT_S = 30.0
 RESET_TIMEOUT_S = 5.0
+BRANCH_TIMEOUT_S = 120.0  # a fork or rewind replays the kept chunks on the server first
 
 
 def camera_url(url: str) -> str:
@@ -154,6 +156,28 @@ class WorldClient:
     async def ack(self, session_id: str, chunk_id: int) -> None:
         """Tell the server the frames of a driven session up to `chunk_id` arrived."""
         await self.send(encode_ack(session_id, chunk_id))
+
+    async def infer_keys(self, session_id: str, timeout_s: Optional[float] = None, **options) -> FrameReply:
+        """The next chunk with its poses from the keys held (`from_keys`); options as
+        `protocol.encode_infer` (image and prompt on a session's first). Nothing else in flight."""
+        await self.send(encode_infer(session_id, from_keys=True, **options))
+        return _expect(await self.receive(timeout_s), FrameReply)
+
+    async def fork(self, session_id: str, new_session_id: str, at_chunk: int,
+                   timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Forked:
+        """A new session `new_session_id` on this connection from `session_id`'s first `at_chunk`
+        chunks (its next infer produces chunk `at_chunk`); `ServerError` when refused (`busy`
+        while a chunk is in flight: call this between chunks)."""
+        await self.send(encode_fork(session_id, new_session_id, at_chunk))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Forked)
+
+    async def rewind(self, session_id: str, to_chunk: int, timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Rewound:
+        """Take `session_id` back to its state after chunk `to_chunk` - 1: its next infer produces
+        chunk `to_chunk` again. `ServerError` when refused (nothing changed then)."""
+        await self.send(encode_rewind(session_id, to_chunk))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Rewound)
 
     async def send_reset(self, session_id: str) -> None:
         self._auto_ack.discard(session_id)

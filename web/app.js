@@ -14,7 +14,7 @@ const ui = {
   video: $("video"), viewport: $("viewport"), overlay: $("overlay"), status: $("status"),
   connection: $("connection"), form: $("setup"), scene: $("scene"), upload: $("upload"),
   preview: $("preview"), prompt: $("prompt"), steer: $("steer"), steerSend: $("steer-send"), size: $("size"), seed: $("seed"), apiKey: $("api-key"),
-  start: $("start"), reset: $("reset"), errors: $("errors"),
+  start: $("start"), reset: $("reset"), undo: $("undo"), errors: $("errors"),
 };
 let uploaded = null; // {bytes, type} of the chosen file
 
@@ -44,6 +44,12 @@ function showStats(s) {
   chunks.textContent = `${s.chunks} / ${s.frames}`;
   chunks.dataset.chunks = String(s.chunks);
   $("stat-fps").textContent = s.fps === null ? "–" : `${s.fps.toFixed(1)} fps (last chunk; realtime is 16)`;
+  $("stat-lag").textContent = s.controlLag === null ? "–"
+    : `${ms(s.controlLag)} (p50 ${ms(s.controlLagP50)}; key state ${s.eventId})`;
+  const rate = $("stat-playback");
+  rate.textContent = s.playback;
+  rate.dataset.rate = String(s.playbackRate);
+  ui.undo.disabled = !s.canUndo;
   $("stat-stages").textContent = s.stages === null ? "–"
     : Object.entries(s.stages).map(([k, v]) => `${k} ${ms(v)}`).join(", ");
 }
@@ -97,6 +103,7 @@ stream.addEventListener("state", (e) => {
   // Start begins a new session: not while one runs (Reset ends it first).
   ui.start.disabled = state === "connecting" || state === "starting" || state === "streaming" || state === "resuming";
   ui.steerSend.disabled = state !== "streaming";
+  if (state !== "streaming") ui.undo.disabled = true;
 });
 
 ui.form.addEventListener("submit", async (e) => {
@@ -115,6 +122,7 @@ ui.form.addEventListener("submit", async (e) => {
   }
 });
 ui.reset.addEventListener("click", () => stream.reset());
+ui.undo.addEventListener("click", () => stream.undo());
 // Prompt steering: the next chunk's infer carries prompt_update; the session keeps its scene.
 const steer = () => {
   const text = ui.steer.value.trim();
@@ -129,12 +137,12 @@ const typing = (el) => el instanceof HTMLInputElement || el instanceof HTMLTextA
 window.addEventListener("keydown", (e) => {
   if (typing(e.target) || !CONTROL_CODES.has(e.code)) return;
   e.preventDefault();
-  stream.rig.keyDown(e.code);
+  stream.keys.keyDown(e.code);
 });
 window.addEventListener("keyup", (e) => {
-  if (CONTROL_CODES.has(e.code)) stream.rig.keyUp(e.code);
+  if (CONTROL_CODES.has(e.code)) stream.keys.keyUp(e.code);
 });
-window.addEventListener("blur", () => stream.rig.releaseAll());
+window.addEventListener("blur", () => stream.keys.releaseAll());
 
 let dragging = null;
 ui.viewport.addEventListener("pointerdown", (e) => {
@@ -145,7 +153,7 @@ ui.viewport.addEventListener("pointerdown", (e) => {
 });
 ui.viewport.addEventListener("pointermove", (e) => {
   if (dragging === null) return;
-  stream.rig.drag(e.clientX - dragging.x, e.clientY - dragging.y);
+  stream.keys.drag(e.clientX - dragging.x, e.clientY - dragging.y);
   dragging = { x: e.clientX, y: e.clientY };
 });
 const endDrag = () => { dragging = null; ui.viewport.classList.remove("dragging"); };

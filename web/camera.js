@@ -1,105 +1,118 @@
-// Keyboard and mouse input -> per-chunk OpenCV camera-to-world poses (x right, y down, z forward).
+// Keyboard and mouse input -> the key state sent with `control` (PROTOCOL.md): the server
+// integrates the keys held into each chunk's 12 poses (camera/keys.py), the page sends none.
+//   move: W/S forward/back, A/D left/right, Q/E up/down; look: arrows or I/J/K/L, and mouse drag
 //
-// The world frame is the first camera's frame. Every chunk covers 12 video frames at 16 fps;
-// `nextChunk()` integrates the input held (or tapped) since the previous chunk over those
-// frames and returns one pose per frame (PROTOCOL: N = 12, pose i at local frame i).
-//   move: W/S forward/back, A/D left/right, Q/E up/down (in the heading plane)
-//   look: arrows or I/J/K/L, and mouse drag
+// A key state changes -> one `control` at once (its event_id is the page's counter). A key
+// tapped and released before the next chunk was requested stays held until that chunk's infer
+// is sent, so a short tap still moves the camera. Drag to look: the pixels dragged since the
+// last chunk become look keys for the next chunk (horizontal -> l / j, vertical -> k / i) once
+// they pass DRAG_KEY_PX, then are released again (a drag is a turn rate: the key's per-frame
+// step, `controls.yaw_deg` / `pitch_deg`, for every chunk the drag goes on).
 
 export const CHUNK_FRAMES = 12;
-const MOVE_PER_FRAME = 0.05; // scene units per frame at full speed
-const TURN_PER_FRAME = (1.5 * Math.PI) / 180; // radians per frame (24 deg/s)
-const DRAG_RAD_PER_PX = (0.25 * Math.PI) / 180;
-const MAX_PITCH = (80 * Math.PI) / 180;
+const DRAG_KEY_PX = 6;
 
 // Relative translations are divided by this (the `translation_scale` session option): a full
-// speed step between latent frames (4 video frames) becomes 1, as in the reference's
-// normalisation, and a still camera stays still.
-export const TRANSLATION_SCALE = 4 * MOVE_PER_FRAME;
+// speed step between latent frames (4 video frames of the server's default `controls.move`,
+// 0.05) becomes 1, as in the reference's normalisation, and a still camera stays still.
+export const TRANSLATION_SCALE = 4 * 0.05;
 
-const KEYS = {
-  forward: ["KeyW"], back: ["KeyS"], left: ["KeyA"], right: ["KeyD"], up: ["KeyQ"], down: ["KeyE"],
-  lookLeft: ["ArrowLeft", "KeyJ"], lookRight: ["ArrowRight", "KeyL"],
-  lookUp: ["ArrowUp", "KeyI"], lookDown: ["ArrowDown", "KeyK"],
+const KEY_OF_CODE = {
+  KeyW: "w", KeyS: "s", KeyA: "a", KeyD: "d", KeyQ: "q", KeyE: "e",
+  KeyI: "i", KeyJ: "j", KeyK: "k", KeyL: "l",
+  ArrowUp: "arrowup", ArrowDown: "arrowdown", ArrowLeft: "arrowleft", ArrowRight: "arrowright",
 };
-export const CONTROL_CODES = new Set(Object.values(KEYS).flat());
+export const CONTROL_CODES = new Set(Object.keys(KEY_OF_CODE));
 
-/** Rotation yaw about y (positive: turn right), then pitch about x (positive: look up). */
-function rotation(yaw, pitch) {
-  const cy = Math.cos(yaw), sy = Math.sin(yaw), cp = Math.cos(pitch), sp = Math.sin(pitch);
-  // Ry(yaw) @ Rx(pitch) with Ry = [[cy,0,sy],[0,1,0],[-sy,0,cy]], Rx = [[1,0,0],[0,cp,-sp],[0,sp,cp]]
-  return [
-    [cy, sy * sp, sy * cp],
-    [0, cp, -sp],
-    [-sy, cy * sp, cy * cp],
-  ];
-}
-
-export class CameraRig {
-  constructor() {
-    this.held = new Set(); // key codes down now
-    this.tapped = new Set(); // key codes pressed since the last chunk (a short tap still counts)
-    this.dragX = 0; // pixels dragged since the last chunk
-    this.dragY = 0;
+export class KeyControl {
+  /** `send(eventId, keys)` delivers one control (the page's socket); false when it could not. */
+  constructor(send) {
+    this.send = send;
+    this.eventId = 0; // the last control sent
+    this.sentAt = new Map(); // eventId -> performance.now() when sent, until a frame shows it
     this.reset();
   }
 
-  /** Back to the first camera (identity pose). */
+  /** A new session: nothing held, no drag, nothing sent yet. */
   reset() {
-    this.position = [0, 0, 0];
-    this.yaw = 0;
-    this.pitch = 0;
-    this.tapped.clear();
+    this.held = new Set(); // key names down now
+    this.fresh = new Set(); // pressed since the last infer was sent
+    this.releasing = new Set(); // released before any infer used them: released after the next
     this.dragX = this.dragY = 0;
+    this.dragKeys = new Set();
+    this.lastSent = null; // the key state of the last control ("" joined), null: none this session
+    this.sentAt.clear();
   }
 
-  keyDown(code) { this.held.add(code); this.tapped.add(code); }
-  keyUp(code) { this.held.delete(code); }
-  releaseAll() { this.held.clear(); }
+  keyDown(code) {
+    const key = KEY_OF_CODE[code];
+    if (!key || this.held.has(key)) return;
+    this.held.add(key);
+    this.fresh.add(key);
+    this.releasing.delete(key);
+    this.flush();
+  }
+
+  keyUp(code) {
+    const key = KEY_OF_CODE[code];
+    if (!key || !this.held.has(key)) return;
+    if (this.fresh.has(key)) { this.releasing.add(key); return; } // a tap: held for one chunk
+    this.held.delete(key);
+    this.flush();
+  }
+
+  releaseAll() {
+    this.held.clear();
+    this.fresh.clear();
+    this.releasing.clear();
+    this.flush();
+  }
+
   drag(dx, dy) { this.dragX += dx; this.dragY += dy; }
 
-  active(name) {
-    return KEYS[name].some((c) => this.held.has(c) || this.tapped.has(c));
+  /** The keys held now (names, sorted): the keyboard's and the drag's. */
+  keys() {
+    return [...new Set([...this.held, ...this.dragKeys])].sort();
   }
 
-  axis(plus, minus) { return (this.active(plus) ? 1 : 0) - (this.active(minus) ? 1 : 0); }
+  /** Send a control when the key state differs from the last one sent. */
+  flush() {
+    const keys = this.keys();
+    const state = keys.join("+");
+    if (state === this.lastSent) return;
+    if (!this.send(this.eventId + 1, keys)) return; // no session to send it to: sent with the next chunk
+    this.lastSent = state;
+    this.eventId += 1;
+    this.sentAt.set(this.eventId, performance.now());
+  }
 
-  /** Poses of the next chunk: [12][4][4] camera-to-world, one per video frame. */
-  nextChunk(frames = CHUNK_FRAMES) {
-    const fwd = this.axis("forward", "back"), side = this.axis("right", "left"), lift = this.axis("up", "down");
-    const turn = this.axis("lookRight", "lookLeft") * TURN_PER_FRAME + (this.dragX * DRAG_RAD_PER_PX) / frames;
-    const tilt = this.axis("lookUp", "lookDown") * TURN_PER_FRAME - (this.dragY * DRAG_RAD_PER_PX) / frames;
-    this.tapped.clear();
+  /** Before a chunk's infer: the drag since the last chunk becomes its look keys. */
+  beforeChunk() {
+    this.dragKeys = new Set();
+    if (this.dragX > DRAG_KEY_PX) this.dragKeys.add("l");
+    if (this.dragX < -DRAG_KEY_PX) this.dragKeys.add("j");
+    if (this.dragY > DRAG_KEY_PX) this.dragKeys.add("k"); // drag down: look down
+    if (this.dragY < -DRAG_KEY_PX) this.dragKeys.add("i");
     this.dragX = this.dragY = 0;
-    const poses = [];
-    for (let i = 0; i < frames; i++) {
-      if (i > 0) this.step(fwd, side, lift, turn, tilt);
-      poses.push(this.pose());
+    this.flush();
+  }
+
+  /** After a chunk's infer was sent: taps end, and the keys they held are released. */
+  afterChunk() {
+    this.fresh.clear();
+    if (!this.releasing.size) return;
+    for (const key of this.releasing) this.held.delete(key);
+    this.releasing.clear();
+    this.flush();
+  }
+
+  /** A frame showing key state `eventId` came at `now`: the lags of the controls it is the
+   *  first to show (control sent -> this frame), in ms. */
+  shown(eventId, now) {
+    const lags = [];
+    for (const [id, at] of this.sentAt) {
+      if (id <= eventId) { lags.push(now - at); this.sentAt.delete(id); }
     }
-    this.step(fwd, side, lift, turn, tilt); // the next chunk starts one frame on
-    return poses;
+    return lags;
   }
-
-  step(fwd, side, lift, turn, tilt) {
-    const sy = Math.sin(this.yaw), cy = Math.cos(this.yaw);
-    // heading-plane axes: forward (sy, 0, cy), right (cy, 0, -sy), up (0, -1, 0)
-    this.position[0] += MOVE_PER_FRAME * (fwd * sy + side * cy);
-    this.position[1] -= MOVE_PER_FRAME * lift;
-    this.position[2] += MOVE_PER_FRAME * (fwd * cy - side * sy);
-    this.yaw += turn;
-    this.pitch = Math.max(-MAX_PITCH, Math.min(MAX_PITCH, this.pitch + tilt));
-  }
-
-  /** The current camera-to-world matrix as nested lists. */
-  pose() {
-    const r = rotation(this.yaw, this.pitch);
-    const t = this.position;
-    return [[...r[0], t[0]], [...r[1], t[1]], [...r[2], t[2]], [0, 0, 0, 1]];
-  }
-}
-
-/** Intrinsics rows (fx, fy, cx, cy) for a frame of [h, w] pixels: focal 500 px at 832 wide. */
-export function intrinsicsRows([h, w], n = CHUNK_FRAMES) {
-  const f = (500 * w) / 832;
-  return Array.from({ length: n }, () => [f, f, w / 2, h / 2]);
 }

@@ -1,7 +1,8 @@
 // Plays a session's fMP4 chunks through Media Source Extensions as they arrive.
 // Chunk 0 starts with the init segment (ftyp + moov); every chunk is moof + mdat with its own
 // decode time (tfdt), so the SourceBuffer runs in 'segments' mode. A new session (timestamps
-// from 0 again) gets a fresh MediaSource.
+// from 0 again) gets a fresh MediaSource. `dropFrom(t)` takes the video from t on out of the
+// buffer (an undone chunk): the chunk that replaces it has the same timestamps.
 
 const KEEP_BEHIND_S = 10; // played video kept in the buffer (older data is removed)
 
@@ -54,9 +55,28 @@ export class MsePlayer {
     this.pump();
   }
 
+  /** Remove the video from `t` seconds on (queued after the chunks already queued; the
+   *  playhead goes back to `t` when it was past it). */
+  dropFrom(t) {
+    this.queue.push({ dropFrom: t });
+    this.pump();
+  }
+
+  /** Playback speed (1: 16 fps); see playback.js. */
+  setRate(rate) {
+    if (Math.abs(this.video.playbackRate - rate) > 0.01) this.video.playbackRate = rate;
+  }
+
   pump() {
     const b = this.buffer;
     if (b === null || b.updating || this.source.readyState !== "open") return;
+    const op = this.queue[0];
+    if (op !== undefined && op.dropFrom !== undefined) {
+      this.queue.shift();
+      if (this.video.currentTime > op.dropFrom) this.video.currentTime = op.dropFrom;
+      const end = b.buffered.length ? b.buffered.end(b.buffered.length - 1) : 0;
+      if (end > op.dropFrom) { b.remove(op.dropFrom, end + 1); return; } // updateend calls pump again
+    }
     const played = this.video.currentTime - KEEP_BEHIND_S;
     if (b.buffered.length && played > b.buffered.start(0) + 1) {
       b.remove(0, played); // updateend calls pump again

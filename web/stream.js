@@ -1,20 +1,31 @@
 // One WebSocket to /v1/realtime/world/camera and the live session on it (PROTOCOL.md).
 //
+// Camera: the keys held go to the server as `control` messages (camera.js) and every chunk is
+// an infer with `from_keys`: the server integrates the keys into the chunk's poses, and each
+// frame echoes the `event_id` of the key state it shows; the control lag is the time from a
+// control to the first frame that echoes it (or a later one).
+//
 // Pacing: the next chunk is requested while the current one plays, so that about one chunk of
-// video is always waiting (one request in flight at most; its poses are what the user is doing
-// now). Events (EventTarget): "status" {text, level}, "stats", "error" {code, message} and
+// video is always waiting (one request in flight at most). When chunks come slower than 16 fps
+// the video plays at the rate they arrive (playback.js), without freezing and jumping.
+// Events (EventTarget): "status" {text, level}, "stats", "error" {code, message} and
 // "state" (this.state changed).
+//
+// Undo: `rewind` to the last chunk received (once no chunk is in flight): the server's next
+// infer produces that chunk again, and the player drops it (and any chunk in flight then).
 //
 // Resume: when the socket drops while streaming and the server offers it (handshake
 // `resume_grace_s`, the session's `resume_token`), a new socket sends `resume` with the count of
 // frames it has; the missed frames come again, then `resumed` says which chunk to request next.
 
 import { encode, decode } from "./msgpack.js";
-import { CameraRig, CHUNK_FRAMES, TRANSLATION_SCALE, intrinsicsRows } from "./camera.js";
+import { KeyControl, CHUNK_FRAMES, TRANSLATION_SCALE } from "./camera.js";
 import { MsePlayer, codecFromInit } from "./player.js";
+import { RatePacer } from "./playback.js";
 
 export const CAMERA_PATH = "v1/realtime/world/camera";
 const FPS = 16;
+const FIRST_CHUNK_FRAMES = 9;
 const AHEAD_S = CHUNK_FRAMES / FPS; // request the next chunk once less than this is left to play
 const TICK_MS = 100;
 const RESUME_ATTEMPTS = 5;
@@ -42,7 +53,10 @@ export class LiveStream extends EventTarget {
     super();
     this.player = new MsePlayer(video);
     this.player.onerror = (e) => this.fail("player", e.message);
-    this.rig = new CameraRig();
+    this.keys = new KeyControl((eventId, keys) => this.sendControl(eventId, keys));
+    this.pacer = new RatePacer();
+    this.undoTo = null; // the chunk an Undo takes the session back to (pending until `rewound`)
+    this.rewindSent = false;
     this.ws = null;
     this.config = null;
     this.state = "disconnected"; // disconnected | connecting | idle | starting | streaming | resuming | stopped
@@ -55,7 +69,8 @@ export class LiveStream extends EventTarget {
 
   resetStats() {
     this.stats = { chunks: 0, frames: 0, inFlight: 0, ttfc: null, intervals: [], lastAt: null,
-                   sentAt: null, lastFps: null, resolution: null };
+                   sentAt: null, lastFps: null, resolution: null, lags: [], lastEventId: null };
+    if (this.pacer) this.pacer.reset();
   }
 
   setState(state) {
@@ -179,7 +194,8 @@ export class LiveStream extends EventTarget {
     this.options = options;
     this.resumeToken = null;
     this.sessionId = `web-${Math.random().toString(36).slice(2, 10)}`;
-    this.rig.reset();
+    this.keys.reset();
+    this.undoTo = null;
     this.player.close();
     this.resetStats();
     this.nextChunk = 0;
@@ -197,12 +213,18 @@ export class LiveStream extends EventTarget {
     return true;
   }
 
-  /** Build and send the next infer (image, prompt and options on the first one). */
+  /** One `control`: the keys held now (the whole state) for this session. */
+  sendControl(eventId, keys) {
+    if (this.ws === null || this.ws.readyState !== WebSocket.OPEN || !this.sessionId) return false;
+    if (this.state !== "starting" && this.state !== "streaming") return false; // no session runs
+    this.ws.send(encode({ endpoint: "control", session_id: this.sessionId, event_id: eventId, keys }));
+    return true;
+  }
+
+  /** Build and send the next infer, its camera from the keys held (image, prompt and options on the first one). */
   sendChunk() {
-    const poses = this.rig.nextChunk();
-    const intrinsicsHw = (this.config && this.config.intrinsics_resolution) || [480, 832];
-    const msg = { endpoint: "infer", session_id: this.sessionId, client_chunk_id: this.nextChunk,
-                  cameras: { poses, intrinsics: intrinsicsRows(intrinsicsHw, poses.length) } };
+    this.keys.beforeChunk(); // the drag since the last chunk -> look keys, sent before the infer
+    const msg = { endpoint: "infer", session_id: this.sessionId, client_chunk_id: this.nextChunk, from_keys: true };
     if (this.nextChunk === 0) {
       const o = this.options;
       Object.assign(msg, { image: o.image, prompt: o.prompt, seed: o.seed, size: o.size,
@@ -216,20 +238,58 @@ export class LiveStream extends EventTarget {
     this.nextChunk += 1;
     this.stats.inFlight += 1;
     this.ws.send(encode(msg));
+    this.keys.afterChunk();
     this.emitStats();
+  }
+
+  /** Undo: take the last chunk received back (the server regenerates it from the keys held
+   *  then). False when there is nothing to undo (the first chunk stays: Reset starts over). */
+  undo() {
+    if (this.state !== "streaming" || this.undoTo !== null || this.stats.chunks < 2) return false;
+    this.undoTo = this.stats.chunks - 1;
+    this.rewindSent = false;
+    this.status(`Undoing chunk ${this.undoTo}…`);
+    this.tick();
+    return true;
   }
 
   tick() {
     this.player.pump();
+    this.player.setRate(this.pacer.update(this.player.bufferedAhead()));
     this.emitStats();
     if (this.state !== "streaming" || this.stats.inFlight > 0) return;
+    if (this.undoTo !== null) { // wait for the chunk in flight, then rewind
+      if (!this.rewindSent) {
+        this.rewindSent = true;
+        this.ws.send(encode({ endpoint: "rewind", session_id: this.sessionId, to_chunk: this.undoTo }));
+      }
+      return;
+    }
     if (this.player.bufferedAhead() <= AHEAD_S) this.sendChunk();
+  }
+
+  /** Seconds of video before chunk k (9 frames, then 12 per chunk). */
+  static chunkStart(k) {
+    return k === 0 ? 0 : (FIRST_CHUNK_FRAMES + CHUNK_FRAMES * (k - 1)) / FPS;
+  }
+
+  onRewound(msg) {
+    if (msg.session_id !== this.sessionId || this.undoTo === null) return;
+    const k = msg.next_chunk_id;
+    this.player.dropFrom(LiveStream.chunkStart(k));
+    this.stats.chunks = k;
+    this.stats.frames = k === 0 ? 0 : FIRST_CHUNK_FRAMES + CHUNK_FRAMES * (k - 1);
+    this.nextChunk = k;
+    this.undoTo = null;
+    this.status(`Chunk ${k} taken back; the next one continues from chunk ${k - 1}.`);
+    this.tick();
   }
 
   onReply(msg) {
     if (msg.type === "frame") return this.onFrame(msg);
     if (msg.type === "reset_ok") return;
     if (msg.type === "resumed") return this.onResumed(msg);
+    if (msg.type === "rewound") return this.onRewound(msg);
     if (msg.type === "error") return this.onError(msg);
   }
 
@@ -240,6 +300,12 @@ export class LiveStream extends EventTarget {
     const s = this.stats;
     s.inFlight = Math.max(0, s.inFlight - 1);
     s.lastFps = msg.num_frames / ((now - s.sentAt) / 1000); // frames per second of waiting for this chunk
+    if (msg.event_id !== undefined && msg.event_id !== null) {
+      s.lastEventId = msg.event_id;
+      for (const lag of this.keys.shown(msg.event_id, now)) s.lags.push(lag / 1000);
+      if (s.lags.length > 200) s.lags.splice(0, s.lags.length - 200);
+    }
+    if (s.chunks > 0) this.pacer.arrived(msg.num_frames, (now - s.sentAt) / 1000); // chunk 0 carries the start-up
     if (s.chunks === 0) {
       s.ttfc = (now - s.sentAt) / 1000;
       s.resolution = msg.resolution;
@@ -271,15 +337,26 @@ export class LiveStream extends EventTarget {
       else this.resumeWaiter.reject(Object.assign(new Error(`[${msg.code}] ${msg.message}`), { final: true }));
       return;
     }
+    if (this.undoTo !== null && this.rewindSent && this.stats.inFlight === 0) { // the rewind's answer
+      if (msg.code === "busy") { // a chunk was still in flight on the server: ask again
+        setTimeout(() => { this.rewindSent = false; }, (msg.retry_after_s || 0.5) * 1000);
+        return;
+      }
+      this.undoTo = null; // refused (e.g. no journal on this server): the session goes on as it was
+      this.status(`Cannot undo (${msg.code}): ${msg.message}`, "warn");
+      this.dispatchEvent(new CustomEvent("error", { detail: { code: msg.code, message: msg.message } }));
+      this.tick();
+      return;
+    }
     this.stats.inFlight = Math.max(0, this.stats.inFlight - 1);
     if (msg.code === "busy" && this.state === "starting") {
       const wait = msg.retry_after_s || 1;
       this.status(`Server busy: ${msg.message}. Retrying in ${wait} s…`, "warn");
+      this.keys.reset();
       this.dispatchEvent(new CustomEvent("error", { detail: { code: msg.code, message: msg.message } }));
       setTimeout(() => {
         if (this.state !== "starting" || this.ws === null) return;
         this.nextChunk = 0;
-        this.rig.reset();
         this.sendChunk();
       }, wait * 1000);
       return;
@@ -298,6 +375,7 @@ export class LiveStream extends EventTarget {
   /** Stop the session: send reset (the server drops its state); the video stays on screen. */
   reset() {
     this.stopTimer();
+    this.undoTo = null;
     if (this.ws !== null && this.ws.readyState === WebSocket.OPEN && this.sessionId) {
       this.ws.send(encode({ endpoint: "reset", session_id: this.sessionId }));
     }
@@ -319,6 +397,9 @@ export class LiveStream extends EventTarget {
       lastInterval: s.intervals.length ? s.intervals[s.intervals.length - 1] : null,
       p50: percentile(s.intervals, 0.5), p95: percentile(s.intervals, 0.95), fps: s.lastFps,
       bufferedS: this.player.bufferedAhead(), resolution: s.resolution, stages: s.lastStages || null,
+      controlLag: s.lags.length ? s.lags[s.lags.length - 1] : null, controlLagP50: percentile(s.lags, 0.5),
+      eventId: s.lastEventId, playback: this.pacer.describe(), playbackRate: this.pacer.rate,
+      canUndo: this.state === "streaming" && this.undoTo === null && s.chunks >= 2,
     } }));
   }
 }

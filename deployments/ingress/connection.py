@@ -338,13 +338,13 @@ class Connection:
             stream.journal.steer(chunk_id, prompt_update)  # a rewind or fork before it knows the prompt
         y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
         if cams is not None:
-            self._controls.commit(stream, cams)
+            self._controls.commit(stream, cams, chunk_id)
             camera: ChunkCameras | asyncio.Future[ChunkCameras] = cams
             step = self._dit_lane.submit(partial(self._jobs.step, stream, y, cams.poses, cams.intrinsics, context))
         else:
             camera = asyncio.get_running_loop().create_future()
-            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, y, camera,
-                                                 dit_started or (lambda: None)))
+            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, chunk_id, y,
+                                                 camera, dit_started or (lambda: None)))
         task = asyncio.create_task(self._controls.annotate(
             self._replies.finish_chunk(stream, chunk_id, step, timings, client_chunk_id, reset, t0), camera))
         stream.chunk_tasks.append(task)

@@ -5,8 +5,12 @@ for another session id replaces it). An infer with `from_keys` then gets its chu
 from them (camera/keys.py), continuing the stream's camera: the last pose of the stream's last
 chunk, explicit or key-driven. Poses are worked out when the infer is dispatched (in request
 order), so pipelined infers continue each other; `commit` records them once the chunk is
-accepted, so a refused infer moves nothing. The frame reply then carries the chunk's poses and,
-for a key-driven chunk, the `event_id` of the key state it used.
+accepted, so a refused infer moves nothing. The frame reply then carries the chunk's poses
+and, for a key-driven chunk, the `event_id` of the key state it used.
+
+A cursor holds for its stream and the chunk it was left at: after a rewind to chunk k (the
+stream's `next_chunk` taken back) the camera continues from the journal's last kept chunk,
+chunk k - 1's last pose, not from the chunks taken back; a fork starts from its prefix's.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from pydantic import BaseModel
 from camera.frames import CHUNK_VIDEO_FRAMES
 from camera.keys import KeySteps, default_intrinsics_row, key_chunk_poses
 from deployments.config import ControlArgs
-from deployments.ingress.stream import Stream
+from deployments.ingress.stream import Stream, StreamState
 from protocol.messages import ControlRequest, FrameReply, InferRequest
 
 
@@ -37,6 +41,7 @@ class ChunkCameras:
 @dataclass(slots=True)
 class _Cursor:
     stream: Stream  # the incarnation it belongs to (a new stream starts from the identity)
+    next_chunk: int  # the stream's `next_chunk` when it was left: any other value (a rewind) voids it
     pose: np.ndarray  # float64 [4, 4]
     intrinsics: np.ndarray  # float32 [4]: the row key-driven chunks use
 
@@ -50,7 +55,7 @@ class ControlBook:
         self._session_id: Optional[str] = None
         self._keys: tuple[str, ...] = ()
         self._event_id: Optional[int] = None
-        self._cursor: Optional[_Cursor] = None
+        self._cursors: dict[str, _Cursor] = {}  # session_id -> cursor (the current and the forked sessions held)
 
     def set(self, req: ControlRequest) -> None:
         """The keys held now for `req.session_id` (validated by the codec)."""
@@ -60,6 +65,15 @@ class ControlBook:
         """`reset`: the session's keys are released."""
         if self._session_id == session_id:
             self._session_id, self._keys, self._event_id = None, (), None
+        self._cursors.pop(session_id, None)
+
+    def _cursor(self, stream: Stream, chunk_id: int) -> Optional[_Cursor]:
+        """`stream`'s cursor while chunk `chunk_id` follows the chunk it was left at (same
+        incarnation; a rewind since, or another chunk, voids it)."""
+        cursor = self._cursors.get(stream.spec.session_id)
+        if cursor is None or cursor.stream is not stream or cursor.next_chunk != chunk_id:
+            return None
+        return cursor
 
     def holds_keys(self, session_id: str) -> bool:
         """Some key is held for `session_id` (a driven session goes on; none: it pauses)."""
@@ -70,11 +84,12 @@ class ControlBook:
         if req.cameras is not None:
             poses, intrinsics = req.cameras.poses, req.cameras.intrinsics
             return ChunkCameras(poses, intrinsics, None, poses[-1].astype(np.float64))
-        return self.keyed(stream)
+        return self.keyed(stream, stream.next_chunk)
 
-    def keyed(self, stream: Stream) -> ChunkCameras:
-        """The camera of `stream`'s next chunk from the keys held now (nothing recorded)."""
-        cursor = self._cursor if self._cursor is not None and self._cursor.stream is stream else None
+    def keyed(self, stream: Stream, chunk_id: int) -> ChunkCameras:
+        """The camera of `stream`'s chunk `chunk_id` from the keys held now (nothing recorded):
+        the next chunk of an infer, or a driven chunk queued earlier and bound now."""
+        cursor = self._cursor(stream, chunk_id)
         held = self._session_id == stream.spec.session_id
         keys, event_id = (self._keys, self._event_id) if held else ((), None)
         last = cursor.pose if cursor is not None else _journaled_pose(stream)
@@ -83,9 +98,11 @@ class ControlBook:
         intrinsics = np.tile(row, (CHUNK_VIDEO_FRAMES, 1))
         return ChunkCameras(poses.astype(np.float32), intrinsics, event_id, poses[-1])
 
-    def commit(self, stream: Stream, cams: ChunkCameras) -> None:
-        """The chunk was accepted: the stream's camera continues from it."""
-        self._cursor = _Cursor(stream, cams.last_pose, cams.intrinsics[0])
+    def commit(self, stream: Stream, cams: ChunkCameras, chunk_id: int) -> None:
+        """Chunk `chunk_id` was accepted: the stream's camera continues from it."""
+        sid = stream.spec.session_id
+        self._cursors = {k: c for k, c in self._cursors.items() if k != sid and c.stream.state is StreamState.OPEN}
+        self._cursors[sid] = _Cursor(stream, chunk_id + 1, cams.last_pose, cams.intrinsics[0])
 
     @staticmethod
     async def annotate(reply_task: Awaitable[BaseModel], cams: ChunkCameras | Awaitable[ChunkCameras]) -> BaseModel:

@@ -1,10 +1,11 @@
 """The web page in a real headless Chromium against the served app.
 
 The page loads from the ingress, streams a session through Media Source Extensions (the video
-element plays past 30 frames), turns a key press into different poses (checked on the
-WebSocket frames it sent, decoded with the server's own codec), resets, resumes a dropped
-socket, and degrades with a message when the server is busy or a resume is refused. A
-screenshot goes to artifacts/.
+element plays past 30 frames), drives the camera with `control` + `from_keys` infers (checked on
+the WebSocket frames it sent and received, decoded with the server's own codec), shows the
+control lag, undoes the last chunk (`rewind`), plays at the rate chunks arrive when they come
+slower than 16 fps, resets, resumes a dropped socket, and degrades with a message when the
+server is busy or a resume is refused. A screenshot goes to artifacts/.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 from protocol.codec import decode, decode_reply, encode
 from protocol.errors import ErrorCode
-from protocol.messages import ErrorReply, FrameReply, InferRequest, ResetRequest, ResumeRequest
+from protocol.messages import (ControlRequest, ErrorReply, FrameReply, InferRequest, ResetRequest, ResumeRequest,
+                               RewindRequest, Rewound)
 from support import REPO
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (scripts/browser_deps.sh); no browser download
@@ -77,6 +79,7 @@ def test_live_session_plays_and_follows_the_keyboard(browser, served):
     assert quality > 30
     assert page.get_attribute("#connection", "data-state") == "streaming"
     assert page.text_content("#stat-ttfc").endswith("ms")
+    page_lag = page.text_content("#stat-lag")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web_client.png"))
     page.click("#reset")
@@ -91,12 +94,21 @@ def test_live_session_plays_and_follows_the_keyboard(browser, served):
     first = infers[0]
     assert first.image[:8] == b"\x89PNG\r\n\x1a\n" and first.prompt and first.translation_scale > 0
     assert [r.client_chunk_id for r in infers] == list(range(len(infers))) and len(infers) >= 3
-    z = np.stack([r.cameras.poses[:, 2, 3] for r in infers])  # forward position of every pose [chunks, 12]
-    np.testing.assert_array_equal(z[0], 0.0)  # no key held yet: the camera stands still
-    moved = z[-1] - z[0]
-    assert (np.diff(z.ravel()) >= 0).all() and moved.max() > 0.5  # W walks forward along +z
+    assert all(r.from_keys and r.cameras is None for r in infers)  # the server moves the camera
+    controls = [r for r in requests_ if isinstance(r, ControlRequest)]
+    assert [c.keys for c in controls[:3]] == [(), ("w",), ()]  # none at the start, W down, W up
+    assert [c.event_id for c in controls] == list(range(1, len(controls) + 1))
+    assert {c.session_id for c in controls} == {first.session_id}
     frames = [r for r in map(decode_reply, received) if isinstance(r, FrameReply)]
     assert [f.chunk_id for f in frames[:3]] == [0, 1, 2] and [f.num_frames for f in frames[:3]] == [9, 12, 12]
+    assert frames[0].event_id == 1 and all(f.event_id is not None for f in frames)
+    z = np.stack([f.poses[:, 2, 3] for f in frames])  # forward position of every pose [chunks, 12]
+    np.testing.assert_array_equal(z[0], 0.0)  # no key held yet: the camera stands still
+    walked = [f for f in frames if f.event_id == 2]  # the chunks made while W was held
+    assert walked and all(np.diff(f.poses[:, 2, 3]).min() > 0.04 for f in walked)  # W walks forward along +z
+    assert (np.diff(z.ravel()) >= -1e-6).all()
+    lag = page_lag  # the stats panel's control lag, read before the reset
+    assert re.match(r"\d+ ms \(p50 \d+ ms; key state \d+\)", lag), lag
     page.close()
 
 
@@ -242,4 +254,113 @@ def test_a_page_left_idle_past_the_handshake_deadline_still_starts(browser, serv
     page.click("#start")
     chunks_shown(page, 1)
     assert errors == []
+    page.close()
+
+
+def test_undo_takes_the_last_chunk_back(browser, served):
+    """Undo after 3 chunks: the page waits for the chunk in flight, sends `rewind` to the last
+    chunk it had when Undo was pressed, drops it from the player, and the stream goes on from there."""
+    sent: list[bytes] = []
+    received: list[bytes] = []
+
+    def on_socket(ws) -> None:
+        ws.on("framesent", lambda payload: sent.append(payload))
+        ws.on("framereceived", lambda payload: received.append(payload))
+
+    page, errors = open_page(browser, served.http + "/", on_socket)
+    assert page.is_disabled("#undo")
+    page.click("#start")
+    chunks_shown(page, 3)
+    page.wait_for_selector("#undo:not([disabled])", timeout=TIMEOUT_MS)
+    before = int(page.get_attribute("#stat-chunks", "data-chunks"))
+    page.click("#undo")
+    page.wait_for_function("document.querySelector('#status').textContent.includes('taken back')",
+                           timeout=TIMEOUT_MS)
+    rewinds = [r for r in map(decode, sent) if isinstance(r, RewindRequest)]
+    assert len(rewinds) == 1 and before - 1 <= rewinds[0].to_chunk <= before  # the last it had (a chunk may land meanwhile)
+    k = rewinds[0].to_chunk
+    status = page.text_content("#status")
+    assert status.startswith(f"Chunk {k} taken back")
+    chunks_shown(page, k + 2)  # the stream goes on: chunk k again, then k + 1
+    replies = [r for r in map(decode_reply, received) if isinstance(r, (FrameReply, Rewound))]
+    at = next(i for i, r in enumerate(replies) if isinstance(r, Rewound))
+    assert replies[at].next_chunk_id == k
+    assert [r.chunk_id for r in replies[at + 1:at + 3]] == [k, k + 1]  # chunk k made again
+    page.wait_for_function(f"document.querySelector('video').currentTime > {(9 + 12 * k) / 16}", timeout=TIMEOUT_MS)
+    page.click("#reset")
+    assert errors == []
+    page.close()
+
+
+SLOW_SOCKET = """(() => {
+  // Every message the page's socket receives is handed to it DELAY ms after the previous one:
+  // a server that makes a 12-frame chunk in about 2 s (6 fps, below half real time).
+  const DELAY = 2000;
+  const desc = Object.getOwnPropertyDescriptor(WebSocket.prototype, "onmessage");
+  Object.defineProperty(WebSocket.prototype, "onmessage", {
+    set(fn) {
+      let chain = Promise.resolve();
+      desc.set.call(this, (ev) => {
+        chain = chain.then(() => new Promise((r) => setTimeout(r, DELAY))).then(() => fn(ev));
+      });
+    },
+    get() { return desc.get.call(this); },
+  });
+})();"""
+
+
+def test_slow_generation_plays_at_the_rate_chunks_arrive(browser, served):
+    """Chunks slower than 16 fps: the video slows to the arrival rate (said in the stats panel)
+    instead of playing 12 frames at 16 fps and freezing until the next chunk."""
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.add_init_script(SLOW_SOCKET)
+    page.goto(served.http + "/")
+    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    page.click("#start")
+    chunks_shown(page, 4)
+    # the longest time the playhead stood still over 5 s of playback (sampled every 100 ms)
+    longest_still = page.evaluate("""async () => {
+        const v = document.querySelector('video');
+        let last = v.currentTime, since = performance.now(), longest = 0;
+        const end = performance.now() + 5000;
+        while (performance.now() < end) {
+            await new Promise((r) => setTimeout(r, 100));
+            const now = performance.now();
+            if (v.currentTime !== last) { last = v.currentTime; since = now; }
+            longest = Math.max(longest, now - since);
+        }
+        return longest;
+    }""")
+    rate = float(page.get_attribute("#stat-playback", "data-rate"))
+    text = page.text_content("#stat-playback")
+    assert longest_still < 600, f"the video stood still for {longest_still:.0f} ms"  # at 16 fps: ~1.2 s a chunk
+    assert rate < 0.9, text  # slowed down: chunks come at about half real time
+    assert re.match(r"0\.\d\d× \(playing \d+\.\d fps; chunks arrive at \d+\.\d fps\)", text), text
+    page.click("#reset")
+    assert errors == []
+    page.close()
+
+
+def test_the_playback_rate_follows_generation_not_pacing(browser, served):
+    """web/playback.js alone: 1x while chunks come at 16 fps or more (whatever the buffer), the
+    generation rate over 16 steered by the buffer below it, within [half, 1.5] x the target."""
+    page, _ = open_page(browser, served.http + "/")
+    rates = page.evaluate("""async () => {
+        const { RatePacer } = await import('./static/playback.js');
+        const p = new RatePacer();
+        const out = { none: p.update(0.1) };
+        p.arrived(12, 0.3); p.arrived(12, 0.4);  // 34 fps: faster than real time
+        out.fast_low = p.update(0.05); out.fast_high = p.update(3);
+        p.reset();
+        for (let i = 0; i < 5; i++) p.arrived(12, 1.5);  // 8 fps: half real time
+        out.slow_one_chunk = p.update(0.75); out.slow_low = p.update(0.1); out.slow_high = p.update(5);
+        out.text = p.describe();
+        return out;
+    }""")
+    assert rates["none"] == 1 and rates["fast_low"] == 1 and rates["fast_high"] == 1
+    assert rates["slow_one_chunk"] == pytest.approx(0.5)
+    assert rates["slow_low"] == pytest.approx(0.25) and rates["slow_high"] == pytest.approx(0.75)
+    assert rates["text"] == "0.75× (playing 12.0 fps; chunks arrive at 8.0 fps)"
     page.close()

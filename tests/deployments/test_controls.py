@@ -9,9 +9,9 @@ import msgpack
 import numpy as np
 
 from camera.keys import KeySteps, key_chunk_poses
-from protocol import encode_control, encode_infer
+from protocol import encode_control, encode_fork, encode_infer, encode_rewind
 from protocol.errors import ErrorCode
-from protocol.messages import ErrorReply, FrameReply
+from protocol.messages import ErrorReply, Forked, FrameReply, Rewound
 
 STEPS = KeySteps()  # the app runs the default `controls`
 
@@ -87,3 +87,41 @@ def test_reset_releases_the_keys(server, connect, example):
     reply = asyncio.run(go())
     assert reply.event_id is None  # no key state since the reset: a still camera
     np.testing.assert_array_equal(reply.poses, np.broadcast_to(np.eye(4, dtype=np.float32), (12, 4, 4)))
+
+
+def test_keys_after_a_rewind_or_fork_continue_from_the_kept_chunk(server, connect, example):
+    """Rewind to 1 after three key-driven chunks: the next key-driven chunk continues from chunk
+    0's last pose (not chunk 2's), as does a fork at 1; event ids follow the controls."""
+
+    async def go():
+        async with connect() as c:
+            await c.send(encode_control("rw", 1, ["w"]))
+            await c.send(encode_infer("rw", from_keys=True, image=example.image, prompt=example.prompt))
+            first = [frame(await c.recv())]
+            await c.send(encode_control("rw", 2, ["l"]))
+            for _ in range(2):
+                await c.send(encode_infer("rw", from_keys=True))
+                first.append(frame(await c.recv()))
+            await c.send(encode_rewind("rw", 1))
+            rewound = await c.recv()
+            await c.send(encode_control("rw", 3, ["a"]))
+            await c.send(encode_infer("rw", from_keys=True))
+            again = frame(await c.recv())
+            await c.send(encode_fork("rw", "rw-b", 1))
+            forked = await c.recv()
+            await c.send(encode_control("rw-b", 4, ["d"]))
+            await c.send(encode_infer("rw-b", from_keys=True))
+            branch = frame(await c.recv())
+            await c.reset("rw-b")
+            await c.reset("rw")
+        return first, rewound, again, forked, branch
+
+    first, rewound, again, forked, branch = asyncio.run(go())
+    assert isinstance(rewound, Rewound) and rewound.next_chunk_id == 1, rewound
+    assert isinstance(forked, Forked) and forked.next_chunk_id == 1, forked
+    start = first[0].poses[-1].astype(np.float64)
+    assert not np.allclose(first[2].poses[-1], start, atol=1e-3)  # chunk 2 moved on: the old bug would show
+    assert (again.chunk_id, again.event_id) == (1, 3)
+    np.testing.assert_allclose(again.poses, key_chunk_poses(start, {"a"}, STEPS), atol=1e-6)
+    assert (branch.chunk_id, branch.event_id) == (1, 4)
+    np.testing.assert_allclose(branch.poses, key_chunk_poses(start, {"d"}, STEPS), atol=1e-6)

@@ -16,15 +16,15 @@ from deployments.ingress.lane_jobs import LaneJobs
 from deployments.ingress.stream import Stream
 
 
-async def late_bound_step(jobs: LaneJobs, controls: ControlBook, stream: Stream, y: asyncio.Future,
-                          bound: asyncio.Future[ChunkCameras], dit_started: Callable[[], None]):
+async def late_bound_step(jobs: LaneJobs, controls: ControlBook, stream: Stream, chunk_id: int,
+                          y: asyncio.Future, bound: asyncio.Future[ChunkCameras], dit_started: Callable[[], None]):
     """DiT lane job of a driven chunk: tell the driver the DiT took it, wait for its y, bind its
     camera from the keys held now (recorded in `controls` and set on `bound`), then step."""
     dit_started()
     await asyncio.wait({y})
     if y.cancelled() or y.exception() is not None:
         return await jobs.step(stream, y, None, None)  # re-raises the condition's failure
-    cams = controls.keyed(stream)
-    controls.commit(stream, cams)
+    cams = controls.keyed(stream, chunk_id)
+    controls.commit(stream, cams, chunk_id)
     bound.set_result(cams)
     return await jobs.step(stream, y, cams.poses, cams.intrinsics)
