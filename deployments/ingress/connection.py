@@ -25,9 +25,11 @@ import asyncio
 import time
 import uuid
 from functools import partial
+from collections.abc import Awaitable
 from typing import Any, Optional
 
 from fastapi import WebSocketDisconnect
+from pydantic import BaseModel
 
 from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
@@ -44,6 +46,8 @@ from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.parking import new_token, token_digest
+from deployments.ingress.prefix.reuse import PrefixReuse, scope_of
+from deployments.ingress.prefix.store import PrefixStore
 from deployments.ingress.recovery import Recovery
 from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
@@ -78,10 +82,13 @@ class Connection:
 
     def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
                  handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None,
-                 key_id: Optional[str] = None, client: Optional[str] = None, resumable: bool = False) -> None:
+                 key_id: Optional[str] = None, client: Optional[str] = None, resumable: bool = False,
+                 prefix: Optional[tuple[PrefixStore, str, Any]] = None) -> None:
         """`quota`: the per-API-key quota this connection counts against (None: unlimited);
         `key_id`, `client`: its API key id (auth on) and address, whom a resume must match;
-        `resumable`: its sessions may outlive it (a WebSocket, when the app parks sessions)."""
+        `resumable`: its sessions may outlive it (a WebSocket, when the app parks sessions);
+        `prefix`: the ingress replica's prefix store, the model's fingerprint and the store's
+        metrics (None: no store)."""
         self._ws = ws
         self._b = backends
         self._args = args
@@ -104,6 +111,10 @@ class Connection:
         self._branches = Branches(backends, self._dit_lane, self._vae_lane, self._releases, self._replies, args,
                                   self._log)  # fork, rewind, the forked sessions held (branching.py)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
+        store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
+        self._prefix = PrefixReuse(store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client, self._id),
+                                   backends, self._dit_lane, self._vae_lane, args, handshake, self._log,
+                                   prefix_metrics)  # exact-prefix reuse (prefix/reuse.py)
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
@@ -286,10 +297,29 @@ class Connection:
             self._outbox.reply_now(self._replies.session_limit(stream, 0))
             return
         cams = self._controls.chunk(stream, req)  # explicit, or from the keys held
+        key = self._prefix.key(stream, cams.poses, cams.intrinsics, req.prompt_update)
+        hit = self._prefix.find(stream, key)  # the chunk as stored (prefix/reuse.py), or None
         if self._quota is not None:
             self._quota.take_chunk()
         chunk_id = stream.take_chunk_id()
         self._controls.commit(stream, cams)
+        if hit is not None:
+            reply = self._prefix.serve(stream, key, hit, chunk_id, req, reset, t0)
+        else:
+            self._prefix.computing(stream, key, self._open_replicas)  # materialised first, if need be
+            reply = self._prefix.recorded(stream, chunk_id, self._compute(stream, chunk_id, req, cams, reset, t0))
+        task = asyncio.create_task(self._controls.annotate(reply, cams))
+        stream.chunk_tasks.append(task)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        self._outbox.put(task, stream)
+        if chunk_id == max_chunks - 2:  # one chunk before the limit: a notice after this chunk's reply
+            self._outbox.put(asyncio.ensure_future(self._replies.notice_after(task, stream)))
+        self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
+
+    def _compute(self, stream: Stream, chunk_id: int, req: InferRequest, cams, reset: bool,
+                 t0: float) -> Awaitable[BaseModel]:
+        """Queue the chunk's calls on the lanes; its reply."""
         timings: dict[str, float] = {}
         context = None
         if req.prompt_update is not None and not reset:
@@ -298,15 +328,7 @@ class Connection:
             stream.journal.steer(chunk_id, req.prompt_update)  # a rewind or fork before it knows the prompt
         y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
         step = self._dit_lane.submit(partial(self._jobs.step, stream, y, cams.poses, cams.intrinsics, context))
-        task = asyncio.create_task(self._controls.annotate(
-            self._replies.finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id, reset, t0), cams))
-        stream.chunk_tasks.append(task)
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        self._outbox.put(task, stream)
-        if chunk_id == max_chunks - 2:  # one chunk before the limit: a notice after this chunk's reply
-            self._outbox.put(asyncio.ensure_future(self._replies.notice_after(task, stream)))
-        self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
+        return self._replies.finish_chunk(stream, chunk_id, step, timings, req.client_chunk_id, reset, t0)
 
     def _stream_for(self, req: InferRequest) -> tuple[Stream, bool]:
         """The stream this infer continues, or a new one; True when a change reset the session.
@@ -363,11 +385,21 @@ class Connection:
             stream.replay = self._resume.replay_ring(spec.raw_frames)
         self._releases.adopt(stream, replacing=self._stream)
         self._stream = stream
+        stream.prefix = self._prefix.attach(spec, req)
+        if stream.prefix is None:
+            self._open_replicas(stream)
+        else:  # opened (or restored) when its first chunk that is not stored comes (prefix/reuse.py)
+            stream.materialised = False
+        h, w = spec.resolution
+        self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
+                                                  "resolution": f"{h}x{w}"})
+        return stream
+
+    def _open_replicas(self, stream: Stream) -> None:
+        """Open a new session on the VAE and the DiT (admission, prompt, image)."""
+        spec, image = stream.spec, stream.image
         h, w = spec.resolution
         key = stream.vae_key
         stream.vae_open = self._vae_lane.submit(
             lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w, spec.raw_frames))
         stream.dit_open = self._dit_lane.submit(partial(self._jobs.open_dit, stream))
-        self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
-                                                  "resolution": f"{h}x{w}"})
-        return stream
