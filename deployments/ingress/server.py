@@ -221,6 +221,10 @@ class WorldIngress:
                 "releasing": detached_running(),  # connection teardowns (and closes) still running
                 "probe_s": probe,
             })
+            if self._prefix is not None:  # this ingress replica's store (deployments/ingress/prefix/)
+                store = self._prefix[0]
+                body["prefix_cache"] = {"bytes": store.nbytes, "max_bytes": store.max_bytes, "entries": len(store),
+                                        "evictions": store.evictions}
         return JSONResponse(body)
 
     @app.get("/openapi.json", include_in_schema=False)

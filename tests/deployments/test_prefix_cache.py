@@ -1,0 +1,144 @@
+"""Exact-prefix reuse through the serving graph (issue 33 part 1), on the app with the prefix
+store on (conftest `prefix_server`: API keys, scope principal, PREFIX_MAX_MIB): a session whose
+inputs repeat a stored prefix gets the stored replies byte for byte (`cached: true`) without
+any replica holding it; one that leaves the prefix at chunk k continues byte for byte like a
+session that never used the store; `prefix_cache: false` neither reads nor writes; one API key
+never sees another's entries; the store stays within its byte budget."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from protocol import encode_infer
+from protocol.messages import FrameReply
+
+KEY, OTHER_KEY = "key-prefix", "key-prefix-2"  # conftest's API keys
+OTHER = 2  # chunk 1 "takes another path": the poses of chunk 2 instead of its own
+
+
+def headers(key: str = KEY) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+class Run:
+    """Sessions on `app`, each on a new socket (`connect_url`: conftest)."""
+
+    def __init__(self, app, connect_url, traj) -> None:
+        self.app, self.connect_url, self.traj = app, connect_url, traj
+        self.ttfc = 0.0  # of the last session: seconds from its first send to its first reply
+        self.held: dict | None = None  # of the last session served wholly from the store: replicas' sessions then
+
+    def __call__(self, sid: str, poses: list[int], key: str = KEY, seed: int = 1, **first) -> list[FrameReply]:
+        return asyncio.run(self._session(sid, poses, key, seed, **first))
+
+    async def _session(self, sid: str, poses: list[int], key: str, seed: int, **first) -> list[FrameReply]:
+        """Chunk k with the poses of chunk poses[k], one at a time; its replies (reset after)."""
+        app, traj = self.app, self.traj
+        async with self.connect_url(app.ws, headers(key)) as c:
+            replies = []
+            t0 = time.perf_counter()
+            for k, p in enumerate(poses):
+                options = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
+                           "translation_scale": traj.scale, "seed": seed, **first} if k == 0 else {}
+                await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
+                reply = await c.recv()
+                assert isinstance(reply, FrameReply) and reply.chunk_id == k and reply.client_chunk_id == k, reply
+                replies.append(reply)
+                if k == 0:
+                    self.ttfc = time.perf_counter() - t0
+            self.held = app.held() if all(r.cached for r in replies) else None  # before the reset
+            await c.reset(sid)
+        return replies
+
+
+def store_stats(app) -> dict:
+    return httpx.get(f"{app.http}/healthz", headers=headers(), timeout=10).json()["prefix_cache"]
+
+
+@pytest.fixture
+def run(prefix_server, connect_url, example) -> Run:
+    prefix_server.wait_held(0)
+    yield Run(prefix_server, connect_url, example)
+    prefix_server.wait_held(0)
+
+
+def test_the_same_inputs_again_are_served_from_the_store_byte_for_byte(run):
+    """A second session (another socket, another id) with the same inputs: the same replies'
+    videos, `cached: true`, no replica holds it, its first chunk far sooner."""
+    cold = run("cold", [0, 1, 2], seed=101)
+    cold_ttfc = run.ttfc
+    run.app.wait_held(0)
+    hit = run("hit", [0, 1, 2], seed=101)
+    assert [r.cached for r in cold] == [False] * 3 and [r.cached for r in hit] == [True] * 3
+    assert [r.video for r in hit] == [r.video for r in cold]
+    assert [(r.num_frames, r.mime_type, r.resolution) for r in hit] == [(r.num_frames, r.mime_type, r.resolution)
+                                                                        for r in cold]
+    assert all(r.session_id == "hit" for r in hit)
+    assert run.held == {"vae": 0, "dit": 0}  # neither the VAE nor the DiT ever held it
+    assert all(r.stage_durations["dit"] == 0 and r.stage_durations["vae_decode"] == 0 for r in hit)
+    ratio = run.ttfc / cold_ttfc
+    print(f"TTFC cold {cold_ttfc:.3f} s, from the store {run.ttfc:.3f} s (ratio {ratio:.3f}; issue 33: <= 0.2)")
+    assert ratio <= 0.5  # loosely here (a loaded 2-core machine); benchmarks/branch_bench.py measures it
+
+
+def test_a_session_that_leaves_the_prefix_continues_like_one_without_the_store(run):
+    """Stored: chunks 0, 1, 2. Sessions that take another path at chunk 1 and at chunk 2 get the
+    stored chunks before (cached) and then exactly the videos of sessions run with
+    `prefix_cache: false` (materialised by the journal's replay on the replicas)."""
+    stored = run("stored", [0, 1, 2], seed=102)
+    at_1 = run("at1", [0, OTHER, 2], seed=102)
+    at_2 = run("at2", [0, 1, 0], seed=102)
+    ref_1 = run("ref1", [0, OTHER, 2], seed=102, prefix_cache=False)
+    ref_2 = run("ref2", [0, 1, 0], seed=102, prefix_cache=False)
+    assert [r.cached for r in at_1] == [True, False, False] and [r.cached for r in at_2] == [True, True, False]
+    assert not any(r.cached for r in ref_1 + ref_2)
+    assert [r.video for r in at_1] == [r.video for r in ref_1]
+    assert [r.video for r in at_2] == [r.video for r in ref_2]
+    assert at_1[1].video != stored[1].video  # another path: other frames
+    assert at_1[1].stage_durations["dit"] > 0
+    # What the diverging sessions computed was stored in turn: their paths are served now.
+    again = run("again", [0, OTHER, 2], seed=102)
+    assert [r.cached for r in again] == [True] * 3 and [r.video for r in again] == [r.video for r in ref_1]
+
+
+def test_prefix_cache_false_neither_reads_nor_writes(run):
+    off = run("off", [0, 1], seed=103, prefix_cache=False)
+    on = run("on", [0, 1], seed=103)  # nothing was written
+    off_again = run("off2", [0, 1], seed=103, prefix_cache=False)
+    on_again = run("on2", [0, 1], seed=103)
+    assert not any(r.cached for r in off + on + off_again)  # off: not read either
+    assert all(r.cached for r in on_again)
+    assert [r.video for r in on] == [r.video for r in off] == [r.video for r in off_again] == [
+        r.video for r in on_again]
+
+
+def test_one_api_key_never_sees_another_keys_entries(run):
+    mine = run("mine", [0, 1], seed=104)
+    theirs = run("theirs", [0, 1], key=OTHER_KEY, seed=104)
+    mine_again = run("mine2", [0, 1], seed=104)
+    assert not any(r.cached for r in mine + theirs) and all(r.cached for r in mine_again)
+    assert [r.video for r in theirs] == [r.video for r in mine]
+
+
+def test_the_store_stays_within_its_byte_budget_and_evicts_the_least_recently_used(run):
+    """Sessions of new seeds until the store evicted the first one's chunks: it never holds
+    more than max_mib; the most recent is still served, the first is computed again."""
+    first = run("first", [0, 1, 2], seed=200)
+    stats = store_stats(run.app)
+    assert 0 < stats["bytes"] <= stats["max_bytes"]
+    # Every node held now is older than what the next sessions store: once that many were
+    # evicted, "first" is gone (least recently used first).
+    goal, seed = stats["evictions"] + stats["entries"], 201
+    while store_stats(run.app)["evictions"] < goal:
+        assert seed < 300, f"not evicted after {seed - 200} sessions: {store_stats(run.app)}"
+        run(f"fill{seed}", [0, 1, 2], seed=seed)
+        assert store_stats(run.app)["bytes"] <= stats["max_bytes"]
+        seed += 1
+    latest = run("latest", [0, 1, 2], seed=seed - 1)
+    again = run("again", [0, 1, 2], seed=200)
+    assert all(r.cached for r in latest)  # the most recent one is still there
+    assert not any(r.cached for r in again) and [r.video for r in again] == [r.video for r in first]
+    print(f"store after {seed - 200} sessions: {store_stats(run.app)}")
