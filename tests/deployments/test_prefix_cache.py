@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from protocol import encode_infer
-from protocol.messages import FrameReply
+from protocol import encode_fork, encode_infer, encode_rewind
+from protocol.messages import Forked, FrameReply, Rewound
 
 KEY, OTHER_KEY = "key-prefix", "key-prefix-2"  # conftest's API keys
 OTHER = 2  # chunk 1 "takes another path": the poses of chunk 2 instead of its own
@@ -31,11 +31,14 @@ class Run:
         self.ttfc = 0.0  # of the last session: seconds from its first send to its first reply
         self.held: dict | None = None  # of the last session served wholly from the store: replicas' sessions then
 
-    def __call__(self, sid: str, poses: list[int], key: str = KEY, seed: int = 1, **first) -> list[FrameReply]:
-        return asyncio.run(self._session(sid, poses, key, seed, **first))
+    def __call__(self, sid: str, poses: list[int], key: str = KEY, seed: int = 1, updates: dict[int, str] = {},
+                 **first) -> list[FrameReply]:
+        return asyncio.run(self._session(sid, poses, key, seed, updates, **first))
 
-    async def _session(self, sid: str, poses: list[int], key: str, seed: int, **first) -> list[FrameReply]:
-        """Chunk k with the poses of chunk poses[k], one at a time; its replies (reset after)."""
+    async def _session(self, sid: str, poses: list[int], key: str, seed: int, updates: dict[int, str],
+                       **first) -> list[FrameReply]:
+        """Chunk k with the poses of chunk poses[k] (and the prompt update `updates[k]`), one at
+        a time; its replies (reset after)."""
         app, traj = self.app, self.traj
         async with self.connect_url(app.ws, headers(key)) as c:
             replies = []
@@ -43,6 +46,8 @@ class Run:
             for k, p in enumerate(poses):
                 options = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
                            "translation_scale": traj.scale, "seed": seed, **first} if k == 0 else {}
+                if k in updates:
+                    options["prompt_update"] = updates[k]
                 await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
                 reply = await c.recv()
                 assert isinstance(reply, FrameReply) and reply.chunk_id == k and reply.client_chunk_id == k, reply
@@ -102,6 +107,60 @@ def test_a_session_that_leaves_the_prefix_continues_like_one_without_the_store(r
     # What the diverging sessions computed was stored in turn: their paths are served now.
     again = run("again", [0, OTHER, 2], seed=102)
     assert [r.cached for r in again] == [True] * 3 and [r.video for r in again] == [r.video for r in ref_1]
+
+
+def test_prompt_updates_are_part_of_the_path(run):
+    """A prompt update is a chunk's input: the same one is served, another one leaves the
+    prefix there and continues like a session without the store (its text context replayed)."""
+    snow = {1: "the same street under heavy snow"}
+    stored = run("stored", [0, 1, 2], seed=106, updates=snow)
+    again = run("again", [0, 1, 2], seed=106, updates=snow)
+    rain = run("rain", [0, 1, 2], seed=106, updates={1: "the same street in the rain"})
+    rain_ref = run("rainref", [0, 1, 2], seed=106, updates={1: "the same street in the rain"}, prefix_cache=False)
+    plain = run("plain", [0, 1, 2], seed=106)
+    assert [r.cached for r in again] == [True] * 3 and [r.video for r in again] == [r.video for r in stored]
+    assert [r.cached for r in rain] == [True, False, False] and [r.cached for r in plain] == [True, False, False]
+    assert [r.video for r in rain] == [r.video for r in rain_ref]
+    assert plain[1].video != stored[1].video  # no update: another chunk 1
+
+
+def test_a_session_served_from_the_store_rewinds_and_forks_like_any(run):
+    """Sessions served wholly from the store so far (no replica holds them) taken back to chunk
+    1, or forked at chunk 2: the journal's replay rebuilds them, the chunks after are those of
+    sessions that never used the store."""
+    run("stored", [0, 1, 2], seed=107)
+    ref_rewind = run("ref1", [0, OTHER, 2], seed=107, prefix_cache=False)
+    ref_fork = run("ref2", [0, 1, 0], seed=107, prefix_cache=False)
+    traj = run.traj
+    first = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
+             "translation_scale": traj.scale, "seed": 107}
+
+    async def chunk(c, sid: str, k: int, p: int, **options) -> FrameReply:
+        await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
+        reply = await c.recv()
+        assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
+        return reply
+
+    async def go():
+        async with run.connect_url(run.app.ws, headers()) as c:
+            served = [await chunk(c, "h", 0, 0, **first), await chunk(c, "h", 1, 1)]
+            await c.send(encode_rewind("h", 1))
+            rewound = await c.recv()
+            after_rewind = [await chunk(c, "h", 1, OTHER), await chunk(c, "h", 2, 2)]
+            served += [await chunk(c, "g", 0, 0, **first), await chunk(c, "g", 1, 1), await chunk(c, "g", 2, 2)]
+            await c.send(encode_fork("g", "f", 2))
+            forked = await c.recv()
+            after_fork = await chunk(c, "f", 2, 0)
+            for sid in ("h", "g", "f"):
+                await c.reset(sid)
+            return served, rewound, after_rewind, forked, after_fork
+
+    served, rewound, after_rewind, forked, after_fork = asyncio.run(go())
+    assert all(r.cached for r in served)
+    assert isinstance(rewound, Rewound) and rewound.next_chunk_id == 1, rewound
+    assert isinstance(forked, Forked) and forked.next_chunk_id == 2, forked
+    assert [r.video for r in after_rewind] == [r.video for r in ref_rewind[1:]]
+    assert after_fork.video == ref_fork[2].video
 
 
 def test_prefix_cache_false_neither_reads_nor_writes(run):
