@@ -400,8 +400,9 @@ class FrameReply(_Message):
         None, description="on a session's first frame reply (chunk 0), where the server keeps sessions across "
                           "connections: send it with `session_id` on a new connection to continue the session "
                           "(`resume`, or an infer with it). Keep it secret: it is the session's key")
-    cached: bool = Field(False, description="true when the chunk was served from the server's prefix store: an "
-                                            "earlier session with the same inputs made it (the same video bytes)")
+    cached: Optional[bool] = Field(None, description="true when the chunk was served from the server's prefix "
+                                                     "store: an earlier session with the same inputs made it (the "
+                                                     "same video bytes); absent on a chunk computed for this session")
 
 
     @field_validator("poses", mode="before")

@@ -13,8 +13,8 @@ from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, model_finge
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
 from deployments.wire import NoiseSnapshot, PastChunk, SessionOptions
 
-SPEC = SessionOptions(session_id="a", prompt="a street", image_digest="d" * 64, resolution=(32, 48), seed=42,
-                      total_latent_frames=9, translation_scale=None, intrinsics_resolution=(480, 832))
+SPEC = SessionOptions(session_id="a", prompt="a street", image_digest="d" * 64, resolution=(32, 48),
+                      seed=42, total_latent_frames=9, translation_scale=None, intrinsics_resolution=(480, 832))
 CONTEXT = np.zeros((4, 8), np.float32)  # 128 bytes
 
 
@@ -22,7 +22,8 @@ def stored(tag: int, video_bytes: int = 1000) -> StoredChunk:
     """A chunk whose arrays hold `tag` (journal part: poses 256 + intrinsics 192 + y 128 + latents 128 + noise 16 = 720 bytes)."""
     past = PastChunk(np.full((4, 4, 4), tag, np.float32), np.full((12, 4), tag, np.float32),
                      np.full((2, 4, 4), tag, np.float32), np.full((2, 4, 4), tag, np.float32))
-    return StoredChunk(bytes([tag % 256]) * video_bytes, 12, "video/mp4", past, NoiseSnapshot(np.zeros(16, np.uint8), False))
+    noise = NoiseSnapshot(np.zeros(16, np.uint8), False)
+    return StoredChunk(bytes([tag % 256]) * video_bytes, 12, "video/mp4", past, noise)
 
 
 def poses(shift: float) -> np.ndarray:
