@@ -9,7 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import AppArgs
+from deployments.ingress.guards.connection_caps import UNKNOWN_CLIENT
 from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, model_fingerprint, namespace
+from deployments.ingress.prefix.reuse import scope_of
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
 from deployments.wire import NoiseSnapshot, PastChunk, SessionOptions
 
@@ -114,6 +116,15 @@ def test_the_cursor_truncated_computes_from_then_on():
     c = PrefixCursor("ns", ["a", "b", "c"])
     t = c.truncated(1)
     assert (t.namespace, t.keys, t.serving) == ("ns", ["a"], False) and c.keys == ["a", "b", "c"]
+
+
+def test_the_scope_is_the_api_key_else_the_address_else_the_connection():
+    assert scope_of("principal", "k1", "10.0.0.1", "c1") == "key:k1" != scope_of("principal", "k2", "10.0.0.1", "c1")
+    assert scope_of("principal", None, "10.0.0.1", "c1") == scope_of("principal", None, "10.0.0.1", "c2")
+    assert scope_of("principal", None, "10.0.0.1", "c1") != scope_of("principal", None, "10.0.0.2", "c1")
+    for unknown in (None, "", UNKNOWN_CLIENT):  # no address: shared with no other connection
+        assert scope_of("principal", None, unknown, "c1") != scope_of("principal", None, unknown, "c2")
+    assert scope_of("global", "k1", "10.0.0.1", "c1") == scope_of("global", None, None, "c2") == "global"
 
 
 def test_prefix_cache_config():

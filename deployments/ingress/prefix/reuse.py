@@ -26,6 +26,7 @@ from typing import Optional
 from pydantic import BaseModel
 
 from deployments.config import AppArgs
+from deployments.ingress.guards.connection_caps import UNKNOWN_CLIENT
 from deployments.ingress.lane_jobs import Backends, _admission
 from deployments.ingress.lanes import Lane
 from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, namespace
@@ -183,9 +184,9 @@ async def _ready(reply: BaseModel) -> BaseModel:
 
 def scope_of(scope: str, key_id: Optional[str], client: Optional[str], connection_id: str) -> str:
     """Whose entries a connection shares: everyone's ("global"), else its API key's, else its
-    client address's (anonymous clients at one address share; none: this connection only)."""
+    client address's (anonymous clients at one address share; none known: this connection only)."""
     if scope == "global":
         return "global"
     if key_id is not None:
         return f"key:{key_id}"
-    return f"addr:{client}" if client else f"conn:{connection_id}"
+    return f"addr:{client}" if client and client != UNKNOWN_CLIENT else f"conn:{connection_id}"
