@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from protocol import encode_fork, encode_infer, encode_rewind
+from protocol import encode_control, encode_fork, encode_infer, encode_rewind
 from protocol.messages import Forked, FrameReply, Rewound
 
 KEY, OTHER_KEY = "key-prefix", "key-prefix-2"  # conftest's API keys
@@ -166,6 +166,34 @@ def test_a_session_served_from_the_store_rewinds_and_forks_like_any(run):
     assert isinstance(forked, Forked) and forked.next_chunk_id == 2, forked
     assert [r.video for r in after_rewind] == [r.video for r in ref_rewind[1:]]
     assert after_fork.video == ref_fork[2].video
+
+
+def test_key_driven_chunks_are_keyed_by_the_poses_the_keys_gave(run):
+    """Chunks moved by the keys held (`from_keys`): the same keys again are served from the
+    store (the frame's `poses` and `event_id` as a computed one's); other keys leave the prefix."""
+    traj = run.traj
+    first = {"image": traj.image, "prompt": traj.prompt, "seed": 108}
+
+    async def keyed(sid: str, keys: list[list[str]]) -> list[FrameReply]:
+        async with run.connect_url(run.app.ws, headers()) as c:
+            replies = []
+            for k, held in enumerate(keys):
+                await c.send(encode_control(sid, k, held))
+                await c.send(encode_infer(sid, from_keys=True, client_chunk_id=k, **(first if k == 0 else {})))
+                reply = await c.recv()
+                assert isinstance(reply, FrameReply) and reply.chunk_id == k and reply.event_id == k, reply
+                replies.append(reply)
+            await c.reset(sid)
+            return replies
+
+    a = asyncio.run(keyed("a", [["w"], ["w", "j"]]))
+    b = asyncio.run(keyed("b", [["w"], ["w", "j"]]))
+    c = asyncio.run(keyed("c", [["w"], ["s"]]))
+    c_again = asyncio.run(keyed("c2", [["w"], ["s"]]))  # what c computed was stored
+    assert cached(a) == [False, False] and cached(b) == [True, True] and cached(c) == [True, False]
+    assert cached(c_again) == [True, True] and c_again[1].video == c[1].video
+    assert [r.video for r in b] == [r.video for r in a] and c[1].video != a[1].video
+    assert all((x.poses == y.poses).all() for x, y in zip(a, b))
 
 
 def test_prefix_cache_false_neither_reads_nor_writes(run):
