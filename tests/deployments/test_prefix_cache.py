@@ -234,3 +234,55 @@ def test_the_store_stays_within_its_byte_budget_and_evicts_the_least_recently_us
     assert all(cached(latest))  # the most recent one is still there
     assert not any(cached(again)) and [r.video for r in again] == [r.video for r in first]
     print(f"store after {seed - 200} sessions: {store_stats(run.app)}")
+
+
+RESUME_APP = "prefixresume"
+
+
+@pytest.fixture(scope="module")
+def anonymous_resume_app(extra_app):
+    """The store without API keys (scope: the client's address) and sessions resumable for 4 s."""
+    app, _ = extra_app(RESUME_APP, sessions={"resume_grace_s": 4.0}, dit={"num_replicas": 1},
+                       prefix_cache={"max_mib": 1})
+    yield app
+    from ray import serve
+
+    serve.delete(RESUME_APP)
+
+
+def test_anonymous_clients_share_by_address_and_a_served_session_resumes(anonymous_resume_app, connect_url,
+                                                                          example):
+    """Without auth one address's sessions share the store. A session served from it (no
+    replica holds it) whose socket dropped resumes on a new socket with its token: its next
+    chunk, off the stored path, is rebuilt from its journal and equals a session's without the
+    store."""
+    app = anonymous_resume_app
+    first = {"image": example.image, "prompt": example.prompt, "num_frames": example.num_frames,
+             "translation_scale": example.scale, "seed": 109}
+
+    async def chunk(c, sid: str, k: int, p: int, **options) -> FrameReply:
+        await c.send(encode_infer(sid, *example.chunk(p), client_chunk_id=k, **options))
+        reply = await c.recv()
+        assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
+        return reply
+
+    async def go():
+        async with connect_url(app.ws) as c:
+            stored = [await chunk(c, "a", 0, 0, **first), await chunk(c, "a", 1, 1)]
+            await c.reset("a")
+            ref = [await chunk(c, "ref", 0, 0, prefix_cache=False, **first), await chunk(c, "ref", 1, OTHER)]
+            await c.reset("ref")
+        async with connect_url(app.ws) as c:
+            served = await chunk(c, "b", 0, 0, **first)
+        async with connect_url(app.ws) as c:
+            resumed = await chunk(c, "b", 1, OTHER, resume_token=served.resume_token, resume_from=1)
+            await c.reset("b")
+        return stored, ref, served, resumed
+
+    app.wait_held(0)
+    stored, ref, served, resumed = asyncio.run(go())
+    assert cached(stored) == [False, False] and cached(ref) == [False, False]
+    assert served.cached is True and served.video == stored[0].video and served.resume_token
+    assert resumed.cached is not True and resumed.video == ref[1].video
+    assert resumed.debug["recoveries"] >= 1  # rebuilt from the journal (no replica had held it)
+    app.wait_held(0)
