@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from functools import partial
 from collections.abc import Awaitable
+from functools import partial
 from typing import Any, Optional
 
 from fastapi import WebSocketDisconnect
@@ -35,7 +35,7 @@ from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.ingress.branching import Branches
-from deployments.ingress.controls import ControlBook
+from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
@@ -317,7 +317,7 @@ class Connection:
             self._outbox.put(asyncio.ensure_future(self._replies.notice_after(task, stream)))
         self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
 
-    def _compute(self, stream: Stream, chunk_id: int, req: InferRequest, cams, reset: bool,
+    def _compute(self, stream: Stream, chunk_id: int, req: InferRequest, cams: ChunkCameras, reset: bool,
                  t0: float) -> Awaitable[BaseModel]:
         """Queue the chunk's calls on the lanes; its reply."""
         timings: dict[str, float] = {}
