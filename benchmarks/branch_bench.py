@@ -8,7 +8,8 @@ the continuation the fork and the rewind send):
 1. **cold**: session A streams --chunks chunks (--pipeline in flight). TTFC, DiT step per chunk.
 2. **hit**: session B on a second socket sends A's inputs (same image, prompt, seed, poses):
    TTFC, how many replies say `cached`, and whether each chunk's video bytes equal A's. Without
-   a prefix store (or with it off) this is a second cold session.
+   a prefix store (or with it off) this is a second cold session. (The prompt carries a tag of
+   the run: A is never served from the store by an earlier run.)
 3. **fork**: A is forked at its last chunk into F (`fork` -> `forked`), then F's next chunk:
    time to `forked` and from the fork request to F's first frame, against A's mean DiT step
    (issue 33: within one DiT step + 0.3 s).
@@ -24,6 +25,7 @@ import asyncio
 import json
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,9 +41,11 @@ from protocol.messages import ErrorReply, Forked, FrameReply, Rewound
 SEED = 7
 
 
-def _messages(args: argparse.Namespace, session_id: str) -> list[bytes]:
+def _messages(args: argparse.Namespace, session_id: str, run_tag: str) -> list[bytes]:
+    """The session's infers; `run_tag` in the prompt: a run's cold session is never served from
+    the server's prefix store by an earlier run (its second session is, by this run's first)."""
     frames = 12 * (args.chunks + 1) - 3
-    traj = synthetic_trajectory("dolly", frames, prompt=f"{DEFAULT_PROMPT} (branch bench)")
+    traj = synthetic_trajectory("dolly", frames, prompt=f"{DEFAULT_PROMPT} (branch bench {run_tag})")
     return traj.messages(plan_session(traj, frames), session_id, seed=SEED, size=args.size, open_ended=True)
 
 
@@ -82,7 +86,8 @@ async def _answer(client: WorldClient, kind: type, timeout_s: float) -> Any:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     n, t = args.chunks, args.reply_timeout_s
     out: dict[str, Any] = {"chunks": n, "pipeline": args.pipeline, "size": args.size}
-    msgs_a, msgs_b, msgs_f = _messages(args, "bb-a"), _messages(args, "bb-b"), _messages(args, "bb-f")
+    tag = uuid.uuid4().hex[:8]
+    msgs_a, msgs_b, msgs_f = (_messages(args, sid, tag) for sid in ("bb-a", "bb-b", "bb-f"))
     async with await WorldClient.connect(args.url, api_key=args.api_key) as a:
         out["model"] = a.config.model
         started = time.perf_counter()

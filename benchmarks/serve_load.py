@@ -43,7 +43,7 @@ import numpy as np
 
 from benchmarks import drive_load
 from client.errors import ServerError
-from client.session import WorldClient, camera_url
+from client.session import CAMERA_PATH, WorldClient, camera_url
 from client.streaming import stream_session
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import plan_session
@@ -85,8 +85,12 @@ class SessionRecord:
 
 
 def http_base(url: str) -> str:
+    """The HTTP root of the app whose camera route is `url` (its route prefix kept: `/v1/models`
+    of an app served at /prefix is /prefix/v1/models)."""
     parts = urlsplit(camera_url(url))
-    return urlunsplit(("https" if parts.scheme == "wss" else "http", parts.netloc, "", "", ""))
+    path = parts.path.rstrip("/")
+    prefix = path[: -len(CAMERA_PATH)] if path.endswith(CAMERA_PATH) else ""
+    return urlunsplit(("https" if parts.scheme == "wss" else "http", parts.netloc, prefix, "", ""))
 
 
 def get_json(url: str, api_key: Optional[str] = None, timeout_s: float = 30.0) -> Any:

@@ -311,6 +311,33 @@ class ControlArgs(_Strict):
     max_unacked_chunks: int = Field(2, ge=1, le=64)  # a driven session (`drive`) runs this far ahead of its `ack`s
 
 
+class PrefixCacheArgs(_Strict):
+    """Exact-prefix reuse (deployments/ingress/prefix/): finished chunks kept per ingress replica,
+    served again, byte for byte, to a session whose inputs repeat a stored prefix."""
+
+    # Bytes of stored chunks (video, latents, y, camera, noise state) per ingress replica, least
+    # recently used evicted first; 0 turns the store off.
+    max_mib: float = Field(0.0, ge=0)
+    # Snapshots of a session's replica state (KV and VAE caches) are not implemented: a session
+    # served from the store gets its state by the journal's replay. Only 0 is accepted.
+    snapshot_mib: float = Field(0.0, ge=0)
+    # Who may reuse whose chunks: `principal` (an API key, or without auth a client address)
+    # or `global` (everyone: a hit can then be timed across clients).
+    scope: Literal["principal", "global"] = "principal"
+
+    @field_validator("snapshot_mib")
+    @classmethod
+    def _no_snapshots(cls, v: float) -> float:
+        if v:
+            raise ValueError("prefix_cache.snapshot_mib: KV snapshots are not implemented; a session served from "
+                             "the store gets its state by the journal's replay (sessions.recovery). Set it to 0")
+        return v
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_mib > 0
+
+
 class AppArgs(_Strict):
     """Arguments of `deployments.app:build_app` (the `args:` block of serve_config.yaml)."""
 
@@ -324,6 +351,7 @@ class AppArgs(_Strict):
     connection: ConnectionArgs = ConnectionArgs()
     videos: VideoArgs = VideoArgs()
     controls: ControlArgs = ControlArgs()
+    prefix_cache: PrefixCacheArgs = PrefixCacheArgs()
     # The largest client frame. Ray 2.60's HTTP proxy closes a socket on a frame above 16 MiB
     # (1009) as soon as it reads the frame's header; a larger value could never be reached. The
     # default stays below it so that an oversized frame up to 16 MiB gets the typed `too_large`.
@@ -354,6 +382,13 @@ class AppArgs(_Strict):
         if burst is not None and burst < self.max_message_bytes:
             raise ValueError(f"connection.bytes_burst ({burst}) must be at least max_message_bytes "
                              f"({self.max_message_bytes}), or no frame of the largest size could be sent")
+        return self
+
+    @model_validator(mode="after")
+    def _prefix_cache_needs_journals(self) -> "AppArgs":
+        if self.prefix_cache.enabled and not self.sessions.recovery:
+            raise ValueError("prefix_cache needs sessions.recovery: a session served from the store is "
+                             "rebuilt on the replicas from its journal when its inputs leave the stored prefix")
         return self
 
     @model_validator(mode="after")

@@ -62,6 +62,33 @@ class IngressMetrics:
         self.recoveries.inc(tags={"component": component, "outcome": "rebuilt" if rebuilt else "lost"})
 
 
+class PrefixMetrics:
+    """The prefix store of one ingress replica (deployments/ingress/prefix/)."""
+
+    def __init__(self) -> None:
+        self.hits = Counter("lwf_prefix_cache_hits", description="Chunks served from the prefix store.")
+        self.misses = Counter(
+            "lwf_prefix_cache_misses",
+            description="Chunks of sessions that use the prefix store which the model computed (not stored).",
+        )
+        self.evictions = Counter("lwf_prefix_cache_evictions", description="Stored chunks evicted (LRU, by bytes).")
+        self.bytes = Gauge("lwf_prefix_cache_bytes", description="Bytes the prefix store holds.")
+        self.entries = Gauge("lwf_prefix_cache_entries", description="Nodes the prefix store holds (chunks and roots).")
+
+    def count_hit(self) -> None:
+        self.hits.inc()
+
+    def count_miss(self) -> None:
+        self.misses.inc()
+
+    def count_eviction(self) -> None:
+        self.evictions.inc()
+
+    def held(self, nbytes: int, entries: int) -> None:
+        self.bytes.set(nbytes)
+        self.entries.set(entries)
+
+
 class SessionMetrics:
     """Sessions held by one DiT or VAE replica (the `deployment` tag tells which)."""
 

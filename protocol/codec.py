@@ -186,7 +186,8 @@ def encode_infer(session_id: str, poses: Optional[np.ndarray] = None, intrinsics
                  intrinsics_resolution: Optional[tuple[int, int]] = None, num_frames: Optional[int] = None,
                  translation_scale: Optional[float] = None, client_chunk_id: Optional[int] = None,
                  prompt_update: Optional[str] = None, resume_token: Optional[str] = None,
-                 resume_from: Optional[int] = None, limits: Limits = DEFAULT_LIMITS) -> bytes:
+                 resume_from: Optional[int] = None, prefix_cache: Optional[bool] = None,
+                 limits: Limits = DEFAULT_LIMITS) -> bytes:
     """Client side: validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32), or
     with `from_keys` and no poses one whose camera the keys held move (`encode_control`).
 
@@ -197,7 +198,7 @@ def encode_infer(session_id: str, poses: Optional[np.ndarray] = None, intrinsics
         "session_id": session_id, "from_keys": from_keys or None,
         "cameras": None if poses is None and intrinsics is None else {"poses": poses, "intrinsics": intrinsics},
         "image": image, "prompt": prompt, "prompt_update": prompt_update, "size": size, "resume_token": resume_token,
-        "resume_from": None if resume_from is None else int(resume_from),
+        "resume_from": None if resume_from is None else int(resume_from), "prefix_cache": prefix_cache,
         "intrinsics_resolution": intrinsics_resolution, "translation_scale": None if translation_scale is None else float(translation_scale),
         **{k: None if v is None else int(v) for k, v in scalars.items()},
     }

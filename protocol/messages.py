@@ -254,6 +254,9 @@ class InferRequest(_Opening):
     resume_token: Optional[ResumeToken] = Field(None, description=_RESUME_TOKEN_DOC + "; this infer's chunk "
                                                 "follows the chunks the server had accepted")
     resume_from: Optional[ResumeFrom] = Field(None, description=_RESUME_FROM_DOC)
+    prefix_cache: Optional[Annotated[bool, Strict()]] = Field(
+        None, description="on a session's first infer: false keeps the session out of the server's prefix store "
+                          "(its chunks are neither served from it nor written to it); ignored on later infers")
 
     @field_validator("prompt_update")
     @classmethod
@@ -434,6 +437,9 @@ class FrameReply(_Message):
         None, description="on a session's first frame reply (chunk 0), where the server keeps sessions across "
                           "connections: send it with `session_id` on a new connection to continue the session "
                           "(`resume`, or an infer with it). Keep it secret: it is the session's key")
+    cached: Optional[bool] = Field(None, description="true when the chunk was served from the server's prefix "
+                                                     "store: an earlier session with the same inputs made it (the "
+                                                     "same video bytes); absent on a chunk computed for this session")
 
 
     @field_validator("poses", mode="before")

@@ -90,6 +90,7 @@ class Branches:
         stream = Stream(dataclasses.replace(source.spec, session_id=new), journal, source.image)
         stream.next_chunk = stream.sent_chunks = k
         stream.prompt = journal.prompt_after(k, source.spec.prompt)
+        stream.prefix = None if source.prefix is None else source.prefix.truncated(k)  # writes its chunks
         stream.text_encode_s = 0.0
         self._releases.adopt(stream, replacing=None)  # the key's session quota: Busy, nothing changed
         self._held[new] = stream
@@ -139,6 +140,9 @@ class Branches:
         """The stream becomes its state after chunk k - 1: old incarnation closed, rebuilt under new keys."""
         j = stream.journal
         j.truncate(k)
+        if stream.prefix is not None:
+            stream.prefix = stream.prefix.truncated(k)
+        stream.materialised = True  # restored below, also one the prefix store served so far
         stream.next_chunk = k
         stream.sent_chunks = min(stream.sent_chunks, k)
         stream.prompt = j.prompt_after(k, stream.spec.prompt)

@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Optional
 
 from fastapi import WebSocketDisconnect
+from pydantic import BaseModel
 
 from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
@@ -47,6 +48,8 @@ from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.parking import new_token, token_digest
+from deployments.ingress.prefix.reuse import PrefixReuse, scope_of
+from deployments.ingress.prefix.store import PrefixStore, StoredChunk
 from deployments.ingress.recovery import Recovery
 from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
@@ -85,10 +88,13 @@ class Connection:
 
     def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
                  handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None,
-                 key_id: Optional[str] = None, client: Optional[str] = None, resumable: bool = False) -> None:
+                 key_id: Optional[str] = None, client: Optional[str] = None, resumable: bool = False,
+                 prefix: Optional[tuple[PrefixStore, str, Any]] = None) -> None:
         """`quota`: the per-API-key quota this connection counts against (None: unlimited);
         `key_id`, `client`: its API key id (auth on) and address, whom a resume must match;
-        `resumable`: its sessions may outlive it (a WebSocket, when the app parks sessions)."""
+        `resumable`: its sessions may outlive it (a WebSocket, when the app parks sessions);
+        `prefix`: the ingress replica's prefix store, the model's fingerprint and the store's
+        metrics (None: no store)."""
         self._ws = ws
         self._b = backends
         self._args = args
@@ -112,6 +118,10 @@ class Connection:
                                   self._log)  # fork, rewind, the forked sessions held (branching.py)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driver: Optional[Driver] = None  # the driven session's (`drive`, drive/driver.py), while it is current
+        store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
+        self._prefix = PrefixReuse(store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client, self._id),
+                                   backends, self._dit_lane, self._vae_lane, args, handshake, self._log,
+                                   prefix_metrics)  # exact-prefix reuse (prefix/reuse.py)
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
@@ -317,36 +327,35 @@ class Connection:
             self._outbox.reply_now(self._replies.session_limit(stream, 0))
             return
         cams = self._controls.chunk(stream, req)  # explicit, or from the keys held
+        key = self._prefix.key(stream, cams.poses, cams.intrinsics, req.prompt_update)
+        hit = self._prefix.find(stream, key)  # the chunk as stored (prefix/reuse.py), or None
         if self._quota is not None:
             self._quota.take_chunk()
         self._queue_chunk(stream, cams, t0, client_chunk_id=req.client_chunk_id, reset=reset,
-                          prompt_update=None if reset else req.prompt_update)
+                          prompt_update=None if reset else req.prompt_update, prefix_key=key, hit=hit)
 
     def _queue_chunk(self, stream: Stream, cams: Optional[ChunkCameras], t0: float, *,
                      client_chunk_id: Optional[int] = None, reset: bool = False, prompt_update: Optional[str] = None,
+                     prefix_key: Optional[str] = None, hit: Optional[StoredChunk] = None,
                      dit_started: Optional[Callable[[], None]] = None) -> asyncio.Task:
-        """Queue `stream`'s next chunk on the lanes (quota already taken); its reply task.
-        `cams` None: a driven chunk, its camera bound from the keys when its DiT job starts
-        (drive/binding.py), which then calls `dit_started`."""
+        """Queue `stream`'s next chunk (quota already taken): served from the prefix store when
+        `hit`, else on the lanes; its reply task. `cams` None: a driven chunk, its camera bound
+        from the keys when its DiT job starts (drive/binding.py), which then calls `dit_started`."""
         max_chunks = self._args.sessions.max_chunks
         chunk_id = stream.take_chunk_id()
-        timings: dict[str, float] = {}
-        context = None
-        if prompt_update is not None:
-            context = self._jobs.encode_later(prompt_update)
-            stream.prompt = prompt_update
-            stream.journal.steer(chunk_id, prompt_update)  # a rewind or fork before it knows the prompt
-        y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
+        camera: ChunkCameras | asyncio.Future[ChunkCameras]
         if cams is not None:
             self._controls.commit(stream, cams, chunk_id)
-            camera: ChunkCameras | asyncio.Future[ChunkCameras] = cams
-            step = self._dit_lane.submit(partial(self._jobs.step, stream, y, cams.poses, cams.intrinsics, context))
+            camera = cams
         else:
             camera = asyncio.get_running_loop().create_future()
-            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, chunk_id, y,
-                                                 camera, dit_started or (lambda: None)))
-        task = asyncio.create_task(self._controls.annotate(
-            self._replies.finish_chunk(stream, chunk_id, step, timings, client_chunk_id, reset, t0), camera))
+        if hit is not None and prefix_key is not None:
+            reply = self._prefix.serve(stream, prefix_key, hit, chunk_id, prompt_update, client_chunk_id, reset, t0)
+        else:
+            self._prefix.computing(stream, prefix_key, self._open_replicas)  # materialised first, if need be
+            reply = self._prefix.recorded(stream, chunk_id, self._compute(
+                stream, chunk_id, camera, t0, client_chunk_id, reset, prompt_update, dit_started))
+        task = asyncio.create_task(self._controls.annotate(reply, camera))
         stream.chunk_tasks.append(task)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -355,6 +364,24 @@ class Connection:
             self._outbox.put(asyncio.ensure_future(self._replies.notice_after(task, stream)))
         self._log.debug("chunk queued", fields={"session": stream.key, "chunk": chunk_id})
         return task
+
+    def _compute(self, stream: Stream, chunk_id: int, camera: ChunkCameras | asyncio.Future[ChunkCameras], t0: float,
+                 client_chunk_id: Optional[int], reset: bool, prompt_update: Optional[str],
+                 dit_started: Optional[Callable[[], None]]) -> Awaitable[BaseModel]:
+        """Queue the chunk's calls on the lanes; its reply. `camera` a future: bound late."""
+        timings: dict[str, float] = {}
+        context = None
+        if prompt_update is not None:
+            context = self._jobs.encode_later(prompt_update)
+            stream.prompt = prompt_update
+            stream.journal.steer(chunk_id, prompt_update)  # a rewind or fork before it knows the prompt
+        y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
+        if isinstance(camera, ChunkCameras):
+            step = self._dit_lane.submit(partial(self._jobs.step, stream, y, camera.poses, camera.intrinsics, context))
+        else:
+            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, chunk_id, y,
+                                                 camera, dit_started or (lambda: None)))
+        return self._replies.finish_chunk(stream, chunk_id, step, timings, client_chunk_id, reset, t0)
 
     # ---- driven sessions (`drive`, drive/driver.py) ----
 
@@ -366,7 +393,9 @@ class Connection:
 
     def _on_drive(self, req: DriveRequest) -> None:
         """Open a session the server runs (validated as a first infer; it replaces the current one)."""
-        infer = req.as_infer()
+        # not through the prefix store: a driven chunk's camera is bound when its DiT job starts,
+        # after the store would have been asked for it
+        infer = req.as_infer().model_copy(update={"prefix_cache": False})
         require_session_start(infer)
         stream = self._replace(infer)  # validates, admits, releases the current one
         stream.driven = True
@@ -456,11 +485,21 @@ class Connection:
         if self._driver is not None:
             self._stop_driver()  # the driven session is replaced
         self._stream = stream
+        stream.prefix = self._prefix.attach(spec, req)
+        if stream.prefix is None:
+            self._open_replicas(stream)
+        else:  # opened (or restored) when its first chunk that is not stored comes (prefix/reuse.py)
+            stream.materialised = False
+        h, w = spec.resolution
+        self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
+                                                  "resolution": f"{h}x{w}"})
+        return stream
+
+    def _open_replicas(self, stream: Stream) -> None:
+        """Open a new session on the VAE and the DiT (admission, prompt, image)."""
+        spec, image = stream.spec, stream.image
         h, w = spec.resolution
         key = stream.vae_key
         stream.vae_open = self._vae_lane.submit(
             lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w, spec.raw_frames))
         stream.dit_open = self._dit_lane.submit(partial(self._jobs.open_dit, stream))
-        self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
-                                                  "resolution": f"{h}x{w}"})
-        return stream

@@ -69,6 +69,10 @@ class SessionJournal:
             self.noise = noise
             self.noises.append(noise)
 
+    def would_keep(self, nbytes: int) -> bool:
+        """`nbytes` more would stay within the budget (the journal stays recoverable)."""
+        return self._enabled and self.nbytes + nbytes <= self._max_bytes
+
     def steer(self, chunk: int, prompt: str) -> None:
         """Chunk `chunk` (and the later ones) attend to `prompt` (a prompt update)."""
         if self._enabled:

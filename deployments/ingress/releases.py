@@ -77,7 +77,11 @@ class Releases:
         own calls and, where possible, before the open of any session started after it (which
         then never finds the replica full of its own predecessor). Every DiT call of the stream
         is queued already (steps are queued at infer time): its close goes now. VAE decodes are
-        queued as steps finish: its close goes now when no chunk is in flight, else after them."""
+        queued as steps finish: its close goes now when no chunk is in flight, else after them.
+        A stream the prefix store served so far (never materialised) has nothing to free there."""
+        if not stream.materialised:
+            self._held.pop(stream.key, None)
+            return asyncio.create_task(_nothing())
         dit_close = self._dit_lane.submit(lambda: self._b.dit.options(session_id=stream.dit_key).close.remote(
             stream.dit_key))  # the key is read when the close runs: a rebuild may change it until then
         pending = [t for t in stream.chunk_tasks if not t.done()]
@@ -163,6 +167,9 @@ class Releases:
         def settled(open_call: Optional[asyncio.Future]) -> bool:
             return not opened_only or open_call is None or open_call.done()
 
+        if not stream.materialised:  # served from the prefix store so far: no replica holds it
+            return
+
         calls = [(h, k) for h, k, o in ((self._b.dit, f"dit:{stream.dit_key}", stream.dit_open),
                                        (self._b.vae, f"vae:{stream.vae_key}", stream.vae_open))
                  if k not in closed and settled(o)]
@@ -176,3 +183,7 @@ class Releases:
                                   fields={"session": key, "error": repr(result) if ended else "timeout"})
 
         await asyncio.gather(*(close(h, k) for h, k in calls))
+
+
+async def _nothing() -> None:
+    """The release of a stream no replica holds."""

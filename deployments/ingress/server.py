@@ -27,7 +27,9 @@ from deployments.ingress.guards.connection_caps import ConnectionCaps, client_ad
 from deployments.ingress.detached import running as detached_running
 from deployments.ingress.health import PathProbe
 from deployments.log import log_probes_at_debug
-from deployments.metrics import IngressMetrics
+from deployments.metrics import IngressMetrics, PrefixMetrics
+from deployments.ingress.prefix.keys import model_fingerprint
+from deployments.ingress.prefix.store import PrefixStore
 from deployments.ingress.guards.quotas import Quotas
 from deployments.ingress.transport import Transport
 from deployments.ingress.videos import ROUTE as VIDEOS_ROUTE
@@ -102,6 +104,11 @@ class WorldIngress:
         self._auth = Auth(args.auth)
         self._quotas = Quotas(args.auth)
         self._metrics = IngressMetrics()
+        self._prefix = None  # (store, model fingerprint, metrics): exact-prefix reuse (ingress/prefix/)
+        if args.prefix_cache.enabled:
+            prefix_metrics = PrefixMetrics()
+            self._prefix = (PrefixStore(int(args.prefix_cache.max_mib * 1024 * 1024), prefix_metrics),
+                            model_fingerprint(args), prefix_metrics)
         c = args.connection
         total = c.max_connections or max(1, own_max_ongoing_requests() - INGRESS_HTTP_HEADROOM)
         self._caps = ConnectionCaps(total, c.max_connections_per_client,
@@ -168,7 +175,7 @@ class WorldIngress:
         self._metrics.connections.set(self._open_connections)
         try:
             await Connection(transport, self._backends, self._args, self._limits, self._handshake, self._metrics,
-                             self._quotas.for_key(key_id), key_id, client, resumable).run()
+                             self._quotas.for_key(key_id), key_id, client, resumable, self._prefix).run()
         finally:
             self._open_connections -= 1
             self._metrics.connections.set(self._open_connections)
@@ -214,6 +221,10 @@ class WorldIngress:
                 "releasing": detached_running(),  # connection teardowns (and closes) still running
                 "probe_s": probe,
             })
+            if self._prefix is not None:  # this ingress replica's store (deployments/ingress/prefix/)
+                store = self._prefix[0]
+                body["prefix_cache"] = {"bytes": store.nbytes, "max_bytes": store.max_bytes, "entries": len(store),
+                                        "evictions": store.evictions}
         return JSONResponse(body)
 
     @app.get("/openapi.json", include_in_schema=False)

@@ -21,6 +21,7 @@ import numpy as np
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION, planned_latent_frames
 from deployments.ingress.journal import SessionJournal
+from deployments.ingress.prefix.keys import PrefixCursor
 from deployments.wire import SessionOptions
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import InferRequest
@@ -84,6 +85,11 @@ class Stream:
     sent_chunks: int = 0  # chunk replies sent on this socket (chunk ids below it)
     replay: deque = field(default_factory=lambda: deque(maxlen=0))  # the last sent FrameReplies, kept to send again
     pending_replays: deque = field(default_factory=deque)  # replies a resume sends again, not yet sent
+    # The prefix store (deployments/ingress/prefix/): the session's path through it (None: it
+    # neither reads nor writes it), and whether the replicas hold it (opened, restored). A
+    # session served from the store is materialised when its first chunk is not stored.
+    prefix: Optional[PrefixCursor] = None
+    materialised: bool = True
 
     def __post_init__(self) -> None:
         self.key = self.dit_key = self.vae_key = new_routing_key(self.spec.session_id)

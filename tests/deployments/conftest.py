@@ -54,7 +54,8 @@ APP_ARGS = {
 }
 API_KEYS_ENV = "LWF_TEST_API_KEYS"  # set before Ray starts: the replicas inherit it (a secret in production)
 API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps", "key-hostile", "key-hostile-2",
-            "key-sizes", "key-memory", "key-peers", "key-admission", "key-videos", "key-videos-2")
+            "key-sizes", "key-memory", "key-peers", "key-admission", "key-videos", "key-videos-2", "key-prefix",
+            "key-prefix-2")
 # a key per test group: quotas and connection caps count per key
 STRICT_PREFIX = "/strict"
 STRICT_ORIGIN = "https://app.example"
@@ -225,6 +226,23 @@ RESUME_ARGS = {
 def resume_server(ray_port: int) -> Server:
     """A fourth app (route prefix /resume) whose sessions can be resumed on a new socket."""
     return _run_app(ray_port, RESUME_ARGS, "resume", RESUME_PREFIX)
+
+
+PREFIX_PREFIX = "/prefix"
+PREFIX_MAX_MIB = 1.0  # a few tiny 32x48 sessions of 3 chunks (tests/deployments/test_prefix_cache.py measures one)
+PREFIX_ARGS = {
+    # The prefix store on (scope principal: API keys on), one DiT replica.
+    **APP_ARGS,
+    "dit": {"num_replicas": 1, "num_cpus": 0.1},
+    "auth": {"api_keys_env": API_KEYS_ENV},
+    "prefix_cache": {"max_mib": PREFIX_MAX_MIB},
+}
+
+
+@pytest.fixture(scope="session")
+def prefix_server(ray_port: int) -> Server:
+    """An app (route prefix /prefix) with the prefix store on and API keys ("key-prefix" in the headers)."""
+    return _run_app(ray_port, PREFIX_ARGS, "prefix", PREFIX_PREFIX, {"Authorization": "Bearer key-prefix"})
 
 
 @pytest.fixture(scope="session")

@@ -42,18 +42,22 @@ def test_serve_load_open_ended_sessions_declare_no_length(server, tmp_path):
     server.wait_held(0)
 
 
-def test_branch_bench_forks_and_rewinds_through_the_server(server, tmp_path):
-    """benchmarks/branch_bench.py (run on the H200 by gpu_serve.sh BRANCH=1) against the CPU app:
-    a cold session, the same inputs on a second socket, a fork at the last chunk and a rewind
-    of it; on CPU float32 the second session's and the rewound chunk's videos equal the first's."""
+def test_branch_bench_forks_and_rewinds_through_the_server(prefix_server, tmp_path):
+    """benchmarks/branch_bench.py (run on the H200 by gpu_serve.sh BRANCH=1) against the CPU app
+    with the prefix store on: a cold session, the same inputs on a second socket (served from
+    the store), a fork at the last chunk and a rewind of it; on CPU float32 the second session's
+    and the rewound chunk's videos equal the first's."""
     from benchmarks.branch_bench import main as branch_main
 
+    server = prefix_server
     server.wait_held(0)
     out = tmp_path / "branch.json"
-    assert branch_main(["--url", server.ws, "--chunks", "3", "--out", str(out)]) == 0
+    key = server.headers["Authorization"].removeprefix("Bearer ")
+    assert branch_main(["--url", server.ws, "--chunks", "3", "--api-key", key, "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["cold"]["ttfc_s"] > 0 and r["cold"]["dit_step_mean_s"] > 0
-    assert r["hit"]["video_equal"] == 3  # same inputs, same bytes (stored or computed again)
+    assert r["hit"]["cached"] == 3 and r["hit"]["video_equal"] == 3  # from the store, the same bytes
+    assert r["hit"]["ttfc_s"] < r["cold"]["ttfc_s"]
     assert r["fork"]["at_chunk"] == 3 and 0 < r["fork"]["forked_s"] <= r["fork"]["fork_to_frame_s"]
     assert r["fork"]["frame_dit_s"] > 0
     assert r["rewind"]["to_chunk"] == 2 and r["rewind"]["video_equal"] is True

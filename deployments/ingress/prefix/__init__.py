@@ -1,0 +1,1 @@
+"""Exact-prefix reuse (issue 33 part 1): keys.py, store.py, reuse.py."""

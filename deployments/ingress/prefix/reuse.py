@@ -1,0 +1,192 @@
+"""PrefixReuse: one connection's use of the prefix store (store.py, keys.py).
+
+A session the store may serve starts without replica state: its first infer opens nothing.
+Each chunk is looked up (at dispatch, in request order) under the session's namespace and the
+keys of its chunks so far. While chunk k is stored, its reply is sent again (`cached: true`, the
+video byte for byte) and its journal entry joins the session's journal, as if the session had
+computed it: no text encoder, VAE or DiT call. The first chunk that is not stored materialises
+the session on the replicas by the journal's replay, as a rebuild after a lost replica or a fork
+does (`VaeDeployment.restore`: the image encoded and k decodes muxed again; `DiTDeployment.reserve`,
+then `restore`: one cache update per chunk, the noise generator put where it was), queued on the
+lanes ahead of that chunk's calls; chunk 0 not stored opens the session as usual. Its chunks
+are then computed and written to the store (every chunk a session computes is, unless it sent
+`prefix_cache: false`).
+
+Admission: a session served from the store holds no replica slot until it is materialised; its
+first computed chunk may then be answered `busy` / `too_large` like a new session's first. The
+API key's session and chunk quotas count it from its first infer, as any session.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Optional
+
+from pydantic import BaseModel
+
+from deployments.config import AppArgs
+from deployments.ingress.guards.connection_caps import UNKNOWN_CLIENT
+from deployments.ingress.lane_jobs import Backends, _admission
+from deployments.ingress.lanes import Lane
+from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, namespace
+from deployments.ingress.prefix.store import PrefixStore, StoredChunk
+from deployments.ingress.stream import Stream
+from deployments.log import KeyValueLog
+from deployments.wire import SessionOptions
+from protocol.messages import CameraServerConfig, FrameReply, InferRequest
+
+STAGES = ("text_encode", "vae_encode", "dit", "vae_decode", "mux")
+
+
+class PrefixReuse:
+    """Looks chunks up, serves the stored ones, materialises and records the others."""
+
+    def __init__(self, store: Optional[PrefixStore], fingerprint: str, scope: str, backends: Backends,
+                 dit_lane: Lane, vae_lane: Lane, args: AppArgs, handshake: CameraServerConfig,
+                 log: KeyValueLog, metrics=None) -> None:
+        """`store` None: the server keeps no prefix store. `scope`: whose entries this
+        connection shares (its principal, or "global"). `metrics`: a `PrefixMetrics`."""
+        self._store = store
+        self._fingerprint = fingerprint
+        self._scope = scope
+        self._b = backends
+        self._dit_lane = dit_lane
+        self._vae_lane = vae_lane
+        self._debug_fields = args.debug_fields
+        self._fps = handshake.fps
+        self._log = log
+        self._metrics = metrics
+
+    def attach(self, spec: SessionOptions, req: InferRequest) -> Optional[PrefixCursor]:
+        """The cursor of a new session (None: it neither reads nor writes the store)."""
+        if self._store is None or req.prefix_cache is False:
+            return None
+        return PrefixCursor(namespace(self._fingerprint, spec, self._scope))
+
+    def key(self, stream: Stream, poses, intrinsics, prompt_update: Optional[str]) -> Optional[str]:
+        """The key of the stream's next chunk (None: the stream does not use the store)."""
+        if stream.prefix is None:
+            return None
+        return chunk_key(poses, intrinsics, prompt_update)
+
+    def find(self, stream: Stream, key: Optional[str]) -> Optional[StoredChunk]:
+        """The stored chunk the stream's next chunk is, while it has been served from the store
+        and its journal can take it (a session the journal's replay could not rebuild is never
+        served)."""
+        cursor = stream.prefix
+        if key is None or cursor is None or not cursor.serving or self._store is None:
+            return None
+        ns = cursor.namespace
+        context = self._store.context(ns)
+        hit = self._store.get(ns, [*cursor.keys, key])
+        if hit is None or context is None:
+            return None
+        extra = hit.journal_bytes + (context.nbytes if not cursor.keys else 0)
+        return hit if stream.journal.would_keep(extra) else None
+
+    def serve(self, stream: Stream, key: str, hit: StoredChunk, chunk_id: int, prompt_update: Optional[str],
+              client_chunk_id: Optional[int], reset: bool, t0: float) -> Awaitable[BaseModel]:
+        """Chunk `chunk_id` from the store: journaled as if computed; its reply, ready."""
+        cursor = stream.prefix
+        assert cursor is not None and self._store is not None
+        j = stream.journal
+        if chunk_id == 0:
+            j.set_context(self._store.context(cursor.namespace))
+        if prompt_update is not None:
+            stream.prompt = prompt_update
+            j.steer(chunk_id, prompt_update)
+        p = hit.past
+        j.add_chunk(p.poses, p.intrinsics, p.y, p.latents, hit.noise, p.context)
+        j.conditioned += 1
+        j.decoded += 1
+        cursor.keys.append(key)
+        if self._metrics is not None:
+            self._metrics.count_hit()
+        durations = {stage: 0.0 for stage in STAGES}
+        durations["total"] = time.perf_counter() - t0
+        durations["queue_wait"] = 0.0
+        debug = None
+        if self._debug_fields:
+            debug = {"dit_replica": None, "vae_replica": None, "recoveries": stream.recoveries}
+        reply = FrameReply(
+            session_id=stream.spec.session_id, chunk_id=chunk_id, video=hit.video, num_frames=hit.num_frames,
+            resolution=stream.spec.resolution, fps=self._fps, stage_durations=durations,
+            client_chunk_id=client_chunk_id, reset=reset, mime_type=hit.mime_type, debug=debug,
+            resume_token=stream.resume_token if chunk_id == 0 else None, cached=True)
+        return _ready(reply)
+
+    def computing(self, stream: Stream, key: Optional[str], open_new: Callable[[Stream], None]) -> None:
+        """The stream's next chunk is computed: the stream is materialised first when the store
+        served it so far (`open_new` opens one that has no chunk yet)."""
+        cursor = stream.prefix
+        if not stream.materialised:
+            self._materialise(stream, open_new)
+        if cursor is not None and key is not None:
+            cursor.serving = False
+            cursor.keys.append(key)
+            if self._metrics is not None:
+                self._metrics.count_miss()
+
+    async def recorded(self, stream: Stream, chunk_id: int, reply: Awaitable[BaseModel]) -> BaseModel:
+        """`reply` of a computed chunk, written to the store once it is a frame."""
+        out = await reply
+        if isinstance(out, FrameReply):
+            self._write(stream, chunk_id, out)
+        return out
+
+    def _write(self, stream: Stream, chunk_id: int, reply: FrameReply) -> None:
+        cursor, j = stream.prefix, stream.journal
+        if (self._store is None or cursor is None or len(cursor.keys) <= chunk_id or not j.recoverable
+                or j.context is None or len(j.chunks) <= chunk_id):
+            return
+        chunk = StoredChunk(reply.video, reply.num_frames, reply.mime_type, j.chunks[chunk_id], j.noises[chunk_id])
+        self._store.put(cursor.namespace, cursor.keys[: chunk_id + 1], chunk, j.context)
+
+    def _materialise(self, stream: Stream, open_new: Callable[[Stream], None]) -> None:
+        """Open the stream on the replicas: as a new session without chunks, else by the
+        journal's replay of the chunks the store served (queued on the lanes now, ahead of the
+        chunk that asked for it)."""
+        stream.materialised = True
+        j = stream.journal
+        k = len(j.chunks)
+        if k == 0:
+            open_new(stream)
+            return
+        h, w = stream.spec.resolution
+        vae_key, image, latents, raw = stream.vae_key, j.image, j.decoded_latents(), stream.spec.raw_frames
+        context, chunks, noise = j.context, list(j.chunks), j.noise
+        stream.vae_open = self._vae_lane.submit(lambda: self._b.vae.options(session_id=vae_key).restore.remote(
+            vae_key, image, h, w, k, latents, raw))
+        stream.dit_open = self._dit_lane.submit(lambda: self._restore_dit(stream, context, chunks, noise))
+        self._log.info("session leaves the prefix store", fields={"session": stream.key, "chunks": k})
+
+    async def _restore_dit(self, stream: Stream, context, chunks, noise) -> str:
+        """DiT lane: admit the session like a new one, wait for the VAE's admission, replay."""
+        key = stream.dit_key
+        dit = self._b.dit.options(session_id=key)
+        admitted = _admission(stream)
+        try:
+            await dit.reserve.remote(key, stream.spec)
+        except Exception as e:
+            if not admitted.done():
+                admitted.set_exception(e)
+            raise
+        if not admitted.done():
+            admitted.set_result(None)
+        await stream.vae_open
+        return await dit.restore.remote(key, stream.spec, context, chunks, noise)
+
+
+async def _ready(reply: BaseModel) -> BaseModel:
+    return reply
+
+
+def scope_of(scope: str, key_id: Optional[str], client: Optional[str], connection_id: str) -> str:
+    """Whose entries a connection shares: everyone's ("global"), else its API key's, else its
+    client address's (anonymous clients at one address share; none known: this connection only)."""
+    if scope == "global":
+        return "global"
+    if key_id is not None:
+        return f"key:{key_id}"
+    return f"addr:{client}" if client and client != UNKNOWN_CLIENT else f"conn:{connection_id}"
