@@ -2,7 +2,7 @@
 
 A replica's constructor starts a `ReadyClock`, marks each phase as it ends (`load`: building the
 engine and its weights on the device; `warmup`: compiling and running every serving size;
-`cache_save`: writing the compile cache) and reports `split(...)`: the phases' seconds, the
+`cache_save`: writing the compile cache; the VAE's `probe` of its cache layout) and reports `split(...)`: the phases' seconds, the
 warm-up per size with torch.compile's share, the compile cache's hits and misses, the total, and
 the wall-clock times it started and ended (so that a benchmark can place the replica on the
 time line of `serve run`: benchmarks/ready_split.py).

@@ -75,6 +75,7 @@ class VaeDeployment(SessionHost[VaeSlot]):
         clock.mark("cache_save")
         # The caches' shapes, read from one probe session (at a warmed size: no new compilation).
         self._layout = await self.compute_thread.run(CacheLayout.probe, self._engine, *model.serving_sizes()[:1])
+        clock.mark("probe")
         resident = resident_model_bytes(model.device, self._engine.vae)
         budget = None  # on the CPU without vae_budget_gib: slots only, as before
         if sessions.vae_budget_gib is not None or cap is not None:
