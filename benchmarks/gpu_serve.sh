@@ -87,7 +87,7 @@ if [ "${KEEP_COMPILE_CACHE:-0}" = 1 ]; then
 else
     log "cold start: emptying the compile caches (${CACHE_DIR:-no compile_cache_dir}, and the torch defaults)"
     [ -n "$CACHE_DIR" ] && rm -rf "$CACHE_DIR"
-    rm -rf "/tmp/torchinductor_$(id -un)" "$HOME/.triton/cache"
+    rm -rf "/tmp/torchinductor_$(id -un 2>/dev/null)" "${HOME:-/root}/.triton/cache"
 fi
 
 SERVE_PID=
