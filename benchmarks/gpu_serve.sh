@@ -21,10 +21,22 @@
 #    OPEN_ENDED=1 declares no num_frames (open-ended sessions: the config's rolling window);
 #    SESSIONS_OPEN="3 6" adds a pass of open-ended sessions of FRAMES_OPEN (129) frames after it;
 #    RESUME_DRILL=1 then runs benchmarks/resume_drill.py (a session dropped and resumed);
+#    BRANCH=1 then benchmarks.branch_bench (prefix hit, fork, rewind: branch_bench.json) and
+#    DRIVE=1 benchmarks.serve_load --drive (serve_load_drive.json), each bounded by the budget left;
+#    SESSIONS="" skips the load runs;
 # 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
 #    matplotlib is there; else `python -m benchmarks.serve_load --plot-from serve_load.json`),
 #    models_start.json (replica stats after warm-up), gpu_mem.csv (nvidia-smi every 2 s),
 #    time_to_healthy_s, serve_run.log and the Serve replica logs (serve_logs.tar.gz).
+#
+# Compile cache and ready split (issue 35): the cold start first empties the config's
+# model.compile_cache_dir and torch's default caches (KEEP_COMPILE_CACHE=1 keeps them). Each
+# start's split (Ray start, per replica load / compile / warm-up per size, cache hits) goes to
+# ready_cold.json (benchmarks/ready_split.py, from /v1/models). RESTART=1: after the cold start
+# is healthy, Serve is stopped (its process group) and `serve run` starts again with the cache
+# the first start filled: time_to_healthy_warm_s, models_warm.json, ready_warm.json,
+# serve_run_warm.log, serve_logs_cold.tar.gz; the load runs then measure the warm-started
+# server. ready.json holds both starts ({"healthy_s": {"cold": .., "warm": ..}, "starts": [..]}).
 #
 # Wall-time budget (BUDGET_S, default 540 s of the device tool's 600): wheels ~30 s, Ray + models
 # + warm-up ~2-3 min (waits at most HEALTH_WAIT_S), the load runs ~2 min (no run starts later than
@@ -69,28 +81,28 @@ nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --form
     > "$OUT/gpu_mem.csv" 2>/dev/null &
 SMI_PID=$!
 
-log "serve run $CONFIG"
-$PY -c "from ray.serve.scripts import cli; cli()" run "$CONFIG" > "$OUT/serve_run.log" 2>&1 &
-SERVE_PID=$!
+CACHE_DIR=$($PY -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); print(c['applications'][0]['args'].get('model', {}).get('compile_cache_dir') or '')" "$CONFIG")
+if [ "${KEEP_COMPILE_CACHE:-0}" = 1 ]; then
+    log "KEEP_COMPILE_CACHE=1: the compile caches stay (${CACHE_DIR:-the torch defaults})"
+else
+    log "cold start: emptying the compile caches (${CACHE_DIR:-no compile_cache_dir}, and the torch defaults)"
+    [ -n "$CACHE_DIR" ] && rm -rf "$CACHE_DIR"
+    rm -rf "/tmp/torchinductor_$(id -un 2>/dev/null)" "${HOME:-/root}/.triton/cache"
+fi
 
-stop_all() {
-    log "stopping Serve (SIGTERM to $SERVE_PID)"
-    kill -TERM "$SERVE_PID" 2>/dev/null
-    for _ in $(seq 1 30); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL "$SERVE_PID" 2>/dev/null  # its local Ray instance goes with it (no `ray stop`: it
-                                          # would end every Ray on the machine)
-    kill "$SMI_PID" 2>/dev/null
-    [ -n "${SESSION_DIR:-}" ] && [ -d "$SESSION_DIR/logs/serve" ] && \
-        tar czf "$OUT/serve_logs.tar.gz" -C "$SESSION_DIR/logs/serve" . 2>/dev/null
-    log "done"
-}
-trap stop_all EXIT
-
-log "waiting for /healthz (at most ${HEALTH_WAIT_S}s)"
-if ! $PY - "$HEALTH_WAIT_S" "$SERVE_PID" > "$OUT/time_to_healthy_s" 2>> "$OUT/gpu_serve.log" <<'PYEOF'
+SERVE_PID=
+start_serve() {  # start_serve SUFFIX: serve run, then wait for /healthz
+    local suffix=$1
+    log "serve run $CONFIG${suffix:+ ($suffix)}"
+    LAUNCHED_AT=$(date +%s.%N)
+    # its own process group (PGID = its PID), so that stop_serve can end what is left of it
+    $PY -c "import os; os.setpgrp(); from ray.serve.scripts import cli; cli()" run "$CONFIG" \
+        > "$OUT/serve_run$suffix.log" 2>&1 &
+    SERVE_PID=$!
+    log "waiting for /healthz (at most ${HEALTH_WAIT_S}s)"
+    if ! $PY - "$HEALTH_WAIT_S" "$SERVE_PID" "$LAUNCHED_AT" > "$OUT/time_to_healthy$suffix""_s" 2>> "$OUT/gpu_serve.log" <<'PYEOF'
 import os, sys, time, urllib.request
-limit, pid = float(sys.argv[1]), int(sys.argv[2])
-t0 = time.time()
+limit, pid, t0 = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])  # t0: the launch
 while time.time() - t0 < limit:
     try:
         os.kill(pid, 0)
@@ -103,23 +115,68 @@ while time.time() - t0 < limit:
                 sys.exit(0)
     except Exception:
         pass
-    time.sleep(2)
+    time.sleep(1)
 sys.exit("not healthy in time")
 PYEOF
-then
-    log "the server did not become healthy"; tail -40 "$OUT/serve_run.log"; exit 1
+    then
+        log "the server did not become healthy"; tail -40 "$OUT/serve_run$suffix.log"; exit 1
+    fi
+    log "healthy $(cat "$OUT/time_to_healthy$suffix""_s") s after serve run"
+    SESSION_DIR=$(readlink -f /tmp/ray/session_latest 2>/dev/null)  # the Ray started by this serve run
+}
+
+stop_serve() {  # stop_serve LOGS_NAME: SIGTERM, then what is left of its process group
+    [ -z "$SERVE_PID" ] && return
+    log "stopping Serve (SIGTERM to $SERVE_PID)"
+    kill -TERM "$SERVE_PID" 2>/dev/null
+    for _ in $(seq 1 30); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL "$SERVE_PID" 2>/dev/null  # its local Ray instance goes with it (no `ray stop`: it
+                                          # would end every Ray on the machine)
+    kill -KILL -- "-$SERVE_PID" 2>/dev/null  # anything of its process group still there
+    SERVE_PID=
+    [ -n "${SESSION_DIR:-}" ] && [ -d "$SESSION_DIR/logs/serve" ] && \
+        tar czf "$OUT/$1" -C "$SESSION_DIR/logs/serve" . 2>/dev/null
+}
+
+stop_all() {
+    stop_serve serve_logs.tar.gz
+    kill "$SMI_PID" 2>/dev/null
+    log "done"
+}
+trap stop_all EXIT
+
+models_and_split() {  # models_and_split MODELS_FILE LABEL SUFFIX: /v1/models and the ready split
+    $PY -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/v1/models', timeout=30).read().decode())" \
+        > "$OUT/$1" 2>> "$OUT/gpu_serve.log"
+    $PY -m benchmarks.ready_split --models "$OUT/$1" --launched-at "$LAUNCHED_AT" \
+        --healthy-s "$(cat "$OUT/time_to_healthy$3""_s")" --label "$2" --out "$OUT/ready_$2.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+}
+
+start_serve ""
+models_and_split models_start.json cold ""
+READY_FILES=("$OUT/ready_cold.json")
+if [ "${RESTART:-0}" = 1 ]; then  # issue 35.1: the same config again, its compile cache filled
+    stop_serve serve_logs_cold.tar.gz
+    for _ in $(seq 1 60); do  # the first start's GPU memory back before the second allocates
+        used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
+        [ -z "$used" ] || [ "$used" -lt 2048 ] && break
+        sleep 1
+    done
+    log "restart with the compile cache (${CACHE_DIR:-the torch defaults}; GPU memory used ${used:-?} MiB)"
+    start_serve _warm
+    models_and_split models_warm.json warm _warm
+    READY_FILES+=("$OUT/ready_warm.json")
 fi
-log "healthy after $(cat "$OUT/time_to_healthy_s") s of waiting"
-SESSION_DIR=$(readlink -f /tmp/ray/session_latest 2>/dev/null)  # the Ray started by this serve run
-$PY -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/v1/models', timeout=30).read().decode())" \
-    > "$OUT/models_start.json" 2>> "$OUT/gpu_serve.log"
+$PY -m benchmarks.ready_split --combine "${READY_FILES[@]}" --out "$OUT/ready.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
 
 DEADLINE=$(( BUDGET_S - 60 - $(elapsed) ))
-log "serve_load: sessions $SESSIONS, $FRAMES frames, no run starts after ${DEADLINE}s"
-$PY -m benchmarks.serve_load --url ws://127.0.0.1:8000/v1/realtime/world/camera \
-    --sessions $SESSIONS --frames "$FRAMES" --deadline-s "$DEADLINE" --reply-timeout-s 120 \
-    $([ "${OPEN_ENDED:-0}" = 1 ] && echo --open-ended) \
-    --out "$OUT/serve_load.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+if [ -n "$SESSIONS" ]; then
+    log "serve_load: sessions $SESSIONS, $FRAMES frames, no run starts after ${DEADLINE}s"
+    $PY -m benchmarks.serve_load --url ws://127.0.0.1:8000/v1/realtime/world/camera \
+        --sessions $SESSIONS --frames "$FRAMES" --deadline-s "$DEADLINE" --reply-timeout-s 120 \
+        $([ "${OPEN_ENDED:-0}" = 1 ] && echo --open-ended) \
+        --out "$OUT/serve_load.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+fi
 if [ -n "${SESSIONS_OPEN:-}" ]; then  # then open-ended sessions (the config's window) on the same server
     log "serve_load open-ended: sessions $SESSIONS_OPEN, ${FRAMES_OPEN:-129} frames"
     $PY -m benchmarks.serve_load --url ws://127.0.0.1:8000/v1/realtime/world/camera --open-ended \
@@ -130,4 +187,23 @@ if [ "${RESUME_DRILL:-0}" = 1 ]; then  # issue 15.3: drop a socket mid-session, 
     log "resume drill"
     $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
         --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+fi
+left() { echo $(( BUDGET_S - 30 - $(elapsed) )); }  # seconds a hook may still take
+if [ "${BRANCH:-0}" = 1 ]; then  # issue 33: prefix hit, fork at the last chunk, rewind
+    if [ "$(left)" -gt 10 ]; then
+        log "branch_bench (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.branch_bench --chunks 20 --out "$OUT/branch_bench.json" 2>&1 \
+            | tee -a "$OUT/gpu_serve.log"
+    else
+        log "branch_bench skipped: no budget left"
+    fi
+fi
+if [ "${DRIVE:-0}" = 1 ]; then  # serve_load's driven sessions
+    if [ "$(left)" -gt 10 ]; then
+        log "serve_load --drive (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.serve_load --drive --out "$OUT/serve_load_drive.json" 2>&1 \
+            | tee -a "$OUT/gpu_serve.log"
+    else
+        log "serve_load --drive skipped: no budget left"
+    fi
 fi

@@ -74,6 +74,12 @@ class ModelArgs(_Strict):
     # Compile, autotune and run every size (the buckets, else default_size for a 16:9 image)
     # once in each replica's constructor, before Serve routes traffic to it.
     warmup: bool = True
+    # A directory where each replica keeps what torch.compile builds (inductor's and Triton's
+    # caches, and torch's mega-cache file per deployment: model/compile_cache.py): the first start
+    # fills it, later starts and replicas added by the autoscaler load it instead of compiling
+    # again. Shared by the replicas of a node (k8s: a volume mounted there). None: torch's
+    # per-user default under /tmp, lost with the container.
+    compile_cache_dir: Optional[str] = None
     prompt_cache_size: int = Field(64, ge=0)  # text embeddings kept per TextEncoderDeployment replica (LRU)
 
     @field_validator("size_buckets")

@@ -149,7 +149,7 @@ def assign_state_dict(
                 f"{source}: tensor {key!r} has shape {tuple(value.shape)}, "
                 f"expected {tuple(target.shape)}"
             )
-        new = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+        new = to_device(value, dtype if value.is_floating_point() else value.dtype, device)
         _set_tensor(module, key, new, is_param=isinstance(target, nn.Parameter))
         seen.add(key)
     missing = sorted(set(expected) - seen)
@@ -157,6 +157,15 @@ def assign_state_dict(
         shown = ", ".join(f"{k} {tuple(expected[k].shape)}" for k in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(f"{source}: missing tensors {shown}{more} (truncated checkpoint?)")
+
+
+def to_device(value: torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """`value` as `dtype` on `device`. From the host to a GPU with a dtype change, the copy goes
+    as stored and the cast runs on the device: torch's blocking copy would cast on the host
+    first (the released float32 DiT: 74 GB through one cast on the CPU). The same values."""
+    if value.device.type == "cpu" and torch.device(device).type != "cpu" and value.dtype != dtype:
+        return value.to(device=device).to(dtype)
+    return value.to(device=device, dtype=dtype)
 
 
 def _set_tensor(module: nn.Module, key: str, value: torch.Tensor, is_param: bool) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from model.compile_cache import compile_seconds
 from model.vae.fast import VAE_NORM_SHAPES
 from camera.frames import CHUNK_LATENT_FRAMES
 from model.engines import DiTEngine, TextEngine, VaeEngine
@@ -35,13 +36,21 @@ SHAPES_PER_SIZE = VAE_NORM_SHAPES
 
 @dataclass
 class WarmupReport:
-    """What one replica warmed up, and how long it took."""
+    """What one replica warmed up, and how long it took: in all, and per size (`size_seconds`,
+    in `sizes`' order; of each, `compile_seconds` were torch.compile's own, model/compile_cache.py)."""
 
     sizes: list[Size] = field(default_factory=list)
     seconds: float = 0.0
+    size_seconds: list[float] = field(default_factory=list)
+    compile_seconds: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"warmed_sizes": [list(s) for s in self.sizes], "warmup_s": round(self.seconds, 3)}
+
+    def per_size(self) -> list[dict[str, Any]]:
+        """One entry per warmed size: its seconds and the compilation's share of them."""
+        return [{"size": list(s), "seconds": round(sec, 3), "compile_s": round(comp, 3)}
+                for s, sec, comp in zip(self.sizes, self.size_seconds, self.compile_seconds)]
 
 
 def allow_recompiles(sizes: int) -> None:
@@ -61,23 +70,36 @@ def _timed(fn: Callable[[], None], sizes: Iterable[Size]) -> WarmupReport:
     return WarmupReport(list(sizes), time.perf_counter() - t0)
 
 
+def _per_size(run_one: Callable[[Size], None], sizes: Sequence[Size]) -> WarmupReport:
+    """`run_one` at each size in turn, each timed (wall clock and torch.compile's share)."""
+    report = WarmupReport(list(sizes))
+    t0 = time.perf_counter()
+    for size in sizes:
+        s0, c0 = time.perf_counter(), compile_seconds()
+        run_one(size)
+        report.size_seconds.append(time.perf_counter() - s0)
+        report.compile_seconds.append(compile_seconds() - c0)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
 def warm_up_dit(engine: DiTEngine, sizes: Sequence[Size], chunks: int = DIT_CHUNKS) -> WarmupReport:
     """A session of `chunks` chunks at each size (zero conditioning, a still camera), closed after."""
 
-    def run() -> None:
-        for h, w in sizes:
-            spec = DiTSessionSpec(context=torch.zeros(8, engine.cfg.text_dim), height=h, width=w, seed=0)
-            session = engine.open(spec)
-            try:
-                y = torch.zeros(20, CHUNK_LATENT_FRAMES, h // 8, w // 8)
-                poses = np.eye(4, dtype=np.float32)[None]
-                intrinsics = np.array([[w / 2, w / 2, w / 2, h / 2]], dtype=np.float32)
-                for _ in range(chunks):
-                    engine.step(session, y, poses, intrinsics)
-            finally:
-                engine.close(session)
+    def run(size: Size) -> None:
+        h, w = size
+        spec = DiTSessionSpec(context=torch.zeros(8, engine.cfg.text_dim), height=h, width=w, seed=0)
+        session = engine.open(spec)
+        try:
+            y = torch.zeros(20, CHUNK_LATENT_FRAMES, h // 8, w // 8)
+            poses = np.eye(4, dtype=np.float32)[None]
+            intrinsics = np.array([[w / 2, w / 2, w / 2, h / 2]], dtype=np.float32)
+            for _ in range(chunks):
+                engine.step(session, y, poses, intrinsics)
+        finally:
+            engine.close(session)
 
-    return _timed(run, sizes)
+    return _per_size(run, sizes)
 
 
 def warm_up_vae(engine: VaeEngine, sizes: Sequence[Size], chunks: int = VAE_CHUNKS,
@@ -85,20 +107,20 @@ def warm_up_vae(engine: VaeEngine, sizes: Sequence[Size], chunks: int = VAE_CHUN
     """Condition and decode `chunks` chunks at each size from a gray image; `consumer(size)`
     gives what takes each chunk's uint8 frames (e.g. a fresh fMP4 muxer's `add_chunk`)."""
 
-    def run() -> None:
-        for h, w in sizes:
-            session = engine.open(np.full((h, w, 3), GRAY, dtype=np.uint8), h, w)
-            take = consumer((h, w)) if consumer is not None else None
-            try:
-                for _ in range(chunks):
-                    engine.condition(session)
-                    frames = engine.decode(session, torch.zeros(16, CHUNK_LATENT_FRAMES, h // 8, w // 8))
-                    if take is not None:
-                        take(frames)
-            finally:
-                engine.close(session)
+    def run(size: Size) -> None:
+        h, w = size
+        session = engine.open(np.full((h, w, 3), GRAY, dtype=np.uint8), h, w)
+        take = consumer((h, w)) if consumer is not None else None
+        try:
+            for _ in range(chunks):
+                engine.condition(session)
+                frames = engine.decode(session, torch.zeros(16, CHUNK_LATENT_FRAMES, h // 8, w // 8))
+                if take is not None:
+                    take(frames)
+        finally:
+            engine.close(session)
 
-    return _timed(run, sizes)
+    return _per_size(run, sizes)
 
 
 def warm_up_text(engine: TextEngine) -> WarmupReport:

@@ -35,10 +35,12 @@ from deployments.replicas.session_table import SessionTable
 from deployments import wire
 from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
 from model.accel import AccelOptions
+from model.compile_cache import CompileCache
 from model.dit.caches import KVCacheConfig
 from model.engine_api import DiTEngineProtocol, SessionFootprint
 from model.factory import load_dit_engine
 from model.dit.sampler import NoiseState
+from model.ready import ReadyClock
 from model.session import DiTSession, DiTSessionSpec, PastChunk
 from model.warmup import WarmupReport, allow_recompiles, warm_up_dit
 
@@ -73,6 +75,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
     slow_call_s = 6.0  # a chunk step runs 1.1-2.2 s at 464x832 on an H200
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs) -> None:
+        self._clock = ReadyClock()
+        self._compile_cache = CompileCache.open(model.compile_cache_dir, "dit")  # before anything compiles
         cap = cap_process(model.device, sessions.memory_fraction)  # before anything is allocated
         self._engine: DiTEngineProtocol = load_dit_engine(
             model.preset, model.checkpoint, model.dtype, model.device,
@@ -82,11 +86,13 @@ class DiTDeployment(SessionHost[DiTSlot]):
             random_weights=model.random_weights,
             kv=KVCacheConfig.for_serving(model.device, model.kv_cache, model.fp8_attention),
         )
+        self._clock.mark("load")
         await self._ready(model, sessions, cap)
 
     async def _ready(self, model: ModelArgs, sessions: SessionArgs, cap: int) -> None:
         """Warm up at the serving sizes, then size the session budget and start serving
-        (`self._engine` is the engine the replica serves with)."""
+        (`self._engine` is the engine the replica serves with; `self._clock` and
+        `self._compile_cache` were started before it was built)."""
         self._max_chunks = sessions.max_chunks
         self._max_attention_tokens = sessions.max_attention_tokens
         report = WarmupReport()
@@ -94,14 +100,21 @@ class DiTDeployment(SessionHost[DiTSlot]):
             sizes = model.serving_sizes()
             allow_recompiles(len(sizes))
             report = await self.compute_thread.run(warm_up_dit, self._engine, sizes)
+        self._clock.mark("warmup")
+        if model.warmup:
+            await self.compute_thread.run(self._compile_cache.save)
+        self._clock.mark("cache_save")
         resident = resident_model_bytes(model.device, self._engine.dit)
         budget = session_budget(sessions.kv_budget_gib, cap, resident)
         table: SessionTable[DiTSlot] = SessionTable(
             sessions.max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
         )
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"), model.device)
+        ready = self._clock.split(report, self._compile_cache)
         self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
-                              "random_weights": model.random_weights}
+                              "random_weights": model.random_weights, "ready": ready}
+        self._log.info("ready split", fields={k: v for k, v in ready.items() if k != "compile_cache"}
+                       | {"cache": ready["compile_cache"]})
         if model.random_weights:
             self._log.warning("RANDOM WEIGHTS: this DiT is NOT A REAL MODEL (load tests only)")
         self._log.info("ready", fields={"budget_gib": f"{budget / GIB:.2f}", "cap_gib": f"{cap / GIB:.2f}",

@@ -56,7 +56,9 @@ from deployments.replicas.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
 from model.engine_api import ChunkOutput, DiTEngineProtocol, EngineCapabilities, SessionFootprint
+from model.compile_cache import CompileCache
 from model.factory import load_dit_engine
+from model.ready import ReadyClock
 from model.parallel.launch import DEFAULT_TIMEOUT_S
 from model.parallel import SPDiTEngine, init_sp_group, load_sp_dit_engine, rank_device, sp_engine
 from model.dit.sampler import NoiseState
@@ -101,6 +103,7 @@ class SPRank:
 
     def __init__(self, rank: int, world: int, init_method: str, model: ModelArgs, options: AccelOptions,
                  timeout_s: float) -> None:
+        CompileCache.open(model.compile_cache_dir, f"dit-sp-rank{rank}")  # inductor's and Triton's caches
         device = rank_device(model.device)
         group = init_sp_group(rank, world, init_method, device, timeout_s)
         self._engine = load_sp_dit_engine(model.preset, model.checkpoint, model.dtype, device, group,
@@ -292,6 +295,8 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, parallel: int,
                        timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._clock = ReadyClock()
+        self._compile_cache = CompileCache.open(model.compile_cache_dir, "dit-sp")  # before anything compiles
         pg = get_current_placement_group()
         if parallel < 2 or pg is None or len(pg.bundle_specs) != parallel:
             raise ValueError(f"SPDiTDeployment over {parallel} ranks needs a placement group of {parallel} "
@@ -316,6 +321,7 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
                                options=options, random_weights=model.random_weights)  # rank 0's DiT
         self._engine = SPReplicaEngine(sp_engine(base, group, options), ranks, timeout_s)
         await self._engine.ping()  # the other ranks have loaded
+        self._clock.mark("load")
         await self._ready(model, sessions, cap)  # warm-up over all ranks, budget, session table, host
         self._replica_info["ranks"] = names
         self._log.info("sequence-parallel replica ready", fields={"ranks": parallel, "device": str(device)})

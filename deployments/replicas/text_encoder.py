@@ -13,6 +13,7 @@ from deployments.config import ModelArgs
 from deployments.log import get_log, log_probes_at_debug
 from deployments.replicas.memory import cap_process, memory_report
 from model.factory import load_text_engine
+from model.ready import ReadyClock
 from model.warmup import WarmupReport, warm_up_text
 
 
@@ -22,10 +23,12 @@ class TextEncoderDeployment:
 
     def __init__(self, model: ModelArgs) -> None:
         log_probes_at_debug()
+        clock = ReadyClock()
         self._device = model.device
         cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share
         self._engine = load_text_engine(model.preset, model.checkpoint, model.dtype, model.device,
                                         random_weights=model.random_weights)
+        clock.mark("load")
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = model.prompt_cache_size
         self._lock = asyncio.Lock()
@@ -34,8 +37,10 @@ class TextEncoderDeployment:
         # One prompt through the encoder before traffic, on the thread the calls run on; its
         # embedding is not cached.
         report = self._thread.call(warm_up_text, self._engine) if model.warmup else WarmupReport()
+        clock.mark("warmup")
         self._info = {"warmup_s": round(report.seconds, 3), "memory_cap_bytes": cap,
-                      "random_weights": model.random_weights}
+                      "random_weights": model.random_weights, "ready": clock.split(report)}
+        self._log.info("ready split", fields=self._info["ready"])
         if model.random_weights:
             self._log.warning("RANDOM WEIGHTS: this text encoder is NOT A REAL MODEL (load tests only)")
 

@@ -35,7 +35,9 @@ from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
 from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
+from model.compile_cache import CompileCache
 from model.factory import load_vae_engine
+from model.ready import ReadyClock
 from model.session import VaeSession
 from model.vae.footprint import CacheLayout
 from model.warmup import WarmupReport, allow_recompiles, warm_up_vae
@@ -54,18 +56,26 @@ class VaeDeployment(SessionHost[VaeSlot]):
     slow_call_s = 1.0  # an encode or decode + mux runs 0.1-0.4 s at 464x832 on an H200
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, max_sessions: int) -> None:
+        clock = ReadyClock()
+        compile_cache = CompileCache.open(model.compile_cache_dir, "vae")  # before anything compiles
         cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share
         self._engine = load_vae_engine(model.preset, model.checkpoint, model.vae_dtype, model.device,
                                        options=AccelOptions.for_serving(model.device, vae_compile=model.vae_compile),
                                        random_weights=model.random_weights)
+        clock.mark("load")
         report = WarmupReport()
         if model.warmup:  # compile, cuDNN autotuning and x264 at every serving size, before traffic
             sizes = model.serving_sizes()
             allow_recompiles(len(sizes))
             report = await self.compute_thread.run(warm_up_vae, self._engine, sizes,
                                              consumer=lambda hw: Fmp4Muxer(hw[1], hw[0], FPS).add_chunk)
+        clock.mark("warmup")
+        if model.warmup:
+            await self.compute_thread.run(compile_cache.save)
+        clock.mark("cache_save")
         # The caches' shapes, read from one probe session (at a warmed size: no new compilation).
         self._layout = await self.compute_thread.run(CacheLayout.probe, self._engine, *model.serving_sizes()[:1])
+        clock.mark("probe")
         resident = resident_model_bytes(model.device, self._engine.vae)
         budget = None  # on the CPU without vae_budget_gib: slots only, as before
         if sessions.vae_budget_gib is not None or cap is not None:
@@ -74,8 +84,11 @@ class VaeDeployment(SessionHost[VaeSlot]):
             max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
         )
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"), model.device)
+        ready = clock.split(report, compile_cache)
         self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
-                              "random_weights": model.random_weights}
+                              "random_weights": model.random_weights, "ready": ready}
+        self._log.info("ready split", fields={k: v for k, v in ready.items() if k != "compile_cache"}
+                       | {"cache": ready["compile_cache"]})
         if model.random_weights:
             self._log.warning("RANDOM WEIGHTS: this VAE is NOT A REAL MODEL (load tests only)")
         self._log.info("ready", fields={"warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}"})

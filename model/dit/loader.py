@@ -11,10 +11,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from model.checkpoint import CheckpointError, CheckpointLayout, assign_state_dict, iter_safetensors
+from model.checkpoint import CheckpointError, CheckpointLayout, assign_state_dict
 from model.config import DiTConfig
 from model.dit.model import CausalDiT
+from model.shard_reader import iter_safetensors_parallel
 
+SHARD_READERS = 4  # shards read at once (benchmarks/load_weights.py measures the rate)
 TEXT_DIM_KEY = "text_embedding.0.weight"  # [dim, text_dim]: text_dim is not in config.json
 INIT_STD = 0.02
 # Per-block weights whose output is added to (or multiplies) the residual stream.
@@ -47,7 +49,9 @@ def load_dit(
         dit = CausalDiT(cfg)
     _check_shapes(dit, shapes)
     source = files[0] if len(files) == 1 else layout.dit_dir
-    assign_state_dict(dit, iter_safetensors(files), source, dtype, device)
+    # the shards read in parallel, into page-locked buffers when a GPU receives them
+    tensors = iter_safetensors_parallel(files, workers=SHARD_READERS, pin=torch.device(device).type == "cuda")
+    assign_state_dict(dit, tensors, source, dtype, device)
     return dit.eval()
 
 

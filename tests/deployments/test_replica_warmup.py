@@ -85,3 +85,32 @@ def test_dit_and_text_replicas_warm_up_on_their_model_thread(threads):
     assert dit._replica_info["warmed_sizes"] == [[32, 48]]
     assert step_thread == [threads["warm_up_dit"]] and threads["warm_up_dit"] != threading.get_ident()
     assert threads["warm_up_text"] != threading.get_ident()
+
+
+def test_each_replica_reports_its_ready_split(threads, tmp_path, monkeypatch):
+    """`ready` in each replica's stats (/v1/models): the phases of its constructor (load, warm-up,
+    compile-cache save) within its total, the warm-up per size, when it started and ended, and
+    the compile cache it used (the config's directory, made with its three parts)."""
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)  # CompileCache.open sets them for this process
+    model = MODEL.model_copy(update={"compile_cache_dir": str(tmp_path / "cc")})
+
+    async def go():
+        dit = _instance(dit_module.DiTDeployment)
+        await dit.__init__(model, SessionArgs())
+        vae = _instance(vae_module.VaeDeployment)
+        await vae.__init__(model, SessionArgs(), 4)
+        text = text_module.TextEncoderDeployment.func_or_class(model)
+        return await dit.stats(), await vae.stats(), await text.stats()
+
+    for name, stats in zip(("dit", "vae", "text"), asyncio.run(go())):
+        ready = stats["ready"]
+        phases = ("load", "warmup", "cache_save") if name != "text" else ("load", "warmup")
+        assert all(ready[f"{p}_s"] >= 0 for p in phases), (name, ready)
+        assert sum(ready[f"{p}_s"] for p in phases) <= ready["total_s"] + 1e-3, (name, ready)
+        assert ready["ready_at"] - ready["started_at"] == pytest.approx(ready["total_s"], abs=2e-3)
+        if name != "text":
+            (entry,) = ready["warmup_per_size"]
+            assert entry["size"] == [32, 48] and 0 < entry["seconds"] <= ready["warmup_s"] + 1e-3, (name, ready)
+            assert ready["compile_cache"]["dir"] == str(tmp_path / "cc") and not ready["compile_cache"]["errors"]
+    assert sorted(p.name for p in (tmp_path / "cc").iterdir()) == ["inductor", "mega", "triton"]

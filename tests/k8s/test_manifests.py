@@ -55,6 +55,16 @@ def pod_template_schema(strict_schema: dict) -> dict:
     return sub_schema(strict_schema, "spec", "rayClusterConfig", "headGroupSpec", "template")
 
 
+WEIGHTS_CLAIM = "lingbot-world-weights"
+COMPILE_CACHE_CLAIM = "lingbot-world-compile-cache"
+
+
+def claim(by_kind: dict, name: str) -> dict:
+    """The PersistentVolumeClaim called `name` (exactly one)."""
+    (pvc,) = [d for d in by_kind["PersistentVolumeClaim"] if d["metadata"]["name"] == name]
+    return pvc
+
+
 def pod_templates(rayservice: dict) -> dict[str, dict]:
     """Pod template of the head ("head") and of each worker group (by group name)."""
     cluster = rayservice["spec"]["rayClusterConfig"]
@@ -92,7 +102,8 @@ def test_every_document_is_a_known_kind_with_a_name(manifests, by_kind):
             assert doc.get("apiVersion") == KNOWN_KINDS[kind], f"{name}: apiVersion of {kind}"
             assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
             assert isinstance(doc.get("spec"), dict), f"{name}: {kind} without a spec"
-    assert {k: len(v) for k, v in by_kind.items()} == {k: 1 for k in KNOWN_KINDS}
+    counts = {k: 1 for k in KNOWN_KINDS} | {"PersistentVolumeClaim": 2}  # the weights, the compile cache
+    assert {k: len(v) for k, v in by_kind.items()} == counts
 
 
 # ------------------------------------------------------------------------------- RayService
@@ -144,7 +155,7 @@ def test_rayservice_cluster_settings(rayservice, app_args):
 
 
 def test_every_ray_pod_runs_the_image_and_mounts_the_weights(rayservice, by_kind, app_args):
-    (pvc,) = by_kind["PersistentVolumeClaim"]
+    pvc = claim(by_kind, WEIGHTS_CLAIM)
     checkpoint = PurePosixPath(app_args["model"]["checkpoint"])
     for group, template in pod_templates(rayservice).items():
         pod = template["spec"]
@@ -330,7 +341,7 @@ def test_podmonitor_scrapes_the_metrics_port_of_every_ray_pod(by_kind, rayservic
 
 
 def test_weights_pvc_and_job_match_the_core_schemas(by_kind, strict_schema):
-    (pvc,) = by_kind["PersistentVolumeClaim"]
+    pvc = claim(by_kind, WEIGHTS_CLAIM)
     (job,) = by_kind["Job"]
     pod_volume = sub_schema(pod_template_schema(strict_schema), "spec", "volumes", "[]")
     pvc_spec = sub_schema(pod_volume, "ephemeral", "volumeClaimTemplate", "spec")
@@ -341,7 +352,7 @@ def test_weights_pvc_and_job_match_the_core_schemas(by_kind, strict_schema):
 
 
 def test_weights_job_fills_the_checkpoint_the_app_loads(by_kind, app_args):
-    (pvc,) = by_kind["PersistentVolumeClaim"]
+    pvc = claim(by_kind, WEIGHTS_CLAIM)
     (job,) = by_kind["Job"]
     pod = job["spec"]["template"]["spec"]
     (volume,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
@@ -360,3 +371,28 @@ def test_weights_job_fills_the_checkpoint_the_app_loads(by_kind, app_args):
     ):
         pattern = rf"hf download {re.escape(repo)}\s.*--local-dir {re.escape(target)}$"
         assert any(re.search(pattern, line.strip()) for line in lines), repo
+
+
+# ------------------------------------------------------------------------------- compile cache
+
+
+def test_every_gpu_worker_mounts_the_compile_cache_the_app_names(rayservice, by_kind, app_args, strict_schema):
+    """model.compile_cache_dir lies on the compile-cache PVC (k8s/compile-cache.yaml), mounted
+    writable by every worker pod that runs a compiling replica (the GPU groups): a restarted or
+    autoscaled replica loads its kernels from it (issue 35)."""
+    pvc = claim(by_kind, COMPILE_CACHE_CLAIM)
+    pod_volume = sub_schema(pod_template_schema(strict_schema), "spec", "volumes", "[]")
+    assert errors(sub_schema(pod_volume, "ephemeral", "volumeClaimTemplate", "spec"), pvc["spec"]) == []
+    assert "ReadWriteMany" in pvc["spec"]["accessModes"]  # pods on several nodes write it
+    directory = PurePosixPath(app_args["model"]["compile_cache_dir"])
+    workers = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert workers
+    for group in workers:
+        pod = group["template"]["spec"]
+        names = [v["name"] for v in pod["volumes"]
+                 if v.get("persistentVolumeClaim", {}).get("claimName") == COMPILE_CACHE_CLAIM]
+        assert len(names) == 1, group["groupName"]
+        (container,) = pod["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == names[0]]
+        assert not mount.get("readOnly", False), group["groupName"]
+        assert directory.is_relative_to(mount["mountPath"]), group["groupName"]
