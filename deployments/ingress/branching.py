@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from deployments.config import AppArgs
 from deployments.errors import Busy, ReplicaError
-from deployments.ingress.lane_jobs import Backends, _admission
+from deployments.ingress.lane_jobs import Backends, reserve_dit
 from deployments.ingress.lanes import Lane
 from deployments.ingress.releases import Releases
 from deployments.ingress.replies import Replies
@@ -107,14 +107,7 @@ class Branches:
         wait for the VAE's admission, then replay its chunks."""
         key, j = stream.dit_key, stream.journal
         dit = self._b.dit.options(session_id=key)
-        admitted = _admission(stream)
-        try:
-            await dit.reserve.remote(key, stream.spec)
-        except Exception as e:
-            admitted.set_exception(e)
-            raise
-        admitted.set_result(None)
-        await stream.vae_open
+        await reserve_dit(dit, stream)
         return await dit.restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
 
     async def _forked(self, stream: Stream, parent: str) -> BaseModel:

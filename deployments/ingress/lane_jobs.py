@@ -58,16 +58,7 @@ class LaneJobs:
         """DiT lane: admit the session on a DiT replica (busy, too_large), wait for the VAE's
         admission, encode the prompt, then open the session where it was admitted."""
         key = stream.dit_key
-        admitted = _admission(stream)
-        try:
-            await self._b.dit.options(session_id=key).reserve.remote(key, stream.spec)
-        except Exception as e:
-            if not admitted.done():
-                admitted.set_exception(e)
-            raise
-        if not admitted.done():
-            admitted.set_result(None)
-        await stream.vae_open  # re-raises the VAE's refusal: no text encode for a session refused there
+        await reserve_dit(self._b.dit.options(session_id=key), stream)  # no text encode for a refused session
         t = time.perf_counter()
         context = await self._b.text.encode.remote(stream.spec.prompt)
         stream.text_encode_s = time.perf_counter() - t
@@ -134,6 +125,23 @@ class LaneJobs:
             await self._recovery.vae(stream, e)
             stream.vae_open = _done()
             return await call(stream.vae_key)
+
+
+async def reserve_dit(dit: Any, stream: Stream) -> None:
+    """Admit `stream` on its DiT replica (`dit`: the handle routed by its key) before any work:
+    its admission future settled either way (busy, too_large re-raised), then wait for the
+    VAE's admission (its refusal re-raised). A new session, a fork and a session leaving the
+    prefix store all start this way."""
+    admitted = _admission(stream)
+    try:
+        await dit.reserve.remote(stream.dit_key, stream.spec)
+    except Exception as e:
+        if not admitted.done():
+            admitted.set_exception(e)
+        raise
+    if not admitted.done():
+        admitted.set_result(None)
+    await stream.vae_open
 
 
 def _admission(stream: Stream) -> asyncio.Future:

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from deployments.config import AppArgs
 from deployments.ingress.guards.connection_caps import UNKNOWN_CLIENT
-from deployments.ingress.lane_jobs import Backends, _admission
+from deployments.ingress.lane_jobs import Backends, reserve_dit
 from deployments.ingress.lanes import Lane
 from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, namespace
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
@@ -165,16 +165,7 @@ class PrefixReuse:
         """DiT lane: admit the session like a new one, wait for the VAE's admission, replay."""
         key = stream.dit_key
         dit = self._b.dit.options(session_id=key)
-        admitted = _admission(stream)
-        try:
-            await dit.reserve.remote(key, stream.spec)
-        except Exception as e:
-            if not admitted.done():
-                admitted.set_exception(e)
-            raise
-        if not admitted.done():
-            admitted.set_result(None)
-        await stream.vae_open
+        await reserve_dit(dit, stream)
         return await dit.restore.remote(key, stream.spec, context, chunks, noise)
 
 
