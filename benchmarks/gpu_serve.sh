@@ -47,7 +47,7 @@ set -u -o pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 HEALTH_WAIT_S=${HEALTH_WAIT_S:-330}
-SESSIONS=${SESSIONS:-"1 1 2 3 4"}
+SESSIONS=${SESSIONS-"1 1 2 3 4"}
 FRAMES=${FRAMES:-81}
 CONFIG=${CONFIG:-benchmarks/serve_config.h200.yaml}
 PY=${PYTHON:-python3}
