@@ -355,3 +355,24 @@ def test_every_ray_container_runs_with_the_allocator_environment(name):
             env = {e["name"]: e.get("value") for e in container.get("env", [])}
             assert {k: env.get(k) for k in MALLOC_ENV} == MALLOC_ENV, (group.get("groupName", "head"), env)
             assert {k: env.get(k) for k in PROXY_GUARD_ENV} == PROXY_GUARD_ENV, (group.get("groupName", "head"), env)
+
+
+def test_the_h100_fp8_window_benchmark_is_the_h200_one_on_an_80_gb_card():
+    """serve_config.h100.window_fp8.yaml: the same graph and model options as the H200 FP8 window
+    benchmark; only the card shares and the session count change, and the VAE's share holds its
+    2 sessions by the footprints measured on the device (0.27 resident + 2.71 a session + 5.86 for
+    the one call in flight, GiB of 79.6; 0.15 held only one)."""
+    from support import REPO
+    import yaml
+
+    load = lambda n: AppArgs.model_validate(the_app(yaml.safe_load((REPO / n).read_text()))["args"])  # noqa: E731
+    h200, h100 = load("benchmarks/serve_config.h200.window_fp8.yaml"), load("benchmarks/serve_config.h100.window_fp8.yaml")
+    assert h100.model == h200.model
+    assert h100.sessions.model_dump(exclude={"max_sessions"}) == h200.sessions.model_dump(exclude={"max_sessions"})
+    assert h100.sessions.max_sessions == 2
+    assert h100.dit.num_gpus + h100.vae.num_gpus + h100.text_encoder.num_gpus <= 1.0 + 1e-9
+    card_gib = 81559 / 1024
+    assert h100.vae.num_gpus * card_gib >= 0.27 + 2 * 2.71 + 5.86 + 1.0  # and a GiB of allocator slack
+    assert h100.text_encoder.num_gpus * card_gib >= 10.87  # UMT5-XXL's peak on the H100
+    for block in ("dit", "vae", "text_encoder", "ingress"):
+        assert getattr(h100, block).model_dump(exclude={"num_gpus"}) == getattr(h200, block).model_dump(exclude={"num_gpus"})
