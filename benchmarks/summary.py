@@ -58,6 +58,27 @@ def serve_load_rows(d: dict) -> list[Row]:
     return rows
 
 
+def drive_rows(d: dict) -> list[Row]:
+    rows = []
+    for r in d["runs"]:
+        s = r["summary"]
+        rows.append(("serve_load --drive",
+                     f"{s['presses']} presses: control lag p50 {fmt(s['control_lag_p50_s'])} s "
+                     f"({fmt(s['lag_over_dit_decode'])} x DiT step + decode), p95 {fmt(s['control_lag_p95_s'])} s, "
+                     f"{s['chunks_while_paused']} chunks while paused"))
+    return rows
+
+
+def ready_rows(d: dict) -> list[Row]:
+    return [("ready", ", ".join(f"{label} {fmt(s)} s to healthy" for label, s in d["healthy_s"].items()))]
+
+
+def load_weights_rows(d: dict) -> list[Row]:
+    return [("load_weights", f"{fmt(d['load_GBps'])} GB/s from {d['file_system']} ({d['storage_dtype']}, "
+                             f"{d['num_layers']} of {d['released_num_layers']} blocks; old loader "
+                             f"{fmt(d['reference_GBps'])} GB/s), equal {d['equal']}")]
+
+
 def capacity_rows(d: dict) -> list[Row]:
     return [("capacity", f"{s['name']}: {s['admitted']} admitted") for s in d["scenarios"]]
 
@@ -110,7 +131,10 @@ def other_rows(d: dict) -> list[Row]:
 KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: "stages" in d, run_rows),
     (lambda d: "runs" in d and isinstance(d["runs"], dict), window_rows),
+    (lambda d: "runs" in d and "server_before" in d and all(r.get("mode") == "drive" for r in d["runs"]), drive_rows),
     (lambda d: "runs" in d and "server_before" in d, serve_load_rows),
+    (lambda d: "healthy_s" in d and "starts" in d, ready_rows),
+    (lambda d: "load_GBps" in d and "reference_GBps" in d, load_weights_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
     (lambda d: "reconnect_s" in d, resume_rows),

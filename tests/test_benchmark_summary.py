@@ -28,6 +28,13 @@ def test_rows_name_the_headline_figures_of_each_kind():
                                 "2 sessions, 2 served, 0 busy: interval p50 3.5 s, DiT step 1.75 s, 6.36 frames/s")]
     assert rows_of({"world": 2, "steady_chunk_s": 1.0077, "all_to_all_share": 0.0386}) == [
         ("sp_bench (world 2)", "steady chunk 1.01 s, all-to-all 3.86 %")]
+    drive = {"config": {}, "server_before": {}, "runs": [{"mode": "drive", "summary": {
+        "presses": 8, "control_lag_p50_s": 2.119, "control_lag_p95_s": 2.8, "lag_over_dit_decode": 1.2887,
+        "chunks_while_paused": 0}}]}
+    assert rows_of(drive) == [("serve_load --drive", "8 presses: control lag p50 2.12 s (1.29 x DiT step + decode), "
+                                                     "p95 2.8 s, 0 chunks while paused")]
+    assert rows_of({"starts": [], "healthy_s": {"cold": 160.1, "warm": 76.8}}) == [
+        ("ready", "cold 160 s to healthy, warm 76.8 s to healthy")]
     assert rows_of({"something": 1})[0][0] == "probe"
 
 
