@@ -17,6 +17,11 @@ client's clock):
   decode) and `change_lag` (while moving: the DiT is busy with a chunk bound before it, the
   next one reads it when the DiT takes it, so between one and two DiT steps + a decode; about
   1.5 x DiT step + decode on average). Issue 34's target: p50 <= 1.5 x DiT step + decode.
+  A change is sent at a random moment of the chunk that runs (`--change-phase random`, the
+  default: uniform in [0, the last chunk interval) after the press's last held frame, seeded by
+  --seed), as a person's key press is not timed to the frames; `--change-phase frame` sends it
+  as that frame arrives, when the DiT has just taken the chunk after it: the worst phase
+  (about 2 x DiT step + decode).
 * release lag: from sending the release to its `paused`.
 * chunk interval: between consecutive frames of one press (keys held): p50 / p95.
 * chunks while paused: frames that arrived after a `paused` and before the next press was
@@ -64,6 +69,7 @@ class Press:
     change_event_id: Optional[int] = None
     change_sent_s: Optional[float] = None
     change_lag_s: Optional[float] = None
+    change_delay_s: float = 0.0  # after the last held frame (the change's phase in the chunk that runs)
 
 
 class Reader:
@@ -136,6 +142,7 @@ async def drive_session(args: argparse.Namespace) -> dict[str, Any]:
     reading = asyncio.create_task(reader.run())
     presses: list[Press] = []
     timeout = args.reply_timeout_s
+    rng = np.random.default_rng(args.seed)
     try:
         await client.drive(sid, default_image(), f"{DEFAULT_PROMPT} (drive)", size=args.size,
                            auto_ack=args.ack_delay_s <= 0)
@@ -156,6 +163,11 @@ async def drive_session(args: argparse.Namespace) -> dict[str, Any]:
                              "dit_s": r.stage_durations.get("dit"), "decode_s": r.stage_durations.get("vae_decode")}
                             for t, r in made]
             press.change_keys = KEY_CYCLE[(i + 1) % len(KEY_CYCLE)]
+            if args.change_phase == "random":
+                held = [t for t, _ in made]
+                interval = held[-1] - held[-2] if len(held) > 1 else (press.frames[-1]["dit_s"] or 0.0)
+                press.change_delay_s = float(rng.uniform(0.0, interval))
+                await asyncio.sleep(max(0.0, press.change_delay_s - (time.perf_counter() - t0 - held[-1])))
             press.change_sent_s = time.perf_counter() - t0
             press.change_event_id = await client.control(sid, press.change_keys)
             mark_change = len(reader.replies)
@@ -207,6 +219,9 @@ def summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "dit_step_p50_s": dit_p50, "dit_step_mean_s": float(np.mean(dit)) if dit else None,
         "vae_decode_p50_s": decode_p50,
         "lag_over_dit_decode": (_pct(lags, 50) / (dit_p50 + decode_p50)) if lags and dit_p50 and decode_p50 else None,
+        "change_lag_over_dit_decode": (_pct(change_lags, 50) / (dit_p50 + decode_p50))
+        if change_lags and dit_p50 and decode_p50 else None,
+        "change_phase": args.change_phase,
         "frames": len(frames), "max_unacked_seen": raw["max_unacked_seen"], "max_unacked": args.max_unacked,
         "window_ok": raw["max_unacked_seen"] <= args.max_unacked,
     }
@@ -221,7 +236,8 @@ def table(summary: dict[str, Any]) -> str:
             ("release -> paused p50 s", f(summary["release_lag_p50_s"])),
             ("chunk interval p50 / p95 s", f"{f(summary['interval_p50_s'])} / {f(summary['interval_p95_s'])}"),
             ("DiT step p50 s / decode p50 s", f"{f(summary['dit_step_p50_s'])} / {f(summary['vae_decode_p50_s'])}"),
-            ("lag / (DiT + decode)", f(summary["lag_over_dit_decode"])),
+            ("lag / (DiT + decode): all / changes", f"{f(summary['lag_over_dit_decode'])} / "
+                                                     f"{f(summary['change_lag_over_dit_decode'])} ({summary['change_phase']} phase)"),
             ("chunks while paused", summary["chunks_while_paused"]), ("paused s", f(summary["paused_s"])),
             ("max unacked seen / window", f"{summary['max_unacked_seen']} / {summary['max_unacked']}"),
             ("errors", "; ".join(summary["errors"]) or "none")]
@@ -235,6 +251,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--presses", type=int, default=8, help="key presses, one after the other")
     g.add_argument("--hold-chunks", type=int, default=3, help="frames made with a press before it is released")
     g.add_argument("--pause-s", type=float, default=3.0, help="seconds released between presses")
+    g.add_argument("--change-phase", choices=("random", "frame"), default="random",
+                   help="when a change is sent in the chunk that runs: a random moment (a person) or as a frame arrives (the worst case)")
+    g.add_argument("--seed", type=int, default=0, help="the random phases' seed")
     g.add_argument("--max-unacked", type=int, default=2, help="the server's controls.max_unacked_chunks (checked)")
     g.add_argument("--ack-delay-s", type=float, default=0.0, help="ack each frame this long after it arrived "
                                                                    "(0: at once, by WorldClient's auto-ack)")

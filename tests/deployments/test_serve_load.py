@@ -87,6 +87,10 @@ def test_serve_load_drive_measures_control_lag_against_the_server(server, tmp_pa
     # Each press's first frame carries its event id (or a later one), never an older key state.
     assert all(p["frames"][0]["event_id"] >= p["event_id"] and len(p["frames"]) >= 2 for p in presses)
     assert [p["change_keys"] for p in presses] == [["l"], ["w", "j"]] and all(p["change_lag_s"] > 0 for p in presses)
+    # Each change is sent at a random moment of the chunk that runs (within the last interval),
+    # and its lag counts from when it was sent, not from the frame it waited after.
+    assert s["change_phase"] == "random" and all(p["change_delay_s"] > 0 for p in presses)
+    assert all(p["change_sent_s"] >= p["frames"][-1]["received_s"] + p["change_delay_s"] - 0.01 for p in presses)
     assert set(run["replicas_after"]["replicas"]) == {"text_encoder", "vae", "dit"}
     assert "control lag p50" in out.with_suffix(".txt").read_text()
     server.wait_held(0)
