@@ -11,11 +11,14 @@ import html
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ftfy
 import torch
 from tokenizers import Tokenizer
-from transformers import UMT5Config, UMT5EncoderModel
+
+if TYPE_CHECKING:
+    from transformers import UMT5Config, UMT5EncoderModel
 
 from model.checkpoint import CheckpointError, CheckpointLayout, assign_state_dict, load_pth, shape_of
 from model.config import T5Config
@@ -74,6 +77,8 @@ def t5_config_from_state_dict(sd: Mapping[str, torch.Tensor], source: Path | str
 
 def umt5_config(cfg: T5Config) -> UMT5Config:
     """The transformers config of the same network (eval: no dropout)."""
+    from transformers import UMT5Config  # here, not at import: transformers takes ~2-4 s to import, and
+    # importing the deployments (Serve's app build, every replica's start) must not pay it
     return UMT5Config(
         vocab_size=cfg.vocab,
         d_model=cfg.dim,
@@ -101,6 +106,8 @@ def load_umt5(
     device: torch.device | str,
 ) -> UMT5EncoderModel:
     """Build the encoder on the meta device and assign Wan-format tensors one by one."""
+    from transformers import UMT5EncoderModel  # (see umt5_config)
+
     with torch.device("meta"):
         model = UMT5EncoderModel(umt5_config(cfg))
     items = wan_tensors.items() if isinstance(wan_tensors, Mapping) else wan_tensors
@@ -253,6 +260,8 @@ def init_t5_random_on_device(
     Matrices ~ N(0, 1/fan_in) (embeddings and relative biases alike), norms 1; the values
     depend on the device's generator.
     """
+    from transformers import UMT5EncoderModel  # (see umt5_config)
+
     with torch.device("meta"):
         model = UMT5EncoderModel(umt5_config(cfg)).to(dtype)
     # Untied while allocating: to_empty would give the tied embedding a second tensor (2 GiB at

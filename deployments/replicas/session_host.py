@@ -49,6 +49,7 @@ class SessionHost(Generic[S]):
         """`release(state)` frees one session's memory (called in the worker thread)."""
         log_typed_errors_as_info()
         log_probes_at_debug()
+        stall_counters.prime()  # here, not at import (the app's build imports this module too)
         self._table = table
         self._device = device
         self._release = release

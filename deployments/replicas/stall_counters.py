@@ -16,14 +16,24 @@ card's time-slicing with the other processes on it, the host).
 from __future__ import annotations
 
 import torch
-from torch._dynamo.utils import counters as _dynamo_counters  # at import: the first import takes ~1 s
+
+_dynamo_counters = None  # torch._dynamo.utils.counters, imported by `prime` (1-3 s: not at the module's import)
 
 _CUDA_KEYS = {"alloc_retries": "num_alloc_retries", "ooms": "num_ooms", "device_allocs": "num_device_alloc",
               "device_frees": "num_device_free"}
 
 
+def prime() -> None:
+    """Import dynamo's counters now (a replica's constructor), so no call pays their first import."""
+    global _dynamo_counters
+    if _dynamo_counters is None:
+        from torch._dynamo.utils import counters
+        _dynamo_counters = counters
+
+
 def snapshot(device: str) -> dict[str, int]:
     """The counters now (CUDA ones only on a CUDA replica)."""
+    prime()
     counts = {"compiled_graphs": int(_dynamo_counters["stats"]["unique_graphs"])}
     if device == "cuda" and torch.cuda.is_available():
         stats = torch.cuda.memory_stats()
