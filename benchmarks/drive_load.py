@@ -14,9 +14,11 @@ client's clock):
 * control lag: from sending a `control` to the first frame whose `event_id` is that
   control's or later: what a person feels. p50 / p95 over all presses and changes, and apart:
   `press_lag` (from the pause: the chunk starts at once, so about a condition + DiT step +
-  decode) and `change_lag` (while moving: the DiT is busy with a chunk bound before it, the
-  next one reads it when the DiT takes it, so between one and two DiT steps + a decode; about
-  1.5 x DiT step + decode on average). Issue 34's target: p50 <= 1.5 x DiT step + decode.
+  decode) and `change_lag` (while moving: the DiT is busy with a chunk bound before it; with
+  `controls.preempt` the server gives that chunk up at its next denoising call and makes it
+  again with the new keys, so about one DiT step + decode + part of a denoising call; without
+  it the next chunk reads the keys when the DiT takes it, between one and two DiT steps + a
+  decode). Issue 34's target: p50 <= 1.5 x DiT step + decode.
   A change is sent at a random moment of the chunk that runs (`--change-phase random`, the
   default: uniform in [0, the last chunk interval) after the press's last held frame, seeded by
   --seed), as a person's key press is not timed to the frames; `--change-phase frame` sends it

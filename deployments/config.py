@@ -315,6 +315,10 @@ class ControlArgs(_Strict):
     pitch_deg: float = Field(2.0, ge=0, le=90)  # I/K
     pitch_limit_deg: float = Field(85.0, ge=0, le=90)
     max_unacked_chunks: int = Field(2, ge=1, le=64)  # a driven session (`drive`) runs this far ahead of its `ack`s
+    # A driven chunk whose keys change while the DiT runs it is given up at its next denoising
+    # call and made again with the new keys (once per chunk): the change shows one chunk sooner,
+    # at the cost of the calls given up (drive/binding.py).
+    preempt: bool = True
 
 
 class PrefixCacheArgs(_Strict):

@@ -72,6 +72,13 @@ class Busy(ReplicaError):
 
 
 
+class Preempted(ReplicaError):
+    """A driven session's chunk given up between its denoising calls (`DiTDeployment.preempt`:
+    its keys changed while it ran); the session is as before it, the ingress makes it again."""
+
+    code = ErrorCode.BUSY
+
+
 class Unauthorized(ReplicaError):
     """A resume whose token (or API key) is not the session's."""
 

@@ -101,6 +101,10 @@ class SessionMetrics:
         self.expired = Counter(
             "lwf_sessions_expired", description="Sessions dropped after idle_ttl_s without a call."
         )
+        self.preempted = Counter(
+            "lwf_chunks_preempted",
+            description="Driven chunks the DiT gave up for newer keys and made again (controls.preempt).",
+        )
         self.cache_bytes = Gauge(
             "lwf_session_cache_bytes",
             description="Bytes of per-session caches held (DiT: KV + cross-attention caches).",

@@ -7,7 +7,7 @@ of a replica. A caller asks `capabilities` before it calls a method an engine ma
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -54,11 +54,18 @@ class EngineCapabilities:
       a restored session replays the updates of its past chunks).
     deferred_update: `step(defer_update=True)` returns a chunk's latents before its cache-update
       call, which `finish_chunk` runs (a server decodes the chunk meanwhile).
+    preempt: `step(should_stop=...)` gives a chunk up between its denoising calls, the session
+      as before the step (a driven session whose keys changed while its chunk ran).
     """
 
     restore: bool = True
     update_prompt: bool = True
     deferred_update: bool = True
+    preempt: bool = True
+
+
+class ChunkPreempted(Exception):
+    """`step`'s `should_stop()` said yes: the chunk was given up; the session is as before it."""
 
 
 class DiTEngineProtocol(Protocol):
@@ -93,8 +100,10 @@ class DiTEngineProtocol(Protocol):
         """A session rebuilt from its finished chunks (`capabilities.restore`)."""
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray, intrinsics: np.ndarray,
-             defer_update: bool = False) -> ChunkOutput:
-        """The session's next chunk (`defer_update`: `capabilities.deferred_update`)."""
+             defer_update: bool = False, should_stop: Callable[[], bool] | None = None) -> ChunkOutput:
+        """The session's next chunk (`defer_update`: `capabilities.deferred_update`).
+        `should_stop()` is asked before each denoising call (`capabilities.preempt`): True gives
+        the chunk up (`ChunkPreempted`), the session as it was before the step."""
 
     def finish_chunk(self, session: DiTSession) -> float:
         """Run a deferred cache update (no-op without one); its seconds."""

@@ -9,14 +9,14 @@ is the exception: it returns the decoded video on the engine's device (callers c
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from model.dit.plucker import CameraTrack
-from model.engine_api import ChunkOutput, EngineCapabilities, SessionFootprint
+from model.engine_api import ChunkOutput, ChunkPreempted, EngineCapabilities, SessionFootprint
 from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import DiTConfig
 from model.dit.model import CausalDiT
@@ -226,19 +226,32 @@ class DiTEngine:
             cache.reset()
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray,
-             intrinsics: np.ndarray, defer_update: bool = False) -> ChunkOutput:
+             intrinsics: np.ndarray, defer_update: bool = False,
+             should_stop: Callable[[], bool] | None = None) -> ChunkOutput:
         """The session's next chunk from its y [20, 3, lh, lw] and N camera poses [N, 4, 4]
         with intrinsics [N, 4] (PROTOCOL.md `cameras`).
 
         `defer_update`: return the latents after the 4 denoising calls and leave the chunk's
         cache-update call (t = 0 on x0, which writes the K/V later chunks read) to
         `finish_chunk`: a server sends the chunk to decoding while the DiT writes its cache.
-        Same calls in the same order, so the same numbers; the next step runs it first anyway."""
+        Same calls in the same order, so the same numbers; the next step runs it first anyway.
+
+        `should_stop()`, asked before each denoising call: True gives the chunk up
+        (`ChunkPreempted`) with the session as before this step (camera track and noise
+        position put back; its caches were only read), so the next `step` makes this chunk
+        again, equal to one never given up."""
         session.check_open()
         self.finish_chunk(session)
         t0 = time.perf_counter()
-        plucker = session.camera.chunk(poses, intrinsics)  # [1, 384, 3, lh, lw]
-        return self._run(session, y, plucker, t0, defer_update)
+        camera = session.camera
+        before = (camera.anchor, camera.last_pose, session.noise.mark())
+        plucker = camera.chunk(poses, intrinsics)  # [1, 384, 3, lh, lw]
+        try:
+            return self._run(session, y, plucker, t0, defer_update, should_stop)
+        except ChunkPreempted:
+            camera.anchor, camera.last_pose, mark = before
+            session.noise.rewind(mark)
+            raise
 
     @torch.inference_mode()
     def finish_chunk(self, session: DiTSession) -> float:
@@ -264,7 +277,7 @@ class DiTEngine:
 
     @torch.inference_mode()
     def _run(self, session: DiTSession, y: torch.Tensor, plucker: torch.Tensor, t0: float,
-             defer_update: bool = False) -> ChunkOutput:
+             defer_update: bool = False, should_stop: Callable[[], bool] | None = None) -> ChunkOutput:
         device = self.device
         start = session.start_token
         session.caches.ensure_capacity(start + CHUNK_LATENT_FRAMES * session.spec.frame_seqlen)
@@ -296,7 +309,12 @@ class DiTEngine:
 
         t1 = time.perf_counter()
         update = not (self.skip_final_update and last_planned)  # the last chunk's K/V are never read
-        x0 = run_chunk(call, x, self.schedule, session.noise, self.timesteps, update=False)
+        def denoise(x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            if should_stop is not None and should_stop():
+                raise ChunkPreempted()
+            return call(x_in, t)
+
+        x0 = run_chunk(denoise, x, self.schedule, session.noise, self.timesteps, update=False)
         if update and not defer_update:
             write_kv(x0)
         latents = x0.float().cpu()  # synchronises

@@ -37,7 +37,7 @@ from deployments.config import AppArgs
 from deployments.ingress.branching import Branches
 from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
-from deployments.ingress.drive.binding import late_bound_step
+from deployments.ingress.drive.binding import late_bound_step, preempt_running
 from deployments.ingress.drive.driver import Driver
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
@@ -280,6 +280,8 @@ class Connection:
                 self._controls.set(req)
                 if self._driver is not None:
                     self._driver.wake()
+                    if self._args.controls.preempt and self._driver.stream.spec.session_id == req.session_id:
+                        preempt_running(self._b, self._driver.stream, req.keys)
                 return False, False
             if isinstance(req, AckRequest):
                 self._on_ack(req)
@@ -380,7 +382,7 @@ class Connection:
             step = self._dit_lane.submit(partial(self._jobs.step, stream, y, camera.poses, camera.intrinsics, context))
         else:
             step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, chunk_id, y,
-                                                 camera, dit_started or (lambda: None)))
+                                                 camera, dit_started or (lambda: None), self._args.controls.preempt))
         return self._replies.finish_chunk(stream, chunk_id, step, timings, client_chunk_id, reset, t0)
 
     # ---- driven sessions (`drive`, drive/driver.py) ----

@@ -44,6 +44,7 @@ class _Cursor:
     next_chunk: int  # the stream's `next_chunk` when it was left: any other value (a rewind) voids it
     pose: np.ndarray  # float64 [4, 4]
     intrinsics: np.ndarray  # float32 [4]: the row key-driven chunks use
+    before: Optional["_Cursor"] = None  # the cursor this one replaced (`uncommit`)
 
 
 class ControlBook:
@@ -75,6 +76,10 @@ class ControlBook:
             return None
         return cursor
 
+    def keys_for(self, session_id: str) -> tuple[str, ...]:
+        """The keys held for `session_id` now (none when the control names another session)."""
+        return self._keys if self._session_id == session_id else ()
+
     def holds_keys(self, session_id: str) -> bool:
         """Some key is held for `session_id` (a driven session goes on; none: it pauses)."""
         return self._session_id == session_id and bool(self._keys)
@@ -101,8 +106,23 @@ class ControlBook:
     def commit(self, stream: Stream, cams: ChunkCameras, chunk_id: int) -> None:
         """Chunk `chunk_id` was accepted: the stream's camera continues from it."""
         sid = stream.spec.session_id
+        before = self._cursor(stream, chunk_id)
+        if before is not None:
+            before.before = None  # one step back is all `uncommit` takes
         self._cursors = {k: c for k, c in self._cursors.items() if k != sid and c.stream.state is StreamState.OPEN}
-        self._cursors[sid] = _Cursor(stream, chunk_id + 1, cams.last_pose, cams.intrinsics[0])
+        self._cursors[sid] = _Cursor(stream, chunk_id + 1, cams.last_pose, cams.intrinsics[0], before)
+
+    def uncommit(self, stream: Stream, chunk_id: int) -> None:
+        """Chunk `chunk_id` was given up after `commit` (preempted, drive/binding.py): the camera
+        continues from where it was before it, so the chunk is bound again from there."""
+        sid = stream.spec.session_id
+        cursor = self._cursors.get(sid)
+        if cursor is None or cursor.stream is not stream or cursor.next_chunk != chunk_id + 1:
+            return
+        if cursor.before is not None:
+            self._cursors[sid] = cursor.before
+        else:  # the chunk continued the journal's last pose (no cursor before it): so will its next try
+            del self._cursors[sid]
 
     @staticmethod
     async def annotate(reply_task: Awaitable[BaseModel], cams: ChunkCameras | Awaitable[ChunkCameras]) -> BaseModel:

@@ -55,6 +55,16 @@ def image_digest(image: bytes | np.ndarray) -> str:
     return h.hexdigest()
 
 
+@dataclass(slots=True)
+class BoundChunk:
+    """A driven chunk on the DiT, bound to the keys held when it started (drive/binding.py)."""
+
+    chunk_id: int
+    keys: tuple[str, ...]
+    preemptible: bool  # it may be given up for newer keys (once: a chunk made again is not)
+    asked: bool = False  # its preempt was sent
+
+
 @dataclass(eq=False, slots=True)
 class Stream:
     """One session incarnation on one connection."""
@@ -74,6 +84,7 @@ class Stream:
     text_encode_s: float = 0.0
     recoveries: int = 0  # times the session was rebuilt on another replica
     driven: bool = False  # opened by `drive`: the server starts its chunks (drive/driver.py), not infers
+    bound: Optional[BoundChunk] = None  # its driven chunk the DiT runs now, bound to the keys (drive/binding.py)
     release: Optional[asyncio.Task] = None  # frees the replicas' state once the stream ended
     prompt: str = field(init=False)  # the prompt the session attends to now (after prompt updates)
     # Resume (resume.py): the token its chunk-0 reply carries (None when the server does not

@@ -27,7 +27,8 @@ from ray import serve
 
 from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
-from deployments.errors import AttentionBound, Busy, ChunkLimit, SessionLimit, SessionLost, TooLarge, Unsupported
+from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, SessionLimit, SessionLost, TooLarge,
+                                Unsupported)
 from deployments.log import get_log
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
@@ -37,7 +38,7 @@ from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
 from model.accel import AccelOptions
 from model.compile_cache import CompileCache
 from model.dit.caches import KVCacheConfig
-from model.engine_api import DiTEngineProtocol, SessionFootprint
+from model.engine_api import ChunkPreempted, DiTEngineProtocol, SessionFootprint
 from model.factory import load_dit_engine
 from model.dit.sampler import NoiseState
 from model.ready import ReadyClock
@@ -56,6 +57,7 @@ class DiTSlot:
     chunks: int = 0
     windowed: bool = False  # the session runs with the rolling window: its memory never grows
     update_s: float = 0.0  # its last chunk's deferred cache update (reported with the next chunk)
+    preempt_chunk: Optional[int] = None  # `preempt`: give this chunk up at its next denoising call
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +246,12 @@ class DiTDeployment(SessionHost[DiTSlot]):
         try:
             out = await self._compute_on_early(routing_key, self._step, y, poses, intrinsics, context,
                                                prepare=self._admit_chunk)
+        except Preempted:
+            calls = self.__dict__.setdefault("_calls_total", {})  # `stats`: chunks given up
+            calls["preempted"] = calls.get("preempted", 0) + 1
+            if self._metrics is not None:
+                self._metrics.preempted.inc()
+            raise
         except (SessionLost, ChunkLimit, AttentionBound, SessionLimit, Busy):  # typed: the session's state is intact
             raise
         except Exception as e:
@@ -254,6 +262,22 @@ class DiTDeployment(SessionHost[DiTSlot]):
                               "session; start again with image and prompt") from e
         self._publish()
         return out
+
+    async def preempt(self, routing_key: str, chunk_id: int) -> bool:
+        """Give the session's chunk `chunk_id` up at its next denoising call, or before it starts
+        (`Preempted` from its `step`; the session as before it): a driven session whose keys
+        changed while the chunk ran. False (nothing changed) when the chunk is already done or
+        the session is not here, or the engine cannot (`capabilities.preempt`)."""
+        if not self._engine.capabilities.preempt:
+            return False
+        try:
+            slot = self._table.get(routing_key)
+        except SessionLost:
+            return False
+        if slot.chunks != chunk_id:
+            return False
+        slot.preempt_chunk = chunk_id
+        return True
 
     def _admit_chunk(self, routing_key: str, slot: DiTSlot) -> None:
         """Chunk cap, and a growing reservation for sessions of unknown length without a window
@@ -285,8 +309,16 @@ class DiTDeployment(SessionHost[DiTSlot]):
         if context is not None:
             self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
         defer = self._engine.capabilities.deferred_update
-        out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics,  # copy: y arrives read-only
-                                defer_update=defer)
+        chunk = slot.chunks
+        stop = (lambda: slot.preempt_chunk == chunk) if self._engine.capabilities.preempt else None
+        try:
+            out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics,  # copy: y arrives read-only
+                                    defer_update=defer, should_stop=stop)
+        except ChunkPreempted:
+            raise Preempted(f"chunk {chunk} was given up for newer keys; the session is as before it") from None
+        finally:
+            if slot.preempt_chunk is not None and slot.preempt_chunk <= chunk:
+                slot.preempt_chunk = None
         slot.chunks += 1
         noise = slot.session.noise.state()
         timings = {**out.timings, "previous_cache_update": slot.update_s} if defer else out.timings

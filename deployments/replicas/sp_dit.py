@@ -141,7 +141,7 @@ class SPReplicaEngine(DiTEngineProtocol):
     (the ranks are then out of step) breaks the engine for good (`broken`, `RankFailure`).
     """
 
-    capabilities = EngineCapabilities(restore=True, update_prompt=False, deferred_update=False)
+    capabilities = EngineCapabilities(restore=True, update_prompt=False, deferred_update=False, preempt=False)
 
     def __init__(self, local: SPDiTEngine, ranks: list[ray.actor.ActorHandle], timeout_s: float) -> None:
         self._local = local

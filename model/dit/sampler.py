@@ -135,6 +135,15 @@ class NoisePlan:
     def state(self) -> NoiseState:
         return NoiseState(self.generator.get_state(), self._whole is not None)
 
+    def mark(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The position now, cheap to take and to go back to within a session (`rewind`):
+        a chunk given up before its end (preempted) leaves the draws where they were."""
+        return self.generator.get_state(), self._whole
+
+    def rewind(self, mark: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        self.generator.set_state(mark[0])
+        self._whole = mark[1]
+
     def set_state(self, state: NoiseState) -> None:
         """Restore a position taken by `state()` (the whole-video noise is redrawn from the seed)."""
         self._whole = None

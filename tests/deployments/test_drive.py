@@ -203,3 +203,53 @@ def test_a_driven_session_resumed_on_a_new_socket_waits_paused_for_keys(resume_s
     np.testing.assert_allclose(new[0].poses, key_chunk_poses(before[-1].poses[-1].astype(np.float64), {"l"}, STEPS),
                                atol=1e-5)
     assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.BAD_MESSAGE
+
+
+def test_a_driven_session_is_byte_identical_to_infers_from_the_same_keys(server, connect, example):
+    """A control sent as each frame arrives (where the DiT is slower than the decode, it runs
+    the next chunk then, bound to the keys before it, and `controls.preempt` gives it up and
+    makes it again: test_driver.py and test_dit_preempt.py pin that down; on this CPU the tiny
+    DiT is usually done first). Every driven chunk, given up or not, is byte-identical to the
+    chunk an infer session makes from the same keys (`from_keys`, one control before each infer)."""
+    cycle = (["w"], ["l"], ["w", "j"], ["a"], ["d", "i"], ["s"])
+    keys_of = {1: ["w"]} | {i + 2: cycle[(i + 1) % len(cycle)] for i in range(8)}
+
+    async def drive():
+        async with connect() as c:
+            await c.send(encode_control("pre", 1, ["w"]))
+            await c.send(encode_drive("pre", example.image, example.prompt, seed=5))
+            replies = [await recv_frame(c)]
+            for i in range(8):
+                replies.append(await recv_frame(c))
+                await c.send(encode_control("pre", i + 2, keys_of[i + 2]))  # while the next chunk runs
+            await c.send(encode_control("pre", 20, []))
+            while not isinstance(reply := await c.recv(), Paused):
+                assert isinstance(reply, FrameReply), reply
+                await c.send(encode_ack("pre", reply.chunk_id))
+                replies.append(reply)
+            await reset(c, "pre")
+        return replies
+
+    async def replay(replies):
+        async with connect() as c:
+            out = []
+            for r in replies:
+                await c.send(encode_control("rep", 100 + r.chunk_id, keys_of.get(r.event_id, [])))
+                first = dict(image=example.image, prompt=example.prompt, seed=5, prefix_cache=False) if not out else {}
+                await c.send(encode_infer("rep", from_keys=True, client_chunk_id=r.chunk_id, **first))
+                reply = await c.recv()
+                assert isinstance(reply, FrameReply), reply
+                out.append(reply)
+            await c.send(encode_reset("rep"))
+            assert isinstance(await c.recv(), ResetOk)
+        return out
+
+    replies = asyncio.run(drive())
+    again = asyncio.run(replay(replies))
+    assert [r.chunk_id for r in replies] == list(range(len(replies)))
+    events = [r.event_id for r in replies]
+    assert events == sorted(events)
+    for r, a in zip(replies, again):
+        np.testing.assert_array_equal(r.poses, a.poses)
+        assert r.video == a.video, r.chunk_id
+    server.wait_held(0)

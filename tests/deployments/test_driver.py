@@ -14,6 +14,8 @@ from PIL import Image
 from camera.keys import KeySteps, key_chunk_poses
 from connection_fakes import FakeDeployment, FakeMetrics, ScriptedSocket
 from deployments.config import AppArgs
+from deployments.errors import Preempted
+from deployments.wire import NoiseSnapshot, StepResult
 from deployments.ingress.connection import Backends, Connection
 from protocol import encode_ack, encode_control, encode_drive, encode_infer
 from protocol.errors import ErrorCode
@@ -45,16 +47,56 @@ class ClosingDeployment(FakeDeployment):
         return await super().call(method, args)
 
 
+class PreemptingDiT(ClosingDeployment):
+    """A DiT whose step runs as 4 denoising slices and gives the chunk up between them once
+    `preempt` asked for it (as DiTDeployment: `Preempted`, the chunk not counted)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.chunks = 0  # chunks made
+        self.flag: int | None = None
+
+    async def call(self, method: str, args: tuple):
+        if method == "preempt":
+            _key, chunk_id = args
+            self.log.append(f"dit.preempt {chunk_id}")
+            if chunk_id != self.chunks:
+                return False
+            self.flag = chunk_id
+            return True
+        if method != "step":
+            return await super().call(method, args)
+        assert self.in_flight == 0, "two steps in flight"
+        self.in_flight += 1
+        chunk = self.chunks
+        self.log.append("dit.step start")
+        try:
+            for _ in range(4):
+                if self.flag == chunk:
+                    self.log.append(f"dit.step preempted {chunk}")
+                    raise Preempted(f"chunk {chunk} given up")
+                await asyncio.sleep(self.seconds / 4)
+        finally:
+            self.in_flight -= 1
+            if self.flag is not None and self.flag <= chunk:
+                self.flag = None
+        self.log.append("dit.step end")
+        self.chunks += 1
+        return StepResult(latents=np.zeros((16, 3, 4, 6), np.float32), noise=NoiseSnapshot(np.zeros(8, np.uint8), False),
+                          timings={"dit": self.seconds}, replica="d")
+
+
 class Rig:
     """One Connection on fakes, run in the background of a test coroutine."""
 
-    def __init__(self, max_unacked: int = 2) -> None:
+    def __init__(self, max_unacked: int = 2, dit: type = ClosingDeployment, preempt: bool = True) -> None:
         self.log: list[str] = []
         self.backends = Backends(text=FakeDeployment("text", self.log, 0.0),
                                  vae=ClosingDeployment("vae", self.log, VAE_S),
-                                 dit=ClosingDeployment("dit", self.log, DIT_S))
+                                 dit=dit("dit", self.log, DIT_S))
         self.ws = ScriptedSocket()
-        self.args = AppArgs(controls={"max_unacked_chunks": max_unacked}, model={"default_size": "32*64"})
+        self.args = AppArgs(controls={"max_unacked_chunks": max_unacked, "preempt": preempt},
+                            model={"default_size": "32*64"})
 
     async def __aenter__(self) -> "Rig":
         self.conn = Connection(self.ws, self.backends, self.args, Limits(), CameraServerConfig(model="tiny"),
@@ -198,3 +240,75 @@ def test_the_socket_end_stops_the_driver_and_releases():
     assert rig.steps() == steps  # nothing started after the end
     assert "dit.close" in rig.log and "vae.close" in rig.log
     assert rig.conn._driver is None
+
+
+def _expected(replies: list[FrameReply], keys_of: dict) -> None:
+    steps, last = KeySteps(), None
+    for r in replies:
+        poses = key_chunk_poses(last, keys_of.get(r.event_id, set()), steps)
+        np.testing.assert_allclose(r.poses, poses, atol=1e-5)
+        last = poses[-1]
+
+
+def test_keys_changed_while_the_chunk_runs_give_it_up_and_it_shows_them():
+    """controls.preempt: chunk 2 runs bound to W when L is pressed; the DiT gives it up at its
+    next slice and chunk 2 is made again, bound to L and continuing chunk 1's camera."""
+    async def go():
+        async with Rig(max_unacked=16, dit=PreemptingDiT) as rig:
+            rig.ws.send(encode_control("d", 1, ["w"]))
+            rig.ws.send(encode_drive("d", png(), "a street"))
+            await rig.frame(1)  # chunk 2 has run on the DiT for about a decode (VAE_S), of DIT_S
+            rig.ws.send(encode_control("d", 2, ["l"]))
+            await rig.frame(3)
+            rig.ws.send(encode_control("d", 3, []))
+            await rig.paused()
+        return frames(rig.ws.sent), list(rig.log)
+
+    replies, log = asyncio.run(go())
+    assert [r.chunk_id for r in replies] == list(range(len(replies)))
+    assert "dit.preempt 2" in log and "dit.step preempted 2" in log
+    assert [r.event_id for r in replies[:3]] == [1, 1, 2]  # without preemption chunk 3 would show L first
+    assert log.count("dit.step preempted 2") == 1  # and made again
+    given_up = sum(e.startswith("dit.step preempted") for e in log)  # the release may give one more up
+    assert log.count("dit.step start") - log.count("dit.step end") - given_up in (0, 1)  # one may run at the end
+    _expected(replies, {1: {"w"}, 2: {"l"}})
+
+
+def test_a_chunk_is_given_up_once_however_often_the_keys_change():
+    """A chunk made again runs to its end: keys changing during it wait for the next chunk."""
+    async def go():
+        async with Rig(max_unacked=16, dit=PreemptingDiT) as rig:
+            rig.ws.send(encode_control("d", 1, ["w"]))
+            rig.ws.send(encode_drive("d", png(), "a street"))
+            await rig.frame(1)
+            rig.ws.send(encode_control("d", 2, ["l"]))
+            await rig.ws.wait_for(lambda _: "dit.step preempted 2" in rig.log or None)
+            await asyncio.sleep(DIT_S / 3)  # chunk 2 made again, bound to L, runs
+            rig.ws.send(encode_control("d", 3, ["a"]))
+            rig.ws.send(encode_control("d", 4, ["d"]))
+            await rig.frame(4)
+            rig.ws.send(encode_control("d", 5, []))
+            await rig.paused()
+        return frames(rig.ws.sent), list(rig.log)
+
+    replies, log = asyncio.run(go())
+    assert log.count("dit.preempt 2") == 1 and log.count("dit.step preempted 2") == 1
+    assert replies[2].event_id == 2 and replies[3].event_id == 4  # D: the keys held when chunk 3 started
+    _expected(replies, {1: {"w"}, 2: {"l"}, 3: {"a"}, 4: {"d"}})
+
+
+def test_without_preempt_a_change_waits_for_the_next_chunk():
+    async def go():
+        async with Rig(max_unacked=16, dit=PreemptingDiT, preempt=False) as rig:
+            rig.ws.send(encode_control("d", 1, ["w"]))
+            rig.ws.send(encode_drive("d", png(), "a street"))
+            await rig.frame(1)
+            rig.ws.send(encode_control("d", 2, ["l"]))
+            await rig.frame(3)
+            rig.ws.send(encode_control("d", 3, []))
+            await rig.paused()
+        return frames(rig.ws.sent), list(rig.log)
+
+    replies, log = asyncio.run(go())
+    assert not any("preempt" in e for e in log)
+    assert [r.event_id for r in replies[:4]] == [1, 1, 1, 2]

@@ -64,7 +64,7 @@ def test_the_sequence_parallel_replica_declares_the_protocol_and_its_capabilitie
     assert methods <= defined, methods - defined
     caps = next(n.value for n in cls.body if isinstance(n, ast.Assign)
                 and [ast.unparse(t) for t in n.targets] == ["capabilities"])
-    assert ast.unparse(caps) == "EngineCapabilities(restore=True, update_prompt=False, deferred_update=False)"
+    assert ast.unparse(caps) == "EngineCapabilities(restore=True, update_prompt=False, deferred_update=False, preempt=False)"
 
 
 def test_no_caller_probes_an_engine_with_hasattr():
