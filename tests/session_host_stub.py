@@ -2,6 +2,7 @@
 "b" held, a metrics and a log stub that record what they get."""
 from __future__ import annotations
 
+from deployments.replicas import stall_counters
 from deployments.replicas.priority_lock import PriorityLock
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
@@ -30,6 +31,7 @@ class _Log:
 
 
 def stub_host(slow_call_s: float) -> SessionHost:
+    stall_counters.prime()  # as `_start_host` does (dynamo's first import is 1-3 s)
     host = object.__new__(SessionHost)
     host.slow_call_s = slow_call_s
     host._device = "cpu"
