@@ -54,11 +54,14 @@ class EngineCapabilities:
       a restored session replays the updates of its past chunks).
     deferred_update: `step(defer_update=True)` returns a chunk's latents before its cache-update
       call, which `finish_chunk` runs (a server decodes the chunk meanwhile).
+    clone: `clone` copies a live session into an independent one on the same device (a fork at
+      the session's head, without replaying its chunks).
     """
 
     restore: bool = True
     update_prompt: bool = True
     deferred_update: bool = True
+    clone: bool = True
 
 
 class DiTEngineProtocol(Protocol):
@@ -91,6 +94,9 @@ class DiTEngineProtocol(Protocol):
     def restore(self, spec: DiTSessionSpec, past: Sequence[PastChunk],
                 noise_state: NoiseState | None) -> DiTSession:
         """A session rebuilt from its finished chunks (`capabilities.restore`)."""
+
+    def clone(self, session: DiTSession) -> DiTSession:
+        """An independent copy of a live session (`capabilities.clone`): both continue alike."""
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray, intrinsics: np.ndarray,
              defer_update: bool = False) -> ChunkOutput:
