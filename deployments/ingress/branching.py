@@ -1,19 +1,32 @@
 """Fork and rewind (PROTOCOL.md §2): a session branched or taken back to an earlier chunk.
 
-Both are journal rebuilds (journal.py, recovery.py): the session as it was after chunk k - 1
-is the journal's first k chunks replayed (`DiTDeployment.restore`: one cache-update call per
-chunk, rolling window included, then the noise generator put where it was;
-`VaeDeployment.restore`: k conditions and k decodes, muxed again). Its next chunk is then
+A fork at the source's head (`at_chunk` == its chunk count: nothing to take back, the common
+"branch from here") is a copy of live state: each lane calls `clone(source_key, new_key, ...)`
+routed by the source's key, so it reaches the replica that holds the source, which admits the
+new session like an open and copies the source's state on the device (`DiTDeployment.clone`,
+`VaeDeployment.clone`); the router pins the new key to that replica (deployments/router.py).
+The VAE copies raw-frames sessions only: an fMP4 session's H.264 encoder state cannot be copied
+(deployments/replicas/vae.py), so its VAE replays. A clone refused `busy` / `too_large` refuses
+the fork (the source's replica is full); any other failure (the replica left, it lost the
+source, its engine cannot clone: the sequence-parallel DiT) falls back, per lane, to the
+journal rebuild below under a fresh routing key. The "session forked" log line says which
+(`path`: the DiT's, `vae_path`).
+
+Everything else is a journal rebuild (journal.py, recovery.py): the session as it was after
+chunk k - 1 is the journal's first k chunks replayed (`DiTDeployment.restore`: one cache-update
+call per chunk, rolling window included, then the noise generator put where it was;
+`VaeDeployment.restore`: k conditions and k decodes, muxed again). Either way its next chunk is
 byte-identical to the one an uninterrupted session with the same first k chunks produces.
 
 * Rewind: the session keeps its identity on the connection (quota, resume token) but gets
   fresh routing keys; its old incarnation is closed on both lanes first, then it is restored
   from its journal truncated to k chunks.
 * Fork: a new stream with its own keys from a prefix copy of the journal (arrays shared),
-  admitted like a new session (quota at once; the DiT's `reserve`, then the VAE's and the
-  DiT's `restore`: `busy` / `too_large` when they refuse, the new session then released).
-  The connection then holds it beside its current session (`Branches`); an infer or reset
-  that names it makes it the current one. At most `sessions.max_branches` such held sessions.
+  admitted like a new session (quota at once; a clone's admission, or the DiT's `reserve`, then
+  the VAE's and the DiT's `restore`: `busy` / `too_large` when they refuse, the new session then
+  released). The connection then holds it beside its current session (`Branches`); an infer or
+  reset that names it makes it the current one. At most `sessions.max_branches` such held
+  sessions.
 
 Either is refused, with nothing changed, for a session the connection does not hold open, a
 chunk out of range, a session with a chunk in flight (`busy`: the journal is only complete
