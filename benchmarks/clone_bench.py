@@ -73,10 +73,17 @@ def run(args: argparse.Namespace) -> dict:
         b, s = _timed(device, lambda: dit.clone(a))
         clones.append(s)
         dit.close(b)
+        del b
     b, _ = _timed(device, lambda: dit.clone(a))
-    restored, restore_s = _timed(device, lambda: dit.restore(spec, past, noise))
     y, poses, intr = _chunk(args.chunks, lat, gen)
-    next_a, next_b, next_r = (dit.step(s, y.clone(), poses, intr).latents for s in (a, b, restored))
+    next_b = dit.step(b, y.clone(), poses, intr).latents
+    dit.close(b)  # one session beside the source at a time (a full-size window is GiBs)
+    del b
+    restored, restore_s = _timed(device, lambda: dit.restore(spec, past, noise))
+    next_r = dit.step(restored, y.clone(), poses, intr).latents
+    dit.close(restored)
+    del restored
+    next_a = dit.step(a, y.clone(), poses, intr).latents
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else device,
         "size": [h, w], "chunks": args.chunks, "window": args.window, "kv": kv.format, "ring": kv.ring,
@@ -86,7 +93,8 @@ def run(args: argparse.Namespace) -> dict:
         "clone_next_equal": bool(torch.equal(next_a, next_b)),
         "restore_next_max_abs_diff": float((next_a - next_r).abs().max()),
     }
-    del a, b, restored, dit
+    dit.close(a)
+    del a, dit
     if device == "cuda":
         torch.cuda.empty_cache()
 
