@@ -12,7 +12,9 @@ the continuation the fork and the rewind send):
    the run: A is never served from the store by an earlier run.)
 3. **fork**: A is forked at its last chunk into F (`fork` -> `forked`), then F's next chunk:
    time to `forked` and from the fork request to F's first frame, against A's mean DiT step
-   (issue 33: within one DiT step + 0.3 s).
+   (issue 33: within one DiT step + 0.3 s), and the path it took: `clone` (the replica holding A
+   copied its live state) or `replay` (the journal's chunks replayed), per deployment, from the
+   replicas' `clone` call counts before and after (/v1/models; null when unreadable).
 4. **rewind**: A rewound to its last chunk (`rewind` -> `rewound`), the chunk sent again: time to
    `rewound`, to the frame, and whether its video equals the original (CPU float32: equal by
    design; GPU bf16: kernels are not bit-reproducible, so this reports, not asserts).
@@ -31,7 +33,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from benchmarks.serve_load import http_base, replica_report
+from benchmarks.serve_load import get_json, http_base, replica_report
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import plan_session
@@ -105,6 +107,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           "video_equal": sum(x.video == y.video for x, y in zip(cold, hit))}
             await b.reset("bb-b")
 
+        clones_before = _clone_calls(args)
         t_f = time.perf_counter()
         await a.send(encode_fork("bb-a", "bb-f", n))
         await _answer(a, Forked, t)
@@ -115,7 +118,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         step = out["cold"]["dit_step_mean_s"]
         out["fork"] = {"at_chunk": n, "forked_s": forked_s, "fork_to_frame_s": fork_to_frame,
                        "frame_dit_s": first.stage_durations.get("dit"),
-                       "target_s": step + 0.3 if step is not None else None}
+                       "target_s": step + 0.3 if step is not None else None,
+                       "path": _paths(clones_before, _clone_calls(args))}
         await a.reset("bb-f")
 
         t_r = time.perf_counter()
@@ -129,6 +133,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await a.reset("bb-a")
     out["replicas"] = replica_report(http_base(args.url), args.api_key)
     return out
+
+
+def _clone_calls(args: argparse.Namespace) -> Optional[dict[str, int]]:
+    """`clone` calls each stateful deployment's replicas ran so far (their stats); None when unreadable."""
+    try:
+        card = get_json(f"{http_base(args.url)}/v1/models", args.api_key)["data"][0]
+        return {name: sum(r.get("calls", {}).get("clone", 0) for r in card["replicas"][name]) for name in ("dit", "vae")}
+    except Exception:  # noqa: BLE001 - a report, not a failure of the run
+        return None
+
+
+def _paths(before: Optional[dict[str, int]], after: Optional[dict[str, int]]) -> Optional[dict[str, str]]:
+    """Per deployment, how the fork was built: `clone` when its replicas ran one more clone."""
+    if before is None or after is None:
+        return None
+    return {name: "clone" if after[name] > before[name] else "replay" for name in before}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

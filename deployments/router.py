@@ -20,6 +20,11 @@ silently. Pins are freed when a `close` call has been routed,
 when their replica leaves, and after `pin_ttl_s` without a call (routers never learn that a
 client went away).
 
+A `clone` call (a fork at a session's head: the new session is a copy of live state) is routed
+by the *source's* key, so it reaches the replica that holds the source; once it is routed the
+new session's key (the call's second argument) is pinned to that same replica, as an open's is
+(deployments/replicas/dit.py `clone`).
+
 Set in code (`request_router_config` in `build_app`), never in YAML: a router class named in
 YAML is imported by the dashboard outside the application's runtime_env.
 """
@@ -50,13 +55,14 @@ class SessionAffinityRouter(RequestRouter):
 
     def initialize_state(
         self, pin_ttl_s: float = 900.0, open_methods: tuple[str, ...] = ("reserve", "open", "restore"),
-        close_method: str = "close", stats_fresh_s: float = 10.0,
+        close_method: str = "close", stats_fresh_s: float = 10.0, clone_method: str = "clone",
     ) -> None:
         """`stats_fresh_s`: how long after a placement the replicas' stats may still not list it."""
         self._pin_ttl_s = pin_ttl_s
         self._stats_fresh_s = stats_fresh_s
         self._open_methods = frozenset(open_methods)
         self._close_method = close_method
+        self._clone_method = clone_method
         self._pins: dict[str, _Pin] = {}
         self._closed: dict[str, float] = {}  # session -> when this router routed its close
         self._last_sweep = time.monotonic()
@@ -99,6 +105,11 @@ class SessionAffinityRouter(RequestRouter):
         if meta.session_id and meta.call_method == self._close_method:
             self._pins.pop(meta.session_id, None)
             self._closed[meta.session_id] = time.monotonic()
+        elif meta.session_id and meta.call_method == self._clone_method and len(pending_request.args) > 1:
+            new_key, now = pending_request.args[1], time.monotonic()  # clone(source_key, new_key, ...)
+            self._pins[new_key] = _Pin(replica_id, now, placed=now)
+            self._log.info("placed session", fields={"session": new_key, "replica": replica_id.unique_id,
+                                                     "cloned_from": meta.session_id})
 
     def update_replicas(self, replicas: List[RunningReplica]) -> None:
         super().update_replicas(replicas)

@@ -56,12 +56,15 @@ class EngineCapabilities:
       call, which `finish_chunk` runs (a server decodes the chunk meanwhile).
     preempt: `step(should_stop=...)` gives a chunk up between its denoising calls, the session
       as before the step (a driven session whose keys changed while its chunk ran).
+    clone: `clone` copies a live session into an independent one on the same device (a fork at
+      the session's head, without replaying its chunks).
     """
 
     restore: bool = True
     update_prompt: bool = True
     deferred_update: bool = True
     preempt: bool = True
+    clone: bool = True
 
 
 class ChunkPreempted(Exception):
@@ -98,6 +101,9 @@ class DiTEngineProtocol(Protocol):
     def restore(self, spec: DiTSessionSpec, past: Sequence[PastChunk],
                 noise_state: NoiseState | None) -> DiTSession:
         """A session rebuilt from its finished chunks (`capabilities.restore`)."""
+
+    def clone(self, session: DiTSession) -> DiTSession:
+        """An independent copy of a live session (`capabilities.clone`): both continue alike."""
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray, intrinsics: np.ndarray,
              defer_update: bool = False, should_stop: Callable[[], bool] | None = None) -> ChunkOutput:

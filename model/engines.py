@@ -92,6 +92,15 @@ class VaeEngine:
         """Chunk latents -> uint8 frames [9 or 12, h, w, 3]."""
         return to_uint8(self.decode_float(session, latents))
 
+    @torch.inference_mode()
+    def clone(self, session: VaeSession) -> VaeSession:
+        """An independent copy of a live session (a fork at its head): the image and both
+        causal caches copied on the device, the chunk counters as they are."""
+        session.check_open()
+        return VaeSession(image=session.image.clone(), enc_cache=session.enc_cache.clone(),
+                          dec_cache=session.dec_cache.clone(), encoded_chunks=session.encoded_chunks,
+                          decoded_chunks=session.decoded_chunks)
+
     def close(self, session: VaeSession) -> None:
         session.close()
 
@@ -323,6 +332,23 @@ class DiTEngine:
         if update and defer_update:
             session.pending_update = lambda: write_kv(x0)
         return ChunkOutput(latents, {"camera": t1 - t0, "dit": t2 - t1})
+
+    @torch.inference_mode()
+    def clone(self, session: DiTSession) -> DiTSession:
+        """An independent copy of a live session (a fork at its head; `capabilities.clone`).
+
+        A deferred cache update is run first, on the source (it would run before its next chunk
+        anyway, with the same numbers), so the copy has none pending. Then every tensor the
+        session writes in place is copied on the device: the self-attention caches (ring or
+        shifting window, FP8 scales or codes and descales), the cross-attention caches, the
+        text embedding, the noise plan's generator state and whole-video draw; the camera
+        track's poses and the chunk position are copied. Both sessions then continue exactly
+        as the source alone would have."""
+        session.check_open()
+        self.finish_chunk(session)
+        return DiTSession(spec=session.spec, caches=session.caches.clone(), text=session.text.clone(),
+                          camera=session.camera.clone(), noise=session.noise.clone(),
+                          chunk_index=session.chunk_index)
 
     def close(self, session: DiTSession) -> None:
         session.close()

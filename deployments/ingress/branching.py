@@ -1,19 +1,32 @@
 """Fork and rewind (PROTOCOL.md §2): a session branched or taken back to an earlier chunk.
 
-Both are journal rebuilds (journal.py, recovery.py): the session as it was after chunk k - 1
-is the journal's first k chunks replayed (`DiTDeployment.restore`: one cache-update call per
-chunk, rolling window included, then the noise generator put where it was;
-`VaeDeployment.restore`: k conditions and k decodes, muxed again). Its next chunk is then
+A fork at the source's head (`at_chunk` == its chunk count: nothing to take back, the common
+"branch from here") is a copy of live state: each lane calls `clone(source_key, new_key, ...)`
+routed by the source's key, so it reaches the replica that holds the source, which admits the
+new session like an open and copies the source's state on the device (`DiTDeployment.clone`,
+`VaeDeployment.clone`); the router pins the new key to that replica (deployments/router.py).
+The VAE copies raw-frames sessions only: an fMP4 session's H.264 encoder state cannot be copied
+(deployments/replicas/vae.py), so its VAE replays. A clone refused `busy` / `too_large` refuses
+the fork (the source's replica is full); any other failure (the replica left, it lost the
+source, its engine cannot clone: the sequence-parallel DiT) falls back, per lane, to the
+journal rebuild below under a fresh routing key. The "session forked" log line says which
+(`path`: the DiT's, `vae_path`).
+
+Everything else is a journal rebuild (journal.py, recovery.py): the session as it was after
+chunk k - 1 is the journal's first k chunks replayed (`DiTDeployment.restore`: one cache-update
+call per chunk, rolling window included, then the noise generator put where it was;
+`VaeDeployment.restore`: k conditions and k decodes, muxed again). Either way its next chunk is
 byte-identical to the one an uninterrupted session with the same first k chunks produces.
 
 * Rewind: the session keeps its identity on the connection (quota, resume token) but gets
   fresh routing keys; its old incarnation is closed on both lanes first, then it is restored
   from its journal truncated to k chunks.
 * Fork: a new stream with its own keys from a prefix copy of the journal (arrays shared),
-  admitted like a new session (quota at once; the DiT's `reserve`, then the VAE's and the
-  DiT's `restore`: `busy` / `too_large` when they refuse, the new session then released).
-  The connection then holds it beside its current session (`Branches`); an infer or reset
-  that names it makes it the current one. At most `sessions.max_branches` such held sessions.
+  admitted like a new session (quota at once; a clone's admission, or the DiT's `reserve`, then
+  the VAE's and the DiT's `restore`: `busy` / `too_large` when they refuse, the new session then
+  released). The connection then holds it beside its current session (`Branches`); an infer or
+  reset that names it makes it the current one. At most `sessions.max_branches` such held
+  sessions.
 
 Either is refused, with nothing changed, for a session the connection does not hold open, a
 chunk out of range, a session with a chunk in flight (`busy`: the journal is only complete
@@ -31,8 +44,8 @@ from typing import Optional
 from pydantic import BaseModel
 
 from deployments.config import AppArgs
-from deployments.errors import Busy, ReplicaError
-from deployments.ingress.lane_jobs import Backends, reserve_dit
+from deployments.errors import Busy, ReplicaError, TooLarge
+from deployments.ingress.lane_jobs import Backends, dit_admission, reserve_dit
 from deployments.ingress.lanes import Lane
 from deployments.ingress.releases import Releases
 from deployments.ingress.replies import Replies
@@ -94,29 +107,78 @@ class Branches:
         stream.text_encode_s = 0.0
         self._releases.adopt(stream, replacing=None)  # the key's session quota: Busy, nothing changed
         self._held[new] = stream
-        h, w = stream.spec.resolution
-        vae_key = stream.vae_key
-        stream.vae_open = self._vae_lane.submit(lambda: self._b.vae.options(session_id=vae_key).restore.remote(
-            vae_key, journal.image, h, w, k, journal.decoded_latents(), stream.spec.raw_frames))
-        stream.dit_open = self._dit_lane.submit(lambda: self._fork_dit(stream))
-        self._log.info("session forked", fields={"session": stream.key, "from": source.key, "chunks": k})
-        return asyncio.ensure_future(self._forked(stream, req.session_id))
+        # At the head (nothing to take back) the replicas that hold the source copy its live state;
+        # a source only the prefix store served so far is held by none (`materialised`).
+        head = k == source.next_chunk and source.materialised
+        paths: dict[str, str] = {}
+        dit_source = source.dit_key if head else None
+        vae_source = source.vae_key if head and stream.spec.raw_frames else None  # fMP4: see vae.py `clone`
+        stream.vae_open = self._vae_lane.submit(lambda: self._fork_vae(stream, vae_source, paths))
+        stream.dit_open = self._dit_lane.submit(lambda: self._fork_dit(stream, dit_source, paths))
+        return asyncio.ensure_future(self._forked(stream, source, paths))
 
-    async def _fork_dit(self, stream: Stream) -> str:
-        """DiT lane: admit the fork like a new session (its slot and bytes, before any work),
-        wait for the VAE's admission, then replay its chunks."""
+    async def _fork_vae(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
+        """VAE lane: a copy of the source's session on its replica (`source_key` given), else (or
+        when that replica cannot) the journal's conditions and decodes replayed."""
+        if source_key is not None:
+            if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key):
+                paths["vae"] = "clone"
+                return
+            stream.vae_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
+        paths["vae"] = "replay"
+        key, j, (h, w) = stream.vae_key, stream.journal, stream.spec.resolution
+        await self._b.vae.options(session_id=key).restore.remote(
+            key, j.image, h, w, stream.next_chunk, j.decoded_latents(), stream.spec.raw_frames)
+
+    async def _fork_dit(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
+        """DiT lane: a copy of the source's session on its replica (`source_key` given: admitted
+        there like a new session), else (or when that replica cannot) admitted like a new
+        session (its slot and bytes, before any work), the VAE's admission waited for, then its
+        chunks replayed."""
+        if source_key is not None:
+            admitted = dit_admission(stream)
+            try:
+                cloned = await self._cloned(self._b.dit, source_key, stream, "dit", stream.dit_key, stream.spec)
+            except BaseException as e:  # busy, too_large
+                if not admitted.done():
+                    admitted.set_exception(e)
+                raise
+            if cloned:
+                paths["dit"] = "clone"
+                if not admitted.done():
+                    admitted.set_result(None)
+                return
+            stream.dit_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
+        paths["dit"] = "replay"
         key, j = stream.dit_key, stream.journal
         dit = self._b.dit.options(session_id=key)
         await reserve_dit(dit, stream)
-        return await dit.restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
+        await dit.restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
 
-    async def _forked(self, stream: Stream, parent: str) -> BaseModel:
+    async def _cloned(self, handle, source_key: str, stream: Stream, lane: str, key: str, *options) -> bool:
+        """`handle.clone` of the source (routed by its key, to its replica): True once copied;
+        `busy` / `too_large` raised (that replica is full: the fork is refused like a new
+        session); False for anything else (the replica is gone, lost the source, cannot copy)."""
+        try:
+            await handle.options(session_id=source_key).clone.remote(source_key, key, *options)
+            return True
+        except (Busy, TooLarge):
+            raise
+        except Exception as e:  # noqa: BLE001 - any other failure: the journal replay
+            self._log.info("fork cannot clone; replaying the journal", fields={
+                "session": stream.key, "lane": lane, "error": f"{type(e).__name__}: {e}"[:200]})
+            return False
+
+    async def _forked(self, stream: Stream, source: Stream, paths: dict[str, str]) -> BaseModel:
         failed = await self._rebuilt(stream)
         if failed is not None:
             if self._held.get(stream.spec.session_id) is stream:
                 del self._held[stream.spec.session_id]
             return failed
-        return Forked(session_id=stream.spec.session_id, parent_session_id=parent, next_chunk_id=stream.next_chunk)
+        self._log.info("session forked", fields={"session": stream.key, "from": source.key, "chunks": stream.next_chunk,
+                                                 "path": paths.get("dit"), "vae_path": paths.get("vae")})
+        return Forked(session_id=stream.spec.session_id, parent_session_id=source.spec.session_id,
+                      next_chunk_id=stream.next_chunk)
 
     # ---- rewind ----
 

@@ -132,7 +132,7 @@ async def reserve_dit(dit: Any, stream: Stream) -> None:
     its admission future settled either way (busy, too_large re-raised), then wait for the
     VAE's admission (its refusal re-raised). A new session, a fork and a session leaving the
     prefix store all start this way."""
-    admitted = _admission(stream)
+    admitted = dit_admission(stream)
     try:
         await dit.reserve.remote(stream.dit_key, stream.spec)
     except Exception as e:
@@ -144,7 +144,7 @@ async def reserve_dit(dit: Any, stream: Stream) -> None:
     await stream.vae_open
 
 
-def _admission(stream: Stream) -> asyncio.Future:
+def dit_admission(stream: Stream) -> asyncio.Future:
     """The stream's DiT admission future (made by whichever of its jobs asks first)."""
     if stream.dit_admitted is None:
         stream.dit_admitted = asyncio.get_running_loop().create_future()
@@ -156,7 +156,7 @@ async def _dit_admitted(stream: Stream) -> None:
     """Until the DiT admitted the stream; its refusal (busy, too_large) re-raised. A stream not
     opened by `open_dit` (resumed, rebuilt) ends the wait with its `dit_open`; a failure of
     another kind (a replica died) is left to the step, which rebuilds the session."""
-    admitted, opened = _admission(stream), stream.dit_open
+    admitted, opened = dit_admission(stream), stream.dit_open
     if opened is not None:
         opened.add_done_callback(_retrieved)  # a refusal reaches the client through the condition
     if not admitted.done() and opened is not None:

@@ -13,9 +13,13 @@ encodes, and its `open` then claims the reservation.
 The replica is authoritative: a step for a session it does not hold raises `SessionLost`.
 `restore` admits a session like `open` and rebuilds it from the ingress's journal (one
 cache-update call per past chunk), so that it continues bit for bit where it stopped.
+`clone` admits a session like `open` and makes it a device copy of a live session this replica
+holds (a fork at its head: no chunk replayed); `SessionLost` when the source is not here,
+`Unsupported` when the engine cannot clone (the ingress then replays the journal).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ from model.engine_api import ChunkPreempted, DiTEngineProtocol, SessionFootprint
 from model.factory import load_dit_engine
 from model.dit.sampler import NoiseState
 from model.ready import ReadyClock
-from model.session import DiTSession, DiTSessionSpec, PastChunk
+from model.session import DiTSession, DiTSessionSpec, PastChunk, SessionStatus
 from model.warmup import WarmupReport, allow_recompiles, warm_up_dit
 
 GIB = 1024**3
@@ -168,6 +172,39 @@ class DiTDeployment(SessionHost[DiTSlot]):
         await self._admit(routing_key, session_spec, plan, len(past),
                           lambda: self._engine.restore(session_spec, chunks, state))
         self._log.info("session restored", fields={"session": routing_key, "chunks": len(past)})
+        return self._replica
+
+    async def clone(self, source_key: str, routing_key: str, options: SessionOptions) -> str:
+        """Admit `routing_key` like `open` (`Busy` / `TooLarge`, nothing changed) and make it an
+        independent copy of the live session `source_key` (a fork at its head): its caches,
+        text, camera, noise and chunk count, copied on the device. `SessionLost` when this
+        replica does not hold the source, `Unsupported` when its engine cannot clone or
+        `options` are not the source's. Returns the replica id.
+
+        Routed by the source's key (its replica); the router pins `routing_key` (the second
+        argument) where the call went (deployments/router.py)."""
+        if not self._engine.capabilities.clone:
+            raise Unsupported("this DiT deployment (sequence parallel) cannot clone sessions")
+        with self._table.hold(source_key):  # SessionLost when not held; it cannot expire meanwhile
+            src = self._table.get(source_key)
+            spec = src.session.spec
+            if (options.height, options.width, options.total_latent_frames) != (
+                    spec.height, spec.width, spec.total_latent_frames):
+                raise Unsupported("a clone keeps its source's size and length")
+            need = self._engine.footprint(src.height, src.width, src.kv_frames, spec.total_latent_frames)
+
+            def clone() -> DiTSlot:
+                if src.session.status is SessionStatus.CLOSED:  # closed while the clone queued
+                    raise SessionLost("the session to clone was closed")
+                return DiTSlot(self._engine.clone(src.session), src.height, src.width, src.kv_frames, src.chunks,
+                               src.windowed)
+
+            started = time.perf_counter()
+            with self._refusals(routing_key, need):
+                await self._open_slot(routing_key, need.held, clone, working=need.working)
+            self._record_call(routing_key, clone, 0.0, time.perf_counter() - started)
+        self._metrics.admitted.inc()
+        self._log.info("session cloned", fields={"session": routing_key, "from": source_key, "chunks": src.chunks})
         return self._replica
 
     def _full_attention(self, options: SessionOptions) -> bool:

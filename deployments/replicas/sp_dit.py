@@ -141,7 +141,8 @@ class SPReplicaEngine(DiTEngineProtocol):
     (the ranks are then out of step) breaks the engine for good (`broken`, `RankFailure`).
     """
 
-    capabilities = EngineCapabilities(restore=True, update_prompt=False, deferred_update=False, preempt=False)
+    capabilities = EngineCapabilities(restore=True, update_prompt=False, deferred_update=False, preempt=False,
+                                      clone=False)
 
     def __init__(self, local: SPDiTEngine, ranks: list[ray.actor.ActorHandle], timeout_s: float) -> None:
         self._local = local
@@ -208,6 +209,10 @@ class SPReplicaEngine(DiTEngineProtocol):
 
     def update_prompt(self, session: DiTSession, context: torch.Tensor) -> None:
         raise NotImplementedError("the sequence-parallel engine does not steer prompts")
+
+    def clone(self, session: DiTSession) -> DiTSession:
+        raise NotImplementedError("the sequence-parallel engine does not clone sessions (its shards live on "
+                                  "every rank): a fork replays the journal")
 
     def close(self, session: DiTSession) -> None:
         shard_id = self._shard_ids.pop(session, None)

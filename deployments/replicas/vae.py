@@ -6,7 +6,11 @@ want the decoded frames themselves, so they leave as raw RGB uint8 bytes, never 
 Calls for a session this replica does not hold raise `SessionLost`. `restore` rebuilds a
 session from the ingress's journal by replaying its conditions and decodes, muxing the
 decoded frames again (output dropped), so that the caches and the H.264 encoder's state are
-those of the uninterrupted session and its next fragment is byte-identical.
+those of the uninterrupted session and its next fragment is byte-identical. `clone` admits a
+session as a device copy of a live raw-frames session held here (a fork at its head); an fMP4
+session's H.264 encoder state cannot be copied (libx264 has no copy; its rate control and IDR
+ids depend on every frame before), so its clone is refused with `Unsupported` and the
+ingress replays the journal instead.
 
 Admission counts bytes, like the DiT's: a session's footprint at its output size (its encoder
 and decoder caches and image held between chunks, plus one call's activations as a
@@ -29,7 +33,7 @@ from ray import serve
 from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
-from deployments.errors import Busy, TooLarge
+from deployments.errors import Busy, SessionLost, TooLarge, Unsupported
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
@@ -38,7 +42,7 @@ from model.accel import AccelOptions
 from model.compile_cache import CompileCache
 from model.factory import load_vae_engine
 from model.ready import ReadyClock
-from model.session import VaeSession
+from model.session import SessionStatus, VaeSession
 from model.vae.footprint import CacheLayout
 from model.warmup import WarmupReport, allow_recompiles, warm_up_vae
 
@@ -118,6 +122,28 @@ class VaeDeployment(SessionHost[VaeSlot]):
         await self._admit(routing_key, height, width, build)
         self._log.info("session restored", fields={"session": routing_key, "conditioned": conditioned,
                                                    "decoded": len(decoded)})
+        return self._replica
+
+    async def clone(self, source_key: str, routing_key: str) -> str:
+        """Admit `routing_key` like `open` (`Busy` / `TooLarge`, nothing changed) and make it an
+        independent copy of the live raw-frames session `source_key` (its image and causal
+        caches, on the device). `SessionLost` when the source is not here; `Unsupported` for an
+        fMP4 session (see the module doc). Routed by the source's key; the router pins
+        `routing_key` (the second argument) where the call went. Returns the replica id."""
+        with self._table.hold(source_key):  # SessionLost when not held; it cannot expire meanwhile
+            src = self._table.get(source_key)
+            if src.muxer is not None:
+                raise Unsupported("an fMP4 session's H.264 encoder cannot be copied")
+
+            def clone() -> VaeSlot:
+                if src.session.status is SessionStatus.CLOSED:  # closed while the clone queued
+                    raise SessionLost("the session to clone was closed")
+                return VaeSlot(self._engine.clone(src.session), None)
+
+            started = time.perf_counter()
+            await self._admit(routing_key, src.session.height, src.session.width, clone)
+            self._record_call(routing_key, clone, 0.0, time.perf_counter() - started)
+        self._log.info("session cloned", fields={"session": routing_key, "from": source_key})
         return self._replica
 
     async def _admit(self, routing_key: str, height: int, width: int, build) -> None:

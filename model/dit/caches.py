@@ -144,6 +144,10 @@ class DiTCaches:
         for c in self.self_attn:
             c.ensure_capacity(tokens)
 
+    def clone(self) -> "DiTCaches":
+        """An independent copy of every layer's caches (a forked session's; device to device)."""
+        return DiTCaches([c.clone() for c in self.self_attn], [c.clone() for c in self.cross_attn])
+
     def reset(self) -> None:
         for c in self.self_attn:
             c.reset()

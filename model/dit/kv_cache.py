@@ -187,6 +187,11 @@ class SelfAttnKVCache:
         self.global_end = 0
         self.local_end = 0
 
+    def clone(self) -> "SelfAttnKVCache":
+        """An independent copy (a forked session's): every tensor copied on its device, the
+        positions and settings as they are (subclasses' tensors too: scales, descales)."""
+        return _cloned(self)
+
 
 class CrossAttnCache:
     """One layer's cross-attention K/V of the text, [text_len, heads, head_dim]."""
@@ -210,3 +215,15 @@ class CrossAttnCache:
     def reset(self) -> None:
         """Forget the text K/V; the next call recomputes them."""
         self.is_init = False
+
+    def clone(self) -> "CrossAttnCache":
+        """An independent copy (its tensors copied on their device)."""
+        return _cloned(self)
+
+
+def _cloned(cache):
+    """A shallow copy of `cache` whose tensor attributes are copies (`Tensor.clone`, same device):
+    the cache writes its tensors in place, so the copy shares none of them."""
+    copy = object.__new__(type(cache))
+    copy.__dict__.update({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in vars(cache).items()})
+    return copy

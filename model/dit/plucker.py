@@ -93,6 +93,14 @@ class CameraTrack:
         self.last_pose: np.ndarray | None = None  # float32 [4, 4]: the last latent pose so far
         self.chunk_index = 0
 
+    def clone(self) -> "CameraTrack":
+        """An independent track at this one's position (its poses copied)."""
+        copy = CameraTrack(self.h, self.w, self.intrinsics_resolution, self.translation_scale, self.device)
+        copy.anchor = None if self.anchor is None else self.anchor.copy()
+        copy.last_pose = None if self.last_pose is None else self.last_pose.copy()
+        copy.chunk_index = self.chunk_index
+        return copy
+
     def chunk(self, poses: np.ndarray, intrinsics: np.ndarray) -> torch.Tensor:
         """Camera tensor [1, 384, 3, h/8, w/8] of the next chunk from its N poses [N, 4, 4]
         and intrinsics [N, 4] (only the first row is used)."""

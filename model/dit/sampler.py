@@ -144,6 +144,14 @@ class NoisePlan:
         self.generator.set_state(mark[0])
         self._whole = mark[1]
 
+    def clone(self) -> "NoisePlan":
+        """An independent plan at this one's position: the generator's state copied, the
+        whole-video draw (when drawn) copied on its device."""
+        copy = NoisePlan(self.seed, (self.channels, self.lat_h, self.lat_w), self.total_latent_frames, self.device)
+        copy.generator.set_state(self.generator.get_state())
+        copy._whole = None if self._whole is None else self._whole.clone()
+        return copy
+
     def set_state(self, state: NoiseState) -> None:
         """Restore a position taken by `state()` (the whole-video noise is redrawn from the seed)."""
         self._whole = None

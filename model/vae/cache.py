@@ -55,6 +55,10 @@ class VaeCache:
         """Bytes held by the cached frames."""
         return sum(t.numel() * t.element_size() for t in self.frames.values())
 
+    def clone(self) -> "VaeCache":
+        """A copy whose frames are copies (same device): a forked stream's own history."""
+        return VaeCache(MappingProxyType({k: t.clone() for k, t in self.frames.items()}), self.stream, self.size)
+
     def check(self, stream: str, size: tuple[int, int]) -> None:
         """ValueError when this cache belongs to another kind of stream or another size."""
         if self.is_empty:

@@ -93,6 +93,41 @@ def test_fork_is_byte_identical_and_leaves_the_parent(server, connect, example):
     server.wait_held(0)
 
 
+def test_a_fork_at_the_head_clones_the_live_session(server, connect, example, stats_of):
+    """At the head (`at_chunk` == the chunks A produced) the DiT replica that holds A copies its
+    live state (its `clone` call, counted in its stats) instead of replaying A's chunks: B then
+    equals a session that sent A's chunks and then B's, and A an unforked session. A fork below
+    the head still replays (no clone)."""
+
+    def clones() -> int:
+        return sum(s["calls"].get("clone", 0) for s in stats_of("lwf", "DiTDeployment"))
+
+    async def go():
+        async with connect() as c:
+            plain = await session(c, "plain", example, [0, 1, 2])
+            other = await session(c, "other", example, [0, 1, OTHER])
+            a = [(await chunk(c, "A", example, k)).video for k in (0, 1)]
+            before = await asyncio.to_thread(clones)  # (a sync Serve call: not on the loop)
+            forked = await ask(c, encode_fork("A", "B", 2))
+            at_head = await asyncio.to_thread(clones)
+            b2 = (await chunk(c, "B", example, 2, OTHER)).video
+            a.append((await chunk(c, "A", example, 2)).video)
+            below = await ask(c, encode_fork("A", "C", 2))  # A has 3 chunks now
+            below_head = await asyncio.to_thread(clones)
+            c2 = (await chunk(c, "C", example, 2, OTHER)).video
+            for sid in ("A", "B", "C"):
+                await c.reset(sid)
+            return plain, other, a, forked, b2, below, c2, (before, at_head, below_head)
+
+    plain, other, a, forked, b2, below, c2, (before, at_head, below_head) = asyncio.run(go())
+    assert isinstance(forked, Forked) and forked.next_chunk_id == 2, forked
+    assert isinstance(below, Forked) and below.next_chunk_id == 2, below
+    assert (at_head, below_head) == (before + 1, before + 1)
+    assert b2 == other[2] and c2 == other[2]
+    assert a == plain
+    server.wait_held(0)
+
+
 def test_bad_fork_and_rewind_change_nothing(server, connect, example):
     """Unknown session, chunk out of range, an id in use, a chunk in flight (busy with
     retry_after_s): typed errors, and the session then continues as if none had been sent."""

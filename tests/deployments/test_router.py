@@ -35,9 +35,9 @@ def replica(name: str, keys: tuple[str, ...] = (), capacity: int = 2) -> FakeRep
                         "keys": list(keys)})
 
 
-def request(session_id: str, method: str) -> PendingRequest:
+def request(session_id: str, method: str, args: tuple = ()) -> PendingRequest:
     meta = RequestMetadata(request_id="r", internal_request_id="i", call_method=method, session_id=session_id)
-    return PendingRequest(args=[], kwargs={}, metadata=meta)
+    return PendingRequest(args=list(args), kwargs={}, metadata=meta)
 
 
 def make_router(replicas: list[FakeReplica], stats_fresh_s: float = 10.0) -> SessionAffinityRouter:
@@ -47,9 +47,9 @@ def make_router(replicas: list[FakeReplica], stats_fresh_s: float = 10.0) -> Ses
     return router
 
 
-async def route(router: SessionAffinityRouter, sid: str, method: str) -> list[str]:
+async def route(router: SessionAffinityRouter, sid: str, method: str, args: tuple = ()) -> list[str]:
     """Names of the replicas the router offers (flattened ranks); then routed to the first."""
-    pr = request(sid, method)
+    pr = request(sid, method, args)
     ranks = await router.choose_replicas(list(router.curr_replicas.values()), pr)
     names = [r.replica_id.unique_id for rank in ranks for r in rank]
     assert pr.routing_context.should_backoff
@@ -129,6 +129,24 @@ def test_a_session_another_router_placed_goes_to_the_replica_that_reports_it():
         assert await route(router, "theirs", "decode") == ["b"]
         assert await route(router, "theirs", "close") == ["b"]
         assert sorted(await route(router, "theirs", "step")) == ["a", "b"]  # closed, and no replica reports it
+
+    asyncio.run(go())
+
+
+def test_a_clone_goes_to_its_source_and_pins_the_new_key_there():
+    """clone(source_key, new_key, ...) is routed by the source's key; the new key then follows it,
+    even to the fuller replica, and counts as a slot taken there."""
+    async def go():
+        router = make_router([replica("a", capacity=3), replica("b", capacity=3)])
+        home = (await route(router, "src", "open"))[0]
+        assert await route(router, "src", "clone", ("src", "new", None)) == [home]
+        for method in ("condition", "step", "close"):
+            assert await route(router, "new", method) == [home]
+        await route(router, "src2", "clone", ("src2", "lost", None))  # unknown source: any replica answers
+        assert len(await route(router, "lost", "step")) == 1  # pinned where that clone went
+        other = "b" if home == "a" else "a"
+        await route(router, "src", "clone", ("src", "new2", None))
+        assert await route(router, "next", "open") == [other]  # home holds src and new2
 
     asyncio.run(go())
 

@@ -34,14 +34,15 @@ def missing(cls: type) -> list[str]:
 
 
 def test_the_protocol_names_what_a_server_calls():
-    assert {"capabilities", "cfg", "dit", "open", "restore", "step", "finish_chunk", "update_prompt", "close",
+    assert {"capabilities", "cfg", "dit", "open", "restore", "clone", "step", "finish_chunk", "update_prompt", "close",
             "footprint", "kv_frames", "session_cfg", "session_bytes"} <= PROTOCOL
 
 
 @pytest.mark.parametrize("engine", [DiTEngine, SPDiTEngine])
 def test_the_model_engines_implement_it_with_every_capability(engine):
     assert missing(engine) == []
-    assert engine.capabilities == EngineCapabilities(restore=True, update_prompt=True, deferred_update=True)
+    assert engine.capabilities == EngineCapabilities(restore=True, update_prompt=True, deferred_update=True,
+                                                     clone=True)
 
 
 def test_capabilities_are_a_frozen_value():
@@ -53,8 +54,8 @@ def test_capabilities_are_a_frozen_value():
 
 def test_the_sequence_parallel_replica_declares_the_protocol_and_its_capabilities():
     """SPReplicaEngine (deployments/replicas/sp_dit.py, read on the source: importing it needs Ray) derives
-    from the protocol, defines every method of it, and declares no prompt steering and no
-    deferred update."""
+    from the protocol, defines every method of it, and declares no prompt steering, no
+    deferred update and no clone (its sessions' shards live on every rank)."""
     tree = ast.parse((REPO / "deployments" / "replicas" / "sp_dit.py").read_text(encoding="utf-8"))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SPReplicaEngine")
     assert [ast.unparse(b) for b in cls.bases] == ["DiTEngineProtocol"]
@@ -64,7 +65,8 @@ def test_the_sequence_parallel_replica_declares_the_protocol_and_its_capabilitie
     assert methods <= defined, methods - defined
     caps = next(n.value for n in cls.body if isinstance(n, ast.Assign)
                 and [ast.unparse(t) for t in n.targets] == ["capabilities"])
-    assert ast.unparse(caps) == "EngineCapabilities(restore=True, update_prompt=False, deferred_update=False, preempt=False)"
+    assert ast.unparse(caps) == ("EngineCapabilities(restore=True, update_prompt=False, deferred_update=False, "
+                                  "preempt=False, clone=False)")
 
 
 def test_no_caller_probes_an_engine_with_hasattr():

@@ -1,0 +1,141 @@
+"""Branches.fork's two paths without Ray (fake deployment handles): at the head the replicas
+holding the source clone it (routed by the source's key); a clone that fails for any reason
+but busy / too_large falls back to the journal replay under a fresh key; busy refuses the fork;
+below the head it replays."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from deployments.config import AppArgs
+from deployments.errors import Busy, SessionLost, Unsupported
+from deployments.ingress.branching import Branches
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.lanes import Lane
+from deployments.ingress.stream import Stream
+from deployments.wire import NoiseSnapshot, SessionOptions
+from protocol.errors import ErrorCode
+from protocol.messages import ErrorReply, ForkRequest, Forked
+
+CHUNKS = 2
+
+
+class FakeDeployment:
+    """A handle whose calls are recorded as (method, session_id, first args) and answered by `answers`."""
+
+    def __init__(self, calls: list, name: str, answers: dict) -> None:
+        self._calls, self._name, self._answers, self._sid = calls, name, answers, None
+
+    def options(self, session_id: str) -> "FakeDeployment":
+        routed = FakeDeployment(self._calls, self._name, self._answers)
+        routed._sid = session_id
+        return routed
+
+    def __getattr__(self, method: str):
+        async def remote(*args):
+            self._calls.append((self._name, method, self._sid, args[:2]))
+            answer = self._answers.get(method, "r1")
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+        return SimpleNamespace(remote=remote)
+
+
+class FakeReleases:
+    def __init__(self) -> None:
+        self.failed: list[Stream] = []
+
+    def adopt(self, stream: Stream, replacing) -> None:
+        pass
+
+    def fail(self, stream: Stream) -> None:
+        stream.fail()
+        self.failed.append(stream)
+
+
+def _source(raw_frames: bool = False) -> Stream:
+    journal = SessionJournal(np.zeros((8, 8, 3), np.uint8), 1 << 30)
+    journal.set_context(np.ones((4, 8), np.float32))
+    for k in range(CHUNKS):
+        journal.add_chunk(np.zeros((12, 4, 4), np.float32), np.ones((12, 4), np.float32),
+                          np.ones((20, 3, 2, 2), np.float32), np.full((16, 3, 2, 2), k, np.float32),
+                          NoiseSnapshot(np.full(16, k, np.uint8), False), None)
+        journal.conditioned += 1
+        journal.decoded += 1
+    spec = SessionOptions("A", "p", "d", (16, 16), 1, None, None, (480, 832), raw_frames)
+    stream = Stream(spec, journal, journal.image)
+    stream.next_chunk = stream.sent_chunks = CHUNKS
+    return stream
+
+
+def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}):
+    """Fork `source` at `at` into B with the DiT / VAE answering `dit` / `vae`; (reply, calls, B, log)."""
+    calls: list = []
+    logged: list = []
+
+    async def go():
+        b = SimpleNamespace(dit=FakeDeployment(calls, "dit", dit), vae=FakeDeployment(calls, "vae", vae))
+        log = SimpleNamespace(info=lambda msg, fields=None: logged.append((msg, fields)),
+                              warning=lambda msg, fields=None: logged.append((msg, fields)))
+        replies = SimpleNamespace(error=lambda code, message, sid, retry=None: ErrorReply(
+            code=code, message=message, session_id=sid, retry_after_s=retry))
+        branches = Branches(b, Lane("dit"), Lane("vae"), FakeReleases(), replies, AppArgs(), log)
+        reply = await branches.fork(ForkRequest(session_id="A", new_session_id="B", at_chunk=at), source)
+        return reply, branches._held.get("B")
+
+    reply, forked = asyncio.run(go())
+    return reply, calls, forked, logged
+
+
+def _forked_log(logged) -> dict:
+    return next(fields for msg, fields in logged if msg == "session forked")
+
+
+def test_at_the_head_the_dit_clones_and_an_fmp4_vae_replays():
+    source = _source()
+    reply, calls, b, logged = _fork(source, CHUNKS)
+    assert isinstance(reply, Forked) and reply.next_chunk_id == CHUNKS
+    assert ("dit", "clone", source.dit_key, (source.dit_key, b.dit_key)) in calls
+    assert [c[1] for c in calls if c[0] == "dit"] == ["clone"]  # no reserve, no restore
+    assert [c[1] for c in calls if c[0] == "vae"] == ["restore"]
+    assert (_forked_log(logged)["path"], _forked_log(logged)["vae_path"]) == ("clone", "replay")
+    assert b.dit_admitted.done() and b.dit_admitted.exception() is None
+
+
+def test_a_raw_frames_session_clones_on_both():
+    source = _source(raw_frames=True)
+    reply, calls, b, logged = _fork(source, CHUNKS)
+    assert isinstance(reply, Forked)
+    assert ("vae", "clone", source.vae_key, (source.vae_key, b.vae_key)) in calls
+    assert "restore" not in [c[1] for c in calls]
+    assert (_forked_log(logged)["path"], _forked_log(logged)["vae_path"]) == ("clone", "clone")
+
+
+@pytest.mark.parametrize("error", [SessionLost("gone"), Unsupported("sequence parallel"), RuntimeError("died")])
+def test_a_clone_that_cannot_be_made_falls_back_to_the_replay_under_a_fresh_key(error):
+    source = _source()
+    reply, calls, b, logged = _fork(source, CHUNKS, dit={"clone": error})
+    assert isinstance(reply, Forked), reply
+    clone = next(c for c in calls if c[1] == "clone")
+    assert [c[1] for c in calls if c[0] == "dit"] == ["clone", "reserve", "restore"]
+    replayed_on = {c[2] for c in calls if c[0] == "dit" and c[1] != "clone"}
+    assert replayed_on == {b.dit_key} and b.dit_key != clone[3][1]  # a fresh key: the old one is pinned there
+    assert _forked_log(logged)["path"] == "replay"
+
+
+def test_a_busy_clone_refuses_the_fork():
+    source = _source()
+    reply, calls, b, _ = _fork(source, CHUNKS, dit={"clone": Busy("full", 1.5)})
+    assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.BUSY and reply.retry_after_s == 1.5
+    assert [c[1] for c in calls if c[0] == "dit"] == ["clone"] and b is None
+
+
+def test_below_the_head_it_replays():
+    source = _source(raw_frames=True)
+    reply, calls, _, logged = _fork(source, 1)
+    assert isinstance(reply, Forked) and reply.next_chunk_id == 1
+    assert "clone" not in [c[1] for c in calls]
+    assert (_forked_log(logged)["path"], _forked_log(logged)["vae_path"]) == ("replay", "replay")
