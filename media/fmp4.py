@@ -19,6 +19,10 @@ Encoder settings and why:
   gives CABAC. `codec_string` reports what the SPS actually says (e.g. `avc1.42C01E`).
 - The colour matrix of the RGB -> YUV conversion (BT.601, swscale's default) is signalled in the
   VUI so that players convert back with the same matrix.
+- **A fresh encoder per chunk** (opening one costs ~6.5 ms at 464x832): every chunk starts with
+  an IDR anyway, so a chunk's bytes then depend on its frames alone, not on the encoder's
+  history (rate control, IDR ids): the muxer's state is its counters and `clone` copies it
+  (a fork continues the stream exactly as its source would; deployments/replicas/vae.py).
 """
 from __future__ import annotations
 
@@ -45,15 +49,10 @@ class Fmp4Muxer:
         if profile not in ("baseline", "main"):
             raise ValueError(f"profile must be 'baseline' or 'main' (browser-safe), got {profile!r}")
         self.width, self.height, self.fps = width, height, fps
-        self._ctx = av.CodecContext.create("libx264", "w")
-        self._ctx.width, self._ctx.height, self._ctx.pix_fmt = width, height, "yuv420p"
-        self._ctx.time_base = Fraction(1, fps)
-        self._ctx.framerate = Fraction(fps)
-        self._ctx.flags |= av.codec.context.Flags.global_header
-        self._ctx.options = {"preset": preset, "tune": "zerolatency", "profile": profile, "crf": str(crf),
-                             "forced-idr": "1", "x264-params": _X264_PARAMS}
-        self._ctx.open()
-        sps, pps = h264.parameter_sets(bytes(self._ctx.extradata))
+        self._options = {"preset": preset, "tune": "zerolatency", "profile": profile, "crf": str(crf),
+                         "forced-idr": "1", "x264-params": _X264_PARAMS}
+        self._extradata = bytes(self._encoder().extradata)
+        sps, pps = h264.parameter_sets(self._extradata)
         self.codec_string = h264.codec_string(sps[0])
         self.mime_type = f'video/mp4; codecs="{self.codec_string}"'
         self.init_segment = mp4_boxes.init_segment(width, height, TICKS_PER_FRAME * fps, TICKS_PER_FRAME,
@@ -62,6 +61,32 @@ class Fmp4Muxer:
         self.chunks_done = 0
         self.last_encode_s = 0.0
         self.last_mux_s = 0.0
+
+    def _encoder(self) -> av.CodecContext:
+        ctx = av.CodecContext.create("libx264", "w")
+        ctx.width, ctx.height, ctx.pix_fmt = self.width, self.height, "yuv420p"
+        ctx.time_base = Fraction(1, self.fps)
+        ctx.framerate = Fraction(self.fps)
+        ctx.flags |= av.codec.context.Flags.global_header
+        ctx.options = dict(self._options)
+        ctx.open()
+        return ctx
+
+    def clone(self) -> "Fmp4Muxer":
+        """An independent muxer at this one's position: its next chunks are the bytes this one's
+        would be (nothing but counters carries over from chunk to chunk)."""
+        copy = object.__new__(Fmp4Muxer)
+        copy.__dict__.update(self.__dict__)
+        copy._options = dict(self._options)
+        return copy
+
+    def skip_chunk(self, num_frames: int) -> None:
+        """Count a chunk of `num_frames` frames whose bytes were written before (a session
+        rebuilt from its journal): the next chunk's fragment follows it."""
+        if num_frames <= 0:
+            raise ValueError("a chunk needs at least one frame")
+        self.frames_done += num_frames
+        self.chunks_done += 1
 
     def add_chunk(self, frames: np.ndarray) -> bytes:
         """Encode uint8 [T, H, W, 3] RGB frames; returns init segment + fragment for the first
@@ -72,12 +97,14 @@ class Fmp4Muxer:
         if len(frames) == 0:
             raise ValueError("a chunk needs at least one frame")
         t0 = time.perf_counter()
+        encoder = self._encoder()
+        assert bytes(encoder.extradata) == self._extradata, "the encoder's SPS / PPS changed"
         packets = []
         for i, rgb in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24").reformat(format="yuv420p")
-            frame.pts = self.frames_done + i
+            frame.pts = i  # the chunk's own clock: the fragment's decode times come from frames_done
             frame.pict_type = PictureType.I if i == 0 else PictureType.NONE
-            packets += self._ctx.encode(frame)
+            packets += encoder.encode(frame)
         assert len(packets) == len(frames), "encoder held frames back (zerolatency must be on)"
         assert packets[0].is_keyframe, "each chunk must start with an IDR frame"
         t1 = time.perf_counter()

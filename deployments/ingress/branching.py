@@ -5,8 +5,8 @@ A fork at the source's head (`at_chunk` == its chunk count: nothing to take back
 routed by the source's key, so it reaches the replica that holds the source, which admits the
 new session like an open and copies the source's state on the device (`DiTDeployment.clone`,
 `VaeDeployment.clone`); the router pins the new key to that replica (deployments/router.py).
-The VAE copies raw-frames sessions only: an fMP4 session's H.264 encoder state cannot be copied
-(deployments/replicas/vae.py), so its VAE replays. A clone refused `busy` / `too_large` refuses
+Both lanes copy (the VAE's fMP4 muxer encodes each chunk with a fresh encoder, so its state is
+counters: media/fmp4.py). A clone refused `busy` / `too_large` refuses
 the fork (the source's replica is full); any other failure (the replica left, it lost the
 source, its engine cannot clone: the sequence-parallel DiT) falls back, per lane, to the
 journal rebuild below under a fresh routing key. The "session forked" log line says which
@@ -112,7 +112,7 @@ class Branches:
         head = k == source.next_chunk and source.materialised
         paths: dict[str, str] = {}
         dit_source = source.dit_key if head else None
-        vae_source = source.vae_key if head and stream.spec.raw_frames else None  # fMP4: see vae.py `clone`
+        vae_source = source.vae_key if head else None
         stream.vae_open = self._vae_lane.submit(lambda: self._fork_vae(stream, vae_source, paths))
         stream.dit_open = self._dit_lane.submit(lambda: self._fork_dit(stream, dit_source, paths))
         return asyncio.ensure_future(self._forked(stream, source, paths))

@@ -5,12 +5,11 @@ or none when it was opened with `raw_frames` (the clip mode of deployments/clip:
 want the decoded frames themselves, so they leave as raw RGB uint8 bytes, never H.264).
 Calls for a session this replica does not hold raise `SessionLost`. `restore` rebuilds a
 session from the ingress's journal by replaying its conditions and decodes, muxing the
-decoded frames again (output dropped), so that the caches and the H.264 encoder's state are
-those of the uninterrupted session and its next fragment is byte-identical. `clone` admits a
-session as a device copy of a live raw-frames session held here (a fork at its head); an fMP4
-session's H.264 encoder state cannot be copied (libx264 has no copy; its rate control and IDR
-ids depend on every frame before), so its clone is refused with `Unsupported` and the
-ingress replays the journal instead.
+the decoded frames' counts into the muxer (its chunks are encoded by a fresh H.264 encoder each,
+media/fmp4.py: the muxer's state is its counters), so that the caches and the muxer are those
+of the uninterrupted session and its next fragment is byte-identical. `clone` admits a session
+as a device copy of a live session held here (a fork at its head): its image, both causal
+caches and its muxer's counters.
 
 Admission counts bytes, like the DiT's: a session's footprint at its output size (its encoder
 and decoder caches and image held between chunks, plus one call's activations as a
@@ -33,7 +32,7 @@ from ray import serve
 from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
-from deployments.errors import Busy, SessionLost, TooLarge, Unsupported
+from deployments.errors import Busy, SessionLost, TooLarge
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
@@ -116,7 +115,7 @@ class VaeDeployment(SessionHost[VaeSlot]):
             for latents in decoded:
                 frames = self._engine.decode(slot.session, torch.tensor(latents))
                 if slot.muxer is not None:
-                    slot.muxer.add_chunk(frames)
+                    slot.muxer.skip_chunk(len(frames))  # its bytes were sent: only the counters move
             return slot
 
         await self._admit(routing_key, height, width, build)
@@ -126,19 +125,17 @@ class VaeDeployment(SessionHost[VaeSlot]):
 
     async def clone(self, source_key: str, routing_key: str) -> str:
         """Admit `routing_key` like `open` (`Busy` / `TooLarge`, nothing changed) and make it an
-        independent copy of the live raw-frames session `source_key` (its image and causal
-        caches, on the device). `SessionLost` when the source is not here; `Unsupported` for an
-        fMP4 session (see the module doc). Routed by the source's key; the router pins
-        `routing_key` (the second argument) where the call went. Returns the replica id."""
+        independent copy of the live session `source_key` (its image and causal caches, on the
+        device, and its muxer's counters). `SessionLost` when the source is not here. Routed by
+        the source's key; the router pins `routing_key` (the second argument) where the call
+        went. Returns the replica id."""
         with self._table.hold(source_key):  # SessionLost when not held; it cannot expire meanwhile
             src = self._table.get(source_key)
-            if src.muxer is not None:
-                raise Unsupported("an fMP4 session's H.264 encoder cannot be copied")
 
             def clone() -> VaeSlot:
                 if src.session.status is SessionStatus.CLOSED:  # closed while the clone queued
                     raise SessionLost("the session to clone was closed")
-                return VaeSlot(self._engine.clone(src.session), None)
+                return VaeSlot(self._engine.clone(src.session), None if src.muxer is None else src.muxer.clone())
 
             started = time.perf_counter()
             await self._admit(routing_key, src.session.height, src.session.width, clone)

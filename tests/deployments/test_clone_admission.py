@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from media import Fmp4Muxer
 from deployments.errors import Busy, SessionLost, TooLarge, Unsupported
 from deployments.replicas.dit import DiTDeployment, DiTSlot
 from deployments.replicas.priority_lock import PriorityLock
@@ -102,18 +103,24 @@ def test_a_clone_of_an_unknown_or_unclonable_source_is_typed():
     assert host._table.keys() == ["src"] and host._engine.cloned == []
 
 
-def test_the_vae_clones_raw_frames_sessions_and_refuses_fmp4_ones():
+def test_the_vae_clones_raw_frames_and_fmp4_sessions():
+    """An fMP4 session's muxer is cloned with it (its state is counters: media/fmp4.py)."""
     engine = SimpleNamespace(clone=lambda s: SimpleNamespace(copy_of=s))
-    host = _host(VaeDeployment, engine, 3, 10 * HELD)
+    host = _host(VaeDeployment, engine, 4, 10 * HELD)
     host._layout = SimpleNamespace(footprint=lambda h, w: SessionFootprint(HELD, WORKING))
     image = SimpleNamespace(height=32, width=48, status=SessionStatus.OPEN)
-    for key, muxer in (("raw", None), ("fmp4", object())):
+    muxer = Fmp4Muxer(48, 32)
+    muxer.skip_chunk(9)
+    for key, m in (("raw", None), ("fmp4", muxer)):
         host._table.admit(key, HELD, WORKING)
-        host._table.add(key, VaeSlot(image, muxer))
+        host._table.add(key, VaeSlot(image, m))
     assert asyncio.run(host.clone("raw", "new")) == "r1"
     assert host._table.get("new").session.copy_of is image and host._table.get("new").muxer is None
-    with pytest.raises(Unsupported):
-        asyncio.run(host.clone("fmp4", "new2"))
-    with pytest.raises(Busy):  # three slots: raw, fmp4 and new held
+    assert asyncio.run(host.clone("fmp4", "new2")) == "r1"
+    copy = host._table.get("new2").muxer
+    assert copy is not muxer and (copy.frames_done, copy.chunks_done) == (9, 1)
+    copy.skip_chunk(12)
+    assert (muxer.frames_done, muxer.chunks_done) == (9, 1)  # independent
+    with pytest.raises(Busy):  # four slots: raw, fmp4, new and new2 held
         asyncio.run(host.clone("raw", "new3"))
-    assert sorted(host._table.keys()) == ["fmp4", "new", "raw"]
+    assert sorted(host._table.keys()) == ["fmp4", "new", "new2", "raw"]

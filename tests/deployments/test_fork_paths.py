@@ -94,14 +94,15 @@ def _forked_log(logged) -> dict:
     return next(fields for msg, fields in logged if msg == "session forked")
 
 
-def test_at_the_head_the_dit_clones_and_an_fmp4_vae_replays():
+def test_at_the_head_both_lanes_clone_an_fmp4_session():
     source = _source()
     reply, calls, b, logged = _fork(source, CHUNKS)
     assert isinstance(reply, Forked) and reply.next_chunk_id == CHUNKS
     assert ("dit", "clone", source.dit_key, (source.dit_key, b.dit_key)) in calls
+    assert ("vae", "clone", source.vae_key, (source.vae_key, b.vae_key)) in calls
     assert [c[1] for c in calls if c[0] == "dit"] == ["clone"]  # no reserve, no restore
-    assert [c[1] for c in calls if c[0] == "vae"] == ["restore"]
-    assert (_forked_log(logged)["path"], _forked_log(logged)["vae_path"]) == ("clone", "replay")
+    assert [c[1] for c in calls if c[0] == "vae"] == ["clone"]
+    assert (_forked_log(logged)["path"], _forked_log(logged)["vae_path"]) == ("clone", "clone")
     assert b.dit_admitted.done() and b.dit_admitted.exception() is None
 
 
@@ -119,7 +120,7 @@ def test_a_clone_that_cannot_be_made_falls_back_to_the_replay_under_a_fresh_key(
     source = _source()
     reply, calls, b, logged = _fork(source, CHUNKS, dit={"clone": error})
     assert isinstance(reply, Forked), reply
-    clone = next(c for c in calls if c[1] == "clone")
+    clone = next(c for c in calls if c[0] == "dit" and c[1] == "clone")
     assert [c[1] for c in calls if c[0] == "dit"] == ["clone", "reserve", "restore"]
     replayed_on = {c[2] for c in calls if c[0] == "dit" and c[1] != "clone"}
     assert replayed_on == {b.dit_key} and b.dit_key != clone[3][1]  # a fresh key: the old one is pinned there

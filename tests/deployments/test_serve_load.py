@@ -60,7 +60,7 @@ def test_branch_bench_forks_and_rewinds_through_the_server(prefix_server, tmp_pa
     assert r["hit"]["ttfc_s"] < r["cold"]["ttfc_s"]
     assert r["fork"]["at_chunk"] == 3 and 0 < r["fork"]["forked_s"] <= r["fork"]["fork_to_frame_s"]
     assert r["fork"]["frame_dit_s"] > 0
-    assert r["fork"]["path"] == {"dit": "clone", "vae": "replay"}  # at the head; fMP4: the VAE replays
+    assert r["fork"]["path"] == {"dit": "clone", "vae": "clone"}  # at the head: both copy the live session
     assert r["rewind"]["to_chunk"] == 2 and r["rewind"]["video_equal"] is True
     assert set(r["replicas"]["replicas"]) == {"text_encoder", "vae", "dit"}
     server.wait_held(0)

@@ -233,3 +233,25 @@ def test_plays_in_a_browser_through_media_source_extensions(session):
     assert got["supported"] and got["ranges"] == 1 and got["size"] == [H, W]
     assert got["ends"] == pytest.approx(np.cumsum(CHUNKS) / 16)  # nothing held back at any chunk end
     assert got["frames"] == 81
+
+
+def test_a_clone_goes_on_as_its_source_and_a_chunk_depends_on_its_frames_alone():
+    """A fresh encoder per chunk: the muxer's state is its counters. A clone taken after chunk 1
+    writes the same bytes as its source for the chunks after it, as does a muxer that saw other
+    frames before (same counters); the forked stream decodes to its frames in order."""
+    def chunk(n0: int, t: int = 12) -> np.ndarray:
+        return np.stack([indexed_frame(n0 + i) for i in range(t)])
+
+    source = Fmp4Muxer(W, H, fps=16)
+    head = [source.add_chunk(chunk(0, 9)), source.add_chunk(chunk(9))]
+    fork = source.clone()
+    other = Fmp4Muxer(W, H, fps=16)
+    other.add_chunk(chunk(50, 9))
+    other.add_chunk(chunk(70))  # other frames before it, the same counters
+    tail = []
+    for n0 in (21, 33):
+        a, b, c = source.add_chunk(chunk(n0)), fork.add_chunk(chunk(n0)), other.add_chunk(chunk(n0))
+        assert a == b == c
+        tail.append(b)
+    assert (fork.chunks_done, fork.frames_done) == (source.chunks_done, source.frames_done) == (4, 45)
+    assert read_indices(assembled(head + tail).decode_frames()) == list(range(45))
