@@ -1,6 +1,7 @@
 """How the Ray processes of a deployment should allocate memory (environment of the node).
 
-Serve's HTTP proxy reads each client frame whole (up to 16 MiB) and the ingress decodes it.
+Serve's HTTP proxy reads each client frame whole (up to the proxy guard's cap; 16 MiB without
+it) and the ingress decodes it.
 With glibc's default, the threshold above which an allocation is its own `mmap` grows with the
 largest block freed so far (up to 32 MiB): after a few large frames, 16 MiB buffers come from
 the heap and their pages stay with the process after they are freed. A fixed threshold keeps
