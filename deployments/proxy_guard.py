@@ -183,9 +183,9 @@ def skip_large_frames(max_frame_bytes: int) -> None:
 
             def capped_read(n: int) -> Generator[None, None, bytes | bytearray]:
                 nonlocal skipped
-                if n <= cls.lwf_cap:
+                if n <= max(cls.lwf_cap, 8):  # a header is read at most 8 bytes at a time
                     return (yield from read_exact(n))
-                skipped = n  # the payload: a header is read at most 8 bytes at a time
+                skipped = n  # the payload
                 yield from _discard(read_exact.__self__, n)
                 return b""
 
