@@ -13,7 +13,8 @@ This ASGI middleware runs in the proxy process, in front of every route, and on 
   beyond it closes the socket (1008) at once, and the frame goes nowhere;
 * keeps back a frame over `LWF_PROXY_MAX_FRAME_BYTES` (default: the default max_message_bytes):
   the ingress gets a stub naming its size (`DROPPED_FRAME_BYTES`) and answers the typed
-  too_large, as it would for the frame itself; the socket stays usable.
+  too_large, as it would for the frame itself; the socket stays usable. The frame's payload is
+  never held: the websockets parser drops it as it arrives (`skip_large_frames`).
 
 The callback also turns permessage-deflate off in the proxy's uvicorn (`no_deflate`; Serve
 has no option for it): a frame of zeros deflates to a few KB, so a client could make the proxy
@@ -31,7 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Generator, MutableMapping
 from typing import Any
 
 from starlette.middleware import Middleware
@@ -87,7 +88,8 @@ class _SocketGuard:
         msg = await self._receive()
         if msg["type"] != "websocket.receive":
             return msg
-        nbytes = len(msg.get("bytes") or b"") or len(msg.get("text") or "")
+        data = msg.get("bytes")
+        nbytes = data.size if isinstance(data, SkippedPayload) else len(data or b"") or len(msg.get("text") or "")
         if self._bytes.take(nbytes):
             reason = (f"more than {self._limits.max_bytes_per_s / 2**20:g} MiB per second sent (bursts up to "
                       f"{self._limits.bytes_burst / 2**20:g} MiB); slow down")
@@ -129,6 +131,74 @@ def no_deflate() -> None:
     uvicorn.Config.__init__ = without_deflate  # type: ignore[method-assign]
 
 
+class SkippedPayload(bytes):
+    """The payload of a frame over the cap, never read into memory: empty, with its `size`."""
+
+    size: int
+
+    def __new__(cls, size: int) -> "SkippedPayload":
+        self = super().__new__(cls)
+        self.size = size
+        return self
+
+
+def _discard(reader: Any, n: int) -> Generator[None, None, None]:
+    """Drop the next `n` bytes of a websockets `StreamReader` as they arrive (never more than
+    one network read is held)."""
+    while n:
+        if not reader.buffer:
+            if reader.eof:
+                raise EOFError(f"stream ends {n} bytes before the end of a frame")
+            yield
+            continue
+        take = min(n, len(reader.buffer))
+        del reader.buffer[:take]
+        n -= take
+
+
+def skip_large_frames(max_frame_bytes: int) -> None:
+    """Make the websockets parser in this process (uvicorn's sans-I/O protocol) skip the payload
+    of a frame over `max_frame_bytes` instead of buffering it: the frame arrives as an empty
+    binary frame whose data is a `SkippedPayload` naming its size, which the guard counts and
+    turns into the too_large stub as before. Without it uvicorn holds each frame up to its 16 MiB
+    `ws_max_size` two to three times over (the read buffer, the slice, the unmasked copy) before
+    the guard can look at it. A fragmented message whose fragment passes the cap fails the
+    connection (1009, message too big): its other fragments would be joined without the marker.
+    Frames over `ws_max_size` still close 1009 at their header. Idempotent (the last cap wins)."""
+    from websockets import protocol
+    from websockets.exceptions import PayloadTooBig
+    from websockets.frames import Frame, Opcode
+
+    if getattr(protocol.Frame, "lwf_cap", None):
+        protocol.Frame.lwf_cap = max_frame_bytes
+        return
+
+    class CappedFrame(Frame):
+        lwf_cap = max_frame_bytes
+
+        @classmethod
+        def parse(cls, read_exact: Any, *, mask: bool, max_size: int | None = None,
+                  extensions: Any = None) -> Generator[None, None, Frame]:
+            skipped = 0
+
+            def capped_read(n: int) -> Generator[None, None, bytes | bytearray]:
+                nonlocal skipped
+                if n <= max(cls.lwf_cap, 8):  # a header is read at most 8 bytes at a time
+                    return (yield from read_exact(n))
+                skipped = n  # the payload
+                yield from _discard(read_exact.__self__, n)
+                return b""
+
+            frame = yield from super().parse(capped_read, mask=mask, max_size=max_size, extensions=extensions)
+            if not skipped:
+                return frame
+            if frame.opcode not in (Opcode.TEXT, Opcode.BINARY) or not frame.fin or frame.rsv1:
+                raise PayloadTooBig(skipped, cls.lwf_cap)
+            return Frame(Opcode.BINARY, SkippedPayload(skipped))
+
+    protocol.Frame = CappedFrame  # type: ignore[misc]  # the name protocol.py parses and builds frames with
+
+
 def middlewares() -> list[Middleware]:
     """The proxy callback (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`): the guard with the
     limits from the environment (defaults: AppArgs.connection's and the default max_message_bytes);
@@ -136,6 +206,7 @@ def middlewares() -> list[Middleware]:
     no_deflate()
     defaults = ConnectionArgs()
     max_frame = int(os.environ.get(MAX_FRAME_BYTES_ENV, DEFAULT_MAX_MESSAGE_BYTES))
+    skip_large_frames(max_frame)
     rate = float(os.environ.get(MAX_BYTES_PER_S_ENV, defaults.max_bytes_per_s))
     burst = int(os.environ.get(BYTES_BURST_ENV, defaults.bytes_burst or 2 * max_frame))
     return [Middleware(ProxyGuard, max_bytes_per_s=rate, bytes_burst=burst, max_frame_bytes=max_frame)]

@@ -242,6 +242,20 @@ def test_openpi_api_key_header_is_accepted(strict_server, example):
     assert policy.get_server_metadata()["type"] == "config"
 
 
+def test_a_request_just_under_max_message_bytes_runs(server, example):
+    """A raw image that makes the frame 11.4 MiB, under max_message_bytes: the proxy reads it
+    whole (only frames over the cap are skipped as they arrive, deployments/proxy_guard.py) and
+    the clip runs."""
+    with ws_sync.connect(server.ws + "?mode=clip", max_size=None) as ws:
+        config = msgpack_numpy.unpackb(ws.recv())
+        big = omni_request(example, 0, 24, first=True)
+        big["image"] = np.zeros((1500, 2660, 3), np.uint8)  # 12.0 MB raw
+        frame = msgpack_numpy.packb(big)
+        assert 11 * 1024 * 1024 < len(frame) < config["max_message_bytes"]
+        ws.send(frame)
+        assert sum(len(c) for c in _frames(ws)) == 21
+
+
 def test_an_oversized_request_gets_a_typed_too_large_and_the_socket_stays_usable(server, example):
     """A request over the server's max_message_bytes (12 MiB, below the proxy's 16 MiB): a raw
     image that makes the frame 13.5 MiB. Their client reads `{type: error, code: too_large}`

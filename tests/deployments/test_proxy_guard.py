@@ -91,3 +91,63 @@ def test_the_callback_turns_permessage_deflate_off_in_uvicorn():
         assert uvicorn.Config(lambda: None, ws_per_message_deflate=True).ws_per_message_deflate is True
     finally:
         uvicorn.Config.__init__ = init
+
+
+def _frames_through_the_parser(payloads: list[tuple[int, bytes, bool]], *, max_size: int, chunk: int = 4096):
+    """Client frames (opcode, payload, fin) fed in `chunk`-byte reads to the websockets server
+    parser uvicorn uses: the frames it produced, what it sends back, and the largest read buffer."""
+    from websockets.frames import Frame, Opcode
+    from websockets.protocol import OPEN
+    from websockets.server import ServerProtocol
+
+    conn = ServerProtocol(max_size=max_size)
+    conn.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    (request,) = conn.events_received()
+    conn.send_response(conn.accept(request))
+    assert conn.state is OPEN
+    conn.data_to_send()
+    wire = b"".join(Frame(Opcode(op), data, fin).serialize(mask=True) for op, data, fin in payloads)
+    frames, peak = [], 0
+    for i in range(0, len(wire), chunk):
+        conn.receive_data(wire[i:i + chunk])
+        peak = max(peak, len(conn.reader.buffer))
+        frames += conn.events_received()
+    return frames, b"".join(conn.data_to_send()), peak
+
+
+def test_the_parser_skips_a_frame_over_the_cap_without_buffering_it(monkeypatch):
+    from websockets import protocol
+    from websockets.frames import Opcode
+
+    from deployments.proxy_guard import SkippedPayload, skip_large_frames
+
+    monkeypatch.setattr(protocol, "Frame", protocol.Frame)  # restored after the test
+    skip_large_frames(40 * KIB)
+    skip_large_frames(40 * KIB)  # idempotent
+    frames, out, peak = _frames_through_the_parser(
+        [(2, b"x" * 300 * KIB, True), (1, b"t" * 50 * KIB, True), (2, b"y" * 10 * KIB, True)], max_size=16 * 2**20)
+    assert [(f.opcode, len(f.data)) for f in frames] == [(Opcode.BINARY, 0), (Opcode.BINARY, 0),
+                                                         (Opcode.BINARY, 10 * KIB)]
+    assert [f.data.size for f in frames[:2]] == [300 * KIB, 50 * KIB]
+    assert isinstance(frames[0].data, SkippedPayload) and frames[2].data == b"y" * 10 * KIB
+    assert out == b"" and peak < 16 * KIB  # nothing sent back; at most the 10 KiB frame held, never 300
+
+    # the guard counts a skipped frame at its size and hands the ingress the too_large stub
+    received, _ = _run([frames[0].data, frames[2].data], burst=400 * KIB)
+    assert received[0][DROPPED_FRAME_BYTES] == 300 * KIB and received[1]["bytes"] == b"y" * 10 * KIB
+    received, sent = _run([frames[0].data], burst=100 * KIB)
+    assert received[0] == {"type": "websocket.disconnect", "code": 1008}
+
+
+def test_the_parser_still_closes_1009_over_its_max_size_and_for_a_fragment_over_the_cap(monkeypatch):
+    from websockets import protocol
+
+    from deployments.proxy_guard import skip_large_frames
+
+    monkeypatch.setattr(protocol, "Frame", protocol.Frame)
+    skip_large_frames(40 * KIB)
+    for frames in ([(2, b"z" * 200 * KIB, True)], [(2, b"a" * 50 * KIB, False), (0, b"b", True)]):
+        _, out, peak = _frames_through_the_parser(frames, max_size=100 * KIB)
+        assert out[0] == 0x88 and int.from_bytes(out[2:4], "big") == 1009, out  # close, message too big
+        assert peak <= 8 * KIB
