@@ -22,7 +22,8 @@
 #    SESSIONS_OPEN="3 6" adds a pass of open-ended sessions of FRAMES_OPEN (129) frames after it;
 #    RESUME_DRILL=1 then runs benchmarks/resume_drill.py (a session dropped and resumed);
 #    BRANCH=1 then benchmarks.branch_bench (prefix hit, fork, rewind: branch_bench.json) and
-#    DRIVE=1 benchmarks.serve_load --drive (serve_load_drive.json), each bounded by the budget left;
+#    DRIVE=1 benchmarks.serve_load --drive (serve_load_drive.json), each bounded by the budget left
+#    (BRANCH_CHUNKS: the branch bench's session length, default 20; DRIVE_ARGS: e.g. "--presses 4");
 #    SESSIONS="" skips the load runs;
 # 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
 #    matplotlib is there; else `python -m benchmarks.serve_load --plot-from serve_load.json`),
@@ -192,7 +193,7 @@ left() { echo $(( BUDGET_S - 30 - $(elapsed) )); }  # seconds a hook may still t
 if [ "${BRANCH:-0}" = 1 ]; then  # issue 33: prefix hit, fork at the last chunk, rewind
     if [ "$(left)" -gt 10 ]; then
         log "branch_bench (at most $(left) s)"
-        timeout "$(left)" $PY -m benchmarks.branch_bench --chunks 20 --out "$OUT/branch_bench.json" 2>&1 \
+        timeout "$(left)" $PY -m benchmarks.branch_bench --chunks "${BRANCH_CHUNKS:-20}" --out "$OUT/branch_bench.json" 2>&1 \
             | tee -a "$OUT/gpu_serve.log"
     else
         log "branch_bench skipped: no budget left"
@@ -201,7 +202,7 @@ fi
 if [ "${DRIVE:-0}" = 1 ]; then  # serve_load's driven sessions
     if [ "$(left)" -gt 10 ]; then
         log "serve_load --drive (at most $(left) s)"
-        timeout "$(left)" $PY -m benchmarks.serve_load --drive --out "$OUT/serve_load_drive.json" 2>&1 \
+        timeout "$(left)" $PY -m benchmarks.serve_load --drive ${DRIVE_ARGS:-} --out "$OUT/serve_load_drive.json" 2>&1 \
             | tee -a "$OUT/gpu_serve.log"
     else
         log "serve_load --drive skipped: no budget left"
