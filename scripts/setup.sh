@@ -15,10 +15,12 @@ fi
 # The proxy guard (deployments/proxy_guard.py) is loaded by Serve's HTTP proxy from an
 # environment variable read when Ray starts the proxy; a serve config cannot set it. Every
 # Python of this venv gets it as a default (an explicit setting wins), so the README's
-# `serve run` has it; the k8s manifests set it in the pods' environment.
+# `serve run` has it; the k8s manifests set it in the pods' environment. The same line gives
+# the processes `serve run` starts (raylet, proxy, replicas) the allocator and object-store
+# settings of deployments/replicas/allocator.py (MALLOC_ENV: what a flood of large frames leaves).
 SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-echo "import os; os.environ.setdefault('RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH', 'deployments.proxy_guard:middlewares')" \
-  > "$SITE/lwf_proxy_guard.pth"
+DEFAULTS=$(.venv/bin/python -c "from deployments.replicas.allocator import MALLOC_ENV as e; print(repr({**e, 'RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH': 'deployments.proxy_guard:middlewares'}))")
+echo "import os; [os.environ.setdefault(k, v) for k, v in $DEFAULTS.items()]" > "$SITE/lwf_proxy_guard.pth"
 # openpi-client (the peers' client, driven by tests/deployments/test_peer_clients.py): its only
 # release pins numpy<2, which would downgrade this project's numpy; the modules the tests use
 # (msgpack_numpy, websocket_client_policy) need only msgpack, numpy and websockets.

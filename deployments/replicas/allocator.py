@@ -9,7 +9,8 @@ every buffer of 1 MiB or more its own mapping, returned to the system when freed
 large frames leaves less behind (measured: a 10 s or a 30 s flood of 15 MiB frames over four
 sockets leaves ~190 MiB in the proxy and the ingress either way, against ~350 MiB without, and
 the peak is ~300 MiB: bounded by the per-socket byte budget, not by the flood's length). Set it
-in the environment that starts Ray (the shipped k8s manifests do; for `serve run`, export it
+in the environment that starts Ray (the shipped k8s manifests do; `scripts/setup.sh` makes it
+the default of every Python of `.venv`, so the README's `serve run` has it; elsewhere, export it
 first); the tests start Ray with it.
 
 The same environment makes each raylet free the object store's unreferenced objects every
