@@ -349,8 +349,9 @@ class DiTDeployment(SessionHost[DiTSlot]):
         chunk = slot.chunks
         stop = (lambda: slot.preempt_chunk == chunk) if self._engine.capabilities.preempt else None
         try:
+            preempt = {} if stop is None else {"should_stop": stop}  # (an engine without it takes no such argument)
             out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics,  # copy: y arrives read-only
-                                    defer_update=defer, should_stop=stop)
+                                    defer_update=defer, **preempt)
         except ChunkPreempted:
             raise Preempted(f"chunk {chunk} was given up for newer keys; the session is as before it") from None
         finally:
