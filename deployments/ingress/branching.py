@@ -30,8 +30,9 @@ byte-identical to the one an uninterrupted session with the same first k chunks 
 
 Either is refused, with nothing changed, for a session the connection does not hold open, a
 chunk out of range, a session with a chunk in flight (`busy`: the journal is only complete
-between chunks), and a session without a journal (recovery off, or over `journal_max_mib`).
-Their replies (`forked`, `rewound`) come once the rebuild is done, in request order.
+between chunks), and a session without a journal (recovery off, or over `journal_max_mib`),
+except for a fork at its head: that copy needs no journal (if a replica then cannot copy, the
+fork is refused `too_large`, as there is nothing to replay). Their replies (`forked`, `rewound`) come once the rebuild is done, in request order.
 """
 from __future__ import annotations
 
@@ -88,7 +89,11 @@ class Branches:
         """Validate and start a fork (ProtocolError / Busy: nothing changed); the future of its reply."""
         source = self._open(req.session_id, current)
         k = req.at_chunk
-        self._check(source, k, low=1)
+        # At the head (nothing to take back) the replicas that hold the source copy its live state;
+        # a source only the prefix store served so far is held by none (`materialised`). Such a
+        # fork needs no journal, unless a replica then cannot copy (`_replayable`).
+        head = k == source.next_chunk and source.materialised
+        self._check(source, k, low=1, need_journal=not head)
         new = req.new_session_id
         self._held = {sid: s for sid, s in self._held.items() if s.state is StreamState.OPEN}
         if new == req.session_id or new in self._held or (
@@ -102,14 +107,11 @@ class Branches:
         journal = source.journal.prefix(k)
         stream = Stream(dataclasses.replace(source.spec, session_id=new), journal, source.image)
         stream.next_chunk = stream.sent_chunks = k
-        stream.prompt = journal.prompt_after(k, source.spec.prompt)
+        stream.prompt = source.prompt if head else journal.prompt_after(k, source.spec.prompt)
         stream.prefix = None if source.prefix is None else source.prefix.truncated(k)  # writes its chunks
         stream.text_encode_s = 0.0
         self._releases.adopt(stream, replacing=None)  # the key's session quota: Busy, nothing changed
         self._held[new] = stream
-        # At the head (nothing to take back) the replicas that hold the source copy its live state;
-        # a source only the prefix store served so far is held by none (`materialised`).
-        head = k == source.next_chunk and source.materialised
         paths: dict[str, str] = {}
         dit_source = source.dit_key if head else None
         vae_source = source.vae_key if head else None
@@ -125,6 +127,7 @@ class Branches:
                 paths["vae"] = "clone"
                 return
             stream.vae_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
+        self._replayable(stream)
         paths["vae"] = "replay"
         key, j, (h, w) = stream.vae_key, stream.journal, stream.spec.resolution
         await self._b.vae.options(session_id=key).restore.remote(
@@ -149,11 +152,30 @@ class Branches:
                     admitted.set_result(None)
                 return
             stream.dit_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
+        try:
+            self._replayable(stream)
+        except TooLarge as e:
+            admitted = dit_admission(stream)
+            if not admitted.done():
+                admitted.set_exception(e)
+            raise
         paths["dit"] = "replay"
         key, j = stream.dit_key, stream.journal
         dit = self._b.dit.options(session_id=key)
         await reserve_dit(dit, stream)
         await dit.restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
+
+    def _replayable(self, stream: Stream) -> None:
+        """A fork that must replay (a replica could not copy) needs its journal: TooLarge without."""
+        if not stream.journal.recoverable:
+            raise TooLarge("the session has no journal to rebuild the fork from (" + self._no_journal_why() +
+                           ") and its replica could not copy it; fork it again later, or start a new session")
+
+    def _no_journal_why(self) -> str:
+        if not self._sessions.recovery:
+            return "this server keeps no session journals (sessions.recovery is off)"
+        return (f"the session's journal outgrew sessions.journal_max_mib ({self._sessions.journal_max_mib:g} MiB) "
+                "and was dropped")
 
     async def _cloned(self, handle, source_key: str, stream: Stream, lane: str, key: str, *options) -> bool:
         """`handle.clone` of the source (routed by its key, to its replica): True once copied;
@@ -247,15 +269,13 @@ class Branches:
                                                         "send image and prompt to start it again")
         return stream
 
-    def _check(self, stream: Stream, k: int, low: int) -> None:
-        """A chunk in range, no chunk in flight, a journal to rebuild from."""
+    def _check(self, stream: Stream, k: int, low: int, need_journal: bool = True) -> None:
+        """A chunk in range, no chunk in flight, a journal to rebuild from (`need_journal`)."""
         if any(not t.done() for t in stream.chunk_tasks):
             raise Busy("the session has a chunk in flight; send this again once its reply came", IN_FLIGHT_RETRY_S)
-        if not stream.journal.recoverable:
-            why = ("this server keeps no session journals (sessions.recovery is off)" if not self._sessions.recovery
-                   else f"the session's journal outgrew sessions.journal_max_mib ({self._sessions.journal_max_mib:g}"
-                        " MiB) and was dropped")
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"{why}: it cannot be forked or rewound")
+        if need_journal and not stream.journal.recoverable:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"{self._no_journal_why()}: it can be forked at its last chunk "
+                                                     "only (a copy of the live session), not rewound or forked earlier")
         if not low <= k <= stream.next_chunk:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the chunk must be in {low}..{stream.next_chunk} (the "
                                                        "chunks the session produced)")

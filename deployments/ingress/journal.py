@@ -97,6 +97,9 @@ class SessionJournal:
         """A new journal of the first `chunks` chunks (its arrays shared with this one: never
         written in place), for a forked session."""
         other = copy.copy(self)
+        if not self._enabled:  # nothing kept (a fork at the head copies the live session: branching.py)
+            other.conditioned = other.decoded = chunks
+            return other
         other.truncate(chunks)
         return other
 

@@ -161,18 +161,25 @@ def test_bad_fork_and_rewind_change_nothing(server, connect, example):
     server.wait_held(0)
 
 
-def test_a_session_without_journal_cannot_branch(strict_server, strict_connect, example):
-    """The strict app's journal budget (1 MiB) is below one image: the refusal says why."""
+def test_a_session_without_journal_forks_only_at_its_head(strict_server, strict_connect, example):
+    """The strict app's journal budget (1 MiB) is below one image: a rewind, or a fork below the
+    head, has nothing to rebuild from and is refused saying why; a fork at the head is a copy of
+    the live session on its replicas and needs no journal."""
 
     async def go():
         async with strict_connect() as c:
             await chunk(c, "s", example, 0, size="32*48")
+            await chunk(c, "s", example, 1)
             refusals = [await ask(c, encode_rewind("s", 0)), await ask(c, encode_fork("s", "b", 1))]
+            forked = await ask(c, encode_fork("s", "b", 2))
+            await c.reset("b")
             await c.reset("s")
-            return refusals
+            return refusals, forked
 
-    for r in asyncio.run(go()):
+    refusals, forked = asyncio.run(go())
+    for r in refusals:
         assert isinstance(r, ErrorReply) and r.code is ErrorCode.TOO_LARGE and "journal_max_mib" in r.message, r
+    assert isinstance(forked, Forked) and forked.next_chunk_id == 2, forked
     strict_server.wait_held(0)
 
 

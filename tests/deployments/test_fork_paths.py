@@ -17,7 +17,7 @@ from deployments.ingress.journal import SessionJournal
 from deployments.ingress.lanes import Lane
 from deployments.ingress.stream import Stream
 from deployments.wire import NoiseSnapshot, SessionOptions
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import ErrorReply, ForkRequest, Forked
 
 CHUNKS = 2
@@ -140,3 +140,31 @@ def test_below_the_head_it_replays():
     assert isinstance(reply, Forked) and reply.next_chunk_id == 1
     assert "clone" not in [c[1] for c in calls]
     assert (_forked_log(logged)["path"], _forked_log(logged)["vae_path"]) == ("replay", "replay")
+
+
+def _without_journal(source: Stream) -> Stream:
+    """The source's journal outgrew its budget (sessions.journal_max_mib): it keeps nothing."""
+    source.journal._keep(2 << 30)
+    assert not source.journal.recoverable and source.journal.chunks == []
+    return source
+
+
+def test_at_the_head_a_session_without_a_journal_still_forks_by_copy():
+    """A long session's journal is dropped over journal_max_mib: it can still branch from its
+    last chunk (the copy needs no journal), not below it."""
+    source = _without_journal(_source())
+    source.prompt = "steered since"
+    reply, calls, b, logged = _fork(source, CHUNKS)
+    assert isinstance(reply, Forked) and reply.next_chunk_id == CHUNKS
+    assert sorted(c[:2] for c in calls) == [("dit", "clone"), ("vae", "clone")]
+    assert b.prompt == "steered since" and b.journal.decoded == CHUNKS and not b.journal.recoverable
+    with pytest.raises(ProtocolError) as refused:  # below the head: nothing to replay
+        _fork(_without_journal(_source()), 1)
+    assert refused.value.code is ErrorCode.TOO_LARGE
+
+
+def test_without_a_journal_a_clone_that_cannot_be_made_refuses_the_fork():
+    source = _without_journal(_source())
+    reply, calls, b, _ = _fork(source, CHUNKS, dit={"clone": SessionLost("gone")})
+    assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.TOO_LARGE and "journal" in reply.message
+    assert b is None and "restore" not in [c[1] for c in calls]
