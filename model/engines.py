@@ -252,14 +252,13 @@ class DiTEngine:
         session.check_open()
         self.finish_chunk(session)
         t0 = time.perf_counter()
-        camera = session.camera
-        before = (camera.anchor, camera.last_pose, session.noise.mark())
-        plucker = camera.chunk(poses, intrinsics)  # [1, 384, 3, lh, lw]
+        camera, noise = session.camera.clone(), session.noise.mark()  # (cheap: two 4x4 poses, a generator state)
+        plucker = session.camera.chunk(poses, intrinsics)  # [1, 384, 3, lh, lw]
         try:
             return self._run(session, y, plucker, t0, defer_update, should_stop)
         except ChunkPreempted:
-            camera.anchor, camera.last_pose, mark = before
-            session.noise.rewind(mark)
+            session.camera = camera
+            session.noise.rewind(noise)
             raise
 
     @torch.inference_mode()

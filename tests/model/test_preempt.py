@@ -48,9 +48,13 @@ def _run(engine, total, preempt_at: dict[int, int], defer: bool):
         if k in preempt_at:
             y, poses, intrinsics = _inputs(k, turn=0.2)
             stop, asked = _stop_after(preempt_at[k])
+            camera_before = (session.camera.anchor, session.camera.last_pose, session.camera.chunk_index)
             with pytest.raises(ChunkPreempted):
                 engine.step(session, y, poses, intrinsics, defer_update=defer, should_stop=stop)
             assert len(asked) == preempt_at[k] + 1
+            after = (session.camera.anchor, session.camera.last_pose, session.camera.chunk_index)
+            assert after[2] == camera_before[2] == k  # the track's position too, not only its poses
+            assert all(a is None and b is None or np.array_equal(a, b) for a, b in zip(after[:2], camera_before[:2]))
         y, poses, intrinsics = _inputs(k, turn=0.0)
         out.append(engine.step(session, y, poses, intrinsics, defer_update=defer).latents)
         assert session.chunk_index == k + 1
