@@ -6,8 +6,8 @@ routed by the source's key, so it reaches the replica that holds the source, whi
 new session like an open and copies the source's state on the device (`DiTDeployment.clone`,
 `VaeDeployment.clone`); the router pins the new key to that replica (deployments/router.py).
 Both lanes copy (the VAE's fMP4 muxer encodes each chunk with a fresh encoder, so its state is
-counters: media/fmp4.py). A clone refused `busy` / `too_large` refuses
-the fork (the source's replica is full); any other failure (the replica left, it lost the
+counters: media/fmp4.py). A clone refused `busy` / `too_large` refuses the fork (the source's
+replica is full); any other failure (the replica left, it lost the
 source, its engine cannot clone: the sequence-parallel DiT) falls back, per lane, to the
 journal rebuild below under a fresh routing key. The "session forked" log line says which
 (`path`: the DiT's, `vae_path`).
@@ -32,7 +32,8 @@ Either is refused, with nothing changed, for a session the connection does not h
 chunk out of range, a session with a chunk in flight (`busy`: the journal is only complete
 between chunks), and a session without a journal (recovery off, or over `journal_max_mib`),
 except for a fork at its head: that copy needs no journal (if a replica then cannot copy, the
-fork is refused `too_large`, as there is nothing to replay). Their replies (`forked`, `rewound`) come once the rebuild is done, in request order.
+fork is refused `too_large`, as there is nothing to replay). Their replies (`forked`,
+`rewound`) come once the rebuild is done, in request order.
 """
 from __future__ import annotations
 
@@ -138,24 +139,17 @@ class Branches:
         there like a new session), else (or when that replica cannot) admitted like a new
         session (its slot and bytes, before any work), the VAE's admission waited for, then its
         chunks replayed."""
-        if source_key is not None:
-            admitted = dit_admission(stream)
-            try:
-                cloned = await self._cloned(self._b.dit, source_key, stream, "dit", stream.dit_key, stream.spec)
-            except BaseException as e:  # busy, too_large
-                if not admitted.done():
-                    admitted.set_exception(e)
-                raise
-            if cloned:
-                paths["dit"] = "clone"
-                if not admitted.done():
-                    admitted.set_result(None)
-                return
-            stream.dit_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
+        admitted = dit_admission(stream)
         try:
+            if source_key is not None:
+                if await self._cloned(self._b.dit, source_key, stream, "dit", stream.dit_key, stream.spec):
+                    paths["dit"] = "clone"
+                    if not admitted.done():
+                        admitted.set_result(None)
+                    return
+                stream.dit_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
             self._replayable(stream)
-        except TooLarge as e:
-            admitted = dit_admission(stream)
+        except BaseException as e:  # busy, too_large: the fork's admission refused
             if not admitted.done():
                 admitted.set_exception(e)
             raise

@@ -284,8 +284,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
             out = await self._compute_on_early(routing_key, self._step, y, poses, intrinsics, context,
                                                prepare=self._admit_chunk)
         except Preempted:
-            calls = self.__dict__.setdefault("_calls_total", {})  # `stats`: chunks given up
-            calls["preempted"] = calls.get("preempted", 0) + 1
+            self._count_call("preempted")  # `stats`: chunks given up
             if self._metrics is not None:
                 self._metrics.preempted.inc()
             raise
@@ -347,16 +346,15 @@ class DiTDeployment(SessionHost[DiTSlot]):
             self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
         defer = self._engine.capabilities.deferred_update
         chunk = slot.chunks
-        stop = (lambda: slot.preempt_chunk == chunk) if self._engine.capabilities.preempt else None
+        # (an engine that cannot preempt takes no such argument: the sequence-parallel one)
+        preempt = {"should_stop": lambda: slot.preempt_chunk == chunk} if self._engine.capabilities.preempt else {}
         try:
-            preempt = {} if stop is None else {"should_stop": stop}  # (an engine without it takes no such argument)
             out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics,  # copy: y arrives read-only
                                     defer_update=defer, **preempt)
         except ChunkPreempted:
             raise Preempted(f"chunk {chunk} was given up for newer keys; the session is as before it") from None
         finally:
-            if slot.preempt_chunk is not None and slot.preempt_chunk <= chunk:
-                slot.preempt_chunk = None
+            slot.preempt_chunk = None  # it can only name this chunk (`preempt` sets it while slot.chunks == chunk)
         slot.chunks += 1
         noise = slot.session.noise.state()
         timings = {**out.timings, "previous_cache_update": slot.update_s} if defer else out.timings

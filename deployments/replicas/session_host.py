@@ -102,6 +102,11 @@ class SessionHost(Generic[S]):
                     self._record_call(routing_key, fn, started - queued, ran_s,
                                       lambda: stall_counters.moved(counters, stall_counters.snapshot(self._device)))
 
+    def _count_call(self, name: str) -> None:
+        """One more of `name` in `stats()["calls"]` (model calls run, by name)."""
+        calls = self.__dict__.setdefault("_calls_total", {})
+        calls[name] = calls.get(name, 0) + 1
+
     def _record_call(self, routing_key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
                      counters_moved: Callable[[], dict[str, int]] = dict) -> None:
         """Per-call wait and run times: Prometheus histograms, and a slow call counted in the
@@ -110,8 +115,7 @@ class SessionHost(Generic[S]):
         counters that moved during it (`stall_counters`: a compile, the allocator's retries,
         cudaMalloc / cudaFree)."""
         call = getattr(fn, "__name__", "call").lstrip("_")
-        calls = self.__dict__.setdefault("_calls_total", {})  # model calls run, by name (stats)
-        calls[call] = calls.get(call, 0) + 1
+        self._count_call(call)
         if self._metrics is not None:
             self._metrics.observe_call(call, waited_s, ran_s)
         if ran_s >= self.slow_call_s:

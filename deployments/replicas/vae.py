@@ -4,8 +4,8 @@ Each session holds a `VaeSession` (encoder cache for y, decoder cache) and its `
 or none when it was opened with `raw_frames` (the clip mode of deployments/clip: its clients
 want the decoded frames themselves, so they leave as raw RGB uint8 bytes, never H.264).
 Calls for a session this replica does not hold raise `SessionLost`. `restore` rebuilds a
-session from the ingress's journal by replaying its conditions and decodes, muxing the
-the decoded frames' counts into the muxer (its chunks are encoded by a fresh H.264 encoder each,
+session from the ingress's journal by replaying its conditions and decodes and counting the
+decoded frames into the muxer (its chunks are encoded by a fresh H.264 encoder each,
 media/fmp4.py: the muxer's state is its counters), so that the caches and the muxer are those
 of the uninterrupted session and its next fragment is byte-identical. `clone` admits a session
 as a device copy of a live session held here (a fork at its head): its image, both causal

@@ -37,9 +37,8 @@ async def late_bound_step(jobs: LaneJobs, controls: ControlBook, stream: Stream,
     await asyncio.wait({y})
     if y.cancelled() or y.exception() is not None:
         return await jobs.step(stream, y, None, None)  # re-raises the condition's failure
-    preemptible = preempt and chunk_id > 0
+    preemptible, sid = preempt and chunk_id > 0, stream.spec.session_id
     while True:
-        sid = stream.spec.session_id
         cams = controls.keyed(stream, chunk_id)
         controls.commit(stream, cams, chunk_id)
         mine = stream.bound = BoundChunk(chunk_id, controls.keys_for(sid), preemptible)
