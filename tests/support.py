@@ -193,3 +193,15 @@ def install_fake_cudnn(monkeypatch):
     monkeypatch.setitem(sys.modules, "cudnn", module)
     FakeCudnnGraph.builds = 0
     return module
+
+
+def open_tiny_dit_session(engine, total_latent_frames):
+    """A 64x112 session of `engine` (the tiny DiT) with a seeded random text context, open-ended
+    when `total_latent_frames` is None: the engine tests' common start."""
+    import torch
+
+    from model.session import DiTSessionSpec
+
+    gen = torch.Generator().manual_seed(2)
+    return engine.open(DiTSessionSpec(context=torch.randn(6, engine.cfg.text_dim, generator=gen), height=64,
+                                      width=112, seed=4, total_latent_frames=total_latent_frames))

@@ -250,21 +250,29 @@ def _expected(replies: list[FrameReply], keys_of: dict) -> None:
         last = poses[-1]
 
 
-def test_keys_changed_while_the_chunk_runs_give_it_up_and_it_shows_them():
-    """controls.preempt: chunk 2 runs bound to W when L is pressed; the DiT gives it up at its
-    next slice and chunk 2 is made again, bound to L and continuing chunk 1's camera."""
+def _w_then_l(preempt: bool = True, then=None, until: int = 3, release_id: int = 3):
+    """Drive W from the start, press L as chunk 1's frame arrives (chunk 2 then runs on the DiT,
+    bound to W), `await then(rig)`, release once chunk `until` arrived: (frames, the fakes' log)."""
     async def go():
-        async with Rig(max_unacked=16, dit=PreemptingDiT) as rig:
+        async with Rig(max_unacked=16, dit=PreemptingDiT, preempt=preempt) as rig:
             rig.ws.send(encode_control("d", 1, ["w"]))
             rig.ws.send(encode_drive("d", png(), "a street"))
             await rig.frame(1)  # chunk 2 has run on the DiT for about a decode (VAE_S), of DIT_S
             rig.ws.send(encode_control("d", 2, ["l"]))
-            await rig.frame(3)
-            rig.ws.send(encode_control("d", 3, []))
+            if then is not None:
+                await then(rig)
+            await rig.frame(until)
+            rig.ws.send(encode_control("d", release_id, []))
             await rig.paused()
         return frames(rig.ws.sent), list(rig.log)
 
-    replies, log = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_keys_changed_while_the_chunk_runs_give_it_up_and_it_shows_them():
+    """controls.preempt: chunk 2 runs bound to W when L is pressed; the DiT gives it up at its
+    next slice and chunk 2 is made again, bound to L and continuing chunk 1's camera."""
+    replies, log = _w_then_l()
     assert [r.chunk_id for r in replies] == list(range(len(replies)))
     assert "dit.preempt 2" in log and "dit.step preempted 2" in log
     assert [r.event_id for r in replies[:3]] == [1, 1, 2]  # without preemption chunk 3 would show L first
@@ -276,39 +284,19 @@ def test_keys_changed_while_the_chunk_runs_give_it_up_and_it_shows_them():
 
 def test_a_chunk_is_given_up_once_however_often_the_keys_change():
     """A chunk made again runs to its end: keys changing during it wait for the next chunk."""
-    async def go():
-        async with Rig(max_unacked=16, dit=PreemptingDiT) as rig:
-            rig.ws.send(encode_control("d", 1, ["w"]))
-            rig.ws.send(encode_drive("d", png(), "a street"))
-            await rig.frame(1)
-            rig.ws.send(encode_control("d", 2, ["l"]))
-            await rig.ws.wait_for(lambda _: "dit.step preempted 2" in rig.log or None)
-            await asyncio.sleep(DIT_S / 3)  # chunk 2 made again, bound to L, runs
-            rig.ws.send(encode_control("d", 3, ["a"]))
-            rig.ws.send(encode_control("d", 4, ["d"]))
-            await rig.frame(4)
-            rig.ws.send(encode_control("d", 5, []))
-            await rig.paused()
-        return frames(rig.ws.sent), list(rig.log)
+    async def change_twice_while_it_is_made_again(rig):
+        await rig.ws.wait_for(lambda _: "dit.step preempted 2" in rig.log or None)
+        await asyncio.sleep(DIT_S / 3)  # chunk 2 made again, bound to L, runs
+        rig.ws.send(encode_control("d", 3, ["a"]))
+        rig.ws.send(encode_control("d", 4, ["d"]))
 
-    replies, log = asyncio.run(go())
+    replies, log = _w_then_l(then=change_twice_while_it_is_made_again, until=4, release_id=5)
     assert log.count("dit.preempt 2") == 1 and log.count("dit.step preempted 2") == 1
     assert replies[2].event_id == 2 and replies[3].event_id == 4  # D: the keys held when chunk 3 started
     _expected(replies, {1: {"w"}, 2: {"l"}, 3: {"a"}, 4: {"d"}})
 
 
 def test_without_preempt_a_change_waits_for_the_next_chunk():
-    async def go():
-        async with Rig(max_unacked=16, dit=PreemptingDiT, preempt=False) as rig:
-            rig.ws.send(encode_control("d", 1, ["w"]))
-            rig.ws.send(encode_drive("d", png(), "a street"))
-            await rig.frame(1)
-            rig.ws.send(encode_control("d", 2, ["l"]))
-            await rig.frame(3)
-            rig.ws.send(encode_control("d", 3, []))
-            await rig.paused()
-        return frames(rig.ws.sent), list(rig.log)
-
-    replies, log = asyncio.run(go())
+    replies, log = _w_then_l(preempt=False)
     assert not any("preempt" in e for e in log)
     assert [r.event_id for r in replies[:4]] == [1, 1, 1, 2]

@@ -9,7 +9,7 @@ import torch
 
 from model.dit.caches import DiTCaches, KVCacheConfig
 from model.factory import load_dit_engine, load_vae_engine
-from model.session import DiTSessionSpec
+from support import open_tiny_dit_session
 
 
 def _inputs(k: int, seed: int):
@@ -19,13 +19,6 @@ def _inputs(k: int, seed: int):
     poses[:, 0, 3] = 0.03 * np.arange(len(poses)) + k + seed
     return (torch.randn(20, 3, 8, 14, generator=gen), poses,
             np.tile([[50.0, 50, 56, 32]], (len(poses), 1)).astype(np.float32))
-
-
-def _open(engine, total):
-    gen = torch.Generator().manual_seed(2)
-    spec = DiTSessionSpec(context=torch.randn(6, engine.cfg.text_dim, generator=gen), height=64, width=112,
-                          seed=4, total_latent_frames=total)
-    return engine.open(spec)
 
 
 def _steps(engine, session, plan: list[int], defer_last: bool = False) -> list[torch.Tensor]:
@@ -55,10 +48,10 @@ def test_a_clone_and_its_source_continue_like_one_session(case, defer):
     took B's chunk 3 after the same 0..2."""
     kwargs, total = CASES[case]
     engine = load_dit_engine("tiny", None, "float32", "cpu", **kwargs)
-    plain = _steps(engine, _open(engine, total), [0, 0, 0, 0, 0])
-    other = _steps(engine, _open(engine, total), [0, 0, 0, 1])
+    plain = _steps(engine, open_tiny_dit_session(engine, total), [0, 0, 0, 0, 0])
+    other = _steps(engine, open_tiny_dit_session(engine, total), [0, 0, 0, 1])
 
-    a = _open(engine, total)
+    a = open_tiny_dit_session(engine, total)
     _steps(engine, a, [0, 0, 0], defer_last=defer)
     b = engine.clone(a)
     assert a.pending_update is None and b.pending_update is None and b.chunk_index == a.chunk_index == 3
@@ -73,12 +66,12 @@ def test_a_clone_keeps_a_steered_prompt_and_closing_one_leaves_the_other():
     context = torch.randn(5, engine.cfg.text_dim, generator=torch.Generator().manual_seed(9))
 
     def steered():
-        s = _open(engine, None)
+        s = open_tiny_dit_session(engine, None)
         _steps(engine, s, [0])
         engine.update_prompt(s, context)
         return _steps(engine, s, [0, 0, 0])[1:]
 
-    source = _open(engine, None)
+    source = open_tiny_dit_session(engine, None)
     _steps(engine, source, [0])
     engine.update_prompt(source, context)
     _steps(engine, source, [0])

@@ -10,7 +10,7 @@ import torch
 from model.dit.caches import KVCacheConfig
 from model.engine_api import ChunkPreempted
 from model.factory import load_dit_engine
-from model.session import DiTSessionSpec
+from support import open_tiny_dit_session
 
 CHUNKS = 5  # with the (6, 3) window the cache is full from chunk 3 on, and chunk 4 wraps the ring
 
@@ -22,13 +22,6 @@ def _inputs(k: int, turn: float):
     poses[:, 2, 3] = turn * np.arange(len(poses))
     return (torch.randn(20, 3, 8, 14, generator=gen), poses,
             np.tile([[50.0, 50, 56, 32]], (len(poses), 1)).astype(np.float32))
-
-
-def _session(engine, total):
-    gen = torch.Generator().manual_seed(2)
-    spec = DiTSessionSpec(context=torch.randn(6, engine.cfg.text_dim, generator=gen), height=64, width=112,
-                          seed=4, total_latent_frames=total)
-    return engine.open(spec)
 
 
 def _stop_after(calls: int):
@@ -43,7 +36,7 @@ def _stop_after(calls: int):
 def _run(engine, total, preempt_at: dict[int, int], defer: bool):
     """Every chunk k in `preempt_at` first starts with other poses and is given up after
     preempt_at[k] denoising calls, then made with its own."""
-    session, out = _session(engine, total), []
+    session, out = open_tiny_dit_session(engine, total), []
     for k in range(CHUNKS):
         if k in preempt_at:
             y, poses, intrinsics = _inputs(k, turn=0.2)
@@ -78,7 +71,7 @@ def test_a_chunk_given_up_and_made_again_equals_one_never_given_up(window, kv, t
 def test_should_stop_is_not_asked_for_the_cache_update():
     """Once its 4 denoising calls ran the chunk is done: the cache update is never given up."""
     engine = load_dit_engine("tiny", None, "float32", "cpu")
-    session = _session(engine, None)
+    session = open_tiny_dit_session(engine, None)
     asked = []
     y, poses, intrinsics = _inputs(0, 0.0)
     engine.step(session, y, poses, intrinsics, should_stop=lambda: asked.append(1) or False)
