@@ -92,7 +92,7 @@ def build_app(args: AppArgs) -> Application:
     vae_capacity = args.sessions.vae_max_sessions or 2 * args.sessions.max_sessions * args.dit.most_replicas
     text = TextEncoderDeployment.options(**replica_options(args.text_encoder)).bind(args.model)
     vae = VaeDeployment.options(**replica_options(args.vae), request_router_config=router).bind(
-        args.model, args.sessions, vae_capacity)
+        args.model, args.sessions, vae_capacity, args.prefix_cache.snapshot_mib)
     dit = bind_dit(args, {**replica_options(args.dit), "request_router_config": router})  # 1 or N GPUs
     parking = None
     if args.sessions.resume_grace_s > 0:  # one replica, placed like the ingress (CPU, head node)

@@ -328,20 +328,17 @@ class PrefixCacheArgs(_Strict):
     # Bytes of stored chunks (video, latents, y, camera, noise state) per ingress replica, least
     # recently used evicted first; 0 turns the store off.
     max_mib: float = Field(0.0, ge=0)
-    # Snapshots of a session's replica state (KV and VAE caches) are not implemented: a session
-    # served from the store gets its state by the journal's replay. Only 0 is accepted.
+    # Snapshots of sessions' replica state (deployments/replicas/snapshots.py): after each chunk
+    # every DiT and every VAE replica keeps a device copy of the session (KV caches, noise and
+    # camera; VAE causal caches and muxer counters) in the spare bytes of its session budget, at
+    # most this many MiB each, least recently used evicted first, and always evicted before a
+    # session is refused. A fork below a session's head, a rewind, and a session leaving the
+    # prefix store then copy one (one device copy) instead of replaying the journal (one
+    # cache-update call and one decode per chunk). 0: none kept. Independent of `max_mib`.
     snapshot_mib: float = Field(0.0, ge=0)
     # Who may reuse whose chunks: `principal` (an API key, or without auth a client address)
     # or `global` (everyone: a hit can then be timed across clients).
     scope: Literal["principal", "global"] = "principal"
-
-    @field_validator("snapshot_mib")
-    @classmethod
-    def _no_snapshots(cls, v: float) -> float:
-        if v:
-            raise ValueError("prefix_cache.snapshot_mib: KV snapshots are not implemented; a session served from "
-                             "the store gets its state by the journal's replay (sessions.recovery). Set it to 0")
-        return v
 
     @property
     def enabled(self) -> bool:

@@ -27,6 +27,13 @@ class SessionLost(ReplicaError):
     code = ErrorCode.SESSION_LOST
 
 
+class NoSnapshot(ReplicaError):
+    """The replica keeps no snapshot of that session after that chunk (none taken, evicted, of
+    another replica): the ingress rebuilds from the journal instead (replicas/snapshots.py)."""
+
+    code = ErrorCode.SESSION_LOST
+
+
 class ChunkLimit(ReplicaError):
     """A rebuild of more chunks than the chunk cap allows (`sessions.max_chunks`)."""
 

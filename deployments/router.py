@@ -25,6 +25,12 @@ by the *source's* key, so it reaches the replica that holds the source; once it 
 new session's key (the call's second argument) is pinned to that same replica, as an open's is
 (deployments/replicas/dit.py `clone`).
 
+A call routed by a snapshot id (`<key>#<chunks>`, deployments/replicas/snapshots.py: a clone
+from a session's snapshot) goes where the session's key is pinned, else where this router
+routed its close (the last minute), else to the replica whose last stats list the snapshot,
+else anywhere (its replica
+answers `NoSnapshot` and the ingress replays the journal instead). It never places anything.
+
 Set in code (`request_router_config` in `build_app`), never in YAML: a router class named in
 YAML is imported by the dashboard outside the application's runtime_env.
 """
@@ -38,6 +44,7 @@ from typing import List, Optional
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from deployments.log import get_log
+from deployments.replicas.snapshots import parse_snapshot_id
 
 _SWEEP_PERIOD_S = 1.0
 _CLOSED_MEMORY_S = 60.0  # closes remembered to correct stale stats (>> the stats period)
@@ -65,6 +72,7 @@ class SessionAffinityRouter(RequestRouter):
         self._clone_method = clone_method
         self._pins: dict[str, _Pin] = {}
         self._closed: dict[str, float] = {}  # session -> when this router routed its close
+        self._closed_on: dict[str, ReplicaID] = {}  # ... and where (its snapshots stay there)
         self._last_sweep = time.monotonic()
         self._log = get_log("router", deployment=self._deployment_id.name)
 
@@ -82,6 +90,9 @@ class SessionAffinityRouter(RequestRouter):
             return [candidate_replicas]
         now = time.monotonic()
         self._sweep(now)
+        snapshot = parse_snapshot_id(sid)
+        if snapshot is not None:
+            return [self._snapshot_holder(sid, snapshot[0], candidate_replicas)]
         pin = self._pins.get(sid)
         if pin is not None and pin.replica_id not in self.curr_replicas:  # left before we were told
             self._drop_pins_not_in(set(self.curr_replicas))
@@ -105,6 +116,7 @@ class SessionAffinityRouter(RequestRouter):
         if meta.session_id and meta.call_method == self._close_method:
             self._pins.pop(meta.session_id, None)
             self._closed[meta.session_id] = time.monotonic()
+            self._closed_on[meta.session_id] = replica_id
         elif meta.session_id and meta.call_method == self._clone_method and len(pending_request.args) > 1:
             new_key, now = pending_request.args[1], time.monotonic()  # clone(source_key, new_key, ...)
             self._pins[new_key] = _Pin(replica_id, now, placed=now)
@@ -135,6 +147,18 @@ class SessionAffinityRouter(RequestRouter):
 
         return max(candidates, key=lambda r: (free_slots(r), random.random()))
 
+    def _snapshot_holder(self, snapshot: str, key: str, candidates: List[RunningReplica]) -> List[RunningReplica]:
+        """Where a snapshot is: its session's pinned replica, else the replica whose stats list it."""
+        pin = self._pins.get(key)
+        where = pin.replica_id if pin is not None else self._closed_on.get(key)
+        if where is not None and where in self.curr_replicas:
+            return [self.curr_replicas[where]]
+        for r in candidates:
+            if snapshot in (r.routing_stats or {}).get("snapshots", ()):
+                return [r]
+        holder = self._reported_holder(key, candidates)
+        return [holder] if holder is not None else candidates
+
     @staticmethod
     def _reported_holder(sid: str, candidates: List[RunningReplica]) -> Optional[RunningReplica]:
         """The replica whose last stats list `sid` (a session another router placed)."""
@@ -160,3 +184,4 @@ class SessionAffinityRouter(RequestRouter):
             del self._pins[sid]
         for sid in [sid for sid, t in self._closed.items() if now - t > _CLOSED_MEMORY_S]:
             del self._closed[sid]
+            self._closed_on.pop(sid, None)

@@ -14,8 +14,13 @@ The replica is authoritative: a step for a session it does not hold raises `Sess
 `restore` admits a session like `open` and rebuilds it from the ingress's journal (one
 cache-update call per past chunk), so that it continues bit for bit where it stopped.
 `clone` admits a session like `open` and makes it a device copy of a live session this replica
-holds (a fork at its head: no chunk replayed); `SessionLost` when the source is not here,
-`Unsupported` when the engine cannot clone (the ingress then replays the journal).
+holds (a fork at its head: no chunk replayed), or of a snapshot it keeps; `SessionLost` /
+`NoSnapshot` when the source is not here, `Unsupported` when the engine cannot clone (the
+ingress then replays the journal).
+Snapshots (`snapshot_mib` > 0, replicas/snapshots.py): after each chunk (its cache update
+done) a device copy of the session is kept as `<key>#<chunks>` while the budget's spare bytes
+allow; `clone` copies one into a new session (a fork below the head, a rewind, a session
+leaving the prefix store).
 """
 from __future__ import annotations
 
@@ -31,12 +36,13 @@ from ray import serve
 
 from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
-from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, SessionLimit, SessionLost, TooLarge,
-                                Unsupported)
+from deployments.errors import (AttentionBound, Busy, ChunkLimit, NoSnapshot, Preempted, SessionLimit, SessionLost,
+                                TooLarge, Unsupported)
 from deployments.log import get_log
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
+from deployments.replicas.snapshots import parse_snapshot_id
 from deployments import wire
 from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
 from model.accel import AccelOptions
@@ -80,8 +86,9 @@ class DiTDeployment(SessionHost[DiTSlot]):
 
     slow_call_s = 6.0  # a chunk step runs 1.1-2.2 s at 464x832 on an H200
 
-    async def __init__(self, model: ModelArgs, sessions: SessionArgs) -> None:
+    async def __init__(self, model: ModelArgs, sessions: SessionArgs, snapshot_mib: float = 0.0) -> None:
         self._clock = ReadyClock()
+        self._snapshot_mib = snapshot_mib
         self._compile_cache = CompileCache.open(model.compile_cache_dir, "dit")  # before anything compiles
         cap = cap_process(model.device, sessions.memory_fraction)  # before anything is allocated
         self._engine: DiTEngineProtocol = load_dit_engine(
@@ -115,7 +122,9 @@ class DiTDeployment(SessionHost[DiTSlot]):
         table: SessionTable[DiTSlot] = SessionTable(
             sessions.max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
         )
-        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"), model.device)
+        snapshot_bytes = int(getattr(self, "_snapshot_mib", 0.0) * 2**20) if self._engine.capabilities.clone else 0
+        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"), model.device,
+                         snapshot_bytes)
         ready = self._clock.split(report, self._compile_cache)
         self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
                               "random_weights": model.random_weights, "ready": ready}
@@ -176,36 +185,47 @@ class DiTDeployment(SessionHost[DiTSlot]):
 
     async def clone(self, source_key: str, routing_key: str, options: SessionOptions) -> str:
         """Admit `routing_key` like `open` (`Busy` / `TooLarge`, nothing changed) and make it an
-        independent copy of the live session `source_key` (a fork at its head): its caches,
-        text, camera, noise and chunk count, copied on the device. `SessionLost` when this
-        replica does not hold the source, `Unsupported` when its engine cannot clone or
+        independent copy of the live session `source_key` (a fork at its head), or of the
+        snapshot `source_key` names (`<key>#<chunks>`: a fork below a head): its caches, text,
+        camera, noise and chunk count, copied on the device. `SessionLost` / `NoSnapshot` when
+        this replica does not hold the source, `Unsupported` when its engine cannot clone or
         `options` are not the source's. Returns the replica id.
 
         Routed by the source's key (its replica); the router pins `routing_key` (the second
         argument) where the call went (deployments/router.py)."""
         if not self._engine.capabilities.clone:
             raise Unsupported("this DiT deployment (sequence parallel) cannot clone sessions")
+        snapshot = parse_snapshot_id(source_key)
+        if snapshot is not None:
+            src = await self._shelved(*snapshot)
+            await self._clone_slot(src, source_key, routing_key, options)
+            return self._replica
         with self._table.hold(source_key):  # SessionLost when not held; it cannot expire meanwhile
-            src = self._table.get(source_key)
-            spec = src.session.spec
-            if (options.height, options.width, options.total_latent_frames) != (
-                    spec.height, spec.width, spec.total_latent_frames):
-                raise Unsupported("a clone keeps its source's size and length")
-            need = self._engine.footprint(src.height, src.width, src.kv_frames, spec.total_latent_frames)
+            await self._clone_slot(self._table.get(source_key), source_key, routing_key, options)
+        return self._replica
 
-            def clone() -> DiTSlot:
-                if src.session.status is SessionStatus.CLOSED:  # closed while the clone queued
-                    raise SessionLost("the session to clone was closed")
-                return DiTSlot(self._engine.clone(src.session), src.height, src.width, src.kv_frames, src.chunks,
-                               src.windowed)
+    async def _clone_slot(self, src: DiTSlot, source_key: str, routing_key: str, options: SessionOptions) -> None:
+        spec = src.session.spec
+        if (options.height, options.width, options.total_latent_frames) != (
+                spec.height, spec.width, spec.total_latent_frames):
+            raise Unsupported("a clone keeps its source's size and length")
+        need = self._engine.footprint(src.height, src.width, src.kv_frames, spec.total_latent_frames)
 
-            started = time.perf_counter()
-            with self._refusals(routing_key, need):
-                await self._open_slot(routing_key, need.held, clone, working=need.working)
-            self._record_call(routing_key, clone, 0.0, time.perf_counter() - started)
+        def clone() -> DiTSlot:
+            if src.session.status is SessionStatus.CLOSED:  # closed while the clone queued
+                raise SessionLost("the session to clone was closed")
+            return self._copy(src)
+
+        started = time.perf_counter()
+        with self._refusals(routing_key, need):
+            await self._open_slot(routing_key, need.held, clone, working=need.working)
+        self._record_call(routing_key, clone, 0.0, time.perf_counter() - started)
         self._metrics.admitted.inc()
         self._log.info("session cloned", fields={"session": routing_key, "from": source_key, "chunks": src.chunks})
-        return self._replica
+
+    def _copy(self, src: DiTSlot) -> DiTSlot:
+        """(Model thread.) A device copy of a slot: a clone's state, a snapshot."""
+        return DiTSlot(self._engine.clone(src.session), src.height, src.width, src.kv_frames, src.chunks, src.windowed)
 
     def _full_attention(self, options: SessionOptions) -> bool:
         """Per session, at open and alike at restore (same spec, same budget): a session that
@@ -281,7 +301,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         if context is not None and not self._engine.capabilities.update_prompt:
             raise Unsupported("this DiT deployment (sequence parallel) does not support prompt_update")
         try:
-            out = await self._compute_on_early(routing_key, self._step, y, poses, intrinsics, context,
+            out = await self._compute_on_early(routing_key, self._step, routing_key, y, poses, intrinsics, context,
                                                prepare=self._admit_chunk)
         except Preempted:
             self._count_call("preempted")  # `stats`: chunks given up
@@ -337,11 +357,12 @@ class DiTDeployment(SessionHost[DiTSlot]):
                        "a local_attn_size window", retry)
         slot.kv_frames = needed
 
-    def _step(self, slot: DiTSlot, publish: Callable[[StepResult], None], y: np.ndarray, poses: np.ndarray,
-              intrinsics: np.ndarray, context: Optional[np.ndarray] = None) -> StepResult:
+    def _step(self, slot: DiTSlot, publish: Callable[[StepResult], None], routing_key: str, y: np.ndarray,
+              poses: np.ndarray, intrinsics: np.ndarray, context: Optional[np.ndarray] = None) -> StepResult:
         """The chunk's latents are published after its 4 denoising calls (they go to decoding
         at once); its cache-update call runs after, before this replica's next job (where the
-        engine can defer it: the sequence-parallel replica steps all at once)."""
+        engine can defer it: the sequence-parallel replica steps all at once), then its
+        snapshot is taken (when snapshots are on)."""
         if context is not None:
             self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
         defer = self._engine.capabilities.deferred_update
@@ -363,4 +384,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         publish(reply)
         if defer:
             slot.update_s = self._engine.finish_chunk(slot.session)
+        if self.snapshots.enabled:
+            held = self._engine.footprint(slot.height, slot.width, slot.kv_frames,
+                                          slot.session.spec.total_latent_frames).held
+            self._snapshot(routing_key, slot.chunks, held, lambda: self._copy(slot))
         return reply

@@ -23,12 +23,13 @@ from ray import serve
 from deployments.replicas import stall_counters
 from deployments.autoscaling_policy import LOAD, REFUSED, replica_load
 from deployments.replicas.compute_thread import ComputeThread
-from deployments.errors import Busy, SessionLost
+from deployments.errors import Busy, NoSnapshot, SessionLost
 from deployments.log import KeyValueLog, log_probes_at_debug, log_typed_errors_as_info
 from deployments.replicas.memory import memory_report
 from deployments.metrics import SessionMetrics
 from deployments.replicas.priority_lock import PriorityLock
 from deployments.replicas.session_table import SessionTable
+from deployments.replicas.snapshots import SnapshotShelf
 from deployments.replicas.slow_calls import SlowCalls
 
 S = TypeVar("S")
@@ -45,12 +46,15 @@ class SessionHost(Generic[S]):
     _metrics: Optional[SessionMetrics] = None
 
     def _start_host(self, table: SessionTable[S], release: Callable[[S], None], log: KeyValueLog,
-                    device: str) -> None:
-        """`release(state)` frees one session's memory (called in the worker thread)."""
+                    device: str, snapshot_bytes: int = 0) -> None:
+        """`release(state)` frees one session's memory (called in the worker thread);
+        `snapshot_bytes`: the most the replica's snapshots may hold (snapshots.py; 0: none)."""
         log_typed_errors_as_info()
         log_probes_at_debug()
         stall_counters.prime()  # here, not at import (the app's build imports this module too)
         self._table = table
+        table.snapshots = SnapshotShelf(snapshot_bytes)
+        self._loop = asyncio.get_running_loop()
         self._device = device
         self._release = release
         self._replica = serve.get_replica_context().replica_id.unique_id
@@ -189,6 +193,49 @@ class SessionHost(Generic[S]):
         self._publish()
         return state
 
+    @property
+    def snapshots(self) -> SnapshotShelf:
+        return self._table.snapshots
+
+    def _snapshot(self, routing_key: str, chunks: int, nbytes: int, copy: Callable[[], Any], part: str = "") -> bool:
+        """(In the model thread, after a session's chunk.) Keep `copy()` as the session's state
+        after `chunks` chunks when the shelf and the budget's spare bytes have room for `nbytes`
+        (older snapshots evicted for it; booked on the event loop before anything is copied).
+        False when it was not taken."""
+        shelf = self.snapshots
+        if not shelf.fits(nbytes):
+            return False
+        booked = asyncio.run_coroutine_threadsafe(self._book_snapshot(routing_key, chunks, nbytes, part), self._loop)
+        if not booked.result():
+            return False
+        try:
+            with torch.inference_mode():  # the states' tensors are inference tensors
+                value = copy()
+        except Exception as e:  # out of memory despite the booking: the session goes on without it
+            self._loop.call_soon_threadsafe(shelf.cancel, routing_key, chunks, part)
+            self._log.warning("snapshot not taken", fields={"session": routing_key, "chunks": chunks,
+                                                            "error": f"{type(e).__name__}: {e}"[:200]})
+            return False
+        # Filled before this job's end reaches the loop: a call queued behind it finds it.
+        self._loop.call_soon_threadsafe(shelf.fill, routing_key, chunks, value, part)
+        return True
+
+    async def _book_snapshot(self, routing_key: str, chunks: int, nbytes: int, part: str) -> bool:
+        if routing_key not in self._table or not self._table.room_for_snapshot(nbytes):
+            return False
+        return self.snapshots.book(routing_key, chunks, nbytes, part)
+
+    async def _shelved(self, routing_key: str, chunks: int, part: str = "") -> Any:
+        """The snapshot of `routing_key` after `chunks` chunks, once the job running now (which
+        may be taking it) is done; `NoSnapshot` when this replica keeps none."""
+        if self.snapshots.enabled:
+            async with self._lock:
+                pass
+        value = self.snapshots.get(routing_key, chunks, part)
+        if value is None:
+            raise NoSnapshot(f"this replica keeps no snapshot of the session after {chunks} chunks")
+        return value
+
     async def close(self, routing_key: str) -> bool:
         """End a session; False when it was not held (closing is idempotent).
 
@@ -221,6 +268,7 @@ class SessionHost(Generic[S]):
             "free_slots": self._table.free_slots,
             "replica": self._replica,
             "keys": self._table.keys(),  # lets a router correct these stale numbers by its own opens/closes
+            "snapshots": self.snapshots.ids(),  # where a clone from a snapshot id goes (router.py)
         }
 
     def record_autoscaling_stats(self) -> dict[str, float]:
@@ -239,7 +287,11 @@ class SessionHost(Generic[S]):
         """Health probe and capacity report (/healthz, /v1/models)."""
         stats = self.record_routing_stats()
         del stats["keys"]
+        shelf = self.snapshots
+        snapshots = {"held": len(shelf), "bytes": shelf.nbytes, "max_bytes": shelf.max_bytes, "taken": shelf.taken,
+                     "evicted": shelf.evictions}
         return {**stats, "cache_bytes": self._table.bytes_in_use, "reserved_bytes": self._table.reserved_bytes,
+                "snapshots": snapshots,
                 "budget_bytes": self._table.budget_bytes, "rss_bytes": resident_bytes(), "expired": self._expired_total,
                 "calls": dict(self.__dict__.get("_calls_total", {})), **memory_report(self._device), **getattr(self, "_replica_info", {})}
 

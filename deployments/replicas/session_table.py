@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Generic, Optional, TypeVar
 
 from deployments.errors import Busy, SessionLost, TooLarge
+from deployments.replicas.snapshots import SnapshotShelf
 
 S = TypeVar("S")
 
@@ -73,6 +74,9 @@ class SessionTable(Generic[S]):
         # so an open that arrives after its session's close (the client left while the open was
         # still on its way) is refused instead of holding a slot nobody will ever close.
         self._closed: dict[str, float] = {}
+        # The replica's snapshots (snapshots.py): they live in the budget's spare bytes and give
+        # way to sessions (`_make_room`); never counted in `bytes_in_use` (nor in the load).
+        self.snapshots: SnapshotShelf = SnapshotShelf(0)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -135,6 +139,7 @@ class SessionTable(Generic[S]):
                 f"retry in {retry:g} s or ask for fewer frames",
                 retry,
             )
+        self._make_room(nbytes + max(self.working_bytes, working))
         # opening: never expires; reserved ahead of its open: expires unclaimed
         self._entries[key] = _Entry(None, nbytes, self._clock(), active=0 if reserve_only else 1, working=working,
                                     reserved=reserve_only)
@@ -205,8 +210,28 @@ class SessionTable(Generic[S]):
             self.bytes_in_use - entry.nbytes + nbytes + self.working_bytes > self.budget_bytes
         ):
             return False
+        self._make_room(nbytes - entry.nbytes + self.working_bytes)
         entry.nbytes = nbytes
         return True
+
+    def room_for_snapshot(self, nbytes: int) -> bool:
+        """Whether a snapshot of `nbytes` fits beside the sessions (their held bytes and the
+        largest working set) and the snapshots kept, the oldest of those evicted for it."""
+        if self.budget_bytes is None:
+            return True
+        over = self.reserved_bytes + self.snapshots.nbytes + nbytes - self.budget_bytes
+        if over > 0:
+            self.snapshots.reclaim(over)
+        return self.reserved_bytes + self.snapshots.nbytes + nbytes <= self.budget_bytes
+
+    def _make_room(self, needed: int) -> None:
+        """Evict snapshots so that `needed` more bytes (over the sessions' held bytes alone) fit
+        the budget beside the ones kept: called once a session is known to fit without them."""
+        if self.budget_bytes is None or not self.snapshots.nbytes:
+            return
+        over = self.bytes_in_use + self.snapshots.nbytes + needed - self.budget_bytes
+        if over > 0:
+            self.snapshots.reclaim(over)
 
     def get(self, key: str) -> S:
         """The state of `key`, or `SessionLost`."""

@@ -89,7 +89,7 @@ def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
     options, router); the SP replica adds its placement group.
     """
     if args.dit_parallel == 1:
-        return DiTDeployment.options(**options).bind(args.model, args.sessions)
+        return DiTDeployment.options(**options).bind(args.model, args.sessions, args.prefix_cache.snapshot_mib)
     actor = {k: v for k, v in options.get("ray_actor_options", {}).items() if k != "label_selector"}
     options = {**options, "ray_actor_options": actor}  # the bundles carry the labels
     return SPDiTDeployment.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(

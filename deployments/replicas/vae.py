@@ -9,7 +9,13 @@ decoded frames into the muxer (its chunks are encoded by a fresh H.264 encoder e
 media/fmp4.py: the muxer's state is its counters), so that the caches and the muxer are those
 of the uninterrupted session and its next fragment is byte-identical. `clone` admits a session
 as a device copy of a live session held here (a fork at its head): its image, both causal
-caches and its muxer's counters.
+caches and its muxer's counters; or of a snapshot kept here.
+
+Snapshots (`snapshot_mib` > 0, replicas/snapshots.py): the encoder's cache after each condition
+and the decoder's (with the image and the muxer's counters) after each decode are kept apart,
+as `<key>#<k>` parts "enc" and "dec" (a session may condition chunk k + 1 before it decodes
+chunk k); the state after k chunks is the two parts of k, which `clone` copies into a new
+session.
 
 Admission counts bytes, like the DiT's: a session's footprint at its output size (its encoder
 and decoder caches and image held between chunks, plus one call's activations as a
@@ -32,16 +38,18 @@ from ray import serve
 from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
-from deployments.errors import Busy, SessionLost, TooLarge
+from deployments.errors import Busy, NoSnapshot, SessionLost, TooLarge
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
+from deployments.replicas.snapshots import parse_snapshot_id
 from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.compile_cache import CompileCache
 from model.factory import load_vae_engine
 from model.ready import ReadyClock
 from model.session import SessionStatus, VaeSession
+from model.vae.cache import VaeCache
 from model.vae.footprint import CacheLayout
 from model.warmup import WarmupReport, allow_recompiles, warm_up_vae
 
@@ -52,13 +60,23 @@ class VaeSlot:
     muxer: Optional[Fmp4Muxer]  # None: a raw-frames session
 
 
+@dataclass(frozen=True, slots=True)
+class DecoderSnapshot:
+    """The decoder's side of a session after k decodes: what a snapshot keeps of it."""
+
+    image: torch.Tensor  # the session's (never written in place: shared, not copied)
+    cache: VaeCache
+    muxer: Optional[Fmp4Muxer]
+
+
 @serve.deployment
 class VaeDeployment(SessionHost[VaeSlot]):
     """Conditioning encode (y per chunk) and decode + mux (fMP4 per chunk) of many sessions."""
 
     slow_call_s = 1.0  # an encode or decode + mux runs 0.1-0.4 s at 464x832 on an H200
 
-    async def __init__(self, model: ModelArgs, sessions: SessionArgs, max_sessions: int) -> None:
+    async def __init__(self, model: ModelArgs, sessions: SessionArgs, max_sessions: int,
+                       snapshot_mib: float = 0.0) -> None:
         clock = ReadyClock()
         compile_cache = CompileCache.open(model.compile_cache_dir, "vae")  # before anything compiles
         cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share
@@ -86,7 +104,8 @@ class VaeDeployment(SessionHost[VaeSlot]):
         table: SessionTable[VaeSlot] = SessionTable(
             max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
         )
-        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"), model.device)
+        self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"), model.device,
+                         int(snapshot_mib * 2**20))
         ready = clock.split(report, compile_cache)
         self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
                               "random_weights": model.random_weights, "ready": ready}
@@ -126,9 +145,19 @@ class VaeDeployment(SessionHost[VaeSlot]):
     async def clone(self, source_key: str, routing_key: str) -> str:
         """Admit `routing_key` like `open` (`Busy` / `TooLarge`, nothing changed) and make it an
         independent copy of the live session `source_key` (its image and causal caches, on the
-        device, and its muxer's counters). `SessionLost` when the source is not here. Routed by
-        the source's key; the router pins `routing_key` (the second argument) where the call
-        went. Returns the replica id."""
+        device, and its muxer's counters), or of the snapshot it names (`<key>#<k>`).
+        `SessionLost` / `NoSnapshot` when the source is not here. Routed by the source's key;
+        the router pins `routing_key` (the second argument) where the call went. Returns the
+        replica id."""
+        snapshot = parse_snapshot_id(source_key)
+        if snapshot is not None:
+            enc, dec = await self._snapshot_parts(*snapshot)
+            started = time.perf_counter()
+            await self._admit(routing_key, dec.image.shape[1], dec.image.shape[2],
+                              lambda: self._from_snapshot(snapshot[1], enc, dec))
+            self._record_call(routing_key, self._from_snapshot, 0.0, time.perf_counter() - started)
+            self._log.info("session cloned", fields={"session": routing_key, "from": source_key})
+            return self._replica
         with self._table.hold(source_key):  # SessionLost when not held; it cannot expire meanwhile
             src = self._table.get(source_key)
 
@@ -142,6 +171,18 @@ class VaeDeployment(SessionHost[VaeSlot]):
             self._record_call(routing_key, clone, 0.0, time.perf_counter() - started)
         self._log.info("session cloned", fields={"session": routing_key, "from": source_key})
         return self._replica
+
+    async def _snapshot_parts(self, routing_key: str, chunks: int) -> tuple[VaeCache, DecoderSnapshot]:
+        enc = await self._shelved(routing_key, chunks, "enc")
+        return enc, await self._shelved(routing_key, chunks, "dec")
+
+    @staticmethod
+    def _from_snapshot(chunks: int, enc: VaeCache, dec: DecoderSnapshot) -> VaeSlot:
+        """(Model thread.) A new slot from a snapshot's two parts, copied on the device."""
+        with torch.inference_mode():  # the caches are inference tensors
+            session = VaeSession(image=dec.image.clone(), enc_cache=enc.clone(), dec_cache=dec.cache.clone(),
+                                 encoded_chunks=chunks, decoded_chunks=chunks)
+        return VaeSlot(session, None if dec.muxer is None else dec.muxer.clone())
 
     async def _admit(self, routing_key: str, height: int, width: int, build) -> None:
         """Reserve the session's footprint at its size (`Busy` when it does not fit now,
@@ -162,16 +203,20 @@ class VaeDeployment(SessionHost[VaeSlot]):
 
     async def condition(self, routing_key: str) -> np.ndarray:
         """The next chunk's conditioning y, float32 [20, 3, lh, lw]."""
-        return await self._compute_on(routing_key, self._condition)
+        return await self._compute_on(routing_key, self._condition, routing_key)
 
     async def decode(self, routing_key: str, latents: np.ndarray) -> dict[str, Any]:
         """Decode one chunk of latents [16, 3, lh, lw] and mux it: the chunk's fMP4 bytes."""
-        return await self._compute_on(routing_key, self._decode, latents)
+        return await self._compute_on(routing_key, self._decode, latents, routing_key)
 
-    def _condition(self, slot: VaeSlot) -> np.ndarray:
-        return self._engine.condition(slot.session).numpy()  # CPU float32
+    def _condition(self, slot: VaeSlot, routing_key: str = "") -> np.ndarray:
+        y = self._engine.condition(slot.session).numpy()  # CPU float32
+        if self.snapshots.enabled:
+            cache = slot.session.enc_cache
+            self._snapshot(routing_key, slot.session.encoded_chunks, cache.nbytes, cache.clone, "enc")
+        return y
 
-    def _decode(self, slot: VaeSlot, latents: np.ndarray) -> dict[str, Any]:
+    def _decode(self, slot: VaeSlot, latents: np.ndarray, routing_key: str = "") -> dict[str, Any]:
         t0 = time.perf_counter()
         frames = self._engine.decode(slot.session, torch.tensor(latents))  # (a copy) -> uint8 [T, h, w, 3]
         t1 = time.perf_counter()
@@ -179,6 +224,11 @@ class VaeDeployment(SessionHost[VaeSlot]):
             video, mime_type = np.ascontiguousarray(frames).tobytes(), None
         else:  # init segment + moof/mdat first, then moof/mdat
             video, mime_type = slot.muxer.add_chunk(frames), slot.muxer.mime_type
+        if self.snapshots.enabled:
+            session, muxer = slot.session, slot.muxer
+            self._snapshot(routing_key, session.decoded_chunks, session.image.nbytes + session.dec_cache.nbytes,
+                           lambda: DecoderSnapshot(session.image, session.dec_cache.clone(),
+                                                   None if muxer is None else muxer.clone()), "dec")
         return {
             "video": video,
             "num_frames": int(frames.shape[0]),

@@ -131,6 +131,7 @@ def test_a_step_publishes_its_latents_before_the_cache_update():
     host = object.__new__(DiTDeployment.func_or_class)
     host._engine = load_dit_engine("tiny", None, "float32", "cpu")
     host._replica = "r"
+    host._table = SessionTable(1, None, idle_ttl_s=60.0, retry_after_s=1.0)  # no snapshots
     spec = DiTSessionSpec(context=torch.zeros(4, host._engine.cfg.text_dim), height=32, width=48)
     slot = DiTSlot(host._engine.open(spec), 32, 48, 6)
     seen = []
@@ -139,8 +140,8 @@ def test_a_step_publishes_its_latents_before_the_cache_update():
         seen.append((reply.latents.shape, slot.session.pending_update is not None))
 
     y, poses, k = np.zeros((20, 3, 4, 6), np.float32), np.eye(4, dtype=np.float32)[None], np.array([[24.0, 24, 24, 16]], np.float32)
-    first = host._step(slot, publish, y, poses, k)
-    second = host._step(slot, publish, y, poses, k)
+    first = host._step(slot, publish, "s", y, poses, k)
+    second = host._step(slot, publish, "s", y, poses, k)
     assert seen == [((16, 3, 4, 6), True), ((16, 3, 4, 6), True)]
     assert slot.session.pending_update is None and slot.chunks == 2
     assert first.timings["previous_cache_update"] == 0.0 < second.timings["previous_cache_update"]

@@ -151,6 +151,27 @@ def test_a_clone_goes_to_its_source_and_pins_the_new_key_there():
     asyncio.run(go())
 
 
+def test_a_clone_from_a_snapshot_goes_where_its_session_is_or_was():
+    """A snapshot id (`<key>#<chunks>`) routes by its session's pin, after its close by where the
+    close went, else by the replicas' stats (`snapshots`), else anywhere; the new key is pinned."""
+    async def go():
+        r1, r2 = replica("a", capacity=3), replica("b", capacity=3)
+        router = make_router([r1, r2])
+        home = (await route(router, "s~1", "open"))[0]
+        other = "b" if home == "a" else "a"
+        await route(router, "x", "open")  # one session on each
+        assert await route(router, "s~1#2", "clone", ("s~1#2", "f~1", None)) == [home]
+        assert await route(router, "f~1", "step") == [home]
+        await route(router, "s~1", "close")
+        assert await route(router, "s~1#1", "clone", ("s~1#1", "g~1", None)) == [home]
+        (r2 if other == "b" else r1).routing_stats["snapshots"] = ["t~9#3"]  # another router's session
+        assert await route(router, "t~9#3", "clone", ("t~9#3", "h~1", None)) == [other]
+        assert sorted(await route(router, "u~9#3", "clone", ("u~9#3", "i~1", None))) == ["a", "b"]
+        assert await route(router, "s~1#1", "open") == [home]  # never placed like a session
+
+    asyncio.run(go())
+
+
 def test_departed_replica_drops_its_pins():
     async def go():
         a, b = replica("a"), replica("b", keys=("x", "y"))

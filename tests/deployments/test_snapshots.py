@@ -1,0 +1,214 @@
+"""Snapshots of sessions on the replicas (deployments/replicas/snapshots.py, issue 33): the shelf's
+budget and LRU, snapshots giving way to sessions in the session table, and the DiT and VAE
+replicas (tiny model, CPU, no Ray) keeping a copy after each chunk that `clone` makes into a new
+session continuing bit for bit like one that never stopped, also after its source closed."""
+from __future__ import annotations
+
+import asyncio
+import types
+
+import numpy as np
+import pytest
+
+from deployments.config import ModelArgs, SessionArgs
+from deployments.errors import Busy, NoSnapshot
+from deployments.replicas import dit as dit_module
+from deployments.replicas import session_host
+from deployments.replicas import vae as vae_module
+from deployments.replicas.session_table import SessionTable
+from deployments.replicas.snapshots import SnapshotShelf, parse_snapshot_id, snapshot_id
+from deployments.wire import SessionOptions
+
+MODEL = ModelArgs(preset="tiny", device="cpu", warmup=False, size_buckets=["32*48"], default_size="32*48")
+K = np.array([[40, 40, 24, 16.0]], np.float32)
+
+
+# ---- the shelf ----
+
+def test_ids_name_a_session_key_and_a_chunk_count():
+    sid = snapshot_id("a~1f#x~2", 3)
+    assert sid == "a~1f#x~2#3" and parse_snapshot_id(sid) == ("a~1f#x~2", 3)
+    assert parse_snapshot_id("a~1f") is None and parse_snapshot_id("a#") is None and parse_snapshot_id("#3") is None
+
+
+def test_the_shelf_keeps_the_most_recently_used_within_its_bytes():
+    shelf: SnapshotShelf[str] = SnapshotShelf(100)
+    assert shelf.put("a", 1, "a1", 40) and shelf.put("a", 2, "a2", 40)
+    assert shelf.get("a", 1) == "a1"  # used: now the most recent
+    assert shelf.put("b", 1, "b1", 40)  # over 100: the oldest (a#2) goes
+    assert (shelf.get("a", 2), shelf.get("a", 1), shelf.get("b", 1)) == (None, "a1", "b1")
+    assert shelf.nbytes == 80 and shelf.evictions == 1 and shelf.ids() == ["a#1", "b#1"]
+    assert not shelf.put("c", 1, "c1", 101) and shelf.nbytes == 80  # alone over the budget: not kept
+    assert shelf.reclaim(1) == 40 and shelf.ids() == ["b#1"]  # the oldest, whole
+
+
+def test_a_booking_counts_at_once_and_is_found_only_once_filled():
+    shelf: SnapshotShelf[str] = SnapshotShelf(100)
+    assert shelf.book("a", 1, 30, "enc")
+    assert shelf.nbytes == 30 and shelf.get("a", 1, "enc") is None
+    assert shelf.fill("a", 1, "e1", "enc") and shelf.get("a", 1, "enc") == "e1" and shelf.get("a", 1) is None
+    assert shelf.book("a", 2, 30) and shelf.reclaim(60) == 60 and not shelf.fill("a", 2, "late")  # evicted meanwhile
+    assert shelf.book("a", 3, 30)
+    shelf.cancel("a", 3)
+    assert shelf.nbytes == 0 and len(shelf) == 0
+
+
+def test_a_rewind_drops_the_snapshots_of_the_branch_it_leaves():
+    shelf: SnapshotShelf[int] = SnapshotShelf(1000)
+    for k in (1, 2, 3):
+        shelf.put("a", k, k, 10)
+        shelf.put("a", k, -k, 5, "enc")
+    shelf.put("b", 3, 3, 10)
+    assert shelf.drop_after("a", 1) == 4 and shelf.ids() == ["a#1", "b#3"] and shelf.nbytes == 25
+
+
+# ---- the session table ----
+
+def test_snapshots_live_in_spare_bytes_and_give_way_to_sessions():
+    table: SessionTable[str] = SessionTable(4, 100, idle_ttl_s=60.0, retry_after_s=1.0)
+    table.snapshots = SnapshotShelf(1000)
+    table.admit("s1", 30, working=10)
+    table.start_building("s1")
+    table.add("s1", "state")
+    assert table.room_for_snapshot(60)  # 30 held + 10 working + 60 = 100
+    table.snapshots.put("s1", 1, "snap1", 60)
+    assert not table.room_for_snapshot(61)  # evicts the older one and still does not fit
+    assert len(table.snapshots) == 0
+    table.snapshots.put("s1", 2, "snap2", 30)
+    table.snapshots.put("s1", 3, "snap3", 30)
+    table.admit("s2", 30, working=10)  # fits once the oldest snapshot goes: not busy
+    assert table.snapshots.ids() == ["s1#3"] and table.bytes_in_use == 60
+    with pytest.raises(Busy):  # no room even without snapshots: refused, the snapshot kept
+        table.admit("s3", 31)
+    assert table.snapshots.ids() == ["s1#3"]
+    assert table.reserved_bytes == 70  # snapshots never count as load
+
+
+# ---- the replicas (tiny model, CPU, no Ray) ----
+
+@pytest.fixture
+def replica_context(monkeypatch):
+    ctx = types.SimpleNamespace(replica_id=types.SimpleNamespace(unique_id="test-replica"))
+    monkeypatch.setattr(session_host.serve, "get_replica_context", lambda: ctx)
+
+
+def _new(cls):
+    cls = cls.func_or_class
+    return cls.__new__(cls)
+
+
+def _options(sid: str, total_latent_frames=None) -> SessionOptions:
+    return SessionOptions(session_id=sid, prompt="a cat", image_digest="d", resolution=(32, 48), seed=1,
+                          total_latent_frames=total_latent_frames, translation_scale=None,
+                          intrinsics_resolution=(32, 48))
+
+
+def _chunk(k: int):
+    y = np.random.default_rng(k).standard_normal((20, 3, 4, 6)).astype(np.float32)
+    poses = np.tile(np.eye(4, dtype=np.float32), (12, 1, 1))
+    poses[:, 0, 3] = 0.05 * np.arange(12) + k
+    return y, poses, np.tile(K, (12, 1))
+
+
+OTHER = 7  # the inputs of "another path"
+
+
+def test_a_dit_clone_of_a_snapshot_continues_like_a_session_that_took_that_path(replica_context):
+    async def go():
+        dit = _new(dit_module.DiTDeployment)
+        await dit.__init__(MODEL, SessionArgs(), snapshot_mib=64)
+        context = np.random.default_rng(0).standard_normal((6, dit._engine.cfg.text_dim)).astype(np.float32)
+        await dit.open("a", _options("a"), context)
+        for k in range(3):
+            await dit.step("a", *_chunk(k))
+        async with dit._lock:  # a step answers before its cache update and snapshot: wait for them
+            pass
+        stats = await dit.stats()
+        assert stats["snapshots"]["held"] == 3 and stats["snapshots"]["bytes"] > 0
+        assert sorted(dit.record_routing_stats()["snapshots"]) == ["a#1", "a#2", "a#3"]
+        await dit.clone("a#1", "b", _options("b"))  # the state after chunk 0
+        await dit.close("a")  # a snapshot outlives its session
+        await dit.clone("a#2", "c", _options("c"))
+        forked = [(await dit.step("b", *_chunk(OTHER))).latents, (await dit.step("c", *_chunk(OTHER))).latents]
+        await dit.open("r", _options("r"), context)
+        ref = [(await dit.step("r", *_chunk(k))).latents for k in (0, OTHER)]
+        await dit.close("r")
+        await dit.open("r2", _options("r2"), context)
+        ref2 = [(await dit.step("r2", *_chunk(k))).latents for k in (0, 1, OTHER)]
+        with pytest.raises(NoSnapshot):
+            await dit.clone("a#9", "d", _options("d"))
+        with pytest.raises(NoSnapshot):
+            await dit.clone("nobody#1", "d", _options("d"))
+        return forked, ref, ref2
+
+    forked, ref, ref2 = asyncio.run(go())
+    np.testing.assert_array_equal(forked[0], ref[1])
+    np.testing.assert_array_equal(forked[1], ref2[2])
+    assert not np.array_equal(forked[0], forked[1])
+
+
+def test_a_dit_keeps_only_what_its_snapshot_budget_holds(replica_context):
+    async def go():
+        dit = _new(dit_module.DiTDeployment)
+        await dit.__init__(MODEL, SessionArgs(), snapshot_mib=64)
+        context = np.zeros((6, dit._engine.cfg.text_dim), np.float32)
+        await dit.open("a", _options("a", total_latent_frames=9), context)  # its caches do not grow
+        await dit.step("a", *_chunk(0))
+        async with dit._lock:
+            pass
+        one = dit.snapshots.nbytes
+        dit.snapshots.max_bytes = one  # room for one: each chunk's evicts the one before
+        for k in (1, 2):
+            await dit.step("a", *_chunk(k))
+        async with dit._lock:
+            pass
+        return dit.record_routing_stats()["snapshots"], dit.snapshots.evictions
+
+    held, evicted = asyncio.run(go())
+    assert held == ["a#3"] and evicted == 2
+
+
+def test_without_a_budget_a_dit_keeps_no_snapshot(replica_context):
+    async def go():
+        dit = _new(dit_module.DiTDeployment)
+        await dit.__init__(MODEL, SessionArgs())
+        context = np.zeros((6, dit._engine.cfg.text_dim), np.float32)
+        await dit.open("a", _options("a"), context)
+        await dit.step("a", *_chunk(0))
+        with pytest.raises(NoSnapshot):
+            await dit.clone("a#1", "b", _options("b"))
+        return (await dit.stats())["snapshots"]
+
+    assert asyncio.run(go())["held"] == 0
+
+
+def test_a_vae_clone_of_a_snapshot_decodes_and_muxes_like_the_session_that_took_that_path(replica_context):
+    """The VAE's encoder and decoder parts are kept apart: here chunk k + 1 is conditioned
+    before chunk k is decoded (a client that sends ahead), and the copy after chunk 1 is still
+    the state after exactly one condition and one decode."""
+    image = np.random.default_rng(3).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    latents = [np.random.default_rng(10 + k).standard_normal((16, 3, 4, 6)).astype(np.float32) for k in range(8)]
+
+    async def go():
+        vae = _new(vae_module.VaeDeployment)
+        await vae.__init__(MODEL, SessionArgs(), 8, snapshot_mib=64)
+        await vae.open("a", image, 32, 48)
+        await vae.condition("a")
+        for k in range(3):
+            await vae.condition("a")  # ahead of the decode of chunk k
+            await vae.decode("a", latents[k])
+        await vae.clone("a#1", "b")
+        await vae.close("a")
+        forked = [await vae.condition("b"), (await vae.decode("b", latents[OTHER]))["video"]]
+        await vae.open("r", image, 32, 48)
+        ref = []
+        for k in (0, OTHER):
+            y = await vae.condition("r")
+            ref.append((y, (await vae.decode("r", latents[k]))["video"]))
+        with pytest.raises(NoSnapshot):
+            await vae.clone("a#4", "c")  # conditioned 4 times, decoded 3: no state after 4 chunks
+        return forked, ref
+
+    forked, ref = asyncio.run(go())
+    np.testing.assert_array_equal(forked[0], ref[1][0])
+    assert forked[1] == ref[1][1]  # the fragment of chunk 1, byte for byte
