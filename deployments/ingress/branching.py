@@ -46,9 +46,10 @@ from typing import Optional
 from pydantic import BaseModel
 
 from deployments.config import AppArgs
-from deployments.errors import Busy, ReplicaError, TooLarge
-from deployments.ingress.lane_jobs import Backends, dit_admission, reserve_dit
+from deployments.errors import Busy, ReplicaError
+from deployments.ingress.lane_jobs import Backends
 from deployments.ingress.lanes import Lane
+from deployments.ingress.rebuild import Rebuild
 from deployments.ingress.releases import Releases
 from deployments.ingress.replies import Replies
 from deployments.ingress.stream import Stream, StreamState, new_routing_key
@@ -73,6 +74,7 @@ class Branches:
         self._sessions = args.sessions
         self._log = log
         self._held: dict[str, Stream] = {}  # session_id -> an open session that is not the current one
+        self._rebuild = Rebuild(backends, args.sessions, log)
 
     def switch(self, session_id: str, current: Optional[Stream]) -> Optional[Stream]:
         """The connection's current stream for a request that names `session_id`: a held one of
@@ -116,74 +118,9 @@ class Branches:
         paths: dict[str, str] = {}
         dit_source = source.dit_key if head else None
         vae_source = source.vae_key if head else None
-        stream.vae_open = self._vae_lane.submit(lambda: self._fork_vae(stream, vae_source, paths))
-        stream.dit_open = self._dit_lane.submit(lambda: self._fork_dit(stream, dit_source, paths))
+        stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths))
+        stream.dit_open = self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths))
         return asyncio.ensure_future(self._forked(stream, source, paths))
-
-    async def _fork_vae(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
-        """VAE lane: a copy of the source's session on its replica (`source_key` given), else (or
-        when that replica cannot) the journal's conditions and decodes replayed."""
-        if source_key is not None:
-            if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key):
-                paths["vae"] = "clone"
-                return
-            stream.vae_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
-        self._replayable(stream)
-        paths["vae"] = "replay"
-        key, j, (h, w) = stream.vae_key, stream.journal, stream.spec.resolution
-        await self._b.vae.options(session_id=key).restore.remote(
-            key, j.image, h, w, stream.next_chunk, j.decoded_latents(), stream.spec.raw_frames)
-
-    async def _fork_dit(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
-        """DiT lane: a copy of the source's session on its replica (`source_key` given: admitted
-        there like a new session), else (or when that replica cannot) admitted like a new
-        session (its slot and bytes, before any work), the VAE's admission waited for, then its
-        chunks replayed."""
-        admitted = dit_admission(stream)
-        try:
-            if source_key is not None:
-                if await self._cloned(self._b.dit, source_key, stream, "dit", stream.dit_key, stream.spec):
-                    paths["dit"] = "clone"
-                    if not admitted.done():
-                        admitted.set_result(None)
-                    return
-                stream.dit_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
-            self._replayable(stream)
-        except BaseException as e:  # busy, too_large: the fork's admission refused
-            if not admitted.done():
-                admitted.set_exception(e)
-            raise
-        paths["dit"] = "replay"
-        key, j = stream.dit_key, stream.journal
-        dit = self._b.dit.options(session_id=key)
-        await reserve_dit(dit, stream)
-        await dit.restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
-
-    def _replayable(self, stream: Stream) -> None:
-        """A fork that must replay (a replica could not copy) needs its journal: TooLarge without."""
-        if not stream.journal.recoverable:
-            raise TooLarge("the session has no journal to rebuild the fork from (" + self._no_journal_why() +
-                           ") and its replica could not copy it; fork it again later, or start a new session")
-
-    def _no_journal_why(self) -> str:
-        if not self._sessions.recovery:
-            return "this server keeps no session journals (sessions.recovery is off)"
-        return (f"the session's journal outgrew sessions.journal_max_mib ({self._sessions.journal_max_mib:g} MiB) "
-                "and was dropped")
-
-    async def _cloned(self, handle, source_key: str, stream: Stream, lane: str, key: str, *options) -> bool:
-        """`handle.clone` of the source (routed by its key, to its replica): True once copied;
-        `busy` / `too_large` raised (that replica is full: the fork is refused like a new
-        session); False for anything else (the replica is gone, lost the source, cannot copy)."""
-        try:
-            await handle.options(session_id=source_key).clone.remote(source_key, key, *options)
-            return True
-        except (Busy, TooLarge):
-            raise
-        except Exception as e:  # noqa: BLE001 - any other failure: the journal replay
-            self._log.info("fork cannot clone; replaying the journal", fields={
-                "session": stream.key, "lane": lane, "error": f"{type(e).__name__}: {e}"[:200]})
-            return False
 
     async def _forked(self, stream: Stream, source: Stream, paths: dict[str, str]) -> BaseModel:
         failed = await self._rebuilt(stream)
@@ -268,7 +205,7 @@ class Branches:
         if any(not t.done() for t in stream.chunk_tasks):
             raise Busy("the session has a chunk in flight; send this again once its reply came", IN_FLIGHT_RETRY_S)
         if need_journal and not stream.journal.recoverable:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"{self._no_journal_why()}: it can be forked at its last chunk "
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"{self._rebuild.no_journal_why()}: it can be forked at its last chunk "
                                                      "only (a copy of the live session), not rewound or forked earlier")
         if not low <= k <= stream.next_chunk:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the chunk must be in {low}..{stream.next_chunk} (the "
