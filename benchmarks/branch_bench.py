@@ -3,8 +3,8 @@
     python -m benchmarks.branch_bench --url ws://HOST:8000/v1/realtime/world/camera \\
         --chunks 20 --out branch.json
 
-One run, four phases on a synthetic open-ended dolly (one chunk more than --chunks is planned:
-the continuation the fork and the rewind send):
+One run, six phases on a synthetic open-ended dolly (one chunk more than --chunks is planned:
+the continuation the forks and the rewind send):
 1. **cold**: session A streams --chunks chunks (--pipeline in flight). TTFC, DiT step per chunk.
 2. **hit**: session B on a second socket sends A's inputs (same image, prompt, seed, poses):
    TTFC, how many replies say `cached`, and whether each chunk's video bytes equal A's. Without
@@ -15,9 +15,16 @@ the continuation the fork and the rewind send):
    (issue 33: within one DiT step + 0.3 s), and the path it took: `clone` (the replica holding A
    copied its live state) or `replay` (the journal's chunks replayed), per deployment, from the
    replicas' `clone` call counts before and after (/v1/models; null when unreadable).
-4. **rewind**: A rewound to its last chunk (`rewind` -> `rewound`), the chunk sent again: time to
+4. **fork_below**: A forked at chunk --chunks // 2 into G, G's next chunk: as the fork, from a
+   replica's snapshot of A after that chunk where they keep one (`prefix_cache.snapshot_mib`;
+   path `snapshot`), else the journal's replay of --chunks // 2 chunks (`replay`).
+5. **rewind**: A rewound to its last chunk (`rewind` -> `rewound`), the chunk sent again: time to
    `rewound`, to the frame, and whether its video equals the original (CPU float32: equal by
-   design; GPU bf16: kernels are not bit-reproducible, so this reports, not asserts).
+   design; GPU bf16: reported, not asserted), and its path (snapshot or replay).
+6. **leave**: session D on a new socket sends A's first --chunks // 2 inputs (served from the
+   store) and then the continuation: the time of its first computed chunk (the session is made
+   on the replicas then: from the snapshot of A that the stored chunk names, else by replay).
+The replicas' snapshot figures (held, bytes: one session's state per snapshot) are reported.
 Written: the JSON (--out) and a summary on stdout. Definitions as benchmarks/serve_load.py.
 """
 from __future__ import annotations
@@ -122,6 +129,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                        "path": _paths(clones_before, _clone_calls(args))}
         await a.reset("bb-f")
 
+        half = n // 2
+        calls_before = _clone_calls(args)
+        t_g = time.perf_counter()
+        await a.send(encode_fork("bb-a", "bb-g", half))
+        await _answer(a, Forked, t)
+        forked_s = time.perf_counter() - t_g
+        await a.send(msgs_f[n])
+        first = await _frame(a, t)
+        out["fork_below"] = {"at_chunk": half, "forked_s": forked_s, "fork_to_frame_s": time.perf_counter() - t_g,
+                             "frame_dit_s": first.stage_durations.get("dit"),
+                             "target_s": step + 0.3 if step is not None else None,
+                             "path": _paths(calls_before, _clone_calls(args), "snapshot")}
+        await a.reset("bb-g")
+
+        calls_before = _clone_calls(args)
         t_r = time.perf_counter()
         await a.send(encode_rewind("bb-a", n - 1))
         await _answer(a, Rewound, t)
@@ -129,26 +151,63 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await a.send(msgs_a[n - 1])
         again = await _frame(a, t)
         out["rewind"] = {"to_chunk": n - 1, "rewound_s": rewound_s, "rewind_to_frame_s": time.perf_counter() - t_r,
-                         "video_equal": again.video == cold[n - 1].video}
+                         "video_equal": again.video == cold[n - 1].video,
+                         "path": _paths(calls_before, _clone_calls(args), "snapshot")}
+        out["snapshots"] = _snapshots(args)  # while A's are held
         await a.reset("bb-a")
+
+    msgs_d = _messages(args, "bb-d", tag)
+    async with await WorldClient.connect(args.url, api_key=args.api_key) as d:
+        calls_before = _clone_calls(args)
+        served, _ = await _stream(d, msgs_d[:half], args.pipeline, t)
+        t_d = time.perf_counter()
+        await d.send(msgs_d[n])  # the continuation's cameras as chunk `half`: off the stored path
+        computed = await _frame(d, t)
+        out["leave"] = {"at_chunk": half, "cached": sum(bool(getattr(r, "cached", False)) for r in served),
+                        "first_computed_s": time.perf_counter() - t_d, "frame_dit_s": computed.stage_durations.get("dit"),
+                        "path": _paths(calls_before, _clone_calls(args), "snapshot")}
+        await d.reset("bb-d")
     out["replicas"] = replica_report(http_base(args.url), args.api_key)
     return out
 
 
+COPY_CALLS = ("clone", "from_snapshot")  # a replica's copies: of a live session, of a snapshot (the VAE's)
+
+
 def _clone_calls(args: argparse.Namespace) -> Optional[dict[str, int]]:
-    """`clone` calls each stateful deployment's replicas ran so far (their stats); None when unreadable."""
+    """Copies each stateful deployment's replicas made so far (their stats' `clone` and
+    `from_snapshot` calls); None when unreadable."""
     try:
         card = get_json(f"{http_base(args.url)}/v1/models", args.api_key)["data"][0]
-        return {name: sum(r.get("calls", {}).get("clone", 0) for r in card["replicas"][name]) for name in ("dit", "vae")}
+        return {name: sum(r.get("calls", {}).get(c, 0) for r in card["replicas"][name] for c in COPY_CALLS)
+                for name in ("dit", "vae")}
     except Exception:  # noqa: BLE001 - a report, not a failure of the run
         return None
 
 
-def _paths(before: Optional[dict[str, int]], after: Optional[dict[str, int]]) -> Optional[dict[str, str]]:
-    """Per deployment, how the fork was built: `clone` when its replicas ran one more clone."""
+def _snapshots(args: argparse.Namespace) -> Optional[dict[str, Any]]:
+    """The replicas' snapshot figures (held, bytes, taken, evicted) and the bytes of one."""
+    try:
+        card = get_json(f"{http_base(args.url)}/v1/models", args.api_key)["data"][0]
+    except Exception:  # noqa: BLE001
+        return None
+    out: dict[str, Any] = {}
+    for name in ("dit", "vae"):
+        shelves = [r.get("snapshots") or {} for r in card["replicas"][name]]
+        held, nbytes = sum(s.get("held", 0) for s in shelves), sum(s.get("bytes", 0) for s in shelves)
+        out[name] = {"held": held, "bytes": nbytes, "taken": sum(s.get("taken", 0) for s in shelves),
+                     "evicted": sum(s.get("evicted", 0) for s in shelves),
+                     "mib_per_snapshot": nbytes / held / 2**20 if held else None}
+    return out
+
+
+def _paths(before: Optional[dict[str, int]], after: Optional[dict[str, int]],
+           copy: str = "clone") -> Optional[dict[str, str]]:
+    """Per deployment, how the session was built: `copy` (`clone`: of the live session,
+    `snapshot`: of a replica's snapshot) when its replicas made one more copy, else `replay`."""
     if before is None or after is None:
         return None
-    return {name: "clone" if after[name] > before[name] else "replay" for name in before}
+    return {name: copy if after[name] > before[name] else "replay" for name in before}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -167,7 +226,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     text = json.dumps(result, indent=2, default=str)
     if args.out is not None:
         args.out.write_text(text + "\n")
-    summary = {k: result[k] for k in ("cold", "hit", "fork", "rewind")}
+    summary = {k: result.get(k) for k in ("cold", "hit", "fork", "fork_below", "rewind", "leave", "snapshots")}
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

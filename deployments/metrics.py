@@ -74,6 +74,15 @@ class PrefixMetrics:
         self.evictions = Counter("lwf_prefix_cache_evictions", description="Stored chunks evicted (LRU, by bytes).")
         self.bytes = Gauge("lwf_prefix_cache_bytes", description="Bytes the prefix store holds.")
         self.entries = Gauge("lwf_prefix_cache_entries", description="Nodes the prefix store holds (chunks and roots).")
+        self.materialisations = Counter(
+            "lwf_prefix_cache_materialised", tag_keys=("path",),
+            description="Sessions served from the prefix store that left it, by how the DiT got their state: "
+                        "from a replica's snapshot, or by the journal's replay.")
+        self.materialised: dict[str, int] = {}  # the same, for /healthz
+
+    def count_materialised(self, path: str) -> None:
+        self.materialisations.inc(tags={"path": path})
+        self.materialised[path] = self.materialised.get(path, 0) + 1
 
     def count_hit(self) -> None:
         self.hits.inc()

@@ -7,26 +7,29 @@ new session like an open and copies the source's state on the device (`DiTDeploy
 `VaeDeployment.clone`); the router pins the new key to that replica (deployments/router.py).
 Both lanes copy (the VAE's fMP4 muxer encodes each chunk with a fresh encoder, so its state is
 counters: media/fmp4.py). A clone refused `busy` / `too_large` refuses the fork (the source's
-replica is full); any other failure (the replica left, it lost the
-source, its engine cannot clone: the sequence-parallel DiT) falls back, per lane, to the
-journal rebuild below under a fresh routing key. The "session forked" log line says which
-(`path`: the DiT's, `vae_path`).
+replica is full); any other failure (the replica left, it lost the source, its engine cannot
+clone: the sequence-parallel DiT) falls back, per lane, to the journal rebuild below under a
+fresh routing key.
 
-Everything else is a journal rebuild (journal.py, recovery.py): the session as it was after
-chunk k - 1 is the journal's first k chunks replayed (`DiTDeployment.restore`: one cache-update
-call per chunk, rolling window included, then the noise generator put where it was;
-`VaeDeployment.restore`: k conditions and k decodes, muxed again). Either way its next chunk is
-byte-identical to the one an uninterrupted session with the same first k chunks produces.
+Below the head, and for a rewind, the session after k chunks is copied from the replicas'
+snapshot of it where they keep one (`prefix_cache.snapshot_mib`, deployments/replicas/
+snapshots.py: `clone` from `<key>#<k>`, one device copy), else (none kept, evicted, its replica
+full or gone) it is a journal rebuild (journal.py, recovery.py): the journal's first k chunks
+replayed (`DiTDeployment.restore`: one cache-update call per chunk, rolling window included,
+then the noise generator put where it was; `VaeDeployment.restore`: k conditions and k decodes,
+muxed again). Either way its next chunk is byte-identical to the one an uninterrupted session
+with the same first k chunks produces. rebuild.py makes it per lane; the "session forked" /
+"session rewound" log lines say which path each lane took (`path`: the DiT's, `vae_path`).
 
 * Rewind: the session keeps its identity on the connection (quota, resume token) but gets
-  fresh routing keys; its old incarnation is closed on both lanes first, then it is restored
-  from its journal truncated to k chunks.
+  fresh routing keys; its old incarnation is closed on both lanes first (its snapshots stay),
+  then it is made again from its snapshot after k chunks, or its journal truncated to k chunks.
 * Fork: a new stream with its own keys from a prefix copy of the journal (arrays shared),
   admitted like a new session (quota at once; a clone's admission, or the DiT's `reserve`, then
   the VAE's and the DiT's `restore`: `busy` / `too_large` when they refuse, the new session then
-  released). The connection then holds it beside its current session (`Branches`); an infer or
-  reset that names it makes it the current one. At most `sessions.max_branches` such held
-  sessions.
+  released). Its snapshots of the first k chunks are its source's (`Stream.inherited_snapshots`).
+  The connection then holds it beside its current session (`Branches`); an infer or reset that
+  names it makes it the current one. At most `sessions.max_branches` such held sessions.
 
 Either is refused, with nothing changed, for a session the connection does not hold open, a
 chunk out of range, a session with a chunk in flight (`busy`: the journal is only complete
@@ -75,6 +78,7 @@ class Branches:
         self._log = log
         self._held: dict[str, Stream] = {}  # session_id -> an open session that is not the current one
         self._rebuild = Rebuild(backends, args.sessions, log)
+        self._snapshots = args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
 
     def switch(self, session_id: str, current: Optional[Stream]) -> Optional[Stream]:
         """The connection's current stream for a request that names `session_id`: a held one of
@@ -116,8 +120,9 @@ class Branches:
         self._releases.adopt(stream, replacing=None)  # the key's session quota: Busy, nothing changed
         self._held[new] = stream
         paths: dict[str, str] = {}
-        dit_source = source.dit_key if head else None
-        vae_source = source.vae_key if head else None
+        dit_source, vae_source = (source.dit_key, source.vae_key) if head else self._snapshot_of(source, k)
+        if self._snapshots:
+            stream.inherit_snapshots(source, k)
         stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths))
         stream.dit_open = self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths))
         return asyncio.ensure_future(self._forked(stream, source, paths))
@@ -140,12 +145,16 @@ class Branches:
         stream = self._open(req.session_id, current)
         k = req.to_chunk
         self._check(stream, k, low=0)
-        if k < stream.next_chunk:
-            self._take_back(stream, k)
-        return asyncio.ensure_future(self._rewound(stream))
+        paths = self._take_back(stream, k) if k < stream.next_chunk else None
+        return asyncio.ensure_future(self._rewound(stream, k, paths))
 
-    def _take_back(self, stream: Stream, k: int) -> None:
-        """The stream becomes its state after chunk k - 1: old incarnation closed, rebuilt under new keys."""
+    def _take_back(self, stream: Stream, k: int) -> dict[str, str]:
+        """The stream becomes its state after chunk k - 1: old incarnation closed, made again
+        under new keys from its snapshot after k chunks (where the replicas keep one), else by
+        the journal's replay."""
+        dit_source, vae_source = self._snapshot_of(stream, k)
+        if self._snapshots:
+            stream.inherit_snapshots(stream, k)
         j = stream.journal
         j.truncate(k)
         if stream.prefix is not None:
@@ -160,16 +169,14 @@ class Branches:
                               if isinstance(t.result(), FrameReply) and t.result().chunk_id < k]
         old_dit, old_vae = stream.dit_key, stream.vae_key
         stream.dit_key, stream.vae_key = new_routing_key(stream.spec.session_id), new_routing_key(stream.spec.session_id)
-        dit_key, vae_key = stream.dit_key, stream.vae_key
-        h, w = stream.spec.resolution
         self._dit_lane.submit(lambda: self._b.dit.options(session_id=old_dit).close.remote(old_dit))
         self._vae_lane.submit(lambda: self._b.vae.options(session_id=old_vae).close.remote(old_vae))
-        vae, dit = self._b.vae.options(session_id=vae_key), self._b.dit.options(session_id=dit_key)
-        stream.vae_open = self._vae_lane.submit(lambda: self._placed(stream, lambda: vae.restore.remote(
-            vae_key, j.image, h, w, k, j.decoded_latents(), stream.spec.raw_frames)))
-        stream.dit_open = self._dit_lane.submit(lambda: self._placed(stream, lambda: dit.restore.remote(
-            dit_key, stream.spec, j.context, list(j.chunks), j.noise)))
-        self._log.info("session rewound", fields={"session": stream.key, "to_chunk": k})
+        paths: dict[str, str] = {}
+        stream.vae_open = self._vae_lane.submit(lambda: self._placed(
+            stream, lambda: self._rebuild.vae(stream, vae_source, paths)))
+        stream.dit_open = self._dit_lane.submit(lambda: self._placed(
+            stream, lambda: self._rebuild.dit(stream, dit_source, paths)))
+        return paths
 
     async def _placed(self, stream: Stream, call) -> str:
         """`call()` until a replica takes it: the slot its old incarnation freed may be taken
@@ -183,9 +190,20 @@ class Branches:
                     raise
                 await asyncio.sleep(min(e.retry_after_s, PLACE_RETRY_S))
 
-    async def _rewound(self, stream: Stream) -> BaseModel:
+    async def _rewound(self, stream: Stream, k: int, paths: Optional[dict[str, str]]) -> BaseModel:
+        """`paths`: how each lane made the session again (None: a rewind to its head, nothing to do)."""
         failed = await self._rebuilt(stream)
-        return failed or Rewound(session_id=stream.spec.session_id, next_chunk_id=stream.next_chunk)
+        if failed is None and paths is not None:
+            self._log.info("session rewound", fields={"session": stream.key, "to_chunk": k,
+                                                      "path": paths.get("dit"), "vae_path": paths.get("vae")})
+        return failed or Rewound(session_id=stream.spec.session_id, next_chunk_id=k)
+
+    def _snapshot_of(self, stream: Stream, k: int) -> tuple[Optional[str], Optional[str]]:
+        """(DiT, VAE) snapshot ids of the session after k chunks, where the replicas keep
+        snapshots (None, None: replay the journal; after 0 chunks there is nothing to replay)."""
+        if not self._snapshots or k < 1:
+            return None, None
+        return stream.snapshot_ids(k)
 
     # ---- shared ----
 

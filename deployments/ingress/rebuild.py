@@ -1,5 +1,11 @@
-"""Rebuild: a fork's state made on the replicas (branching.py), a copy where one can be made,
-else the journal's replay."""
+"""Rebuild: a session's state made anew on the replicas after k chunks, a copy where one can be
+made, else the journal's replay. For a fork (branching.py) of a live session at its head, the
+source is that session (`clone` routed by its key); for a fork below the head, a rewind, and a
+session leaving the prefix store (prefix/reuse.py) it is a snapshot the replicas may keep
+(`<key>#<k>`, deployments/replicas/snapshots.py: `clone` routed by the snapshot id). Per lane, a
+copy refused `busy` / `too_large` is refused (the replica is full); any other failure (no such
+snapshot, the replica left, an engine that cannot copy) replays the journal under a fresh key.
+The path each lane took (`clone`, `snapshot`, `replay`) is written into `paths`."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,6 +15,7 @@ from deployments.errors import Busy, TooLarge
 from deployments.ingress.lane_jobs import Backends, dit_admission, reserve_dit
 from deployments.ingress.stream import Stream, new_routing_key
 from deployments.log import KeyValueLog
+from deployments.replicas.snapshots import parse_snapshot_id
 
 
 class Rebuild:
@@ -24,7 +31,7 @@ class Rebuild:
         when that replica cannot) the journal's conditions and decodes replayed."""
         if source_key is not None:
             if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key):
-                paths["vae"] = "clone"
+                paths["vae"] = _copy_path(source_key)
                 return
             stream.vae_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
         self.replayable(stream)
@@ -42,7 +49,7 @@ class Rebuild:
         try:
             if source_key is not None:
                 if await self._cloned(self._b.dit, source_key, stream, "dit", stream.dit_key, stream.spec):
-                    paths["dit"] = "clone"
+                    paths["dit"] = _copy_path(source_key)
                     if not admitted.done():
                         admitted.set_result(None)
                     return
@@ -59,9 +66,9 @@ class Rebuild:
         await dit.restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
 
     def replayable(self, stream: Stream) -> None:
-        """A fork that must replay (a replica could not copy) needs its journal: TooLarge without."""
+        """A session that must replay (a replica could not copy) needs its journal: TooLarge without."""
         if not stream.journal.recoverable:
-            raise TooLarge("the session has no journal to rebuild the fork from (" + self.no_journal_why() +
+            raise TooLarge("the session has no journal to rebuild it from (" + self.no_journal_why() +
                            ") and its replica could not copy it; fork it again later, or start a new session")
 
     def no_journal_why(self) -> str:
@@ -72,14 +79,21 @@ class Rebuild:
 
     async def _cloned(self, handle, source_key: str, stream: Stream, lane: str, key: str, *options) -> bool:
         """`handle.clone` of the source (routed by its key, to its replica): True once copied;
-        `busy` / `too_large` raised (that replica is full: the fork is refused like a new
-        session); False for anything else (the replica is gone, lost the source, cannot copy)."""
+        `busy` / `too_large` of a live source raised (that replica is full: the fork is refused
+        like a new session); False for anything else (the replica is gone, lost the source,
+        keeps no such snapshot, cannot copy; a snapshot's replica is full)."""
         try:
             await handle.options(session_id=source_key).clone.remote(source_key, key, *options)
             return True
         except (Busy, TooLarge):
-            raise
+            if parse_snapshot_id(source_key) is None:
+                raise
+            return False  # a snapshot's replica is full: the replay is placed where there is room
         except Exception as e:  # noqa: BLE001 - any other failure: the journal replay
-            self._log.info("fork cannot clone; replaying the journal", fields={
+            self._log.info("cannot copy; replaying the journal", fields={
                 "session": stream.key, "lane": lane, "error": f"{type(e).__name__}: {e}"[:200]})
             return False
+
+
+def _copy_path(source_key: str) -> str:
+    return "snapshot" if parse_snapshot_id(source_key) is not None else "clone"

@@ -224,7 +224,7 @@ class WorldIngress:
             if self._prefix is not None:  # this ingress replica's store (deployments/ingress/prefix/)
                 store = self._prefix[0]
                 body["prefix_cache"] = {"bytes": store.nbytes, "max_bytes": store.max_bytes, "entries": len(store),
-                                        "evictions": store.evictions}
+                                        "evictions": store.evictions, "materialised": dict(self._prefix[2].materialised)}
         return JSONResponse(body)
 
     @app.get("/openapi.json", include_in_schema=False)

@@ -22,6 +22,7 @@ import numpy as np
 from camera import DEFAULT_INTRINSICS_RESOLUTION, planned_latent_frames
 from deployments.ingress.journal import SessionJournal
 from deployments.ingress.prefix.keys import PrefixCursor
+from deployments.replicas.snapshots import snapshot_id
 from deployments.wire import SessionOptions
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import InferRequest
@@ -101,10 +102,28 @@ class Stream:
     # session served from the store is materialised when its first chunk is not stored.
     prefix: Optional[PrefixCursor] = None
     materialised: bool = True
+    # Where the replicas may keep the session's state after k chunks (deployments/replicas/
+    # snapshots.py) when that state is not its own keys' (`snapshot_ids`): k -> (DiT snapshot id,
+    # VAE snapshot id) of the session it was served from (the prefix store) or copied from (a
+    # fork, a rewind). Filled only when the server keeps snapshots.
+    inherited_snapshots: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.key = self.dit_key = self.vae_key = new_routing_key(self.spec.session_id)
         self.prompt = self.spec.prompt
+
+    def snapshot_ids(self, chunks: int) -> tuple[str, str]:
+        """(DiT, VAE) snapshot ids of the session's state after `chunks` chunks: inherited, else
+        its own keys' (a replica that keeps none of them answers `NoSnapshot`)."""
+        inherited = self.inherited_snapshots.get(chunks)
+        if inherited is not None:
+            return inherited
+        return snapshot_id(self.dit_key, chunks), snapshot_id(self.vae_key, chunks)
+
+    def inherit_snapshots(self, source: "Stream", chunks: int) -> None:
+        """This session's first `chunks` chunks are `source`'s (a copy, a rewind's new keys): so
+        are their snapshots."""
+        self.inherited_snapshots = {k: source.snapshot_ids(k) for k in range(1, chunks + 1)}
 
     def take_chunk_id(self) -> int:
         if self.state is not StreamState.OPEN:

@@ -36,7 +36,7 @@ from ray import serve
 
 from camera.frames import CHUNK_LATENT_FRAMES
 from deployments.config import ModelArgs, SessionArgs
-from deployments.errors import (AttentionBound, Busy, ChunkLimit, NoSnapshot, Preempted, SessionLimit, SessionLost,
+from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, SessionLimit, SessionLost,
                                 TooLarge, Unsupported)
 from deployments.log import get_log
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget

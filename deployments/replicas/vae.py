@@ -38,7 +38,7 @@ from ray import serve
 from camera.frames import FPS
 from deployments.config import ModelArgs, SessionArgs
 from deployments.log import get_log
-from deployments.errors import Busy, NoSnapshot, SessionLost, TooLarge
+from deployments.errors import Busy, SessionLost, TooLarge
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable

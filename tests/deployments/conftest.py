@@ -230,12 +230,13 @@ def resume_server(ray_port: int) -> Server:
 
 PREFIX_PREFIX = "/prefix"
 PREFIX_MAX_MIB = 1.0  # a few tiny 32x48 sessions of 3 chunks (tests/deployments/test_prefix_cache.py measures one)
+PREFIX_SNAPSHOT_MIB = 16.0  # the replicas' snapshots: a few hundred tiny 32x48 sessions' states
 PREFIX_ARGS = {
-    # The prefix store on (scope principal: API keys on), one DiT replica.
+    # The prefix store on (scope principal: API keys on) and the replicas' snapshots, one DiT replica.
     **APP_ARGS,
     "dit": {"num_replicas": 1, "num_cpus": 0.1},
     "auth": {"api_keys_env": API_KEYS_ENV},
-    "prefix_cache": {"max_mib": PREFIX_MAX_MIB},
+    "prefix_cache": {"max_mib": PREFIX_MAX_MIB, "snapshot_mib": PREFIX_SNAPSHOT_MIB},
 }
 
 

@@ -1,7 +1,8 @@
-"""Branches.fork's two paths without Ray (fake deployment handles): at the head the replicas
-holding the source clone it (routed by the source's key); a clone that fails for any reason
-but busy / too_large falls back to the journal replay under a fresh key; busy refuses the fork;
-below the head it replays."""
+"""Branches.fork's and .rewind's paths without Ray (fake deployment handles): at the head the
+replicas holding the source clone it (routed by the source's key); a clone that fails for any
+reason but busy / too_large falls back to the journal replay under a fresh key; busy refuses the
+fork; below the head it replays, or, where the replicas keep snapshots, copies the snapshot
+after k chunks (routed by its id), replaying when there is none."""
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +12,14 @@ import numpy as np
 import pytest
 
 from deployments.config import AppArgs
-from deployments.errors import Busy, SessionLost, Unsupported
+from deployments.errors import Busy, NoSnapshot, SessionLost, Unsupported
 from deployments.ingress.branching import Branches
 from deployments.ingress.journal import SessionJournal
 from deployments.ingress.lanes import Lane
 from deployments.ingress.stream import Stream
 from deployments.wire import NoiseSnapshot, SessionOptions
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import ErrorReply, ForkRequest, Forked
+from protocol.messages import ErrorReply, ForkRequest, Forked, RewindRequest, Rewound
 
 CHUNKS = 2
 
@@ -71,8 +72,12 @@ def _source(raw_frames: bool = False) -> Stream:
     return stream
 
 
-def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}):
-    """Fork `source` at `at` into B with the DiT / VAE answering `dit` / `vae`; (reply, calls, B, log)."""
+SNAPSHOTS = AppArgs(prefix_cache={"snapshot_mib": 16})
+
+
+def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}, args: AppArgs = AppArgs(), rewind: bool = False):
+    """Fork `source` at `at` into B (or rewind it to `at`) with the DiT / VAE answering `dit` /
+    `vae`; (reply, calls, B (the source when rewound), log)."""
     calls: list = []
     logged: list = []
 
@@ -82,7 +87,9 @@ def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}):
                               warning=lambda msg, fields=None: logged.append((msg, fields)))
         replies = SimpleNamespace(error=lambda code, message, sid, retry=None: ErrorReply(
             code=code, message=message, session_id=sid, retry_after_s=retry))
-        branches = Branches(b, Lane("dit"), Lane("vae"), FakeReleases(), replies, AppArgs(), log)
+        branches = Branches(b, Lane("dit"), Lane("vae"), FakeReleases(), replies, args, log)
+        if rewind:
+            return await branches.rewind(RewindRequest(session_id="A", to_chunk=at), source), source
         reply = await branches.fork(ForkRequest(session_id="A", new_session_id="B", at_chunk=at), source)
         return reply, branches._held.get("B")
 
@@ -90,8 +97,8 @@ def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}):
     return reply, calls, forked, logged
 
 
-def _forked_log(logged) -> dict:
-    return next(fields for msg, fields in logged if msg == "session forked")
+def _forked_log(logged, msg: str = "session forked") -> dict:
+    return next(fields for m, fields in logged if m == msg)
 
 
 def test_at_the_head_both_lanes_clone_an_fmp4_session():
@@ -168,3 +175,49 @@ def test_without_a_journal_a_clone_that_cannot_be_made_refuses_the_fork():
     reply, calls, b, _ = _fork(source, CHUNKS, dit={"clone": SessionLost("gone")})
     assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.TOO_LARGE and "journal" in reply.message
     assert b is None and "restore" not in [c[1] for c in calls]
+
+
+def test_below_the_head_with_snapshots_both_lanes_copy_the_snapshot_after_k_chunks():
+    source = _source()
+    reply, calls, b, logged = _fork(source, 1, args=SNAPSHOTS)
+    assert isinstance(reply, Forked) and reply.next_chunk_id == 1
+    dit_snap, vae_snap = f"{source.dit_key}#1", f"{source.vae_key}#1"
+    assert [c for c in calls if c[0] == "dit"] == [("dit", "clone", dit_snap, (dit_snap, b.dit_key))]
+    assert [c for c in calls if c[0] == "vae"] == [("vae", "clone", vae_snap, (vae_snap, b.vae_key))]
+    assert (_forked_log(logged)["path"], _forked_log(logged)["vae_path"]) == ("snapshot", "snapshot")
+    assert b.snapshot_ids(1) == (dit_snap, vae_snap) and b.snapshot_ids(2) == (f"{b.dit_key}#2", f"{b.vae_key}#2")
+
+
+@pytest.mark.parametrize("error", [NoSnapshot("evicted"), Busy("full", 1.0)])
+def test_a_snapshot_that_cannot_be_copied_is_replayed_elsewhere(error):
+    """No snapshot kept (evicted, its replica gone), or its replica full: the journal replay,
+    admitted like a new session wherever there is room."""
+    source = _source()
+    reply, calls, b, logged = _fork(source, 1, dit={"clone": error}, vae={"clone": error}, args=SNAPSHOTS)
+    assert isinstance(reply, Forked), reply
+    assert [c[1] for c in calls if c[0] == "dit"] == ["clone", "reserve", "restore"]
+    assert [c[1] for c in calls if c[0] == "vae"] == ["clone", "restore"]
+    assert (_forked_log(logged)["path"], _forked_log(logged)["vae_path"]) == ("replay", "replay")
+
+
+def test_a_rewind_closes_the_session_and_copies_its_snapshot_under_new_keys():
+    source = _source()
+    old_dit, old_vae = source.dit_key, source.vae_key
+    reply, calls, a, logged = _fork(source, 1, args=SNAPSHOTS, rewind=True)
+    assert isinstance(reply, Rewound) and reply.next_chunk_id == 1 and a.next_chunk == 1
+    assert a.dit_key != old_dit and a.vae_key != old_vae
+    assert [c for c in calls if c[0] == "dit"] == [("dit", "close", old_dit, (old_dit,)),
+                                                   ("dit", "clone", f"{old_dit}#1", (f"{old_dit}#1", a.dit_key))]
+    assert [c for c in calls if c[0] == "vae"] == [("vae", "close", old_vae, (old_vae,)),
+                                                   ("vae", "clone", f"{old_vae}#1", (f"{old_vae}#1", a.vae_key))]
+    log = _forked_log(logged, "session rewound")
+    assert (log["to_chunk"], log["path"], log["vae_path"]) == (1, "snapshot", "snapshot")
+    assert a.snapshot_ids(1) == (f"{old_dit}#1", f"{old_vae}#1") and a.journal.decoded == 1
+
+
+def test_a_rewind_without_snapshots_replays_and_to_chunk_0_never_copies():
+    reply, calls, a, logged = _fork(_source(), 1, rewind=True)
+    assert isinstance(reply, Rewound) and [c[1] for c in calls if c[0] == "dit"] == ["close", "reserve", "restore"]
+    assert _forked_log(logged, "session rewound")["path"] == "replay"
+    reply, calls, a, _ = _fork(_source(), 0, args=SNAPSHOTS, rewind=True)  # nothing to copy: an open
+    assert isinstance(reply, Rewound) and "clone" not in [c[1] for c in calls]

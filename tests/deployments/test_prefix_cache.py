@@ -1,9 +1,11 @@
 """Exact-prefix reuse through the serving graph (issue 33 part 1), on the app with the prefix
-store on (conftest `prefix_server`: API keys, scope principal, PREFIX_MAX_MIB): a session whose
-inputs repeat a stored prefix gets the stored replies byte for byte (`cached: true`) without
-any replica holding it; one that leaves the prefix at chunk k continues byte for byte like a
-session that never used the store; `prefix_cache: false` neither reads nor writes; one API key
-never sees another's entries; the store stays within its byte budget."""
+store on (conftest `prefix_server`: API keys, scope principal, PREFIX_MAX_MIB) and the replicas'
+snapshots (PREFIX_SNAPSHOT_MIB): a session whose inputs repeat a stored prefix gets the stored
+replies byte for byte (`cached: true`) without any replica holding it; one that leaves the prefix
+at chunk k continues byte for byte like a session that never used the store, its state copied
+from the snapshot of the session that computed the stored chunks; forks and rewinds copy
+snapshots too; `prefix_cache: false` neither reads nor writes; one API key never sees another's
+entries; the store stays within its byte budget."""
 from __future__ import annotations
 
 import asyncio
@@ -97,10 +99,12 @@ def test_the_same_inputs_again_are_served_from_the_store_byte_for_byte(run):
 def test_a_session_that_leaves_the_prefix_continues_like_one_without_the_store(run):
     """Stored: chunks 0, 1, 2. Sessions that take another path at chunk 1 and at chunk 2 get the
     stored chunks before (cached) and then exactly the videos of sessions run with
-    `prefix_cache: false` (materialised by the journal's replay on the replicas)."""
+    `prefix_cache: false` (materialised from the replicas' snapshots of "stored", closed since)."""
     stored = run("stored", [0, 1, 2], seed=102)
+    before = store_stats(run.app)["materialised"].get("snapshot", 0)
     at_1 = run("at1", [0, OTHER, 2], seed=102)
     at_2 = run("at2", [0, 1, 0], seed=102)
+    assert store_stats(run.app)["materialised"].get("snapshot", 0) == before + 2
     ref_1 = run("ref1", [0, OTHER, 2], seed=102, prefix_cache=False)
     ref_2 = run("ref2", [0, 1, 0], seed=102, prefix_cache=False)
     assert cached(at_1) == [True, False, False] and cached(at_2) == [True, True, False]
@@ -112,6 +116,50 @@ def test_a_session_that_leaves_the_prefix_continues_like_one_without_the_store(r
     # What the diverging sessions computed was stored in turn: their paths are served now.
     again = run("again", [0, OTHER, 2], seed=102)
     assert cached(again) == [True] * 3 and [r.video for r in again] == [r.video for r in ref_1]
+
+
+def test_forks_and_rewinds_below_the_head_copy_the_replicas_snapshots(run, stats_of):
+    """A session computed without the store, forked at chunk 1 and rewound to chunk 1: each is
+    one `clone` of the snapshot after chunk 1 on each replica (no replay), and its next chunks
+    equal a session's that took that path from the start."""
+    traj = run.traj
+    first = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
+             "translation_scale": traj.scale, "seed": 110, "prefix_cache": False}
+    ref = run("ref", [0, OTHER, 2], seed=110, prefix_cache=False)
+
+    def clones() -> tuple[int, int]:
+        return tuple(sum(s["calls"].get(name, 0) for s in stats_of("prefix", deployment))
+                     for deployment, name in (("DiTDeployment", "clone"), ("VaeDeployment", "from_snapshot")))
+
+    async def chunk(c, sid: str, k: int, p: int, **options) -> FrameReply:
+        await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
+        reply = await c.recv()
+        assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
+        return reply
+
+    async def go():
+        async with run.connect_url(run.app.ws, headers()) as c:
+            for k in range(3):
+                await chunk(c, "a", k, k, **(first if k == 0 else {}))
+            before = await asyncio.to_thread(clones)
+            await c.send(encode_fork("a", "b", 1))
+            forked = await c.recv()
+            after_fork = [await chunk(c, "b", 1, OTHER), await chunk(c, "b", 2, 2)]
+            at_fork = await asyncio.to_thread(clones)
+            await c.send(encode_rewind("a", 1))
+            rewound = await c.recv()
+            after_rewind = [await chunk(c, "a", 1, OTHER), await chunk(c, "a", 2, 2)]
+            at_rewind = await asyncio.to_thread(clones)
+            for sid in ("a", "b"):
+                await c.reset(sid)
+            return forked, after_fork, rewound, after_rewind, (before, at_fork, at_rewind)
+
+    forked, after_fork, rewound, after_rewind, (before, at_fork, at_rewind) = asyncio.run(go())
+    assert isinstance(forked, Forked) and forked.next_chunk_id == 1, forked
+    assert isinstance(rewound, Rewound) and rewound.next_chunk_id == 1, rewound
+    assert at_fork == (before[0] + 1, before[1] + 1) and at_rewind == (before[0] + 2, before[1] + 2)
+    assert [r.video for r in after_fork] == [r.video for r in ref[1:]]
+    assert [r.video for r in after_rewind] == [r.video for r in ref[1:]]
 
 
 def test_prompt_updates_are_part_of_the_path(run):

@@ -131,8 +131,9 @@ def test_prefix_cache_config():
     assert not AppArgs().prefix_cache.enabled and AppArgs().prefix_cache.scope == "principal"
     on = AppArgs.model_validate({"prefix_cache": {"max_mib": 64, "scope": "global"}})
     assert on.prefix_cache.enabled and on.prefix_cache.scope == "global"
-    with pytest.raises(ValidationError, match="snapshot_mib: KV snapshots are not implemented"):
-        AppArgs.model_validate({"prefix_cache": {"max_mib": 64, "snapshot_mib": 1}})
+    assert AppArgs.model_validate({"prefix_cache": {"snapshot_mib": 64}}).prefix_cache.snapshot_mib == 64
+    with pytest.raises(ValidationError):
+        AppArgs.model_validate({"prefix_cache": {"snapshot_mib": -1}})
     with pytest.raises(ValidationError, match="prefix_cache needs sessions.recovery"):
         AppArgs.model_validate({"prefix_cache": {"max_mib": 64}, "sessions": {"recovery": False}})
     with pytest.raises(ValidationError):

@@ -43,10 +43,11 @@ def test_serve_load_open_ended_sessions_declare_no_length(server, tmp_path):
 
 
 def test_branch_bench_forks_and_rewinds_through_the_server(prefix_server, tmp_path):
-    """benchmarks/branch_bench.py (run on the H200 by gpu_serve.sh BRANCH=1) against the CPU app
-    with the prefix store on: a cold session, the same inputs on a second socket (served from
-    the store), a fork at the last chunk and a rewind of it; on CPU float32 the second session's
-    and the rewound chunk's videos equal the first's."""
+    """benchmarks/branch_bench.py (run on the GPU by gpu_serve.sh BRANCH=1) against the CPU app
+    with the prefix store and snapshots on: a cold session, the same inputs on a second socket
+    (served from the store), a fork at the last chunk (a live copy), one below it and a rewind
+    (copies of snapshots), a session leaving the store (from a snapshot); on CPU float32 the
+    second session's and the rewound chunk's videos equal the first's."""
     from benchmarks.branch_bench import main as branch_main
 
     server = prefix_server
@@ -61,7 +62,11 @@ def test_branch_bench_forks_and_rewinds_through_the_server(prefix_server, tmp_pa
     assert r["fork"]["at_chunk"] == 3 and 0 < r["fork"]["forked_s"] <= r["fork"]["fork_to_frame_s"]
     assert r["fork"]["frame_dit_s"] > 0
     assert r["fork"]["path"] == {"dit": "clone", "vae": "clone"}  # at the head: both copy the live session
+    assert r["fork_below"]["at_chunk"] == 1 and r["fork_below"]["path"] == {"dit": "snapshot", "vae": "snapshot"}
     assert r["rewind"]["to_chunk"] == 2 and r["rewind"]["video_equal"] is True
+    assert r["rewind"]["path"] == {"dit": "snapshot", "vae": "snapshot"}
+    assert r["leave"]["cached"] == 1 and r["leave"]["path"] == {"dit": "snapshot", "vae": "snapshot"}
+    assert r["snapshots"]["dit"]["held"] >= 3 and r["snapshots"]["dit"]["mib_per_snapshot"] > 0
     assert set(r["replicas"]["replicas"]) == {"text_encoder", "vae", "dit"}
     server.wait_held(0)
 

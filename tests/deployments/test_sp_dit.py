@@ -78,7 +78,7 @@ def test_bind_dit_keeps_the_one_device_deployment_for_one_rank():
     d = bound(bind_dit(args, replica_options(args.dit)))
     assert d.name == "DiTDeployment" and d.func_or_class is not SPDiTDeployment.func_or_class
     assert d._replica_config.placement_group_bundles is None
-    assert d.init_args == (args.model, args.sessions)
+    assert d.init_args == (args.model, args.sessions, args.prefix_cache.snapshot_mib)
 
 
 def test_sp_placement_drops_zero_resources_and_needs_some():

@@ -5,12 +5,14 @@ Each chunk is looked up (at dispatch, in request order) under the session's name
 keys of its chunks so far. While chunk k is stored, its reply is sent again (`cached: true`, the
 video byte for byte) and its journal entry joins the session's journal, as if the session had
 computed it: no text encoder, VAE or DiT call. The first chunk that is not stored materialises
-the session on the replicas by the journal's replay, as a rebuild after a lost replica or a fork
-does (`VaeDeployment.restore`: the image encoded and k decodes muxed again; `DiTDeployment.reserve`,
-then `restore`: one cache update per chunk, the noise generator put where it was), queued on the
-lanes ahead of that chunk's calls; chunk 0 not stored opens the session as usual. Its chunks
-are then computed and written to the store (every chunk a session computes is, unless it sent
-`prefix_cache: false`).
+the session on the replicas, queued on the lanes ahead of that chunk's calls (rebuild.py, per
+lane): from the snapshot of the session that computed the last stored chunk, where the replicas
+still keep it (`prefix_cache.snapshot_mib`; its ids are stored with the chunk: `clone`, one
+device copy), else by the journal's replay, as a rebuild after a lost replica does
+(`VaeDeployment.restore`: the image encoded and k decodes muxed again; `DiTDeployment.reserve`,
+then `restore`: one cache update per chunk, the noise generator put where it was); chunk 0 not
+stored opens the session as usual. Its chunks are then computed and written to the store (every
+chunk a session computes is, unless it sent `prefix_cache: false`).
 
 Admission: a session served from the store holds no replica slot until it is materialised; its
 first computed chunk may then be answered `busy` / `too_large` like a new session's first. The
@@ -27,10 +29,11 @@ from pydantic import BaseModel
 
 from deployments.config import AppArgs
 from deployments.ingress.guards.connection_caps import UNKNOWN_CLIENT
-from deployments.ingress.lane_jobs import Backends, reserve_dit
+from deployments.ingress.lane_jobs import Backends
 from deployments.ingress.lanes import Lane
 from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, namespace
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
+from deployments.ingress.rebuild import Rebuild
 from deployments.ingress.stream import Stream
 from deployments.log import KeyValueLog
 from deployments.wire import SessionOptions
@@ -54,6 +57,8 @@ class PrefixReuse:
         self._dit_lane = dit_lane
         self._vae_lane = vae_lane
         self._debug_fields = args.debug_fields
+        self._snapshots = args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
+        self._rebuild = Rebuild(backends, args.sessions, log)
         self._fps = handshake.fps
         self._log = log
         self._metrics = metrics
@@ -98,6 +103,8 @@ class PrefixReuse:
             j.steer(chunk_id, prompt_update)
         p = hit.past
         j.add_chunk(p.poses, p.intrinsics, p.y, p.latents, hit.noise, p.context)
+        if hit.snapshots is not None and self._snapshots:
+            stream.inherited_snapshots[chunk_id + 1] = hit.snapshots
         j.conditioned += 1
         j.decoded += 1
         cursor.keys.append(key)
@@ -140,33 +147,34 @@ class PrefixReuse:
         if (self._store is None or cursor is None or len(cursor.keys) <= chunk_id or not j.recoverable
                 or j.context is None or len(j.chunks) <= chunk_id):
             return
-        chunk = StoredChunk(reply.video, reply.num_frames, reply.mime_type, j.chunks[chunk_id], j.noises[chunk_id])
+        snapshots = stream.snapshot_ids(chunk_id + 1) if self._snapshots else None
+        chunk = StoredChunk(reply.video, reply.num_frames, reply.mime_type, j.chunks[chunk_id], j.noises[chunk_id],
+                            snapshots)
         self._store.put(cursor.namespace, cursor.keys[: chunk_id + 1], chunk, j.context)
 
     def _materialise(self, stream: Stream, open_new: Callable[[Stream], None]) -> None:
-        """Open the stream on the replicas: as a new session without chunks, else by the
-        journal's replay of the chunks the store served (queued on the lanes now, ahead of the
-        chunk that asked for it)."""
+        """Open the stream on the replicas: as a new session without chunks, else from the
+        snapshot after its last stored chunk or by the journal's replay of the chunks the store
+        served (queued on the lanes now, ahead of the chunk that asked for it)."""
         stream.materialised = True
-        j = stream.journal
-        k = len(j.chunks)
+        k = len(stream.journal.chunks)
         if k == 0:
             open_new(stream)
             return
-        h, w = stream.spec.resolution
-        vae_key, image, latents, raw = stream.vae_key, j.image, j.decoded_latents(), stream.spec.raw_frames
-        context, chunks, noise = j.context, list(j.chunks), j.noise
-        stream.vae_open = self._vae_lane.submit(lambda: self._b.vae.options(session_id=vae_key).restore.remote(
-            vae_key, image, h, w, k, latents, raw))
-        stream.dit_open = self._dit_lane.submit(lambda: self._restore_dit(stream, context, chunks, noise))
-        self._log.info("session leaves the prefix store", fields={"session": stream.key, "chunks": k})
+        dit_source, vae_source = stream.inherited_snapshots.get(k, (None, None))
+        paths: dict[str, str] = {}
+        stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths))
+        stream.dit_open = self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths))
+        both = asyncio.gather(stream.vae_open, stream.dit_open, return_exceptions=True)
+        both.add_done_callback(lambda done: self._materialised(stream, k, paths, done.result()))
 
-    async def _restore_dit(self, stream: Stream, context, chunks, noise) -> str:
-        """DiT lane: admit the session like a new one, wait for the VAE's admission, replay."""
-        key = stream.dit_key
-        dit = self._b.dit.options(session_id=key)
-        await reserve_dit(dit, stream)
-        return await dit.restore.remote(key, stream.spec, context, chunks, noise)
+    def _materialised(self, stream: Stream, k: int, paths: dict[str, str], results: list) -> None:
+        if any(isinstance(r, BaseException) for r in results):  # the chunk that asked for it reports it
+            return
+        self._log.info("session leaves the prefix store", fields={
+            "session": stream.key, "chunks": k, "path": paths.get("dit"), "vae_path": paths.get("vae")})
+        if self._metrics is not None:
+            self._metrics.count_materialised(paths.get("dit", "replay"))
 
 
 async def _ready(reply: BaseModel) -> BaseModel:

@@ -34,6 +34,9 @@ class StoredChunk:
     mime_type: Optional[str]
     past: PastChunk
     noise: NoiseSnapshot  # the DiT's noise generator after the chunk
+    # (DiT, VAE) ids of the snapshots the replicas may keep of the session that computed it,
+    # after it (deployments/replicas/snapshots.py); None: the server keeps none
+    snapshots: Optional[tuple[str, str]] = None
 
     @property
     def journal_bytes(self) -> int:
