@@ -10,7 +10,7 @@ Serve's `record_autoscaling_stats` (deployments/replicas/session_host.py):
 * `refused`: how many new sessions its admission answered `busy` since it started.
 
 The policy wants `ceil(sum(load) / target_fill)` replicas, so that the sessions held fit the
-others when one goes (scale-down moves them by journal replay, deployments/ingress/recovery.py), and
+others when one goes (scale-down moves them by journal replay, deployments/ingress/history/recovery.py), and
 one replica more than the current target as soon as admission starts answering `busy` (a
 full replica refuses before the held sessions cross a threshold). That raise is kept while the
 new replica starts and for one `look_back_period_s` after it runs (the refused sessions retry

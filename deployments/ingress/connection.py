@@ -34,14 +34,14 @@ from pydantic import BaseModel
 from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
-from deployments.ingress.branching import Branches
+from deployments.ingress.history.branching import Branches
 from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
 from deployments.ingress.drive.binding import late_bound_step, preempt_running
 from deployments.ingress.drive.driver import Driver
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
-from deployments.ingress.journal import SessionJournal
+from deployments.ingress.history.journal import SessionJournal
 from deployments.ingress.lane_jobs import Backends, LaneJobs
 from deployments.ingress.lanes import Lane
 from deployments.log import get_log
@@ -50,7 +50,7 @@ from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.parking import new_token, token_digest
 from deployments.ingress.prefix.reuse import PrefixReuse, scope_of
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
-from deployments.ingress.recovery import Recovery
+from deployments.ingress.history.recovery import Recovery
 from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies

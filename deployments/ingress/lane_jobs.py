@@ -27,7 +27,7 @@ from deployments.ingress.guards.claim_gate import ClaimGate
 from deployments.errors import ReplicaError
 from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
-from deployments.ingress.recovery import Recovery, needs_recovery
+from deployments.ingress.history.recovery import Recovery, needs_recovery
 from deployments.ingress.stream import Stream, StreamState
 from deployments.wire import StepResult
 

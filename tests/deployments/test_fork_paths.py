@@ -13,8 +13,8 @@ import pytest
 
 from deployments.config import AppArgs
 from deployments.errors import Busy, NoSnapshot, SessionLost, Unsupported
-from deployments.ingress.branching import Branches
-from deployments.ingress.journal import SessionJournal
+from deployments.ingress.history.branching import Branches
+from deployments.ingress.history.journal import SessionJournal
 from deployments.ingress.lanes import Lane
 from deployments.ingress.stream import Stream
 from deployments.wire import NoiseSnapshot, SessionOptions

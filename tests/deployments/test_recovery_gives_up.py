@@ -9,9 +9,9 @@ import pytest
 
 from deployments.config import SessionArgs
 from deployments.errors import Busy, SessionLost
-from deployments.ingress.journal import SessionJournal
+from deployments.ingress.history.journal import SessionJournal
 from deployments.log import KeyValueLog
-from deployments.ingress.recovery import Recovery
+from deployments.ingress.history.recovery import Recovery
 from deployments.ingress.stream import Stream, StreamState
 from deployments.wire import SessionOptions
 

@@ -33,7 +33,7 @@ from deployments.ingress.lane_jobs import Backends
 from deployments.ingress.lanes import Lane
 from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, namespace
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
-from deployments.ingress.rebuild import Rebuild
+from deployments.ingress.history.rebuild import Rebuild
 from deployments.ingress.stream import Stream
 from deployments.log import KeyValueLog
 from deployments.wire import SessionOptions
