@@ -15,7 +15,8 @@ the continuation the forks and the rewind send):
    (issue 33: within one DiT step + 0.3 s), and the path it took: `clone` (the replica holding A
    copied its live state) or `replay` (the journal's chunks replayed), per deployment, from the
    replicas' `clone` call counts before and after (/v1/models; null when unreadable).
-4. **fork_below**: A forked at chunk --chunks // 2 into G, G's next chunk: as the fork, from a
+4. **fork_below**: A forked at chunk --chunks // 2 into G, G's next chunk (chunk --chunks - 1's
+   cameras): as the fork, from a
    replica's snapshot of A after that chunk where they keep one (`prefix_cache.snapshot_mib`;
    path `snapshot`), else the journal's replay of --chunks // 2 chunks (`replay`).
 5. **rewind**: A rewound to its last chunk (`rewind` -> `rewound`), the chunk sent again: time to
@@ -96,7 +97,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     n, t = args.chunks, args.reply_timeout_s
     out: dict[str, Any] = {"chunks": n, "pipeline": args.pipeline, "size": args.size}
     tag = uuid.uuid4().hex[:8]
-    msgs_a, msgs_b, msgs_f = (_messages(args, sid, tag) for sid in ("bb-a", "bb-b", "bb-f"))
+    msgs_a, msgs_b, msgs_f, msgs_g = (_messages(args, sid, tag) for sid in ("bb-a", "bb-b", "bb-f", "bb-g"))
     async with await WorldClient.connect(args.url, api_key=args.api_key) as a:
         out["model"] = a.config.model
         started = time.perf_counter()
@@ -135,7 +136,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await a.send(encode_fork("bb-a", "bb-g", half))
         await _answer(a, Forked, t)
         forked_s = time.perf_counter() - t_g
-        await a.send(msgs_f[n])
+        await a.send(msgs_g[n - 1])  # chunk n - 1's cameras as chunk `half` (D's path stays unstored)
         first = await _frame(a, t)
         out["fork_below"] = {"at_chunk": half, "forked_s": forked_s, "fork_to_frame_s": time.perf_counter() - t_g,
                              "frame_dit_s": first.stage_durations.get("dit"),
@@ -161,7 +162,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         calls_before = _clone_calls(args)
         served, _ = await _stream(d, msgs_d[:half], args.pipeline, t)
         t_d = time.perf_counter()
-        await d.send(msgs_d[n])  # the continuation's cameras as chunk `half`: off the stored path
+        await d.send(msgs_d[n])  # the continuation's cameras as chunk `half`: a path no session took
         computed = await _frame(d, t)
         out["leave"] = {"at_chunk": half, "cached": sum(bool(getattr(r, "cached", False)) for r in served),
                         "first_computed_s": time.perf_counter() - t_d, "frame_dit_s": computed.stage_durations.get("dit"),
