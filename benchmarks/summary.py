@@ -73,6 +73,29 @@ def ready_rows(d: dict) -> list[Row]:
     return [("ready", ", ".join(f"{label} {fmt(s)} s to healthy" for label, s in d["healthy_s"].items()))]
 
 
+def branch_rows(d: dict) -> list[Row]:
+    def path(phase: dict) -> str:
+        p = phase.get("path") or {}
+        return "/".join(p.get(name, "?") for name in ("dit", "vae"))
+
+    rows = [("branch_bench", f"{d['chunks']} chunks: TTFC cold {fmt(d['cold']['ttfc_s'])} s, full hit "
+                             f"{fmt(d['hit']['ttfc_s'])} s ({d['hit']['cached']} cached, {d['hit']['video_equal']} "
+                             f"videos equal); fork at the head to its frame {fmt(d['fork']['fork_to_frame_s'])} s "
+                             f"({path(d['fork'])}; target {fmt(d['fork']['target_s'])} s)")]
+    for name, key in (("fork below the head", "fork_below"), ("rewind", "rewind")):
+        if key in d:
+            rows.append(("branch_bench", f"{name} to its frame {fmt(d[key][key.split('_')[0] + '_to_frame_s'])} s "
+                                         f"({path(d[key])})"))
+    if "leave" in d:
+        rows.append(("branch_bench", f"leaving the store after {d['leave']['at_chunk']} chunks: first computed "
+                                     f"{fmt(d['leave']['first_computed_s'])} s ({path(d['leave'])})"))
+    for name, shelf in (d.get("snapshots") or {}).items():
+        if shelf.get("mib_per_snapshot"):
+            rows.append(("branch_bench", f"{name} snapshot {fmt(shelf['mib_per_snapshot'] / 1024)} GiB, "
+                                         f"{shelf['held']} held"))
+    return rows
+
+
 def load_weights_rows(d: dict) -> list[Row]:
     return [("load_weights", f"{fmt(d['load_GBps'])} GB/s from {d['file_system']} ({d['storage_dtype']}, "
                              f"{d['num_layers']} of {d['released_num_layers']} blocks; old loader "
@@ -135,6 +158,7 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: "runs" in d and "server_before" in d, serve_load_rows),
     (lambda d: "healthy_s" in d and "starts" in d, ready_rows),
     (lambda d: "load_GBps" in d and "reference_GBps" in d, load_weights_rows),
+    (lambda d: "fork" in d and "hit" in d and "cold" in d, branch_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
     (lambda d: "reconnect_s" in d, resume_rows),
