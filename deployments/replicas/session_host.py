@@ -193,6 +193,35 @@ class SessionHost(Generic[S]):
         self._publish()
         return state
 
+    def _warm_after_ready(self, warm: Callable[[list], Any], sizes: list, save: Callable[[], None]) -> None:
+        """(After `_start_host`.) Warm up `sizes` in the background, one size a job under the
+        compute lock (`warm([size])` on the model thread: a `WarmupReport`), then `save()` the
+        compile cache; `stats()["warmed_sizes"]` grows as they are done, `warmup_after_ready`
+        tells the split. A failure is logged: sessions of that size compile on their first call."""
+        async def run() -> None:
+            seconds, per_size = 0.0, []
+            for size in sizes:
+                try:
+                    async with self._lock:
+                        report = await self._run(warm, [size])
+                except Exception as e:  # noqa: BLE001 - the replica serves on; that size compiles later
+                    self._log.error("warm-up after ready failed", fields={
+                        "size": f"{size[0]}x{size[1]}", "error": f"{type(e).__name__}: {e}"[:300]})
+                    continue
+                info = self.__dict__.setdefault("_replica_info", {})
+                info["warmed_sizes"] = [*info.get("warmed_sizes", []), list(size)]
+                seconds += report.seconds
+                per_size += report.per_size()
+                info["warmup_after_ready"] = {"seconds": round(seconds, 3), "per_size": per_size, "done": False}
+            async with self._lock:
+                await self._run(save)
+            self.__dict__.setdefault("_replica_info", {})["warmup_after_ready"] = {
+                "seconds": round(seconds, 3), "per_size": per_size, "done": True}
+            self._log.info("warmed up after ready", fields={"sizes": [f"{h}x{w}" for h, w in sizes],
+                                                            "seconds": f"{seconds:.1f}"})
+
+        self._warming = self._loop.create_task(run())
+
     @property
     def snapshots(self) -> SnapshotShelf:
         return self._table.snapshots

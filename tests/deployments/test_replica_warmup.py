@@ -114,3 +114,55 @@ def test_each_replica_reports_its_ready_split(threads, tmp_path, monkeypatch):
             assert entry["size"] == [32, 48] and 0 < entry["seconds"] <= ready["warmup_s"] + 1e-3, (name, ready)
             assert ready["compile_cache"]["dir"] == str(tmp_path / "cc") and not ready["compile_cache"]["errors"]
     assert sorted(p.name for p in (tmp_path / "cc").iterdir()) == ["inductor", "mega", "triton"]
+
+
+TWO_SIZES = ModelArgs(preset="tiny", device="cpu", warmup=True, size_buckets=["32*48", "48*32"], default_size="32*48")
+
+
+@pytest.mark.parametrize("deployment", ["vae", "dit"])
+def test_the_sizes_after_the_first_are_warmed_up_after_ready(threads, deployment):
+    """`model.warmup_after_ready` (the default): the constructor warms the first size only; the
+    others follow in the background on the model thread while the replica already serves (a
+    session of the second size meanwhile is served); `warmed_sizes` then lists both."""
+    async def go():
+        if deployment == "vae":
+            replica = _instance(vae_module.VaeDeployment)
+            await replica.__init__(TWO_SIZES, SessionArgs(), 4)
+        else:
+            replica = _instance(dit_module.DiTDeployment)
+            await replica.__init__(TWO_SIZES, SessionArgs())
+        at_ready = (await replica.stats())["warmed_sizes"]
+        ready_split = replica._replica_info["ready"]["warmup_per_size"]
+        if deployment == "vae":
+            await replica.open("s", np.full((60, 40, 3), 100, np.uint8), 48, 32)
+            await replica.condition("s")
+            served = (await replica.decode("s", np.zeros((16, 3, 6, 4), np.float32)))["num_frames"]
+        else:
+            await replica.open("s", SessionOptions(session_id="s", prompt="p", image_digest="d", resolution=(48, 32),
+                                                   seed=1, total_latent_frames=6, translation_scale=None,
+                                                   intrinsics_resolution=(48, 32)),
+                               np.zeros((6, replica._engine.cfg.text_dim), np.float32))
+            poses = np.tile(np.eye(4, dtype=np.float32), (12, 1, 1))
+            k = np.tile(np.array([[24, 24, 16, 24.0]], np.float32), (12, 1))
+            served = (await replica.step("s", np.zeros((20, 3, 6, 4), np.float32), poses, k)).latents.shape[0]
+        await replica._warming
+        stats = await replica.stats()
+        await replica.close("s")
+        return at_ready, ready_split, served, stats
+
+    at_ready, ready_split, served, stats = asyncio.run(go())
+    assert at_ready == [[32, 48]] and [e["size"] for e in ready_split] == [[32, 48]]
+    assert served in (9, 16)
+    assert stats["warmed_sizes"] == [[32, 48], [48, 32]]
+    after = stats["warmup_after_ready"]
+    assert after["done"] and [e["size"] for e in after["per_size"]] == [[48, 32]] and after["seconds"] > 0
+
+
+def test_warmup_after_ready_off_warms_every_size_before(threads):
+    async def go():
+        vae = _instance(vae_module.VaeDeployment)
+        await vae.__init__(TWO_SIZES.model_copy(update={"warmup_after_ready": False}), SessionArgs(), 4)
+        return (await vae.stats())["warmed_sizes"], getattr(vae, "_warming", None)
+
+    sizes, warming = asyncio.run(go())
+    assert sizes == [[32, 48], [48, 32]] and warming is None
