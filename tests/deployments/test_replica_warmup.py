@@ -122,8 +122,9 @@ TWO_SIZES = ModelArgs(preset="tiny", device="cpu", warmup=True, size_buckets=["3
 @pytest.mark.parametrize("deployment", ["vae", "dit"])
 def test_the_sizes_after_the_first_are_warmed_up_after_ready(threads, deployment):
     """`model.warmup_after_ready` (the default): the constructor warms the first size only; the
-    others follow in the background on the model thread while the replica already serves (a
-    session of the second size meanwhile is served); `warmed_sizes` then lists both."""
+    others follow in the background on the model thread once the replica holds no session (a
+    session of the second size is served meanwhile, compiling it itself); `warmed_sizes` then
+    lists both."""
     async def go():
         if deployment == "vae":
             replica = _instance(vae_module.VaeDeployment)
@@ -145,13 +146,14 @@ def test_the_sizes_after_the_first_are_warmed_up_after_ready(threads, deployment
             poses = np.tile(np.eye(4, dtype=np.float32), (12, 1, 1))
             k = np.tile(np.array([[24, 24, 16, 24.0]], np.float32), (12, 1))
             served = (await replica.step("s", np.zeros((20, 3, 6, 4), np.float32), poses, k)).latents.shape[0]
-        await replica._warming
-        stats = await replica.stats()
+        await asyncio.sleep(1.0)
+        held = (await replica.stats())["warmed_sizes"]  # not while a session is held
         await replica.close("s")
-        return at_ready, ready_split, served, stats
+        await replica._warming
+        return at_ready, ready_split, served, held, await replica.stats()
 
-    at_ready, ready_split, served, stats = asyncio.run(go())
-    assert at_ready == [[32, 48]] and [e["size"] for e in ready_split] == [[32, 48]]
+    at_ready, ready_split, served, held, stats = asyncio.run(go())
+    assert at_ready == [[32, 48]] and [e["size"] for e in ready_split] == [[32, 48]] and held == at_ready
     assert served in (9, 16)
     assert stats["warmed_sizes"] == [[32, 48], [48, 32]]
     after = stats["warmup_after_ready"]
