@@ -12,8 +12,7 @@ places them on the time line of the `serve run` that started them:
 Per start: `healthy_s` (launch -> /healthz 200), `ray_start_s` (launch -> the first replica's
 constructor: Ray, the controller, scheduling), `replicas_ready_s` (launch -> the last replica
 ready), `after_replicas_s` (the rest: the ingress, the proxy, the health check's period), and per
-replica its phases and `start_after_launch_s` / `ready_after_launch_s` (and `warmup_after_ready`:
-the sizes warmed up after ready so far, `model.warmup_after_ready`). `--combine` gathers
+replica its phases and `start_after_launch_s` / `ready_after_launch_s`. `--combine` gathers
 starts (a cold one and a warm one from `RESTART=1 bash benchmarks/gpu_serve.sh`) in one file.
 """
 from __future__ import annotations
@@ -46,9 +45,7 @@ def split(models: dict, launched_at: Optional[float], healthy_s: Optional[float]
                 continue
             row = {"replica": stats.get("replica"), **{k: ready[k] for k in PHASES if k in ready},
                    "warmup_per_size": ready.get("warmup_per_size", []),
-                   "compile_cache": ready.get("compile_cache"),
-                   # the other sizes, warmed up after ready (model.warmup_after_ready): so far
-                   "warmup_after_ready": stats.get("warmup_after_ready")}
+                   "compile_cache": ready.get("compile_cache")}
             if launched_at is not None:
                 row["start_after_launch_s"] = round(ready["started_at"] - launched_at, 3)
                 row["ready_after_launch_s"] = round(ready["ready_at"] - launched_at, 3)
@@ -78,9 +75,7 @@ def describe(record: dict) -> str:
                              for e in row["warmup_per_size"])
             cache = row.get("compile_cache") or {}
             hits = f"fxgraph hit/miss {cache.get('fxgraph_cache_hit')}/{cache.get('fxgraph_cache_miss')}" if cache else ""
-            after = row.get("warmup_after_ready") or {}
-            later = f", after ready {after.get('seconds')} s{'' if after.get('done') else ' (running)'}" if after else ""
-            lines.append(f"  {name}: load {row.get('load_s')} s, warm-up {row.get('warmup_s')} s [{sizes}]{later}, "
+            lines.append(f"  {name}: load {row.get('load_s')} s, warm-up {row.get('warmup_s')} s [{sizes}], "
                          f"total {row.get('total_s')} s {hits}")
     return "\n".join(lines)
 

@@ -72,13 +72,8 @@ class ModelArgs(_Strict):
     max_output_area: int = Field(1280 * 720, ge=256)
     max_aspect_ratio: float = Field(4.0, ge=1.0)
     # Compile, autotune and run every size (the buckets, else default_size for a 16:9 image)
-    # once in each replica, the first one in its constructor, before Serve routes traffic to it.
+    # once in each replica's constructor, before Serve routes traffic to it.
     warmup: bool = True
-    # The sizes after the first are warmed up right after the replica is ready, in the
-    # background, one size at a time on its model thread (a chunk arriving meanwhile waits for
-    # at most one size's warm-up; a session of a size not yet warmed compiles it, once). False:
-    # every size before ready (a replica ready later, its first sessions of every size as fast).
-    warmup_after_ready: bool = True
     # A directory where each replica keeps what torch.compile builds (inductor's and Triton's
     # caches, and torch's mega-cache file per deployment: model/compile_cache.py): the first start
     # fills it, later starts and replicas added by the autoscaler load it instead of compiling
@@ -124,13 +119,6 @@ class ModelArgs(_Strict):
     def bucket_sizes(self) -> list[tuple[int, int]]:
         """`size_buckets` as (H, W) pairs."""
         return [tuple(int(x) for x in s.split("*")) for s in self.size_buckets]  # type: ignore[misc]
-
-    def warmup_sizes(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """The sizes a replica warms up before it is ready, and those it warms up after."""
-        if not self.warmup:
-            return [], []
-        sizes = self.serving_sizes()
-        return (sizes[:1], sizes[1:]) if self.warmup_after_ready else (sizes, [])
 
     def serving_sizes(self) -> list[tuple[int, int]]:
         """The output sizes replicas warm up: the buckets, else default_size for a 16:9 image

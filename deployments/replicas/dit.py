@@ -109,12 +109,12 @@ class DiTDeployment(SessionHost[DiTSlot]):
         self._max_chunks = sessions.max_chunks
         self._max_attention_tokens = sessions.max_attention_tokens
         report = WarmupReport()
-        now, later = model.warmup_sizes()
-        if now:
-            allow_recompiles(len(now) + len(later))
-            report = await self.compute_thread.run(warm_up_dit, self._engine, now)
+        if model.warmup:
+            sizes = model.serving_sizes()
+            allow_recompiles(len(sizes))
+            report = await self.compute_thread.run(warm_up_dit, self._engine, sizes)
         self._clock.mark("warmup")
-        if now and not later:
+        if model.warmup:
             await self.compute_thread.run(self._compile_cache.save)
         self._clock.mark("cache_save")
         resident = resident_model_bytes(model.device, self._engine.dit)
@@ -128,8 +128,6 @@ class DiTDeployment(SessionHost[DiTSlot]):
         ready = self._clock.split(report, self._compile_cache)
         self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
                               "random_weights": model.random_weights, "ready": ready}
-        if later:
-            self._warm_after_ready(lambda sizes: warm_up_dit(self._engine, sizes), later, self._compile_cache.save)
         self._log.info("ready split", fields={k: v for k, v in ready.items() if k != "compile_cache"}
                        | {"cache": ready["compile_cache"]})
         if model.random_weights:

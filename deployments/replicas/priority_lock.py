@@ -4,8 +4,8 @@ A session host runs one job at a time (its compute lock). With several sessions 
 dozen chunk steps can be queued on it; a close queued behind them made a client's `reset`
 wait for all of them (13 s measured on an H200 with 4 sessions, beyond the client's 5 s
 timeout), and kept the closed session's memory counted as long. `urgent()` waiters are handed
-the lock before `normal()` ones, and those before `background()` ones (the warm-up after
-ready), in arrival order within each class; the job running is never interrupted. Cancellation is safe at any point: a waiter cancelled after the lock was
+the lock before `normal()` ones, in arrival order within each class; the job running is
+never interrupted. Cancellation is safe at any point: a waiter cancelled after the lock was
 handed to it passes it on.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import itertools
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-URGENT, NORMAL, BACKGROUND = 0, 1, 2
+URGENT, NORMAL = 0, 1
 
 
 class PriorityLock:
@@ -66,10 +66,6 @@ class PriorityLock:
     def urgent(self):
         """`async with lock.urgent():` ahead of every normal waiter."""
         return self.hold(URGENT)
-
-    def background(self):
-        """`async with lock.background():` after every other waiter."""
-        return self.hold(BACKGROUND)
 
     async def __aenter__(self) -> None:
         await self.acquire(NORMAL)

@@ -27,7 +27,7 @@ from deployments.errors import Busy, NoSnapshot, SessionLost
 from deployments.log import KeyValueLog, log_probes_at_debug, log_typed_errors_as_info
 from deployments.replicas.memory import memory_report
 from deployments.metrics import SessionMetrics
-from deployments.replicas.priority_lock import BACKGROUND, PriorityLock
+from deployments.replicas.priority_lock import PriorityLock
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import SnapshotShelf
 from deployments.replicas.slow_calls import SlowCalls
@@ -35,7 +35,6 @@ from deployments.replicas.slow_calls import SlowCalls
 S = TypeVar("S")
 T = TypeVar("T")
 
-WARM_IDLE_POLL_S = 0.5  # the warm-up after ready waits this long between looks for an idle replica
 SWEEP_PERIOD_MIN_S = 0.25
 SWEEP_PERIOD_MAX_S = 10.0
 
@@ -193,53 +192,6 @@ class SessionHost(Generic[S]):
             raise SessionLost("the session was closed while it was being opened; start a new one")
         self._publish()
         return state
-
-    def _warm_after_ready(self, warm: Callable[[list], Any], sizes: list, save: Callable[[], None]) -> None:
-        """(After `_start_host`.) Warm up `sizes` in the background, one size a job under the
-        compute lock (`warm([size])` on the model thread: a `WarmupReport`), each started only
-        while the replica holds no session and after every other waiter, then `save()` the
-        compile cache; `stats()["warmed_sizes"]` grows as they are done, `warmup_after_ready`
-        tells the split. A session of a size not warmed yet compiles it on its first call (a
-        replica that is never idle warms no more); one arriving during a size's warm-up waits for
-        it, once. A failure is logged: sessions of that size compile on their first call."""
-        async def idle_lock():
-            while True:
-                while len(self._table):
-                    await asyncio.sleep(WARM_IDLE_POLL_S)
-                await self._lock.acquire(BACKGROUND)
-                if not len(self._table):
-                    return
-                self._lock.release()  # a session came while we waited for the lock: it goes first
-
-        async def run() -> None:
-            seconds, per_size = 0.0, []
-            for size in sizes:
-                try:
-                    await idle_lock()
-                    try:
-                        report = await self._run(warm, [size])
-                    finally:
-                        self._lock.release()
-                except Exception as e:  # noqa: BLE001 - the replica serves on; that size compiles later
-                    self._log.error("warm-up after ready failed", fields={
-                        "size": f"{size[0]}x{size[1]}", "error": f"{type(e).__name__}: {e}"[:300]})
-                    continue
-                info = self.__dict__.setdefault("_replica_info", {})
-                info["warmed_sizes"] = [*info.get("warmed_sizes", []), list(size)]
-                seconds += report.seconds
-                per_size += report.per_size()
-                info["warmup_after_ready"] = {"seconds": round(seconds, 3), "per_size": per_size, "done": False}
-            await idle_lock()
-            try:
-                await self._run(save)
-            finally:
-                self._lock.release()
-            self.__dict__.setdefault("_replica_info", {})["warmup_after_ready"] = {
-                "seconds": round(seconds, 3), "per_size": per_size, "done": True}
-            self._log.info("warmed up after ready", fields={"sizes": [f"{h}x{w}" for h, w in sizes],
-                                                            "seconds": f"{seconds:.1f}"})
-
-        self._warming = self._loop.create_task(run())
 
     @property
     def snapshots(self) -> SnapshotShelf:

@@ -85,16 +85,13 @@ class VaeDeployment(SessionHost[VaeSlot]):
                                        random_weights=model.random_weights)
         clock.mark("load")
         report = WarmupReport()
-        now, later = model.warmup_sizes()  # compile, cuDNN autotuning and x264 per serving size
-
-        def warm(sizes: list) -> WarmupReport:
-            return warm_up_vae(self._engine, sizes, consumer=lambda hw: Fmp4Muxer(hw[1], hw[0], FPS).add_chunk)
-
-        if now:
-            allow_recompiles(len(now) + len(later))
-            report = await self.compute_thread.run(warm, now)
+        if model.warmup:  # compile, cuDNN autotuning and x264 at every serving size, before traffic
+            sizes = model.serving_sizes()
+            allow_recompiles(len(sizes))
+            report = await self.compute_thread.run(warm_up_vae, self._engine, sizes,
+                                             consumer=lambda hw: Fmp4Muxer(hw[1], hw[0], FPS).add_chunk)
         clock.mark("warmup")
-        if now and not later:
+        if model.warmup:
             await self.compute_thread.run(compile_cache.save)
         clock.mark("cache_save")
         # The caches' shapes, read from one probe session (at a warmed size: no new compilation).
@@ -112,8 +109,6 @@ class VaeDeployment(SessionHost[VaeSlot]):
         ready = clock.split(report, compile_cache)
         self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
                               "random_weights": model.random_weights, "ready": ready}
-        if later:
-            self._warm_after_ready(warm, later, compile_cache.save)
         self._log.info("ready split", fields={k: v for k, v in ready.items() if k != "compile_cache"}
                        | {"cache": ready["compile_cache"]})
         if model.random_weights:

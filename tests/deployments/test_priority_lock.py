@@ -28,24 +28,6 @@ def test_urgent_waiters_overtake_normal_ones_in_arrival_order():
     assert asyncio.run(go()) == ["running", "u1", "u2", "n1", "n2", "n3"]
 
 
-def test_background_waiters_go_after_every_other():
-    async def background(lock: PriorityLock, name: str, log: list[str]) -> None:
-        async with lock.background():
-            log.append(name)
-            await asyncio.sleep(0.01)
-
-    async def go() -> list[str]:
-        lock, log = PriorityLock(), []
-        running = asyncio.create_task(_job(lock, "running", log, hold_s=0.05))
-        await asyncio.sleep(0)
-        tasks = [asyncio.create_task(background(lock, "b1", log)), asyncio.create_task(_job(lock, "n1", log)),
-                 asyncio.create_task(background(lock, "b2", log)), asyncio.create_task(_job(lock, "u1", log, True))]
-        await asyncio.gather(running, *tasks)
-        return log
-
-    assert asyncio.run(go()) == ["running", "u1", "n1", "b1", "b2"]
-
-
 def test_a_cancelled_waiter_never_holds_or_leaks_the_lock():
     async def go() -> list[str]:
         lock, log = PriorityLock(), []

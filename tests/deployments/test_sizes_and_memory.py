@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import time
 
 import httpx
 import numpy as np
@@ -36,15 +35,9 @@ def test_buckets_are_announced_warmed_up_and_used(strict_server, strict_connect,
                      timeout=10).json()["data"][0]
     assert card["size_buckets"] == [[32, 48], [48, 32]] and card["default_resolution"] == [32, 48]
     for deployment in ("DiTDeployment", "VaeDeployment"):
-        # the first size warmed in the constructor, the second right after ready (model.warmup_after_ready)
-        deadline = time.monotonic() + 120
-        while any(s.get("warmup_after_ready", {}).get("done") is not True for s in stats_of("strict", deployment)):
-            assert time.monotonic() < deadline, stats_of("strict", deployment)
-            time.sleep(0.5)
         for stats in stats_of("strict", deployment):
-            # the warm-up left no session and no cache bytes behind
+            # warmed in the constructor; the warm-up left no session and no cache bytes behind
             assert stats["warmed_sizes"] == [[32, 48], [48, 32]] and stats["warmup_s"] > 0, stats
-            assert [e["size"] for e in stats["ready"]["warmup_per_size"]] == [[32, 48]]
             assert stats["peak_memory_bytes"] > 0
     (dit,) = stats_of("strict", "DiTDeployment")
     assert dit["budget_bytes"] == int(STRICT_BUDGET_MIB * MIB) and dit["random_weights"] is False
