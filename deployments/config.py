@@ -74,6 +74,10 @@ class ModelArgs(_Strict):
     # Compile, autotune and run every size (the buckets, else default_size for a 16:9 image)
     # once in each replica's constructor, before Serve routes traffic to it.
     warmup: bool = True
+    # Which sizes the warm-up runs: `all`, or the `first` only (a replica ready sooner: on the
+    # H100 a VAE size is 11-15 s of a warm start; a session of another size then compiles it on
+    # its first calls, once per replica, and the calls queued behind them wait).
+    warmup_sizes: Literal["all", "first"] = "all"
     # A directory where each replica keeps what torch.compile builds (inductor's and Triton's
     # caches, and torch's mega-cache file per deployment: model/compile_cache.py): the first start
     # fills it, later starts and replicas added by the autoscaler load it instead of compiling
@@ -119,6 +123,13 @@ class ModelArgs(_Strict):
     def bucket_sizes(self) -> list[tuple[int, int]]:
         """`size_buckets` as (H, W) pairs."""
         return [tuple(int(x) for x in s.split("*")) for s in self.size_buckets]  # type: ignore[misc]
+
+    def warmed_sizes(self) -> list[tuple[int, int]]:
+        """The sizes a replica warms up before it is ready (none without `warmup`)."""
+        if not self.warmup:
+            return []
+        sizes = self.serving_sizes()
+        return sizes[:1] if self.warmup_sizes == "first" else sizes
 
     def serving_sizes(self) -> list[tuple[int, int]]:
         """The output sizes replicas warm up: the buckets, else default_size for a 16:9 image

@@ -110,8 +110,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         self._max_attention_tokens = sessions.max_attention_tokens
         report = WarmupReport()
         if model.warmup:
-            sizes = model.serving_sizes()
-            allow_recompiles(len(sizes))
+            sizes = model.warmed_sizes()
+            allow_recompiles(len(model.serving_sizes()))  # a compiled graph for each, warmed or not
             report = await self.compute_thread.run(warm_up_dit, self._engine, sizes)
         self._clock.mark("warmup")
         if model.warmup:

@@ -86,8 +86,8 @@ class VaeDeployment(SessionHost[VaeSlot]):
         clock.mark("load")
         report = WarmupReport()
         if model.warmup:  # compile, cuDNN autotuning and x264 at every serving size, before traffic
-            sizes = model.serving_sizes()
-            allow_recompiles(len(sizes))
+            sizes = model.warmed_sizes()
+            allow_recompiles(len(model.serving_sizes()))  # a compiled graph for each, warmed or not
             report = await self.compute_thread.run(warm_up_vae, self._engine, sizes,
                                              consumer=lambda hw: Fmp4Muxer(hw[1], hw[0], FPS).add_chunk)
         clock.mark("warmup")

@@ -114,3 +114,25 @@ def test_each_replica_reports_its_ready_split(threads, tmp_path, monkeypatch):
             assert entry["size"] == [32, 48] and 0 < entry["seconds"] <= ready["warmup_s"] + 1e-3, (name, ready)
             assert ready["compile_cache"]["dir"] == str(tmp_path / "cc") and not ready["compile_cache"]["errors"]
     assert sorted(p.name for p in (tmp_path / "cc").iterdir()) == ["inductor", "mega", "triton"]
+
+
+def test_warmup_sizes_first_warms_the_first_size_only_and_serves_the_others(threads):
+    """`model.warmup_sizes: first`: the constructor warms the first serving size (sooner ready);
+    a session of another size is served (it compiles that size on its first calls)."""
+    two = ModelArgs(preset="tiny", device="cpu", warmup=True, warmup_sizes="first", size_buckets=["32*48", "48*32"],
+                    default_size="32*48")
+
+    async def go():
+        vae = _instance(vae_module.VaeDeployment)
+        await vae.__init__(two, SessionArgs(), 4)
+        warmed = (await vae.stats())["warmed_sizes"]
+        await vae.open("s", np.full((60, 40, 3), 100, np.uint8), 48, 32)
+        await vae.condition("s")
+        out = await vae.decode("s", np.zeros((16, 3, 6, 4), np.float32))
+        await vae.close("s")
+        return warmed, out
+
+    warmed, out = asyncio.run(go())
+    assert warmed == [[32, 48]] and out["num_frames"] == 9 and out["video"]
+    assert two.model_copy(update={"warmup_sizes": "all"}).warmed_sizes() == [(32, 48), (48, 32)]
+    assert two.model_copy(update={"warmup": False}).warmed_sizes() == []

@@ -297,7 +297,8 @@ def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_on
     fp8 = load("benchmarks/serve_config.h200.window_fp8.yaml")
     assert fp8.model.fp8 and fp8.model.fp8_attention and not gpu.model.fp8_attention
     assert fp8.model.compile_cache_dir and gpu.model.compile_cache_dir is None
-    own = {"fp8", "fp8_attention"}
+    own = {"fp8", "fp8_attention", "warmup_sizes"}  # warmup_sizes: the first bucket before ready
+    assert fp8.model.warmup_sizes == "first" and gpu.model.warmup_sizes == "all"
     assert fp8.model.model_dump(exclude=differ | own) == gpu.model.model_dump(exclude=differ | own)
     assert fp8.sessions.max_sessions >= 5 > window.sessions.max_sessions
     assert fp8.sessions.model_dump(exclude={"max_sessions"}) == window.sessions.model_dump(exclude={"max_sessions"})
