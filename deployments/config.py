@@ -339,11 +339,11 @@ class PrefixCacheArgs(_Strict):
     # Bytes of stored chunks (video, latents, y, camera, noise state) per ingress replica, least
     # recently used evicted first; 0 turns the store off.
     max_mib: float = Field(0.0, ge=0)
-    # Snapshots of sessions' replica state (deployments/replicas/snapshots.py): after each chunk
-    # every DiT and every VAE replica keeps a device copy of the session (KV caches, noise and
-    # camera; VAE causal caches and muxer counters) in the spare bytes of its session budget, at
-    # most this many MiB each, least recently used evicted first, and always evicted before a
-    # session is refused. A fork below a session's head, a rewind, and a session leaving the
+    # Snapshots of sessions' replica state (deployments/replicas/snapshots.py): before each chunk
+    # every DiT and every VAE replica keeps a device copy of the session as it is (KV caches,
+    # noise and camera; VAE causal caches and muxer counters), and a closed session's final
+    # state, in the spare bytes of its session budget, at most this many MiB each, least
+    # recently used evicted first, and always evicted before a session is refused. A fork below a session's head, a rewind, and a session leaving the
     # prefix store then copy one (one device copy) instead of replaying the journal (one
     # cache-update call and one decode per chunk). 0: none kept. Independent of `max_mib`.
     snapshot_mib: float = Field(0.0, ge=0)

@@ -17,10 +17,10 @@ cache-update call per past chunk), so that it continues bit for bit where it sto
 holds (a fork at its head: no chunk replayed), or of a snapshot it keeps; `SessionLost` /
 `NoSnapshot` when the source is not here, `Unsupported` when the engine cannot clone (the
 ingress then replays the journal).
-Snapshots (`snapshot_mib` > 0, replicas/snapshots.py): after each chunk (its cache update
-done) a device copy of the session is kept as `<key>#<chunks>` while the budget's spare bytes
-allow; `clone` copies one into a new session (a fork below the head, a rewind, a session
-leaving the prefix store).
+Snapshots (`snapshot_mib` > 0, replicas/snapshots.py): before each chunk a device copy of the
+session as it is is kept as `<key>#<chunks>` while the budget's spare bytes allow, and a closed
+session's final state is kept (moved, not copied); `clone` copies one into a new session (a
+fork below the head, a rewind, a session leaving the prefix store).
 """
 from __future__ import annotations
 
@@ -361,8 +361,10 @@ class DiTDeployment(SessionHost[DiTSlot]):
               poses: np.ndarray, intrinsics: np.ndarray, context: Optional[np.ndarray] = None) -> StepResult:
         """The chunk's latents are published after its 4 denoising calls (they go to decoding
         at once); its cache-update call runs after, before this replica's next job (where the
-        engine can defer it: the sequence-parallel replica steps all at once), then its
-        snapshot is taken (when snapshots are on)."""
+        engine can defer it: the sequence-parallel replica steps all at once). Before it, with
+        snapshots on, the state after the chunks so far is copied (copy before write)."""
+        if self.snapshots.enabled:  # copy before write: the state after the chunks so far
+            self._snapshot(routing_key, slot.chunks, self._held_bytes(slot), lambda: self._copy(slot))
         if context is not None:
             self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
         defer = self._engine.capabilities.deferred_update
@@ -384,8 +386,10 @@ class DiTDeployment(SessionHost[DiTSlot]):
         publish(reply)
         if defer:
             slot.update_s = self._engine.finish_chunk(slot.session)
-        if self.snapshots.enabled:
-            held = self._engine.footprint(slot.height, slot.width, slot.kv_frames,
-                                          slot.session.spec.total_latent_frames).held
-            self._snapshot(routing_key, slot.chunks, held, lambda: self._copy(slot))
         return reply
+
+    def _held_bytes(self, slot: DiTSlot) -> int:
+        return self._engine.footprint(slot.height, slot.width, slot.kv_frames, slot.session.spec.total_latent_frames).held
+
+    def _final_snapshots(self, slot: DiTSlot) -> list:
+        return [(slot.chunks, "", slot, self._held_bytes(slot))]

@@ -198,12 +198,13 @@ class SessionHost(Generic[S]):
         return self._table.snapshots
 
     def _snapshot(self, routing_key: str, chunks: int, nbytes: int, copy: Callable[[], Any], part: str = "") -> bool:
-        """(In the model thread, after a session's chunk.) Keep `copy()` as the session's state
-        after `chunks` chunks when the shelf and the budget's spare bytes have room for `nbytes`
+        """(In the model thread, before a session's call changes its state.) Keep `copy()` as the
+        session's state after `chunks` chunks, unless it is kept already or `chunks` is 0 (an
+        open is as good), when the shelf and the budget's spare bytes have room for `nbytes`
         (older snapshots evicted for it; booked on the event loop before anything is copied).
         False when it was not taken."""
         shelf = self.snapshots
-        if not shelf.fits(nbytes):
+        if chunks <= 0 or not shelf.fits(nbytes):
             return False
         booked = asyncio.run_coroutine_threadsafe(self._book_snapshot(routing_key, chunks, nbytes, part), self._loop)
         if not booked.result():
@@ -221,9 +222,29 @@ class SessionHost(Generic[S]):
         return True
 
     async def _book_snapshot(self, routing_key: str, chunks: int, nbytes: int, part: str) -> bool:
-        if routing_key not in self._table or not self._table.room_for_snapshot(nbytes):
+        if (routing_key not in self._table or self.snapshots.has(routing_key, chunks, part)
+                or not self._table.room_for_snapshot(nbytes)):
             return False
         return self.snapshots.book(routing_key, chunks, nbytes, part)
+
+    def _final_snapshots(self, state: S) -> list[tuple[int, str, Any, int]]:
+        """What a closed session leaves as snapshots: (chunks, part, value, nbytes) each, its
+        state itself, not a copy (subclasses; none by default)."""
+        return []
+
+    def _keep_closed(self, routing_key: str, state: S, nbytes: int) -> bool:
+        """(Event loop, under the compute lock.) A closed session's final state moved to the
+        shelf (its bytes stop counting as the session's first); False: release it as usual."""
+        if not self.snapshots.enabled:
+            return False
+        parts = [p for p in self._final_snapshots(state) if p[0] > 0]
+        if not parts:
+            return False
+        self._table.released(nbytes)
+        for chunks, part, value, size in parts:
+            if not self.snapshots.has(routing_key, chunks, part) and self._table.room_for_snapshot(size):
+                self.snapshots.put(routing_key, chunks, value, size, part)
+        return True  # what did not fit is dropped with its last reference
 
     async def _shelved(self, routing_key: str, chunks: int, part: str = "") -> Any:
         """The snapshot of `routing_key` after `chunks` chunks, once the job running now (which
@@ -246,11 +267,15 @@ class SessionHost(Generic[S]):
         retired = self._table.retire(routing_key)
         if retired is not None:
             state, nbytes = retired
+            kept = False
             try:
                 async with self._lock.urgent():  # ahead of other sessions' queued chunks
-                    await self._run(self._release, state)
+                    kept = self._keep_closed(routing_key, state, nbytes)  # its final state, as a snapshot
+                    if not kept:
+                        await self._run(self._release, state)
             finally:
-                self._table.released(nbytes)
+                if not kept:
+                    self._table.released(nbytes)
             self._log.info("session closed", fields={"session": routing_key})
         self._publish()
         return retired is not None

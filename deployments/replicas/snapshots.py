@@ -1,8 +1,11 @@
 """SnapshotShelf: copies of sessions' state after their chunks, kept by one replica (issue 33).
 
-A stateful replica (DiT, VAE) with a snapshot budget (`prefix_cache.snapshot_mib`) keeps, after
-each chunk a session finishes, a device copy of its state under the id `<routing key>#<k>` (k:
-the chunks done). A fork below a session's head, a rewind and a session leaving the prefix
+A stateful replica (DiT, VAE) with a snapshot budget (`prefix_cache.snapshot_mib`) keeps copies
+of its sessions' state under the id `<routing key>#<k>` (k: the chunks done): copy before
+write (a session's state after k chunks is copied on the device when its chunk k + 1 starts,
+so a snapshot never duplicates a live session's current state, and a shelf with room for one
+holds its state before the newest chunk: an undo), and a session's final state kept when it is
+closed (no copy: its memory moves to the shelf). A fork below a session's head, a rewind and a session leaving the prefix
 store then start from a copy of one (`clone` from a snapshot id) instead of replaying the
 journal's k chunks. A snapshot outlives its session (the prefix store refers to it). Snapshots are a cache: bounded by bytes, least recently used evicted
 first, and they give way to sessions (the replica's `SessionTable` reclaims their bytes before
@@ -102,6 +105,10 @@ class SnapshotShelf(Generic[T]):
     def put(self, key: str, chunks: int, value: T, nbytes: int, part: str = "") -> bool:
         """`book` and `fill` at once."""
         return self.book(key, chunks, nbytes, part) and self.fill(key, chunks, value, part)
+
+    def has(self, key: str, chunks: int, part: str = "") -> bool:
+        """Whether that snapshot is kept or booked (not marked used)."""
+        return (key, chunks, part) in self._items
 
     def get(self, key: str, chunks: int, part: str = "") -> Optional[T]:
         """The state of `key` after `chunks` chunks (marked used), or None when not kept."""

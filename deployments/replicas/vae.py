@@ -11,11 +11,11 @@ of the uninterrupted session and its next fragment is byte-identical. `clone` ad
 as a device copy of a live session held here (a fork at its head): its image, both causal
 caches and its muxer's counters; or of a snapshot kept here.
 
-Snapshots (`snapshot_mib` > 0, replicas/snapshots.py): the encoder's cache after each condition
-and the decoder's (with the image and the muxer's counters) after each decode are kept apart,
-as `<key>#<k>` parts "enc" and "dec" (a session may condition chunk k + 1 before it decodes
-chunk k); the state after k chunks is the two parts of k, which `clone` copies into a new
-session.
+Snapshots (`snapshot_mib` > 0, replicas/snapshots.py): the encoder's cache before each
+condition and the decoder's (with the image and the muxer's counters) before each decode are
+copied and kept apart, as `<key>#<k>` parts "enc" and "dec" (a session may condition chunk
+k + 1 before it decodes chunk k), and a closed session's are kept as they are; the state after
+k chunks is the two parts of k, which `clone` copies into a new session.
 
 Admission counts bytes, like the DiT's: a session's footprint at its output size (its encoder
 and decoder caches and image held between chunks, plus one call's activations as a
@@ -176,6 +176,12 @@ class VaeDeployment(SessionHost[VaeSlot]):
         enc = await self._shelved(routing_key, chunks, "enc")
         return enc, await self._shelved(routing_key, chunks, "dec")
 
+    def _final_snapshots(self, slot: VaeSlot) -> list:
+        session = slot.session
+        return [(session.encoded_chunks, "enc", session.enc_cache, session.enc_cache.nbytes),
+                (session.decoded_chunks, "dec", DecoderSnapshot(session.image, session.dec_cache, slot.muxer),
+                 session.image.nbytes + session.dec_cache.nbytes)]
+
     @staticmethod
     def _from_snapshot(chunks: int, enc: VaeCache, dec: DecoderSnapshot) -> VaeSlot:
         """(Model thread.) A new slot from a snapshot's two parts, copied on the device."""
@@ -210,13 +216,17 @@ class VaeDeployment(SessionHost[VaeSlot]):
         return await self._compute_on(routing_key, self._decode, latents, routing_key)
 
     def _condition(self, slot: VaeSlot, routing_key: str = "") -> np.ndarray:
-        y = self._engine.condition(slot.session).numpy()  # CPU float32
-        if self.snapshots.enabled:
+        if self.snapshots.enabled:  # copy before write: the encoder after the conditions so far
             cache = slot.session.enc_cache
             self._snapshot(routing_key, slot.session.encoded_chunks, cache.nbytes, cache.clone, "enc")
-        return y
+        return self._engine.condition(slot.session).numpy()  # CPU float32
 
     def _decode(self, slot: VaeSlot, latents: np.ndarray, routing_key: str = "") -> dict[str, Any]:
+        if self.snapshots.enabled:  # copy before write: the decoder after the decodes so far
+            session, muxer = slot.session, slot.muxer
+            self._snapshot(routing_key, session.decoded_chunks, session.image.nbytes + session.dec_cache.nbytes,
+                           lambda: DecoderSnapshot(session.image, session.dec_cache.clone(),
+                                                   None if muxer is None else muxer.clone()), "dec")
         t0 = time.perf_counter()
         frames = self._engine.decode(slot.session, torch.tensor(latents))  # (a copy) -> uint8 [T, h, w, 3]
         t1 = time.perf_counter()
@@ -224,11 +234,6 @@ class VaeDeployment(SessionHost[VaeSlot]):
             video, mime_type = np.ascontiguousarray(frames).tobytes(), None
         else:  # init segment + moof/mdat first, then moof/mdat
             video, mime_type = slot.muxer.add_chunk(frames), slot.muxer.mime_type
-        if self.snapshots.enabled:
-            session, muxer = slot.session, slot.muxer
-            self._snapshot(routing_key, session.decoded_chunks, session.image.nbytes + session.dec_cache.nbytes,
-                           lambda: DecoderSnapshot(session.image, session.dec_cache.clone(),
-                                                   None if muxer is None else muxer.clone()), "dec")
         return {
             "video": video,
             "num_frames": int(frames.shape[0]),

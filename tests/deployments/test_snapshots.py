@@ -1,7 +1,8 @@
 """Snapshots of sessions on the replicas (deployments/replicas/snapshots.py, issue 33): the shelf's
 budget and LRU, snapshots giving way to sessions in the session table, and the DiT and VAE
-replicas (tiny model, CPU, no Ray) keeping a copy after each chunk that `clone` makes into a new
-session continuing bit for bit like one that never stopped, also after its source closed."""
+replicas (tiny model, CPU, no Ray) keeping a copy of a session before each chunk changes it and
+its final state when it closes, which `clone` makes into a new session continuing bit for bit
+like one that never stopped."""
 from __future__ import annotations
 
 import asyncio
@@ -121,29 +122,30 @@ def test_a_dit_clone_of_a_snapshot_continues_like_a_session_that_took_that_path(
         await dit.open("a", _options("a"), context)
         for k in range(3):
             await dit.step("a", *_chunk(k))
-        async with dit._lock:  # a step answers before its cache update and snapshot: wait for them
-            pass
         stats = await dit.stats()
-        assert stats["snapshots"]["held"] == 3 and stats["snapshots"]["bytes"] > 0
-        assert sorted(dit.record_routing_stats()["snapshots"]) == ["a#1", "a#2", "a#3"]
+        # copied before chunks 1 and 2 (the state before chunk 0 is an open's; the current one is live)
+        assert stats["snapshots"]["held"] == 2 and stats["snapshots"]["bytes"] > 0
+        assert sorted(dit.record_routing_stats()["snapshots"]) == ["a#1", "a#2"]
         await dit.clone("a#1", "b", _options("b"))  # the state after chunk 0
-        await dit.close("a")  # a snapshot outlives its session
+        await dit.close("a")  # its final state is kept; the snapshots outlive it
+        assert sorted(dit.record_routing_stats()["snapshots"]) == ["a#1", "a#2", "a#3"]
         await dit.clone("a#2", "c", _options("c"))
-        forked = [(await dit.step("b", *_chunk(OTHER))).latents, (await dit.step("c", *_chunk(OTHER))).latents]
-        await dit.open("r", _options("r"), context)
-        ref = [(await dit.step("r", *_chunk(k))).latents for k in (0, OTHER)]
-        await dit.close("r")
-        await dit.open("r2", _options("r2"), context)
-        ref2 = [(await dit.step("r2", *_chunk(k))).latents for k in (0, 1, OTHER)]
+        await dit.clone("a#3", "d", _options("d"))
+        forked = [(await dit.step(sid, *_chunk(OTHER))).latents for sid in ("b", "c", "d")]
+        refs = []
+        for n in (1, 2, 3):
+            await dit.open(f"r{n}", _options(f"r{n}"), context)
+            refs.append([(await dit.step(f"r{n}", *_chunk(k))).latents for k in [*range(n), OTHER]][-1])
+            await dit.close(f"r{n}")
         with pytest.raises(NoSnapshot):
             await dit.clone("a#9", "d", _options("d"))
         with pytest.raises(NoSnapshot):
             await dit.clone("nobody#1", "d", _options("d"))
-        return forked, ref, ref2
+        return forked, refs
 
-    forked, ref, ref2 = asyncio.run(go())
-    np.testing.assert_array_equal(forked[0], ref[1])
-    np.testing.assert_array_equal(forked[1], ref2[2])
+    forked, refs = asyncio.run(go())
+    for copy, ref in zip(forked, refs):
+        np.testing.assert_array_equal(copy, ref)
     assert not np.array_equal(forked[0], forked[1])
 
 
@@ -152,20 +154,17 @@ def test_a_dit_keeps_only_what_its_snapshot_budget_holds(replica_context):
         dit = _new(dit_module.DiTDeployment)
         await dit.__init__(MODEL, SessionArgs(), snapshot_mib=64)
         context = np.zeros((6, dit._engine.cfg.text_dim), np.float32)
-        await dit.open("a", _options("a", total_latent_frames=9), context)  # its caches do not grow
-        await dit.step("a", *_chunk(0))
-        async with dit._lock:
-            pass
-        one = dit.snapshots.nbytes
-        dit.snapshots.max_bytes = one  # room for one: each chunk's evicts the one before
-        for k in (1, 2):
+        await dit.open("a", _options("a", total_latent_frames=12), context)  # its caches do not grow
+        for k in (0, 1):
             await dit.step("a", *_chunk(k))
-        async with dit._lock:
-            pass
+        one = dit.snapshots.nbytes
+        dit.snapshots.max_bytes = one  # room for one: each chunk's copy evicts the one before
+        for k in (2, 3):
+            await dit.step("a", *_chunk(k))
         return dit.record_routing_stats()["snapshots"], dit.snapshots.evictions
 
     held, evicted = asyncio.run(go())
-    assert held == ["a#3"] and evicted == 2
+    assert held == ["a#3"] and evicted == 2  # the state before the newest chunk: an undo
 
 
 def test_without_a_budget_a_dit_keeps_no_snapshot(replica_context):
@@ -174,7 +173,9 @@ def test_without_a_budget_a_dit_keeps_no_snapshot(replica_context):
         await dit.__init__(MODEL, SessionArgs())
         context = np.zeros((6, dit._engine.cfg.text_dim), np.float32)
         await dit.open("a", _options("a"), context)
-        await dit.step("a", *_chunk(0))
+        for k in (0, 1):
+            await dit.step("a", *_chunk(k))
+        await dit.close("a")
         with pytest.raises(NoSnapshot):
             await dit.clone("a#1", "b", _options("b"))
         return (await dit.stats())["snapshots"]
@@ -199,14 +200,15 @@ def test_a_vae_clone_of_a_snapshot_decodes_and_muxes_like_the_session_that_took_
             await vae.decode("a", latents[k])
         await vae.clone("a#1", "b")
         await vae.close("a")
+        await vae.clone("a#3", "c")  # its final state, kept on close (conditioned 4 times, decoded 3)
+        with pytest.raises(NoSnapshot):
+            await vae.clone("a#4", "d")  # no decoder part after 4 decodes
         forked = [await vae.condition("b"), (await vae.decode("b", latents[OTHER]))["video"]]
         await vae.open("r", image, 32, 48)
         ref = []
         for k in (0, OTHER):
             y = await vae.condition("r")
             ref.append((y, (await vae.decode("r", latents[k]))["video"]))
-        with pytest.raises(NoSnapshot):
-            await vae.clone("a#4", "c")  # conditioned 4 times, decoded 3: no state after 4 chunks
         return forked, ref
 
     forked, ref = asyncio.run(go())
