@@ -221,3 +221,50 @@ def test_a_rewind_without_snapshots_replays_and_to_chunk_0_never_copies():
     assert _forked_log(logged, "session rewound")["path"] == "replay"
     reply, calls, a, _ = _fork(_source(), 0, args=SNAPSHOTS, rewind=True)  # nothing to copy: an open
     assert isinstance(reply, Rewound) and "clone" not in [c[1] for c in calls]
+
+
+def _leave_store(dit: dict = {}, vae: dict = {}, snapshots: bool = True):
+    """A session the prefix store served 2 chunks (no replica holds it) computes its next: how it
+    is materialised, with the DiT / VAE answering `dit` / `vae`; (calls, stream, log, counted)."""
+    from deployments.ingress.prefix.reuse import PrefixReuse  # noqa: PLC0415
+
+    calls: list = []
+    logged: list = []
+    counted: list = []
+
+    async def go():
+        b = SimpleNamespace(dit=FakeDeployment(calls, "dit", dit), vae=FakeDeployment(calls, "vae", vae))
+        log = SimpleNamespace(info=lambda msg, fields=None: logged.append((msg, fields)),
+                              warning=lambda msg, fields=None: logged.append((msg, fields)))
+        metrics = SimpleNamespace(count_materialised=counted.append)
+        reuse = PrefixReuse(None, "fp", "global", b, Lane("dit"), Lane("vae"), SNAPSHOTS, SimpleNamespace(fps=16), log,
+                            metrics)
+        stream = _source()
+        stream.materialised = False
+        if snapshots:
+            stream.inherited_snapshots = {1: ("S~1#1", "V~1#1"), 2: ("S~1#2", "V~1#2")}  # the stored chunks'
+        reuse.computing(stream, None, open_new=lambda s: calls.append(("open_new",)))
+        await asyncio.gather(stream.vae_open, stream.dit_open)
+        await asyncio.sleep(0)  # the "leaves the prefix store" callback
+        return stream
+
+    stream = asyncio.run(go())
+    return calls, stream, logged, counted
+
+
+def test_a_session_leaving_the_store_copies_the_snapshot_its_last_stored_chunk_names():
+    calls, stream, logged, counted = _leave_store()
+    assert sorted(calls) == [("dit", "clone", "S~1#2", ("S~1#2", stream.dit_key)),
+                             ("vae", "clone", "V~1#2", ("V~1#2", stream.vae_key))]
+    assert _forked_log(logged, "session leaves the prefix store")["path"] == "snapshot" and counted == ["snapshot"]
+
+
+@pytest.mark.parametrize("snapshots", [True, False])
+def test_a_session_leaving_the_store_replays_without_a_snapshot(snapshots):
+    """None kept any more (evicted: NoSnapshot), or none named: the journal's replay."""
+    error = NoSnapshot("evicted")
+    calls, stream, logged, counted = _leave_store(dit={"clone": error}, vae={"clone": error}, snapshots=snapshots)
+    for lane, replay in (("dit", ["reserve", "restore"]), ("vae", ["restore"])):
+        assert [c[1] for c in calls if c[0] == lane and c[1] != "clone"] == replay
+    assert ("clone" in [c[1] for c in calls]) is snapshots
+    assert counted == ["replay"] and _forked_log(logged, "session leaves the prefix store")["vae_path"] == "replay"
