@@ -198,7 +198,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         snapshot = parse_snapshot_id(source_key)
         if snapshot is not None:
             src = await self._shelved(*snapshot)
-            await self._clone_slot(src, source_key, routing_key, options)
+            with self.snapshots.holding(*snapshot):  # not evicted for the copy's own admission
+                await self._clone_slot(src, source_key, routing_key, options)
             return self._replica
         with self._table.hold(source_key):  # SessionLost when not held; it cannot expire meanwhile
             await self._clone_slot(self._table.get(source_key), source_key, routing_key, options)

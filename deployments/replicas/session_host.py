@@ -313,8 +313,8 @@ class SessionHost(Generic[S]):
         stats = self.record_routing_stats()
         del stats["keys"]
         shelf = self.snapshots
-        snapshots = {"held": len(shelf.ids()), "parts": len(shelf), "bytes": shelf.nbytes, "max_bytes": shelf.max_bytes, "taken": shelf.taken,
-                     "evicted": shelf.evictions}
+        snapshots = {"held": len(shelf.ids()), "parts": len(shelf), "bytes": shelf.nbytes,
+                     "max_bytes": shelf.max_bytes, "taken": shelf.taken, "evicted": shelf.evictions}
         return {**stats, "cache_bytes": self._table.bytes_in_use, "reserved_bytes": self._table.reserved_bytes,
                 "snapshots": snapshots,
                 "budget_bytes": self._table.budget_bytes, "rss_bytes": resident_bytes(), "expired": self._expired_total,

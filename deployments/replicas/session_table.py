@@ -129,8 +129,8 @@ class SessionTable(Generic[S]):
             retry = self.retry_hint()
             raise Busy(f"all {self.max_sessions} session slots of this replica are taken; retry in {retry:g} s",
                        retry)
-        if self.budget_bytes is not None and (
-            self.bytes_in_use + nbytes + max(self.working_bytes, working) > self.budget_bytes
+        if self.budget_bytes is not None and (  # snapshots being copied from count: the copy needs room beside
+            self.bytes_in_use + self.snapshots.held_bytes + nbytes + max(self.working_bytes, working) > self.budget_bytes
         ):
             retry = self.retry_hint()
             raise Busy(
@@ -207,7 +207,7 @@ class SessionTable(Generic[S]):
         """Change a held session's reservation; False (unchanged) when it would exceed the budget."""
         entry = self._entries[key]
         if self.budget_bytes is not None and (
-            self.bytes_in_use - entry.nbytes + nbytes + self.working_bytes > self.budget_bytes
+            self.bytes_in_use + self.snapshots.held_bytes - entry.nbytes + nbytes + self.working_bytes > self.budget_bytes
         ):
             return False
         self._make_room(nbytes - entry.nbytes + self.working_bytes)

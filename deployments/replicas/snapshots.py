@@ -16,6 +16,8 @@ one that is evicted meanwhile keeps it alive until the copy is done).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, Optional, TypeVar
 
@@ -44,6 +46,7 @@ Item = tuple[str, int, str]  # (routing key, chunks, part): a VAE keeps its enco
 class _Shelved(Generic[T]):
     value: Optional[T]  # None: booked, its copy on its way (`book`, then `fill`)
     nbytes: int
+    holds: int = 0  # copies being made from it (`holding`): not evicted meanwhile
 
 
 class SnapshotShelf(Generic[T]):
@@ -83,8 +86,11 @@ class SnapshotShelf(Generic[T]):
         self._pop((key, chunks, part))
         self._items[(key, chunks, part)] = _Shelved(None, nbytes)
         self.nbytes += nbytes
-        while self.nbytes > self.max_bytes:
-            self._evict_oldest()
+        while self.nbytes > self.max_bytes and self._evict_oldest(keep=(key, chunks, part)):
+            pass
+        if self.nbytes > self.max_bytes:  # the rest is being copied from: no room after all
+            self._pop((key, chunks, part))
+            return False
         return True
 
     def fill(self, key: str, chunks: int, value: T, part: str = "") -> bool:
@@ -105,6 +111,24 @@ class SnapshotShelf(Generic[T]):
     def put(self, key: str, chunks: int, value: T, nbytes: int, part: str = "") -> bool:
         """`book` and `fill` at once."""
         return self.book(key, chunks, nbytes, part) and self.fill(key, chunks, value, part)
+
+    @contextmanager
+    def holding(self, key: str, chunks: int, part: str = "") -> Iterator[None]:
+        """While a copy is made from that snapshot: it is not evicted, and its bytes count as
+        in use (`held_bytes`: admission counts them, the copy needs its own room beside it)."""
+        item = self._items.get((key, chunks, part))
+        if item is not None:
+            item.holds += 1
+        try:
+            yield
+        finally:
+            if item is not None:
+                item.holds -= 1
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the snapshots being copied from (never evicted meanwhile)."""
+        return sum(item.nbytes for item in self._items.values() if item.holds)
 
     def has(self, key: str, chunks: int, part: str = "") -> bool:
         """Whether that snapshot is kept or booked (not marked used)."""
@@ -127,16 +151,24 @@ class SnapshotShelf(Generic[T]):
         return len(later)
 
     def reclaim(self, nbytes: int) -> int:
-        """Evict the oldest snapshots until `nbytes` are freed or none is left; the bytes freed."""
+        """Evict the oldest snapshots until `nbytes` are freed or none is left that may go (one
+        being copied from stays); the bytes freed."""
         freed = 0
-        while freed < nbytes and self._items:
-            freed += self._evict_oldest()
+        while freed < nbytes:
+            evicted = self._evict_oldest()
+            if not evicted:
+                break
+            freed += evicted
         return freed
 
-    def _evict_oldest(self) -> int:
-        ik = next(iter(self._items))
-        self.evictions += 1
-        return self._pop(ik)
+    def _evict_oldest(self, keep: Optional[Item] = None) -> int:
+        """Evict the least recently used snapshot not being copied from (nor `keep`); its bytes
+        (0: none may go)."""
+        for ik, item in self._items.items():
+            if not item.holds and ik != keep:
+                self.evictions += 1
+                return self._pop(ik)
+        return 0
 
     def _pop(self, ik: Item) -> int:
         item = self._items.pop(ik, None)

@@ -153,8 +153,9 @@ class VaeDeployment(SessionHost[VaeSlot]):
         if snapshot is not None:
             enc, dec = await self._snapshot_parts(*snapshot)
             started = time.perf_counter()
-            await self._admit(routing_key, dec.image.shape[1], dec.image.shape[2],
-                              lambda: self._from_snapshot(snapshot[1], enc, dec))
+            with self.snapshots.holding(*snapshot, "enc"), self.snapshots.holding(*snapshot, "dec"):
+                await self._admit(routing_key, dec.image.shape[1], dec.image.shape[2],
+                                  lambda: self._from_snapshot(snapshot[1], enc, dec))
             self._record_call(routing_key, self._from_snapshot, 0.0, time.perf_counter() - started)
             self._log.info("session cloned", fields={"session": routing_key, "from": source_key})
             return self._replica

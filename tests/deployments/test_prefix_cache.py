@@ -21,6 +21,16 @@ KEY, OTHER_KEY = "key-prefix", "key-prefix-2"  # conftest's API keys
 OTHER = 2  # chunk 1 "takes another path": the poses of chunk 2 instead of its own
 
 
+def chunk_sender(traj):
+    """`await chunk(c, sid, k, p, **options)`: chunk k of `sid` with the cameras of chunk p, its frame."""
+    async def chunk(c, sid: str, k: int, p: int, **options) -> FrameReply:
+        await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
+        reply = await c.recv()
+        assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
+        return reply
+    return chunk
+
+
 def headers(key: str = KEY) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
@@ -131,11 +141,7 @@ def test_forks_and_rewinds_below_the_head_copy_the_replicas_snapshots(run, stats
         return tuple(sum(s["calls"].get(name, 0) for s in stats_of("prefix", deployment))
                      for deployment, name in (("DiTDeployment", "clone"), ("VaeDeployment", "from_snapshot")))
 
-    async def chunk(c, sid: str, k: int, p: int, **options) -> FrameReply:
-        await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
-        reply = await c.recv()
-        assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
-        return reply
+    chunk = chunk_sender(traj)
 
     async def go():
         async with run.connect_url(run.app.ws, headers()) as c:
@@ -188,11 +194,7 @@ def test_a_session_served_from_the_store_rewinds_and_forks_like_any(run):
     first = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
              "translation_scale": traj.scale, "seed": 107}
 
-    async def chunk(c, sid: str, k: int, p: int, **options) -> FrameReply:
-        await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
-        reply = await c.recv()
-        assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
-        return reply
+    chunk = chunk_sender(traj)
 
     async def go():
         async with run.connect_url(run.app.ws, headers()) as c:
@@ -308,11 +310,7 @@ def test_anonymous_clients_share_by_address_and_a_served_session_resumes(anonymo
     first = {"image": example.image, "prompt": example.prompt, "num_frames": example.num_frames,
              "translation_scale": example.scale, "seed": 109}
 
-    async def chunk(c, sid: str, k: int, p: int, **options) -> FrameReply:
-        await c.send(encode_infer(sid, *example.chunk(p), client_chunk_id=k, **options))
-        reply = await c.recv()
-        assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
-        return reply
+    chunk = chunk_sender(example)
 
     async def go():
         async with connect_url(app.ws) as c:

@@ -85,6 +85,24 @@ def test_snapshots_live_in_spare_bytes_and_give_way_to_sessions():
     assert table.reserved_bytes == 70  # snapshots never count as load
 
 
+def test_a_snapshot_being_copied_from_stays_and_counts_for_admission():
+    """A clone's admission must leave the snapshot it copies in place: held, it is never
+    evicted, and the new session must fit beside it (else busy)."""
+    table: SessionTable[str] = SessionTable(4, 100, idle_ttl_s=60.0, retry_after_s=1.0)
+    table.snapshots = SnapshotShelf(100)
+    table.snapshots.put("a", 1, "snap", 60)
+    with table.snapshots.holding("a", 1):
+        with pytest.raises(Busy):
+            table.admit("b", 50)  # 60 being copied from + 50 > 100
+        table.admit("c", 40)
+        assert table.snapshots.ids() == ["a#1"] and table.snapshots.held_bytes == 60
+        assert not table.snapshots.book("x", 1, 50)  # only a#1 could make room: no booking
+        assert table.snapshots.ids() == ["a#1"]
+    assert table.snapshots.held_bytes == 0
+    table.admit("d", 30)  # the copy is done: now it gives way
+    assert table.snapshots.ids() == [] and table.bytes_in_use == 70
+
+
 # ---- the replicas (tiny model, CPU, no Ray) ----
 
 @pytest.fixture
