@@ -118,6 +118,11 @@ class SessionMetrics:
             "lwf_session_cache_bytes",
             description="Bytes of per-session caches held (DiT: KV + cross-attention caches).",
         )
+        self.snapshot_bytes = Gauge(
+            "lwf_snapshot_bytes",
+            description="Bytes of the snapshots of sessions this replica keeps (prefix_cache.snapshot_mib), "
+            "in its session budget's spare bytes.",
+        )
 
         self.call_wait_seconds = Histogram(
             "lwf_call_wait_seconds",
@@ -133,9 +138,10 @@ class SessionMetrics:
             tag_keys=("call",),
         )
 
-    def update(self, sessions: int, cache_bytes: int) -> None:
+    def update(self, sessions: int, cache_bytes: int, snapshot_bytes: int = 0) -> None:
         self.active.set(sessions)
         self.cache_bytes.set(cache_bytes)
+        self.snapshot_bytes.set(snapshot_bytes)
 
     def observe_call(self, call: str, waited_s: float, ran_s: float) -> None:
         self.call_wait_seconds.observe(waited_s, tags={"call": call})

@@ -225,7 +225,9 @@ class SessionHost(Generic[S]):
         if (routing_key not in self._table or self.snapshots.has(routing_key, chunks, part)
                 or not self._table.room_for_snapshot(nbytes)):
             return False
-        return self.snapshots.book(routing_key, chunks, nbytes, part)
+        booked = self.snapshots.book(routing_key, chunks, nbytes, part)
+        self._publish()
+        return booked
 
     def _final_snapshots(self, state: S) -> list[tuple[int, str, Any, int]]:
         """What a closed session leaves as snapshots: (chunks, part, value, nbytes) each, its
@@ -325,7 +327,7 @@ class SessionHost(Generic[S]):
         await asyncio.to_thread(device_probe, self._device)
 
     def _publish(self) -> None:
-        self._metrics.update(len(self._table), self._table.bytes_in_use)
+        self._metrics.update(len(self._table), self._table.bytes_in_use, self.snapshots.nbytes)
 
     async def _expire_forever(self, period_s: float) -> None:
         while True:
