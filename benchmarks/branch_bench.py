@@ -14,7 +14,9 @@ the continuation the forks and the rewind send):
    time to `forked` and from the fork request to F's first frame, against A's mean DiT step
    (issue 33: within one DiT step + 0.3 s), and the path it took: `clone` (the replica holding A
    copied its live state) or `replay` (the journal's chunks replayed), per deployment, from the
-   replicas' `clone` call counts before and after (/v1/models; null when unreadable).
+   replicas' `clone` call counts before and after (/v1/models; null when unreadable). A then
+   makes its own chunk --chunks with F's cameras: `video_equal_to_parent` (a copy of live
+   state continues exactly: equal on the CPU by design, on a GPU as far as its kernels repeat).
 4. **fork_below**: A forked at chunk --chunks // 2 into G, G's next chunk (chunk --chunks - 1's
    cameras): as the fork, from a
    replica's snapshot of A after that chunk where they keep one (`prefix_cache.snapshot_mib`;
@@ -129,6 +131,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                        "target_s": step + 0.3 if step is not None else None,
                        "path": _paths(clones_before, _clone_calls(args))}
         await a.reset("bb-f")
+        await a.send(msgs_a[n])  # A's own chunk n, the same cameras as F's: the copy's chunk must equal it
+        out["fork"]["video_equal_to_parent"] = (await _frame(a, t)).video == first.video
 
         half = n // 2
         calls_before = _clone_calls(args)

@@ -62,6 +62,7 @@ def test_branch_bench_forks_and_rewinds_through_the_server(prefix_server, tmp_pa
     assert r["fork"]["at_chunk"] == 3 and 0 < r["fork"]["forked_s"] <= r["fork"]["fork_to_frame_s"]
     assert r["fork"]["frame_dit_s"] > 0
     assert r["fork"]["path"] == {"dit": "clone", "vae": "clone"}  # at the head: both copy the live session
+    assert r["fork"]["video_equal_to_parent"] is True
     assert r["fork_below"]["at_chunk"] == 1 and r["fork_below"]["path"] == {"dit": "snapshot", "vae": "snapshot"}
     assert r["rewind"]["to_chunk"] == 2 and r["rewind"]["video_equal"] is True
     assert r["rewind"]["path"] == {"dit": "snapshot", "vae": "snapshot"}
