@@ -10,20 +10,21 @@ the continuation the forks and the rewind send):
    TTFC, how many replies say `cached`, and whether each chunk's video bytes equal A's. Without
    a prefix store (or with it off) this is a second cold session. (The prompt carries a tag of
    the run: A is never served from the store by an earlier run.)
-3. **fork**: A is forked at its last chunk into F (`fork` -> `forked`), then F's next chunk:
+3. **rewind**: right after, A rewound to its last chunk, an undo (`rewind` -> `rewound`), the
+   chunk sent again: time to `rewound`, to the frame, whether its video equals the original
+   (CPU float32: equal by design; GPU bf16: reported, not asserted), and its path (`snapshot`:
+   the copy a replica made before that chunk, kept even where the spare bytes hold one; else
+   `replay`).
+4. **fork**: A is forked at its last chunk into F (`fork` -> `forked`), then F's next chunk:
    time to `forked` and from the fork request to F's first frame, against A's mean DiT step
    (issue 33: within one DiT step + 0.3 s), and the path it took: `clone` (the replica holding A
    copied its live state) or `replay` (the journal's chunks replayed), per deployment, from the
    replicas' `clone` call counts before and after (/v1/models; null when unreadable). A then
    makes its own chunk --chunks with F's cameras: `video_equal_to_parent` (a copy of live
    state continues exactly: equal on the CPU by design, on a GPU as far as its kernels repeat).
-4. **fork_below**: A forked at chunk --chunks // 2 into G, G's next chunk (chunk --chunks - 1's
-   cameras): as the fork, from a
-   replica's snapshot of A after that chunk where they keep one (`prefix_cache.snapshot_mib`;
-   path `snapshot`), else the journal's replay of --chunks // 2 chunks (`replay`).
-5. **rewind**: A rewound to its last chunk (`rewind` -> `rewound`), the chunk sent again: time to
-   `rewound`, to the frame, and whether its video equals the original (CPU float32: equal by
-   design; GPU bf16: reported, not asserted), and its path (snapshot or replay).
+5. **fork_below**: A forked at chunk --chunks // 2 into G, G's next chunk (chunk --chunks - 1's
+   cameras): as the fork, from a replica's snapshot of A after that chunk where they keep one
+   (`prefix_cache.snapshot_mib`; path `snapshot`), else the journal's replay (`replay`).
 6. **leave**: session D on a new socket sends A's first --chunks // 2 inputs (served from the
    store) and then the continuation: the time of its first computed chunk (the session is made
    on the replicas then: from the snapshot of A that the stored chunk names, else by replay).
@@ -117,6 +118,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           "video_equal": sum(x.video == y.video for x, y in zip(cold, hit))}
             await b.reset("bb-b")
 
+        calls_before = _clone_calls(args)
+        t_r = time.perf_counter()
+        await a.send(encode_rewind("bb-a", n - 1))
+        await _answer(a, Rewound, t)
+        rewound_s = time.perf_counter() - t_r
+        await a.send(msgs_a[n - 1])
+        again = await _frame(a, t)
+        out["rewind"] = {"to_chunk": n - 1, "rewound_s": rewound_s, "rewind_to_frame_s": time.perf_counter() - t_r,
+                         "video_equal": again.video == cold[n - 1].video,
+                         "path": _paths(calls_before, _clone_calls(args), "snapshot")}
+        out["snapshots"] = _snapshots(args)  # while A is held
+
         clones_before = _clone_calls(args)
         t_f = time.perf_counter()
         await a.send(encode_fork("bb-a", "bb-f", n))
@@ -148,17 +161,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                              "path": _paths(calls_before, _clone_calls(args), "snapshot")}
         await a.reset("bb-g")
 
-        calls_before = _clone_calls(args)
-        t_r = time.perf_counter()
-        await a.send(encode_rewind("bb-a", n - 1))
-        await _answer(a, Rewound, t)
-        rewound_s = time.perf_counter() - t_r
-        await a.send(msgs_a[n - 1])
-        again = await _frame(a, t)
-        out["rewind"] = {"to_chunk": n - 1, "rewound_s": rewound_s, "rewind_to_frame_s": time.perf_counter() - t_r,
-                         "video_equal": again.video == cold[n - 1].video,
-                         "path": _paths(calls_before, _clone_calls(args), "snapshot")}
-        out["snapshots"] = _snapshots(args)  # while A's are held
         await a.reset("bb-a")
 
     msgs_d = _messages(args, "bb-d", tag)
