@@ -343,9 +343,10 @@ class PrefixCacheArgs(_Strict):
     # every DiT and every VAE replica keeps a device copy of the session as it is (KV caches,
     # noise and camera; VAE causal caches and muxer counters), and a closed session's final
     # state, in the spare bytes of its session budget, at most this many MiB each, least
-    # recently used evicted first, and always evicted before a session is refused. A fork below a session's head, a rewind, and a session leaving the
-    # prefix store then copy one (one device copy) instead of replaying the journal (one
-    # cache-update call and one decode per chunk). 0: none kept. Independent of `max_mib`.
+    # recently used evicted first, and always evicted before a session is refused. A fork below
+    # a session's head, a rewind, and a session leaving the prefix store then copy one (one
+    # device copy) instead of replaying the journal (one cache-update call and one decode per
+    # chunk). 0: none kept. Independent of `max_mib`.
     snapshot_mib: float = Field(0.0, ge=0)
     # Who may reuse whose chunks: `principal` (an API key, or without auth a client address)
     # or `global` (everyone: a hit can then be timed across clients).

@@ -28,8 +28,8 @@ new session's key (the call's second argument) is pinned to that same replica, a
 A call routed by a snapshot id (`<key>#<chunks>`, deployments/replicas/snapshots.py: a clone
 from a session's snapshot) goes where the session's key is pinned, else where this router
 routed its close (the last minute), else to the replica whose last stats list the snapshot,
-else anywhere (its replica
-answers `NoSnapshot` and the ingress replays the journal instead). It never places anything.
+else anywhere (its replica answers `NoSnapshot` and the ingress replays the journal instead).
+It never places anything.
 
 Set in code (`request_router_config` in `build_app`), never in YAML: a router class named in
 YAML is imported by the dashboard outside the application's runtime_env.
@@ -71,8 +71,8 @@ class SessionAffinityRouter(RequestRouter):
         self._close_method = close_method
         self._clone_method = clone_method
         self._pins: dict[str, _Pin] = {}
-        self._closed: dict[str, float] = {}  # session -> when this router routed its close
-        self._closed_on: dict[str, ReplicaID] = {}  # ... and where (its snapshots stay there)
+        # session -> when and where this router routed its close (its snapshots stay there)
+        self._closed: dict[str, tuple[float, ReplicaID]] = {}
         self._last_sweep = time.monotonic()
         self._log = get_log("router", deployment=self._deployment_id.name)
 
@@ -115,8 +115,7 @@ class SessionAffinityRouter(RequestRouter):
         meta = pending_request.metadata
         if meta.session_id and meta.call_method == self._close_method:
             self._pins.pop(meta.session_id, None)
-            self._closed[meta.session_id] = time.monotonic()
-            self._closed_on[meta.session_id] = replica_id
+            self._closed[meta.session_id] = (time.monotonic(), replica_id)
         elif meta.session_id and meta.call_method == self._clone_method and len(pending_request.args) > 1:
             new_key, now = pending_request.args[1], time.monotonic()  # clone(source_key, new_key, ...)
             self._pins[new_key] = _Pin(replica_id, now, placed=now)
@@ -150,7 +149,8 @@ class SessionAffinityRouter(RequestRouter):
     def _snapshot_holder(self, snapshot: str, key: str, candidates: List[RunningReplica]) -> List[RunningReplica]:
         """Where a snapshot is: its session's pinned replica, else the replica whose stats list it."""
         pin = self._pins.get(key)
-        where = pin.replica_id if pin is not None else self._closed_on.get(key)
+        closed = self._closed.get(key)
+        where = pin.replica_id if pin is not None else closed[1] if closed is not None else None
         if where is not None and where in self.curr_replicas:
             return [self.curr_replicas[where]]
         for r in candidates:
@@ -182,6 +182,5 @@ class SessionAffinityRouter(RequestRouter):
         stale = [sid for sid, p in self._pins.items() if now - p.last_used > self._pin_ttl_s]
         for sid in stale:
             del self._pins[sid]
-        for sid in [sid for sid, t in self._closed.items() if now - t > _CLOSED_MEMORY_S]:
+        for sid in [sid for sid, (t, _) in self._closed.items() if now - t > _CLOSED_MEMORY_S]:
             del self._closed[sid]
-            self._closed_on.pop(sid, None)

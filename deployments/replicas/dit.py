@@ -88,7 +88,6 @@ class DiTDeployment(SessionHost[DiTSlot]):
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, snapshot_mib: float = 0.0) -> None:
         self._clock = ReadyClock()
-        self._snapshot_mib = snapshot_mib
         self._compile_cache = CompileCache.open(model.compile_cache_dir, "dit")  # before anything compiles
         cap = cap_process(model.device, sessions.memory_fraction)  # before anything is allocated
         self._engine: DiTEngineProtocol = load_dit_engine(
@@ -100,12 +99,13 @@ class DiTDeployment(SessionHost[DiTSlot]):
             kv=KVCacheConfig.for_serving(model.device, model.kv_cache, model.fp8_attention),
         )
         self._clock.mark("load")
-        await self._ready(model, sessions, cap)
+        await self._ready(model, sessions, cap, snapshot_mib)
 
-    async def _ready(self, model: ModelArgs, sessions: SessionArgs, cap: int) -> None:
+    async def _ready(self, model: ModelArgs, sessions: SessionArgs, cap: int, snapshot_mib: float = 0.0) -> None:
         """Warm up at the serving sizes, then size the session budget and start serving
         (`self._engine` is the engine the replica serves with; `self._clock` and
-        `self._compile_cache` were started before it was built)."""
+        `self._compile_cache` were started before it was built; snapshots only where the engine
+        can clone)."""
         self._max_chunks = sessions.max_chunks
         self._max_attention_tokens = sessions.max_attention_tokens
         report = WarmupReport()
@@ -122,7 +122,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         table: SessionTable[DiTSlot] = SessionTable(
             sessions.max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
         )
-        snapshot_bytes = int(getattr(self, "_snapshot_mib", 0.0) * 2**20) if self._engine.capabilities.clone else 0
+        snapshot_bytes = int(snapshot_mib * 2**20) if self._engine.capabilities.clone else 0
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"), model.device,
                          snapshot_bytes)
         ready = self._clock.split(report, self._compile_cache)
@@ -390,7 +390,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         return reply
 
     def _held_bytes(self, slot: DiTSlot) -> int:
-        return self._engine.footprint(slot.height, slot.width, slot.kv_frames, slot.session.spec.total_latent_frames).held
+        spec = slot.session.spec
+        return self._engine.footprint(slot.height, slot.width, slot.kv_frames, spec.total_latent_frames).held
 
     def _final_snapshots(self, slot: DiTSlot) -> list:
         return [(slot.chunks, "", slot, self._held_bytes(slot))]

@@ -129,9 +129,9 @@ class SessionTable(Generic[S]):
             retry = self.retry_hint()
             raise Busy(f"all {self.max_sessions} session slots of this replica are taken; retry in {retry:g} s",
                        retry)
-        if self.budget_bytes is not None and (  # snapshots being copied from count: the copy needs room beside
-            self.bytes_in_use + self.snapshots.held_bytes + nbytes + max(self.working_bytes, working) > self.budget_bytes
-        ):
+        # snapshots being copied from count: the copy needs room beside them
+        if self.budget_bytes is not None and (self.bytes_in_use + self.snapshots.held_bytes + nbytes
+                                              + max(self.working_bytes, working) > self.budget_bytes):
             retry = self.retry_hint()
             raise Busy(
                 f"the session's memory ({(nbytes + working) / 2**20:.1f} MiB) does not fit the free "
@@ -206,9 +206,8 @@ class SessionTable(Generic[S]):
     def resize(self, key: str, nbytes: int) -> bool:
         """Change a held session's reservation; False (unchanged) when it would exceed the budget."""
         entry = self._entries[key]
-        if self.budget_bytes is not None and (
-            self.bytes_in_use + self.snapshots.held_bytes - entry.nbytes + nbytes + self.working_bytes > self.budget_bytes
-        ):
+        if self.budget_bytes is not None and (self.bytes_in_use + self.snapshots.held_bytes - entry.nbytes + nbytes
+                                              + self.working_bytes > self.budget_bytes):
             return False
         self._make_room(nbytes - entry.nbytes + self.working_bytes)
         entry.nbytes = nbytes
@@ -219,9 +218,7 @@ class SessionTable(Generic[S]):
         largest working set) and the snapshots kept, the oldest of those evicted for it."""
         if self.budget_bytes is None:
             return True
-        over = self.reserved_bytes + self.snapshots.nbytes + nbytes - self.budget_bytes
-        if over > 0:
-            self.snapshots.reclaim(over)
+        self._make_room(nbytes + self.working_bytes)
         return self.reserved_bytes + self.snapshots.nbytes + nbytes <= self.budget_bytes
 
     def _make_room(self, needed: int) -> None:

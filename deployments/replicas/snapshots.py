@@ -5,13 +5,14 @@ of its sessions' state under the id `<routing key>#<k>` (k: the chunks done): co
 write (a session's state after k chunks is copied on the device when its chunk k + 1 starts,
 so a snapshot never duplicates a live session's current state, and a shelf with room for one
 holds its state before the newest chunk: an undo), and a session's final state kept when it is
-closed (no copy: its memory moves to the shelf). A fork below a session's head, a rewind and a session leaving the prefix
-store then start from a copy of one (`clone` from a snapshot id) instead of replaying the
-journal's k chunks. A snapshot outlives its session (the prefix store refers to it). Snapshots are a cache: bounded by bytes, least recently used evicted
-first, and they give way to sessions (the replica's `SessionTable` reclaims their bytes before
-it refuses a session), so they never cost a session its admission and never run a device out of
-memory. A snapshot's bytes are freed when nothing refers to it any more (a clone copying from
-one that is evicted meanwhile keeps it alive until the copy is done).
+closed (no copy: its memory moves to the shelf). A fork below a session's head, a rewind and
+a session leaving the prefix store then start from a copy of one (`clone` from a snapshot id)
+instead of replaying the journal's k chunks. A snapshot outlives its session (the prefix store
+refers to it). Snapshots are a cache: bounded by bytes, least recently used evicted first, and
+they give way to sessions (the replica's `SessionTable` reclaims their bytes before it refuses
+a session), so they never cost a session its admission and never run a device out of memory;
+one being copied from is held (`holding`): not evicted, its bytes counted for the copy's
+admission. An evicted snapshot's memory is freed with its last reference.
 """
 from __future__ import annotations
 

@@ -68,6 +68,19 @@ class DecoderSnapshot:
     cache: VaeCache
     muxer: Optional[Fmp4Muxer]
 
+    @classmethod
+    def of(cls, slot: VaeSlot) -> "DecoderSnapshot":
+        """The slot's decoder side as it is (not copied: a closed session's)."""
+        return cls(slot.session.image, slot.session.dec_cache, slot.muxer)
+
+    def copy(self) -> "DecoderSnapshot":
+        """A copy of the cache (on the device) and of the muxer's counters; the image shared."""
+        return DecoderSnapshot(self.image, self.cache.clone(), None if self.muxer is None else self.muxer.clone())
+
+    @property
+    def nbytes(self) -> int:
+        return self.image.nbytes + self.cache.nbytes
+
 
 @serve.deployment
 class VaeDeployment(SessionHost[VaeSlot]):
@@ -178,18 +191,18 @@ class VaeDeployment(SessionHost[VaeSlot]):
         return enc, await self._shelved(routing_key, chunks, "dec")
 
     def _final_snapshots(self, slot: VaeSlot) -> list:
-        session = slot.session
+        session, dec = slot.session, DecoderSnapshot.of(slot)
         return [(session.encoded_chunks, "enc", session.enc_cache, session.enc_cache.nbytes),
-                (session.decoded_chunks, "dec", DecoderSnapshot(session.image, session.dec_cache, slot.muxer),
-                 session.image.nbytes + session.dec_cache.nbytes)]
+                (session.decoded_chunks, "dec", dec, dec.nbytes)]
 
     @staticmethod
     def _from_snapshot(chunks: int, enc: VaeCache, dec: DecoderSnapshot) -> VaeSlot:
         """(Model thread.) A new slot from a snapshot's two parts, copied on the device."""
         with torch.inference_mode():  # the caches are inference tensors
-            session = VaeSession(image=dec.image.clone(), enc_cache=enc.clone(), dec_cache=dec.cache.clone(),
+            copy = dec.copy()
+            session = VaeSession(image=dec.image.clone(), enc_cache=enc.clone(), dec_cache=copy.cache,
                                  encoded_chunks=chunks, decoded_chunks=chunks)
-        return VaeSlot(session, None if dec.muxer is None else dec.muxer.clone())
+        return VaeSlot(session, copy.muxer)
 
     async def _admit(self, routing_key: str, height: int, width: int, build) -> None:
         """Reserve the session's footprint at its size (`Busy` when it does not fit now,
@@ -224,10 +237,8 @@ class VaeDeployment(SessionHost[VaeSlot]):
 
     def _decode(self, slot: VaeSlot, latents: np.ndarray, routing_key: str = "") -> dict[str, Any]:
         if self.snapshots.enabled:  # copy before write: the decoder after the decodes so far
-            session, muxer = slot.session, slot.muxer
-            self._snapshot(routing_key, session.decoded_chunks, session.image.nbytes + session.dec_cache.nbytes,
-                           lambda: DecoderSnapshot(session.image, session.dec_cache.clone(),
-                                                   None if muxer is None else muxer.clone()), "dec")
+            dec = DecoderSnapshot.of(slot)
+            self._snapshot(routing_key, slot.session.decoded_chunks, dec.nbytes, dec.copy, "dec")
         t0 = time.perf_counter()
         frames = self._engine.decode(slot.session, torch.tensor(latents))  # (a copy) -> uint8 [T, h, w, 3]
         t1 = time.perf_counter()

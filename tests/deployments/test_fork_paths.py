@@ -75,6 +75,15 @@ def _source(raw_frames: bool = False) -> Stream:
 SNAPSHOTS = AppArgs(prefix_cache={"snapshot_mib": 16})
 
 
+def _fakes(calls: list, logged: list, dit: dict, vae: dict) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """Backends whose DiT / VAE record their calls into `calls` and answer `dit` / `vae`, and a
+    log that records into `logged`."""
+    b = SimpleNamespace(dit=FakeDeployment(calls, "dit", dit), vae=FakeDeployment(calls, "vae", vae))
+    log = SimpleNamespace(info=lambda msg, fields=None: logged.append((msg, fields)),
+                          warning=lambda msg, fields=None: logged.append((msg, fields)))
+    return b, log
+
+
 def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}, args: AppArgs = AppArgs(), rewind: bool = False):
     """Fork `source` at `at` into B (or rewind it to `at`) with the DiT / VAE answering `dit` /
     `vae`; (reply, calls, B (the source when rewound), log)."""
@@ -82,9 +91,7 @@ def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}, args: AppArgs
     logged: list = []
 
     async def go():
-        b = SimpleNamespace(dit=FakeDeployment(calls, "dit", dit), vae=FakeDeployment(calls, "vae", vae))
-        log = SimpleNamespace(info=lambda msg, fields=None: logged.append((msg, fields)),
-                              warning=lambda msg, fields=None: logged.append((msg, fields)))
+        b, log = _fakes(calls, logged, dit, vae)
         replies = SimpleNamespace(error=lambda code, message, sid, retry=None: ErrorReply(
             code=code, message=message, session_id=sid, retry_after_s=retry))
         branches = Branches(b, Lane("dit"), Lane("vae"), FakeReleases(), replies, args, log)
@@ -233,9 +240,7 @@ def _leave_store(dit: dict = {}, vae: dict = {}, snapshots: bool = True):
     counted: list = []
 
     async def go():
-        b = SimpleNamespace(dit=FakeDeployment(calls, "dit", dit), vae=FakeDeployment(calls, "vae", vae))
-        log = SimpleNamespace(info=lambda msg, fields=None: logged.append((msg, fields)),
-                              warning=lambda msg, fields=None: logged.append((msg, fields)))
+        b, log = _fakes(calls, logged, dit, vae)
         metrics = SimpleNamespace(count_materialised=counted.append)
         reuse = PrefixReuse(None, "fp", "global", b, Lane("dit"), Lane("vae"), SNAPSHOTS, SimpleNamespace(fps=16), log,
                             metrics)

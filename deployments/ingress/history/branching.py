@@ -77,8 +77,7 @@ class Branches:
         self._sessions = args.sessions
         self._log = log
         self._held: dict[str, Stream] = {}  # session_id -> an open session that is not the current one
-        self._rebuild = Rebuild(backends, args.sessions, log)
-        self._snapshots = args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
+        self._rebuild = Rebuild(backends, args, log)
 
     def switch(self, session_id: str, current: Optional[Stream]) -> Optional[Stream]:
         """The connection's current stream for a request that names `session_id`: a held one of
@@ -120,9 +119,8 @@ class Branches:
         self._releases.adopt(stream, replacing=None)  # the key's session quota: Busy, nothing changed
         self._held[new] = stream
         paths: dict[str, str] = {}
-        dit_source, vae_source = (source.dit_key, source.vae_key) if head else self._snapshot_of(source, k)
-        if self._snapshots:
-            stream.inherit_snapshots(source, k)
+        dit_source, vae_source = (source.dit_key, source.vae_key) if head else self._rebuild.sources(source, k)
+        self._rebuild.inherit(stream, source, k)
         stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths))
         stream.dit_open = self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths))
         return asyncio.ensure_future(self._forked(stream, source, paths))
@@ -152,9 +150,8 @@ class Branches:
         """The stream becomes its state after chunk k - 1: old incarnation closed, made again
         under new keys from its snapshot after k chunks (where the replicas keep one), else by
         the journal's replay."""
-        dit_source, vae_source = self._snapshot_of(stream, k)
-        if self._snapshots:
-            stream.inherit_snapshots(stream, k)
+        dit_source, vae_source = self._rebuild.sources(stream, k)
+        self._rebuild.inherit(stream, stream, k)
         j = stream.journal
         j.truncate(k)
         if stream.prefix is not None:
@@ -198,13 +195,6 @@ class Branches:
                                                       "path": paths.get("dit"), "vae_path": paths.get("vae")})
         return failed or Rewound(session_id=stream.spec.session_id, next_chunk_id=k)
 
-    def _snapshot_of(self, stream: Stream, k: int) -> tuple[Optional[str], Optional[str]]:
-        """(DiT, VAE) snapshot ids of the session after k chunks, where the replicas keep
-        snapshots (None, None: replay the journal; after 0 chunks there is nothing to replay)."""
-        if not self._snapshots or k < 1:
-            return None, None
-        return stream.snapshot_ids(k)
-
     # ---- shared ----
 
     def _open(self, session_id: str, current: Optional[Stream]) -> Stream:
@@ -223,8 +213,9 @@ class Branches:
         if any(not t.done() for t in stream.chunk_tasks):
             raise Busy("the session has a chunk in flight; send this again once its reply came", IN_FLIGHT_RETRY_S)
         if need_journal and not stream.journal.recoverable:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"{self._rebuild.no_journal_why()}: it can be forked at its last chunk "
-                                                     "only (a copy of the live session), not rewound or forked earlier")
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"{self._rebuild.no_journal_why()}: it can be forked at its "
+                                                     "last chunk only (a copy of the live session), not rewound "
+                                                     "or forked earlier")
         if not low <= k <= stream.next_chunk:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the chunk must be in {low}..{stream.next_chunk} (the "
                                                        "chunks the session produced)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from deployments.config import SessionArgs
+from deployments.config import AppArgs
 from deployments.errors import Busy, TooLarge
 from deployments.ingress.lane_jobs import Backends, dit_admission, reserve_dit
 from deployments.ingress.stream import Stream, new_routing_key
@@ -21,10 +21,24 @@ from deployments.replicas.snapshots import parse_snapshot_id
 class Rebuild:
     """Per lane: `clone` on the replica that holds the source, else the journal replayed."""
 
-    def __init__(self, backends: Backends, sessions: SessionArgs, log: KeyValueLog) -> None:
+    def __init__(self, backends: Backends, args: AppArgs, log: KeyValueLog) -> None:
         self._b = backends
-        self._sessions = sessions
+        self._sessions = args.sessions
         self._log = log
+        self.snapshots = args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
+
+    def sources(self, stream: Stream, k: int) -> tuple[Optional[str], Optional[str]]:
+        """(DiT, VAE) snapshot ids of the session after k chunks, where the replicas keep
+        snapshots (None, None: replay the journal; after 0 chunks there is nothing to replay)."""
+        if not self.snapshots or k < 1:
+            return None, None
+        return stream.snapshot_ids(k)
+
+    def inherit(self, stream: Stream, source: Stream, k: int) -> None:
+        """`stream`'s first k chunks are `source`'s (a fork, a rewind's new keys): so are their
+        snapshots, where the replicas keep any."""
+        if self.snapshots:
+            stream.inherit_snapshots(source, k)
 
     async def vae(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
         """VAE lane: a copy of the source's session on its replica (`source_key` given), else (or

@@ -57,8 +57,7 @@ class PrefixReuse:
         self._dit_lane = dit_lane
         self._vae_lane = vae_lane
         self._debug_fields = args.debug_fields
-        self._snapshots = args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
-        self._rebuild = Rebuild(backends, args.sessions, log)
+        self._rebuild = Rebuild(backends, args, log)
         self._fps = handshake.fps
         self._log = log
         self._metrics = metrics
@@ -103,7 +102,7 @@ class PrefixReuse:
             j.steer(chunk_id, prompt_update)
         p = hit.past
         j.add_chunk(p.poses, p.intrinsics, p.y, p.latents, hit.noise, p.context)
-        if hit.snapshots is not None and self._snapshots:
+        if hit.snapshots is not None:  # (stored only where the replicas keep snapshots)
             stream.inherited_snapshots[chunk_id + 1] = hit.snapshots
         j.conditioned += 1
         j.decoded += 1
@@ -147,7 +146,7 @@ class PrefixReuse:
         if (self._store is None or cursor is None or len(cursor.keys) <= chunk_id or not j.recoverable
                 or j.context is None or len(j.chunks) <= chunk_id):
             return
-        snapshots = stream.snapshot_ids(chunk_id + 1) if self._snapshots else None
+        snapshots = stream.snapshot_ids(chunk_id + 1) if self._rebuild.snapshots else None
         chunk = StoredChunk(reply.video, reply.num_frames, reply.mime_type, j.chunks[chunk_id], j.noises[chunk_id],
                             snapshots)
         self._store.put(cursor.namespace, cursor.keys[: chunk_id + 1], chunk, j.context)
@@ -161,6 +160,7 @@ class PrefixReuse:
         if k == 0:
             open_new(stream)
             return
+        # its own keys hold nothing yet: only the snapshots its stored chunks name
         dit_source, vae_source = stream.inherited_snapshots.get(k, (None, None))
         paths: dict[str, str] = {}
         stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths))
