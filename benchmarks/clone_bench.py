@@ -5,9 +5,13 @@ full-size weights (the same work as real ones).
 
     python -m benchmarks.clone_bench --chunks 20 --out clone.json
 
-Reports the mean DiT step, the clone's seconds (device copies, synchronised) and the rebuild's,
-and whether the clone's next chunk equals its source's from the same inputs (the same kernels
-on the same state: expected equal). The VAE's part times its clone beside one condition +
+The engine runs a replica's options (`AccelOptions.for_serving`: on CUDA the fast block,
+cuDNN attention, the ring window; `--fp8` / `--fp8-attention` the opt-in FP8 paths; not
+compiled). Reports the mean DiT step, the clone's seconds (device copies, synchronised) and the
+rebuild's, and the next chunk's latents from the clone (a fork at the head, and a snapshot: the
+same copy) and from the rebuild against the source's from the same inputs: equal, and their
+largest and relative differences (issue 33: on a GPU bf16 kernels need not repeat bit for bit;
+a replay recomputes every cache update). The VAE's part times its clone beside one condition +
 decode (the replay's unit: an fMP4 session's fork still replays its decodes, see
 deployments/replicas/vae.py `clone`).
 """
@@ -23,6 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from model.accel import AccelOptions
 from model.dit.caches import KVCacheConfig
 from model.factory import load_dit_engine, load_vae_engine
 from model.session import DiTSessionSpec, PastChunk
@@ -51,11 +56,18 @@ def _timed(device: str, fn):
     return out, time.perf_counter() - t
 
 
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float32."""
+    x, ref = x.float(), ref.float()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
 def run(args: argparse.Namespace) -> dict:
     device, (h, w) = args.device, args.size
-    kv = KVCacheConfig.for_serving(device)
+    kv = KVCacheConfig.for_serving(device, fp8_attention=args.fp8_attention)
+    options = AccelOptions.for_serving(device, fp8=args.fp8, fp8_attention=args.fp8_attention)
     dit = load_dit_engine(args.preset, None, args.dtype, device, local_attn_size=args.window,
-                          sink_size=args.sink, random_weights=True, kv=kv)
+                          sink_size=args.sink, random_weights=True, kv=kv, options=options)
     gen = torch.Generator().manual_seed(0)
     spec = DiTSessionSpec(context=torch.randn(64, dit.cfg.text_dim, generator=gen), height=h, width=w)
     lat = (h // 8, w // 8)
@@ -90,8 +102,13 @@ def run(args: argparse.Namespace) -> dict:
         "dit_step_mean_s": float(np.mean(steps[1:])) if len(steps) > 1 else steps[0],
         "dit_session_bytes": a.caches.nbytes,
         "dit_clone_s": clones, "dit_restore_s": restore_s,
+        "fp8": args.fp8, "fp8_attention": args.fp8_attention,
         "clone_next_equal": bool(torch.equal(next_a, next_b)),
+        "clone_next_max_abs_diff": float((next_a - next_b).abs().max()),
+        "clone_next_rel_err": _rel(next_b, next_a),
+        "restore_next_equal": bool(torch.equal(next_a, next_r)),
         "restore_next_max_abs_diff": float((next_a - next_r).abs().max()),
+        "restore_next_rel_err": _rel(next_r, next_a),
     }
     dit.close(a)
     del a, dit
@@ -126,6 +143,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--chunks", type=int, default=20)
     p.add_argument("--vae-chunks", type=int, default=4, help="chunks the VAE part decodes before its clone")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--fp8", action="store_true", help="FP8 GEMMs (a replica's `model.fp8`)")
+    p.add_argument("--fp8-attention", action="store_true", help="FP8 self-attention and its code cache (CUDA)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     result = run(args)

@@ -118,3 +118,21 @@ def test_a_vae_clone_decodes_like_its_source():
 
     plain, forked = run(None), run(1)
     assert all(torch.equal(y0, y1) and np.array_equal(f0, f1) for (y0, f0), (y1, f1) in zip(plain, forked))
+
+
+def test_the_clone_benchmark_compares_the_copy_and_the_replay_with_the_source(tmp_path):
+    """benchmarks/clone_bench.py (run on the GPU for issue 33's latents comparison), on the tiny
+    model in float32: the copy and the journal's rebuild continue exactly like the source, and
+    the report says so in the figures it states."""
+    import json
+
+    from benchmarks.clone_bench import main
+
+    out = tmp_path / "clone.json"
+    assert main(["--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--size", "64x112",
+                 "--chunks", "3", "--repeats", "1", "--vae-chunks", "1", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["chunks"] == 3 and r["fp8"] is False and len(r["dit_clone_s"]) == 1
+    assert r["clone_next_equal"] and r["clone_next_rel_err"] == 0.0 and r["clone_next_max_abs_diff"] == 0.0
+    assert r["restore_next_equal"] and r["restore_next_rel_err"] == 0.0
+    assert r["dit_session_bytes"] > 0 and r["vae_session_bytes"] > 0
