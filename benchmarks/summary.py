@@ -96,6 +96,15 @@ def branch_rows(d: dict) -> list[Row]:
     return rows
 
 
+def clone_rows(d: dict) -> list[Row]:
+    def same(what: str) -> str:
+        return "equal" if d[f"{what}_next_equal"] else f"rel err {d[f'{what}_next_rel_err']:.2e}"
+
+    return [("clone_bench", f"{d['chunks']} chunks: DiT clone {fmt(1e3 * min(d['dit_clone_s']))} ms "
+                            f"({fmt(d['dit_session_bytes'] / 2**30)} GiB), journal rebuild {fmt(d['dit_restore_s'])} s; "
+                            f"next latents: clone {same('clone')}, rebuild {same('restore')}")]
+
+
 def load_weights_rows(d: dict) -> list[Row]:
     return [("load_weights", f"{fmt(d['load_GBps'])} GB/s from {d['file_system']} ({d['storage_dtype']}, "
                              f"{d['num_layers']} of {d['released_num_layers']} blocks; old loader "
@@ -159,6 +168,7 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: "healthy_s" in d and "starts" in d, ready_rows),
     (lambda d: "load_GBps" in d and "reference_GBps" in d, load_weights_rows),
     (lambda d: "fork" in d and "hit" in d and "cold" in d, branch_rows),
+    (lambda d: "clone_next_equal" in d and "dit_clone_s" in d, clone_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
     (lambda d: "reconnect_s" in d, resume_rows),

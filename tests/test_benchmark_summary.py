@@ -35,6 +35,11 @@ def test_rows_name_the_headline_figures_of_each_kind():
                                                      "p95 2.8 s, 0 chunks while paused")]
     assert rows_of({"starts": [], "healthy_s": {"cold": 160.1, "warm": 76.8}}) == [
         ("ready", "cold 160 s to healthy, warm 76.8 s to healthy")]
+    clone = {"chunks": 20, "dit_clone_s": [0.015, 0.0096], "dit_session_bytes": 18949734400, "dit_restore_s": 8.28,
+             "clone_next_equal": True, "clone_next_rel_err": 0.0, "restore_next_equal": False,
+             "restore_next_rel_err": 0.0123}
+    assert rows_of(clone) == [("clone_bench", "20 chunks: DiT clone 9.6 ms (17.6 GiB), journal rebuild 8.28 s; "
+                                              "next latents: clone equal, rebuild rel err 1.23e-02")]
     assert rows_of({"something": 1})[0][0] == "probe"
 
 
