@@ -22,7 +22,8 @@
 #    SESSIONS_OPEN="3 6" adds a pass of open-ended sessions of FRAMES_OPEN (129) frames after it;
 #    RESUME_DRILL=1 then runs benchmarks/resume_drill.py (a session dropped and resumed);
 #    BRANCH=1 then benchmarks.branch_bench (prefix hit, fork, rewind: branch_bench.json) and
-#    DRIVE=1 benchmarks.serve_load --drive (serve_load_drive.json), each bounded by the budget left
+#    DRIVE=1 benchmarks.serve_load --drive (serve_load_drive.json), AUTOSCALE=1 benchmarks.autoscale_ready
+#    (autoscale.json; an autoscaled CONFIG such as serve_config.h200.autoscale_fp8.yaml), each bounded by the budget left
 #    (BRANCH_CHUNKS: the branch bench's session length, default 20; DRIVE_ARGS: e.g. "--presses 4");
 #    SESSIONS="" skips the load runs;
 # 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
@@ -197,6 +198,14 @@ if [ "${BRANCH:-0}" = 1 ]; then  # issue 33: prefix hit, fork at the last chunk,
             | tee -a "$OUT/gpu_serve.log"
     else
         log "branch_bench skipped: no budget left"
+    fi
+fi
+if [ "${AUTOSCALE:-0}" = 1 ]; then  # issue 35.1: a DiT replica the autoscaler starts (an autoscaled config)
+    if [ "$(left)" -gt 10 ]; then
+        log "autoscale_ready (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.autoscale_ready --out "$OUT/autoscale.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    else
+        log "autoscale_ready skipped: no budget left"
     fi
 fi
 if [ "${DRIVE:-0}" = 1 ]; then  # serve_load's driven sessions

@@ -84,3 +84,21 @@ def test_held_sessions_scale_the_dit_up_and_a_scale_down_drains_by_replay(autosc
     assert drained[-1].debug["dit_replica"] == reference[-1].debug["dit_replica"]
     print(f"RELIABILITY autoscaling: busy -> 2 DiT replicas in {up_s:.1f} s; a session ended -> 1 replica "
           f"in {down_s:.1f} s; the drained session rebuilt by replay, video identical")
+
+
+def test_the_autoscale_benchmark_times_a_replica_the_autoscaler_starts(autoscaled_server, tmp_path):
+    """benchmarks/autoscale_ready.py (run on the GPU by gpu_serve.sh AUTOSCALE=1) against the CPU
+    app: A takes the one slot, B is answered `busy`, the policy starts a second DiT replica, B's
+    retried infer lands there; the new replica's ready record is placed after the `busy`."""
+    import json
+
+    from benchmarks.autoscale_ready import main as bench_main
+
+    out = tmp_path / "autoscale.json"
+    assert bench_main(["--url", autoscaled_server.ws, "--retry-s", "0.25", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["new_replica"]["replica"] != r["first_replica"]["replica"]
+    assert r["tries"] >= 2  # the first answer was `busy`
+    assert 0 < r["busy_to_constructor_s"] < r["busy_to_ready_s"] <= r["busy_to_first_frame_s"]
+    assert r["constructor_s"]["new"] > 0 and r["constructor_s"]["first"] > 0
+    assert r["new_replica"]["load_s"] >= 0 and "warmup_per_size" in r["new_replica"]

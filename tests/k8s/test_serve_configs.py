@@ -321,6 +321,25 @@ def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_on
         window.model_dump(exclude={"model", "sessions", "dit", "vae", "text_encoder", "ingress"})
 
 
+def test_the_h200_autoscale_benchmark_is_the_fp8_window_one_with_an_autoscaled_dit():
+    """serve_config.h200.autoscale_fp8.yaml (benchmarks/autoscale_ready.py): the FP8 window config
+    whose DiT holds one session per replica and autoscales from one replica to two, both on the card."""
+    from support import REPO
+    import yaml
+
+    load = lambda n: AppArgs.model_validate(the_app(yaml.safe_load((REPO / n).read_text()))["args"])  # noqa: E731
+    fp8, auto = load("benchmarks/serve_config.h200.window_fp8.yaml"), load("benchmarks/serve_config.h200.autoscale_fp8.yaml")
+    assert auto.model == fp8.model and auto.prefix_cache == fp8.prefix_cache
+    assert auto.sessions.max_sessions == 1 and auto.sessions.model_dump(exclude={"max_sessions"}) == \
+        fp8.sessions.model_dump(exclude={"max_sessions"})
+    scaling = auto.dit.autoscaling
+    assert scaling is not None and (scaling.min_replicas, scaling.max_replicas) == (1, 2) and fp8.dit.autoscaling is None
+    assert scaling.upscale_delay_s == 0 and scaling.downscale_delay_s > 60  # no scale-down during the bench
+    assert auto.dit.most_replicas * auto.dit.num_gpus + auto.vae.num_gpus + auto.text_encoder.num_gpus <= 1.0 + 1e-9
+    for block in ("vae", "text_encoder", "ingress"):
+        assert getattr(auto, block) == getattr(fp8, block), block
+
+
 def test_the_h200_fa4_benchmark_is_the_h200_benchmark_with_fa4_attention():
     """serve_config.h200.fa4.yaml serves the opt-in FA4 attention; all else as serve_config.h200.yaml."""
     from support import REPO
