@@ -105,6 +105,14 @@ def clone_rows(d: dict) -> list[Row]:
                             f"next latents: clone {same('clone')}, rebuild {same('restore')}")]
 
 
+def autoscale_rows(d: dict) -> list[Row]:
+    new = d["new_replica"]
+    return [("autoscale_ready", f"busy -> new DiT replica's constructor {fmt(d['busy_to_constructor_s'])} s, ready "
+                                f"{fmt(d['busy_to_ready_s'])} s (load {fmt(new['load_s'])} s, warm-up "
+                                f"{fmt(new['warmup_s'])} s; first replica's constructor {fmt(d['constructor_s']['first'])} s), "
+                                f"B's frame {fmt(d['busy_to_first_frame_s'])} s")]
+
+
 def load_weights_rows(d: dict) -> list[Row]:
     return [("load_weights", f"{fmt(d['load_GBps'])} GB/s from {d['file_system']} ({d['storage_dtype']}, "
                              f"{d['num_layers']} of {d['released_num_layers']} blocks; old loader "
@@ -169,6 +177,7 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: "load_GBps" in d and "reference_GBps" in d, load_weights_rows),
     (lambda d: "fork" in d and "hit" in d and "cold" in d, branch_rows),
     (lambda d: "clone_next_equal" in d and "dit_clone_s" in d, clone_rows),
+    (lambda d: "busy_to_first_frame_s" in d and "new_replica" in d, autoscale_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
     (lambda d: "reconnect_s" in d, resume_rows),

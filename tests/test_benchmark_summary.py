@@ -40,6 +40,10 @@ def test_rows_name_the_headline_figures_of_each_kind():
              "restore_next_rel_err": 0.0123}
     assert rows_of(clone) == [("clone_bench", "20 chunks: DiT clone 9.6 ms (17.6 GiB), journal rebuild 8.28 s; "
                                               "next latents: clone equal, rebuild rel err 1.23e-02")]
+    auto = {"busy_to_constructor_s": 21.5, "busy_to_ready_s": 35.25, "busy_to_first_frame_s": 37.0,
+            "constructor_s": {"first": 22.1, "new": 13.7}, "new_replica": {"load_s": 5.3, "warmup_s": 6.5}}
+    assert rows_of(auto) == [("autoscale_ready", "busy -> new DiT replica's constructor 21.5 s, ready 35.2 s (load 5.3 s, "
+                                                 "warm-up 6.5 s; first replica's constructor 22.1 s), B's frame 37 s")]
     assert rows_of({"something": 1})[0][0] == "probe"
 
 
