@@ -19,7 +19,7 @@ import torch
 
 from model.compile_cache import compile_seconds
 from model.vae.fast import VAE_NORM_SHAPES
-from camera.frames import CHUNK_LATENT_FRAMES
+from camera.frames import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES, chunk_video_frames
 from model.engines import DiTEngine, TextEngine, VaeEngine
 from model.session import DiTSessionSpec
 
@@ -83,8 +83,21 @@ def _per_size(run_one: Callable[[Size], None], sizes: Sequence[Size]) -> WarmupR
     return report
 
 
+def warm_camera(k: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk k's poses [N, 4, 4] and intrinsics [N, 4] as a served session sends them: 9 poses
+    for chunk 0, 12 after, a slow dolly. The camera's whole path runs (the interpolation to
+    latent-frame poses: a still single pose skips it, and its first run imports scipy's
+    interpolation, 0.3 s that the first session after a start paid in its first chunk)."""
+    n = chunk_video_frames(k)
+    start = 0 if k == 0 else FIRST_CHUNK_VIDEO_FRAMES + CHUNK_VIDEO_FRAMES * (k - 1)
+    poses = np.tile(np.eye(4, dtype=np.float32), (n, 1, 1))
+    poses[:, 2, 3] = 0.01 * (start + np.arange(n))
+    return poses, np.tile(np.array([[w / 2, w / 2, w / 2, h / 2]], dtype=np.float32), (n, 1))
+
+
 def warm_up_dit(engine: DiTEngine, sizes: Sequence[Size], chunks: int = DIT_CHUNKS) -> WarmupReport:
-    """A session of `chunks` chunks at each size (zero conditioning, a still camera), closed after."""
+    """A session of `chunks` chunks at each size (zero conditioning, a served session's camera:
+    `warm_camera`), closed after."""
 
     def run(size: Size) -> None:
         h, w = size
@@ -92,10 +105,8 @@ def warm_up_dit(engine: DiTEngine, sizes: Sequence[Size], chunks: int = DIT_CHUN
         session = engine.open(spec)
         try:
             y = torch.zeros(20, CHUNK_LATENT_FRAMES, h // 8, w // 8)
-            poses = np.eye(4, dtype=np.float32)[None]
-            intrinsics = np.array([[w / 2, w / 2, w / 2, h / 2]], dtype=np.float32)
-            for _ in range(chunks):
-                engine.step(session, y, poses, intrinsics)
+            for k in range(chunks):
+                engine.step(session, y, *warm_camera(k, h, w))
         finally:
             engine.close(session)
 

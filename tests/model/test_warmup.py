@@ -1,0 +1,57 @@
+"""model/warmup.py: the DiT's warm-up runs the path a served session's chunks take."""
+from __future__ import annotations
+
+import numpy as np
+
+import camera.poses
+from camera.frames import chunk_video_frames
+from model.factory import load_dit_engine
+from model.warmup import warm_camera, warm_up_dit
+
+
+def test_the_warm_up_sends_a_served_sessions_camera():
+    """9 poses for chunk 0, 12 after, moving and continuing from chunk to chunk: a still single
+    pose skipped the interpolation to latent-frame poses, whose first run (scipy's import) the
+    first session after a start then paid in its first chunk (0.3 s on the H200)."""
+    previous_last = None
+    for k in range(3):
+        poses, intrinsics = warm_camera(k, 464, 832)
+        assert poses.shape == (chunk_video_frames(k), 4, 4) and intrinsics.shape == (chunk_video_frames(k), 4)
+        camera.poses.check_poses(poses)  # valid rigid transforms
+        z = poses[:, 2, 3]
+        assert np.all(np.diff(z) > 0)
+        if previous_last is not None:
+            assert z[0] > previous_last
+        previous_last = z[-1]
+
+
+def test_the_dit_warm_up_runs_the_camera_interpolation(monkeypatch):
+    calls = []
+    real = camera.poses.interpolate_poses
+
+    def spy(poses, positions):
+        calls.append(len(poses))
+        return real(poses, positions)
+
+    monkeypatch.setattr(camera.poses, "interpolate_poses", spy)
+    engine = load_dit_engine("tiny", None, "float32", "cpu", local_attn_size=15, sink_size=3, random_weights=True)
+    report = warm_up_dit(engine, [(32, 48)])
+    assert report.sizes == [(32, 48)]
+    assert calls == [chunk_video_frames(0), chunk_video_frames(1)]  # the two warm-up chunks, as sessions send them
+
+
+def test_the_first_chunk_benchmark_reports_each_sessions_chunks(tmp_path):
+    """benchmarks/first_chunk.py (run on the GPU for issue 35's first TTFC), on the tiny model:
+    the warm-up-like session, then the realistic ones, each chunk timed with its counters."""
+    import json
+
+    from benchmarks.first_chunk import main
+
+    out = tmp_path / "first_chunk.json"
+    assert main(["--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--size", "32x48", "--no-compile",
+                 "--sessions", "2", "--chunks", "2", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [s["inputs"] for s in r["sessions"]] == ["warm-up's", "moving camera", "moving camera"]
+    for s in r["sessions"]:
+        assert len(s["chunks"]) == 2 and all(c["step_s"] > 0 and isinstance(c["moved"], dict) for c in s["chunks"])
+        assert all("compiled_graphs" not in c["moved"] for c in s["chunks"])  # nothing compiled after the warm-up
