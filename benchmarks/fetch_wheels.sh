@@ -9,7 +9,7 @@
 #             and the cuDNN frontend (attention="cudnn_fp8"; 1.14.1: no dependencies of its own)
 #
 # FA4=1 also fetches FlashAttention's CuTe DSL kernels (flash-attn-4: FA3-class bf16 attention on
-# sm_90, for benchmarks/attention.py) with their CUDA 13 libraries. Their largest wheel
+# sm_90, for benchmarks/probes/attention.py) with their CUDA 13 libraries. Their largest wheel
 # (nvidia-cutlass-dsl-libs-cu13, 92 MB) is over one call's carry: it is cut into three parts,
 # one per call, joined on the device (a warm machine keeps /tmp between calls):
 #
@@ -17,7 +17,7 @@
 #   call 2, carry [".whlfa4_2"]: cp .whlfa4_2/* /tmp/fa4/
 #   call 3, carry [".whlfa4"]:   cp .whlfa4/*.part-* /tmp/fa4/ && cat /tmp/fa4/*.part-* > .whlfa4/$(cat .whlfa4/JOINED)
 #                                && python3 benchmarks/install_wheels.py .whlfa4 /tmp/site
-#                                && PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.attention ...
+#                                && PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.probes.attention ...
 #
 # Versions are the ones this project's CPU environment runs with, except grpcio-reflection,
 # which must match the image's grpcio (1.84.0). `--no-deps`: the image already holds the rest.

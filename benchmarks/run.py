@@ -326,7 +326,7 @@ def device_busy_s(prof: object) -> float:
     """Seconds during which at least one kernel, copy or memset ran (from the profile's trace)."""
     import tempfile
 
-    from benchmarks.gaps import idle_gaps
+    from benchmarks.probes.gaps import idle_gaps
 
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"

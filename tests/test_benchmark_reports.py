@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.gaps import HostFrames, idle_gaps
+from benchmarks.probes.gaps import HostFrames, idle_gaps
 from benchmarks.report import dit_rows, summary
 from benchmarks.run import device_busy_s, device_time_by_kind, kernel_kind
 from support import install_fake_fa4
@@ -96,12 +96,12 @@ def test_the_report_lists_fp8_variants_and_takes_the_fastest():
 
 
 def test_the_fa4_benchmark_feeds_the_cute_kernel_its_native_layout(monkeypatch):
-    """benchmarks.attention.fa4 hands [S, H, D] rows to flash_attn.cute as [B, S, H, D] and
+    """benchmarks.probes.attention.fa4 hands [S, H, D] rows to flash_attn.cute as [B, S, H, D] and
     reads [S, H * D] back from its (out, lse) pair: checked against SDPA with a stand-in module
     (the real kernel needs an sm_90 GPU)."""
     import torch
 
-    from benchmarks.attention import fa4, sdpa
+    from benchmarks.probes.attention import fa4, sdpa
 
     calls = install_fake_fa4(monkeypatch)
     gen = torch.Generator().manual_seed(0)

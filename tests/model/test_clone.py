@@ -121,12 +121,12 @@ def test_a_vae_clone_decodes_like_its_source():
 
 
 def test_the_clone_benchmark_compares_the_copy_and_the_replay_with_the_source(tmp_path):
-    """benchmarks/clone_bench.py (run on the GPU for issue 33's latents comparison), on the tiny
+    """benchmarks/probes/clone_bench.py (run on the GPU for issue 33's latents comparison), on the tiny
     model in float32: the copy and the journal's rebuild continue exactly like the source, and
     the report says so in the figures it states."""
     import json
 
-    from benchmarks.clone_bench import main
+    from benchmarks.probes.clone_bench import main
 
     out = tmp_path / "clone.json"
     assert main(["--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--size", "64x112",

@@ -1,7 +1,7 @@
 """model/accel/fa4_attention.py: `attention="fa4"` wired into the fast block, checked on the CPU
 against a stand-in `flash_attn.cute` that computes what FlashAttention's interface computes
 ([B, S, H, D] in and out, an (out, lse) pair). The real kernels need an sm_90 GPU: the `fa4`
-row of benchmarks/attention.py and the `compile_fa4` stage of benchmarks/run.py measure
+row of benchmarks/probes/attention.py and the `compile_fa4` stage of benchmarks/run.py measure
 them there."""
 from __future__ import annotations
 

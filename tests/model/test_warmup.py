@@ -41,11 +41,11 @@ def test_the_dit_warm_up_runs_the_camera_interpolation(monkeypatch):
 
 
 def test_the_first_chunk_benchmark_reports_each_sessions_chunks(tmp_path):
-    """benchmarks/first_chunk.py (run on the GPU for issue 35's first TTFC), on the tiny model:
+    """benchmarks/probes/first_chunk.py (run on the GPU for issue 35's first TTFC), on the tiny model:
     the warm-up-like session, then the realistic ones, each chunk timed with its counters."""
     import json
 
-    from benchmarks.first_chunk import main
+    from benchmarks.probes.first_chunk import main
 
     out = tmp_path / "first_chunk.json"
     assert main(["--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--size", "32x48", "--no-compile",

@@ -2,7 +2,7 @@
 1.46 s against 1.09 s for the next session on the H200, its chunk 0's DiT call 0.93 s against
 0.63 s): the DiT engine as a replica runs it, without Serve.
 
-    python -m benchmarks.first_chunk --fp8 --fp8-attention --out first_chunk.json
+    python -m benchmarks.probes.first_chunk --fp8 --fp8-attention --out first_chunk.json
 
 The engine with a replica's options (`AccelOptions.for_serving`, compiled, the ring window),
 warmed up as a replica's constructor does (`model.warmup.warm_up_dit`), then sessions opened

@@ -1,6 +1,6 @@
 """Attention kernels at the DiT's shapes (the `model.attention` option), on one GPU:
 
-    python -m benchmarks.attention --out $OUT/attention.json
+    python -m benchmarks.probes.attention --out $OUT/attention.json
 
 One chunk's queries (3 latent frames, 4524 tokens at 464x832, 40 heads of 128) against the
 key/value lengths a session sees (the chunk alone, chunks 0-2, the window of 18 latent

@@ -1,6 +1,6 @@
 """Where the device waits for the host: idle gaps between kernels over a 2-chunk DiT session.
 
-    python -m benchmarks.gaps --precision fp8 --out gaps.json     # one H200, ~2 min
+    python -m benchmarks.probes.gaps --precision fp8 --out gaps.json     # one H200, ~2 min
 
 The DiT at the released size (random weights, bf16), the serving options (fast block, cuDNN
 attention, compiled regions) plus `--precision fp8` (FP8 GEMMs, inputs quantized in the

@@ -3,7 +3,7 @@
 cache-update call per chunk; the VAE's conditions and decodes), on one device, random
 full-size weights (the same work as real ones).
 
-    python -m benchmarks.clone_bench --chunks 20 --out clone.json
+    python -m benchmarks.probes.clone_bench --chunks 20 --out clone.json
 
 The engine runs a replica's options (`AccelOptions.for_serving`: on CUDA the fast block,
 cuDNN attention, the ring window; `--fp8` / `--fp8-attention` the opt-in FP8 paths; not
