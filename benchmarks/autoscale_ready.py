@@ -24,6 +24,7 @@ import asyncio
 import json
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,7 +39,10 @@ READY = ("started_at", "ready_at", "load_s", "warmup_s", "compile_s", "total_s",
 
 
 def _first_infer(args: argparse.Namespace, session_id: str) -> bytes:
-    traj = synthetic_trajectory("dolly", 33, prompt=f"{DEFAULT_PROMPT} (autoscale bench)")
+    """A session's first infer, its prompt tagged with the session and the run: never served
+    from a prefix store (B repeating A's inputs would get A's chunk with no DiT call)."""
+    tag = f"{session_id} {uuid.uuid4().hex[:8]}"
+    traj = synthetic_trajectory("dolly", 33, prompt=f"{DEFAULT_PROMPT} (autoscale bench {tag})")
     return traj.messages(plan_session(traj, 33), session_id, seed=7, size=args.size, open_ended=True)[0]
 
 
