@@ -74,6 +74,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # the proxy guard (deployments/proxy_guard.py), as the k8s manifests and scripts/setup.sh's venv have it
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=${RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH:-deployments.proxy_guard:middlewares}
 export RAY_SERVE_LOG_TO_STDERR=0
+export PYTHONUNBUFFERED=1  # a benchmark cut by its timeout still leaves what it printed
 if ! $PY -c "import ray, ray.serve, fastapi, uvicorn, websockets, av, msgpack_numpy, pydantic, ftfy, torch, yaml, scipy, PIL
 print('ray', ray.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" >> "$OUT/gpu_serve.log" 2>&1; then
     log "imports failed"; tail -20 "$OUT/gpu_serve.log"; exit 1
@@ -204,6 +205,8 @@ if [ "${AUTOSCALE:-0}" = 1 ]; then  # issue 35.1: a DiT replica the autoscaler s
     if [ "$(left)" -gt 10 ]; then
         log "autoscale_ready (at most $(left) s)"
         timeout "$(left)" $PY -m benchmarks.autoscale_ready --out "$OUT/autoscale.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+        # the replicas' states as Serve sees them (a replica pending for resources, or failing to start)
+        timeout 30 $PY -c "from ray.serve.scripts import cli; cli()" status > "$OUT/serve_status.txt" 2>&1
     else
         log "autoscale_ready skipped: no budget left"
     fi
