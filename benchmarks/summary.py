@@ -113,6 +113,15 @@ def autoscale_rows(d: dict) -> list[Row]:
                                 f"B's frame {fmt(d['busy_to_first_frame_s'])} s")]
 
 
+def first_chunk_rows(d: dict) -> list[Row]:
+    def firsts(s: dict) -> str:
+        c = s["chunks"][0]
+        return f"{fmt(c['step_s'])} s" + (f" ({', '.join(f'{k} {v}' for k, v in c['moved'].items())})" if c["moved"] else "")
+
+    return [("first_chunk", f"chunk 0's step after the warm-up, session by session: "
+                            + "; ".join(f"{s['inputs']} {firsts(s)}" for s in d["sessions"]))]
+
+
 def load_weights_rows(d: dict) -> list[Row]:
     return [("load_weights", f"{fmt(d['load_GBps'])} GB/s from {d['file_system']} ({d['storage_dtype']}, "
                              f"{d['num_layers']} of {d['released_num_layers']} blocks; old loader "
@@ -178,6 +187,7 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: "fork" in d and "hit" in d and "cold" in d, branch_rows),
     (lambda d: "clone_next_equal" in d and "dit_clone_s" in d, clone_rows),
     (lambda d: "busy_to_first_frame_s" in d and "new_replica" in d, autoscale_rows),
+    (lambda d: isinstance(d.get("sessions"), list) and "warmup_s" in d and "load_s" in d, first_chunk_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
     (lambda d: "reconnect_s" in d, resume_rows),

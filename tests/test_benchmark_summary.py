@@ -44,6 +44,11 @@ def test_rows_name_the_headline_figures_of_each_kind():
             "constructor_s": {"first": 22.1, "new": 13.7}, "new_replica": {"load_s": 5.3, "warmup_s": 6.5}}
     assert rows_of(auto) == [("autoscale_ready", "busy -> new DiT replica's constructor 21.5 s, ready 35.2 s (load 5.3 s, "
                                                  "warm-up 6.5 s; first replica's constructor 22.1 s), B's frame 37 s")]
+    first = {"load_s": 6.9, "warmup_s": 13.4, "sessions": [
+        {"inputs": "warm-up's", "chunks": [{"step_s": 0.5972, "moved": {}}]},
+        {"inputs": "moving camera", "chunks": [{"step_s": 0.9078, "moved": {"device_allocs": 3}}]}]}
+    assert rows_of(first) == [("first_chunk", "chunk 0's step after the warm-up, session by session: warm-up's "
+                                              "0.597 s; moving camera 0.908 s (device_allocs 3)")]
     assert rows_of({"something": 1})[0][0] == "probe"
 
 
