@@ -18,15 +18,14 @@ deployments/replicas/vae.py `clone`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
+from benchmarks.probes import cli
 from model.accel import AccelOptions
 from model.dit.caches import KVCacheConfig
 from model.factory import load_dit_engine, load_vae_engine
@@ -133,26 +132,12 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="lingbot-world-fast")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--size", type=lambda s: tuple(int(x) for x in s.split("x")), default=(464, 832))
-    p.add_argument("--window", type=int, default=15, help="local_attn_size (latent frames); -1: full attention")
-    p.add_argument("--sink", type=int, default=3)
+    p = cli.parser(__doc__)
     p.add_argument("--chunks", type=int, default=20)
     p.add_argument("--vae-chunks", type=int, default=4, help="chunks the VAE part decodes before its clone")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--fp8", action="store_true", help="FP8 GEMMs (a replica's `model.fp8`)")
-    p.add_argument("--fp8-attention", action="store_true", help="FP8 self-attention and its code cache (CUDA)")
-    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = run(args)
-    text = json.dumps(result, indent=2)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
-    return 0
+    return cli.emit(run(args), args.out)
 
 
 if __name__ == "__main__":

@@ -18,16 +18,15 @@ that the warm-up misses; the counters say which kind.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from benchmarks.probes import cli
 from deployments.replicas import stall_counters
 from model.accel import AccelOptions
 from model.dit.caches import KVCacheConfig
@@ -108,27 +107,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="lingbot-world-fast")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--size", type=lambda s: tuple(int(x) for x in s.split("x")), default=(464, 832))
-    p.add_argument("--window", type=int, default=15)
-    p.add_argument("--sink", type=int, default=3)
-    p.add_argument("--fp8", action="store_true")
-    p.add_argument("--fp8-attention", action="store_true")
+    p = cli.parser(__doc__)
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--sessions", type=int, default=2, help="realistic sessions after the warm-up-like one")
     p.add_argument("--chunks", type=int, default=3)
     p.add_argument("--context-len", type=int, default=64, help="text tokens of the realistic sessions' context")
-    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = run(args)
-    text = json.dumps(result, indent=2)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
-    return 0
+    return cli.emit(run(args), args.out)
 
 
 if __name__ == "__main__":
