@@ -387,6 +387,18 @@ class AppArgs(_Strict):
     # replaces it (docs/RELIABILITY.md).
     dit_parallel_timeout_s: float = Field(60.0, gt=0)
 
+    def cpus_at_most(self) -> float:
+        """The CPUs the app's replicas reserve in Ray with every deployment at its most replicas
+        (an autoscaled DiT / VAE at max_replicas; a sequence-parallel DiT replica's ranks; the
+        session parking, one replica placed like the ingress, when resumes are on). A box with
+        fewer leaves a replica pending: on the H200 a second autoscaled DiT replica never started
+        (4 + 4 + VAE 4 + T5 2 + ingress 2 + parking 2 = 18 of 16 cores)."""
+        parking = self.ingress.num_cpus if self.sessions.resume_grace_s > 0 else 0.0
+        return (self.dit.num_cpus * self.dit.most_replicas * self.dit_parallel
+                + self.vae.num_cpus * self.vae.most_replicas
+                + self.text_encoder.num_cpus * self.text_encoder.most_replicas
+                + self.ingress.num_cpus * self.ingress.most_replicas + parking)
+
     @model_validator(mode="after")
     def _autoscaling_of_session_hosts_only(self) -> "AppArgs":
         for name in ("text_encoder", "ingress"):

@@ -14,6 +14,7 @@ from ray.serve.deployment import Application, Deployment
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import AppArgs
+from support import REPO as REPO_ROOT
 
 APP_NAME = "lingbot-world"
 IMPORT_PATH = "deployments.app:build_app"
@@ -338,6 +339,35 @@ def test_the_h200_autoscale_benchmark_is_the_fp8_window_one_with_an_autoscaled_d
     assert auto.dit.most_replicas * auto.dit.num_gpus + auto.vae.num_gpus + auto.text_encoder.num_gpus <= 1.0 + 1e-9
     for block in ("vae", "text_encoder", "ingress"):
         assert getattr(auto, block) == getattr(fp8, block), block
+
+
+DEVICE_CORES = 16  # the lent GPU boxes (H100, H200): benchmarks/gpu_serve.sh's serve runs
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "benchmarks").glob("serve_config.*.yaml")))
+def test_every_device_benchmark_config_fits_the_boxs_cores_at_its_most_replicas(name):
+    """Ray reserves each replica's num_cpus: a config asking more than the box has leaves a replica
+    pending (the autoscaled DiT's second replica on the H200, the bench waiting for it in vain)."""
+    import yaml
+
+    args = AppArgs.model_validate(the_app(yaml.safe_load((REPO_ROOT / "benchmarks" / name).read_text()))["args"])
+    assert args.cpus_at_most() <= DEVICE_CORES - 1, name  # one core for the proxy, the controller and the bench
+
+
+def test_the_shipped_gpu_config_fits_the_cores_it_names():
+    """serve_config.gpu.yaml's header: one GPU and 8 or more CPU cores."""
+    args = AppArgs.model_validate(the_app(gpu_configs()["serve_config.gpu.yaml"])["args"])
+    assert args.cpus_at_most() <= 8
+
+
+def test_cpus_at_most_counts_every_replica_the_app_can_run():
+    args = AppArgs.model_validate({
+        "dit": {"num_cpus": 4, "autoscaling": {"min_replicas": 1, "max_replicas": 2}},
+        "vae": {"num_cpus": 3, "num_replicas": 2}, "text_encoder": {"num_cpus": 2},
+        "ingress": {"num_cpus": 1, "num_replicas": 2}, "sessions": {"resume_grace_s": 30}})
+    assert args.cpus_at_most() == 4 * 2 + 3 * 2 + 2 + 1 * 2 + 1  # + the parking, placed like the ingress
+    no_resume = args.model_copy(update={"sessions": args.sessions.model_copy(update={"resume_grace_s": 0})})
+    assert no_resume.cpus_at_most() == args.cpus_at_most() - 1
 
 
 def test_the_h200_fa4_benchmark_is_the_h200_benchmark_with_fa4_attention():
