@@ -206,7 +206,13 @@ if [ "${AUTOSCALE:-0}" = 1 ]; then  # issue 35.1: a DiT replica the autoscaler s
         log "autoscale_ready (at most $(left) s)"
         timeout "$(left)" $PY -m benchmarks.autoscale_ready --out "$OUT/autoscale.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
         # the replicas' states as Serve sees them (a replica pending for resources, or failing to start)
-        timeout 30 $PY -c "from ray.serve.scripts import cli; cli()" status > "$OUT/serve_status.txt" 2>&1
+        # (the Python API: `serve status` asks the dashboard for a token)
+        timeout 60 $PY -c "
+import ray; from ray import serve
+ray.init(address='auto', logging_level='ERROR')
+for app, a in serve.status().applications.items():
+    for name, d in a.deployments.items():
+        print(app, name, d.status, dict(d.replica_states), d.message or '')" > "$OUT/serve_status.txt" 2>&1
     else
         log "autoscale_ready skipped: no budget left"
     fi
