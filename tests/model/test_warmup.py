@@ -59,11 +59,9 @@ def test_the_first_chunk_benchmark_reports_each_sessions_chunks(tmp_path):
         assert all("compiled_graphs" not in c["moved"] for c in s["chunks"])  # nothing compiled after the warm-up
 
 
-def test_after_the_warm_up_a_served_sessions_first_chunks_import_nothing():
-    """A module first imported inside a session's chunk is a one-off the warm-up missed: the first
-    session after a start pays it (scipy's interpolation cost 0.3 s of its first chunk). After
-    each engine's warm-up, the calls of a real session (a prompt, an image, a moving camera, the
-    fMP4 muxer) import no new module."""
+def first_chunks_after_the_warm_up() -> list[str]:
+    """(Run in a fresh interpreter.) Each engine warmed up as its replica does, then a served
+    session's first two chunks; the modules they imported."""
     import sys
 
     size = (32, 48)
@@ -75,10 +73,8 @@ def test_after_the_warm_up_a_served_sessions_first_chunks_import_nothing():
     warm_up_text(text)
 
     before = set(sys.modules)
-    rng = np.random.default_rng(3)
     context = text.encode("a lighthouse on a cliff at dusk, waves below")
-    image = rng.integers(0, 255, (*size, 3), dtype=np.uint8)
-    v = vae.open(image, *size)
+    v = vae.open(np.random.default_rng(3).integers(0, 255, (*size, 3), dtype=np.uint8), *size)
     muxer = Fmp4Muxer(size[1], size[0], 16)
     s = dit.open(DiTSessionSpec(context=context, height=size[0], width=size[1], seed=5))
     for k in range(2):
@@ -90,4 +86,23 @@ def test_after_the_warm_up_a_served_sessions_first_chunks_import_nothing():
         muxer.add_chunk(vae.decode(v, out.latents))
     dit.close(s)
     vae.close(v)
-    assert sorted(set(sys.modules) - before) == []
+    return sorted(set(sys.modules) - before)
+
+
+def test_after_the_warm_up_a_served_sessions_first_chunks_import_nothing():
+    """A module first imported inside a session's chunk is a one-off the warm-up missed: the first
+    session after a start pays it (scipy's interpolation cost 0.3 s of its first chunk). After
+    each engine's warm-up, the calls of a real session (a prompt, an image, a moving camera, the
+    fMP4 muxer) import no new module. In a fresh interpreter: in this one earlier tests have
+    imported most things already."""
+    import json
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    script = ("import json, sys; sys.path[:0] = ['tests', 'tests/model']; "
+              "from test_warmup import first_chunks_after_the_warm_up as f; print(json.dumps(f()))")
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == []
