@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-from benchmarks.serve_load import get_json, http_base
+from benchmarks.serve_load import http_base, model_card
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import plan_session
@@ -48,7 +48,7 @@ def _first_infer(args: argparse.Namespace, session_id: str) -> bytes:
 
 def dit_replicas(args: argparse.Namespace) -> dict[str, dict]:
     """The DiT replicas /v1/models lists now, by replica id (their stats)."""
-    card = get_json(f"{http_base(args.url)}/v1/models", args.api_key)["data"][0]
+    card = model_card(http_base(args.url), args.api_key)
     return {s.get("replica") or str(i): s for i, s in enumerate(card["replicas"]["dit"])}
 
 

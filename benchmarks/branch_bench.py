@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from benchmarks.serve_load import get_json, http_base, replica_report
+from benchmarks.serve_load import http_base, model_card, replica_report
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import plan_session
@@ -185,7 +185,7 @@ def _clone_calls(args: argparse.Namespace) -> Optional[dict[str, int]]:
     """Copies each stateful deployment's replicas made so far (their stats' `clone` and
     `from_snapshot` calls); None when unreadable."""
     try:
-        card = get_json(f"{http_base(args.url)}/v1/models", args.api_key)["data"][0]
+        card = model_card(http_base(args.url), args.api_key)
         return {name: sum(r.get("calls", {}).get(c, 0) for r in card["replicas"][name] for c in COPY_CALLS)
                 for name in ("dit", "vae")}
     except Exception:  # noqa: BLE001 - a report, not a failure of the run
@@ -195,7 +195,7 @@ def _clone_calls(args: argparse.Namespace) -> Optional[dict[str, int]]:
 def _snapshots(args: argparse.Namespace) -> Optional[dict[str, Any]]:
     """The replicas' snapshot figures (held, bytes, taken, evicted) and the bytes of one."""
     try:
-        card = get_json(f"{http_base(args.url)}/v1/models", args.api_key)["data"][0]
+        card = model_card(http_base(args.url), args.api_key)
     except Exception:  # noqa: BLE001
         return None
     out: dict[str, Any] = {}

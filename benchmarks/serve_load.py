@@ -99,10 +99,16 @@ def get_json(url: str, api_key: Optional[str] = None, timeout_s: float = 30.0) -
         return json.loads(r.read())
 
 
+def model_card(base: str, api_key: Optional[str] = None) -> dict[str, Any]:
+    """The served model's card from /v1/models of the app at `base` (its replicas' stats under
+    `replicas`, by deployment)."""
+    return get_json(f"{base}/v1/models", api_key)["data"][0]
+
+
 def replica_report(base: str, api_key: Optional[str]) -> dict[str, Any]:
     """Per deployment, what each replica reports (from /v1/models)."""
     try:
-        card = get_json(f"{base}/v1/models", api_key)["data"][0]
+        card = model_card(base, api_key)
     except Exception as e:  # noqa: BLE001 - a report, not a failure of the run
         return {"error": f"{type(e).__name__}: {e}"}
     keys = ("replica", "sessions", "capacity", "peak_memory_bytes", "peak_memory_kind", "memory_allocated_bytes",
