@@ -8,7 +8,8 @@ The engine with a replica's options (`AccelOptions.for_serving`, compiled, the r
 warmed up as a replica's constructor does (`model.warmup.warm_up_dit`), then sessions opened
 one after the other, each closed before the next, every call on the one model thread (as
 deployments/replicas/compute_thread.py): first one with the warm-up's own inputs (zero
-conditioning, a still camera), then --sessions with a prompt-like context and a moving camera.
+conditioning and context, `model.warmup.warm_camera`), then --sessions with a prompt-like
+context, random conditioning and a camera that also moves sideways.
 Per session and chunk: the step's seconds (device synchronised; the cache update deferred and
 timed apart, as a replica does), and the process counters that moved during it
 (deployments/replicas/stall_counters.py: compiled graphs, cudaMalloc / cudaFree, allocator
@@ -32,7 +33,7 @@ from model.accel import AccelOptions
 from model.dit.caches import KVCacheConfig
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
-from model.warmup import warm_up_dit
+from model.warmup import warm_camera, warm_up_dit
 
 
 def _sync(device: str) -> None:
@@ -41,16 +42,14 @@ def _sync(device: str) -> None:
 
 
 def _inputs(k: int, lat: tuple[int, int], size: tuple[int, int], still: bool, gen: torch.Generator):
-    """Chunk k's y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4]: the warm-up's (zeros, one
-    still pose) or a moving camera's (9 or 12 poses, random conditioning)."""
-    h, w = size
+    """Chunk k's y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4]: the warm-up's own (zero
+    conditioning, `warm_camera`) or a session's (random conditioning, the camera moving sideways
+    too: values the warm-up never sent)."""
+    poses, intrinsics = warm_camera(k, *size)
     if still:
-        return (torch.zeros(20, 3, *lat), np.eye(4, dtype=np.float32)[None],
-                np.array([[w / 2, w / 2, w / 2, h / 2]], dtype=np.float32))
-    n = 9 if k == 0 else 12
-    poses = np.tile(np.eye(4, dtype=np.float32), (n, 1, 1))
-    poses[:, 2, 3] = 0.05 * (np.arange(n) + (0 if k == 0 else 9 + 12 * (k - 1)))
-    return torch.randn(20, 3, *lat, generator=gen), poses, np.tile([[w / 2, w / 2, w / 2, h / 2]], (n, 1)).astype(np.float32)
+        return torch.zeros(20, 3, *lat), poses, intrinsics
+    poses[:, 0, 3] += 0.02 * np.arange(len(poses))
+    return torch.randn(20, 3, *lat, generator=gen), poses, intrinsics
 
 
 def _session(engine, device: str, size: tuple[int, int], chunks: int, still: bool, seed: int,
