@@ -14,7 +14,7 @@ from ray.serve.deployment import Application, Deployment
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import AppArgs
-from support import REPO as REPO_ROOT
+from support import REPO
 
 APP_NAME = "lingbot-world"
 IMPORT_PATH = "deployments.app:build_app"
@@ -25,6 +25,13 @@ CPU_CORES = 2  # the machine serve_config.yaml is sized for
 def the_app(cfg: dict) -> dict:
     (app,) = cfg["applications"]
     return app
+
+
+def app_args(name: str) -> AppArgs:
+    """The typed args of the one app of the serve config at `name` (relative to the repository)."""
+    import yaml
+
+    return AppArgs.model_validate(the_app(yaml.safe_load((REPO / name).read_text()))["args"])
 
 
 def builder(import_path: str):
@@ -284,12 +291,9 @@ def test_the_h200_benchmark_serves_the_shipped_gpu_config_with_random_weights():
 def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_only_where_they_say():
     """serve_config.h200.window.yaml: the shipped config's window; .kvfp8.yaml: that plus the
     FP8 KV cache, more sessions and card shares that hold them (its comments give the counts)."""
-    from support import REPO
-    import yaml
 
     gpu = AppArgs.model_validate(the_app(gpu_configs()["serve_config.gpu.yaml"])["args"])
-    load = lambda n: AppArgs.model_validate(the_app(yaml.safe_load((REPO / n).read_text()))["args"])  # noqa: E731
-    window, kvfp8 = load("benchmarks/serve_config.h200.window.yaml"), load("benchmarks/serve_config.h200.kvfp8.yaml")
+    window, kvfp8 = app_args("benchmarks/serve_config.h200.window.yaml"), app_args("benchmarks/serve_config.h200.kvfp8.yaml")
     differ = {"checkpoint", "random_weights"}
     # and a compile cache the benchmark empties for its cold start (benchmarks/gpu_serve.sh RESTART=1)
     assert window.model.compile_cache_dir and gpu.model.compile_cache_dir is None
@@ -305,7 +309,7 @@ def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_on
     # .window_fp8.yaml: the window config with the opt-in FP8 GEMMs and FP8 self-attention, a
     # compile cache, and six sessions on shares from the measured footprints (issue 35; the
     # arithmetic: tests/deployments/test_fp8_capacity.py)
-    fp8 = load("benchmarks/serve_config.h200.window_fp8.yaml")
+    fp8 = app_args("benchmarks/serve_config.h200.window_fp8.yaml")
     assert fp8.model.fp8 and fp8.model.fp8_attention and not gpu.model.fp8_attention
     assert fp8.model.compile_cache_dir and gpu.model.compile_cache_dir is None
     own = {"fp8", "fp8_attention", "warmup_sizes"}  # warmup_sizes: the first bucket before ready
@@ -325,11 +329,8 @@ def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_on
 def test_the_h200_autoscale_benchmark_is_the_fp8_window_one_with_an_autoscaled_dit():
     """serve_config.h200.autoscale_fp8.yaml (benchmarks/autoscale_ready.py): the FP8 window config
     whose DiT holds one session per replica and autoscales from one replica to two, both on the card."""
-    from support import REPO
-    import yaml
 
-    load = lambda n: AppArgs.model_validate(the_app(yaml.safe_load((REPO / n).read_text()))["args"])  # noqa: E731
-    fp8, auto = load("benchmarks/serve_config.h200.window_fp8.yaml"), load("benchmarks/serve_config.h200.autoscale_fp8.yaml")
+    fp8, auto = app_args("benchmarks/serve_config.h200.window_fp8.yaml"), app_args("benchmarks/serve_config.h200.autoscale_fp8.yaml")
     assert auto.model == fp8.model and auto.prefix_cache == fp8.prefix_cache
     assert auto.sessions.max_sessions == 1 and auto.sessions.model_dump(exclude={"max_sessions"}) == \
         fp8.sessions.model_dump(exclude={"max_sessions"})
@@ -344,13 +345,12 @@ def test_the_h200_autoscale_benchmark_is_the_fp8_window_one_with_an_autoscaled_d
 DEVICE_CORES = 16  # the lent GPU boxes (H100, H200): benchmarks/gpu_serve.sh's serve runs
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "benchmarks").glob("serve_config.*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "benchmarks").glob("serve_config.*.yaml")))
 def test_every_device_benchmark_config_fits_the_boxs_cores_at_its_most_replicas(name):
     """Ray reserves each replica's num_cpus: a config asking more than the box has leaves a replica
     pending (the autoscaled DiT's second replica on the H200, the bench waiting for it in vain)."""
-    import yaml
 
-    args = AppArgs.model_validate(the_app(yaml.safe_load((REPO_ROOT / "benchmarks" / name).read_text()))["args"])
+    args = app_args(f"benchmarks/{name}")
     assert args.cpus_at_most() <= DEVICE_CORES - 1, name  # one core for the proxy, the controller and the bench
 
 
@@ -422,11 +422,8 @@ def test_the_h100_fp8_window_benchmark_is_the_h200_one_on_an_80_gb_card():
     benchmark; only the card shares and the session count change, and the VAE's share holds its
     2 sessions by the footprints measured on the device (0.27 resident + 2.71 a session + 5.86 for
     the one call in flight, GiB of 79.6; 0.15 held only one)."""
-    from support import REPO
-    import yaml
 
-    load = lambda n: AppArgs.model_validate(the_app(yaml.safe_load((REPO / n).read_text()))["args"])  # noqa: E731
-    h200, h100 = load("benchmarks/serve_config.h200.window_fp8.yaml"), load("benchmarks/serve_config.h100.window_fp8.yaml")
+    h200, h100 = app_args("benchmarks/serve_config.h200.window_fp8.yaml"), app_args("benchmarks/serve_config.h100.window_fp8.yaml")
     assert h100.model == h200.model
     assert h100.sessions.model_dump(exclude={"max_sessions"}) == h200.sessions.model_dump(exclude={"max_sessions"})
     assert h100.sessions.max_sessions == 2
