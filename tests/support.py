@@ -166,8 +166,9 @@ class FakeCudnnGraph:
     def check_support(self):
         pass
 
-    def build_plans(self):
+    def build_plans(self, policy="HEURISTICS_CHOICE"):
         FakeCudnnGraph.builds += 1
+        self.policy = policy
 
     def get_workspace_size(self):
         return 0
@@ -189,6 +190,7 @@ def install_fake_cudnn(monkeypatch):
     enum = lambda *names: types.SimpleNamespace(**{n: n for n in names})  # noqa: E731
     module = types.SimpleNamespace(
         data_type=enum("FP8_E4M3", "BFLOAT16", "FLOAT"), heur_mode=enum("A", "FALLBACK"),
+        build_plan_policy=enum("HEURISTICS_CHOICE", "ALL"),
         create_handle=lambda: object(), set_stream=lambda handle, stream: None, pygraph=FakeCudnnGraph)
     monkeypatch.setitem(sys.modules, "cudnn", module)
     FakeCudnnGraph.builds = 0

@@ -1,8 +1,11 @@
 """Attention kernels at the DiT's shapes (the `model.attention` option), on one GPU:
 
-    python -m benchmarks.probes.attention --out $OUT/attention.json
+    python -m benchmarks.probes.attention --bf16 --out $OUT/attention.json
 
-One chunk's queries (3 latent frames, 4524 tokens at 464x832, 40 heads of 128) against the
+The FP8 rows (always; `--bf16` adds the bf16 kernels' before them): cuDNN's FP8 SDPA from the
+code cache's e4m3 codes against 1, 3, 5 (the served window) and 6 chunks of keys: the graph
+the model builds, each execution plan cuDNN offers for it, and the same with Q, K, V, O
+heads-major. One chunk's queries (3 latent frames, 4524 tokens at 464x832, 40 heads of 128) against the
 key/value lengths a session sees (the chunk alone, chunks 0-2, the window of 18 latent
 frames = 6 chunks). Per kernel: TFLOP/s (4 S n H D FLOPs, the best of a few timed runs) and
 the error of its output against a float32 SDPA on the same bf16 inputs (norm-relative).
@@ -94,19 +97,80 @@ def attention_rows(device: torch.device) -> dict:
     return out
 
 
+FP8_KV_CHUNKS = (1, 3, 5, 6)  # 5: the served window (15 latent frames: 22620 keys)
+
+
+def fp8_rows(device: torch.device) -> dict:
+    """cuDNN's FP8 SDPA (`attention: cudnn_fp8`) at the same shapes, from e4m3 codes as the code
+    cache holds them: the graph the model builds (the heuristic's first plan), every other plan
+    cuDNN offers for it (`all_plans`), and Q, K, V, O heads-major instead of the cache's rows.
+    The error is O's (codes x scale) against a float32 SDPA of the dequantized codes."""
+    from model.accel.fp8_attention import CudnnFp8Attention, quantize_tensor
+
+    attention = CudnnFp8Attention()
+    handle = attention._handle(device)
+    gen = torch.Generator(device=device).manual_seed(1)
+    out: dict = {}
+    for chunks in FP8_KV_CHUNKS:
+        n = chunks * TOKENS
+        qc, kc, vc = (quantize_tensor(torch.randn(1, length, HEADS, HEAD_DIM, device=device, generator=gen)
+                                      .to(torch.bfloat16)) for length in (TOKENS, n, n))
+        flops = 4 * TOKENS * n * HEADS * HEAD_DIM
+        deq = [c.float() * scale for c, scale in (qc, kc, vc)]
+        ref = sdpa(*(x[0] for x in deq), SDPBackend.MATH if n <= 4 * TOKENS else None)
+        row: dict = {"kv_tokens": n}
+
+        def served():
+            codes, scales = attention.codes(qc, kc, vc)
+            return (codes.float() * scales)[0]
+
+        t = bench(served)
+        row["model_graph"] = {"tflops": flops / t / 1e12, "ms": t * 1e3, "err": rel(served(), ref)}
+        descale_s, scale_s = attention._p_scales(device)
+        for layout in ("rows", "heads_major"):
+            heads_major = layout == "heads_major"
+            try:
+                g, tensors, _ = attention._build(TOKENS, n, HEADS, HEAD_DIM, device, heads_major=heads_major,
+                                                 all_plans=True)
+                inputs = [c.transpose(1, 2).contiguous() if heads_major else c for c, _ in (qc, kc, vc)]
+                o = torch.empty_like(inputs[0])
+                amax = torch.empty(2, 1, device=device)
+                buffers = (*inputs, qc[1], kc[1], vc[1], descale_s, scale_s, 1.0 / vc[1], o, amax[0], amax[1])
+                pack = dict(zip(tensors, buffers))
+                plans = []
+                for index in range(g.get_execution_plan_count()):
+                    try:
+                        ws = torch.empty(max(int(g.get_workspace_size_plan_at_index(index)), 1), dtype=torch.uint8,
+                                         device=device)
+                        t = bench(lambda: g.execute_plan_at_index(pack, ws, index, handle=handle))
+                        o_rows = o.transpose(1, 2) if heads_major else o
+                        err = rel((o_rows.float() * vc[1])[0].flatten(1), ref)
+                        plans.append({"plan": index, "tflops": flops / t / 1e12, "ms": t * 1e3, "err": err})
+                    except Exception as e:  # noqa: BLE001
+                        plans.append({"plan": index, "error": repr(e)[-200:]})
+                row[layout] = plans
+            except Exception as e:  # noqa: BLE001
+                row[layout] = {"error": repr(e)[-300:]}
+        out[f"kv_{chunks}_chunks"] = row
+        print(json.dumps(row), flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="attention.json")
+    p.add_argument("--bf16", action="store_true", help="also the bf16 kernels' rows (before the FP8 ones)")
     args = p.parse_args()
     device = torch.device("cuda")
     res: dict = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                  "device": torch.cuda.get_device_name(device)}
-    try:
-        with torch.no_grad():
-            res["attention"] = attention_rows(device)
-    except Exception:  # noqa: BLE001
-        res["attention"] = {"error": traceback.format_exc(limit=6)}
-        print(res["attention"]["error"], flush=True)
+    for name, rows in (("attention", attention_rows), ("fp8_attention", fp8_rows))[0 if args.bf16 else 1:]:
+        try:
+            with torch.no_grad():
+                res[name] = rows(device)
+        except Exception:  # noqa: BLE001
+            res[name] = {"error": traceback.format_exc(limit=6)}
+            print(res[name]["error"], flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
 

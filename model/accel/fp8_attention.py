@@ -88,14 +88,21 @@ class CudnnFp8Attention:
             self._handles[index] = cudnn.create_handle()
         return self._handles[index]
 
-    def _build(self, s: int, n: int, h: int, d: int, device: torch.device) -> tuple:
+    def _build(self, s: int, n: int, h: int, d: int, device: torch.device, heads_major: bool = False,
+               all_plans: bool = False) -> tuple:
+        """The graph for s queries and n keys. `heads_major`: Q, K, V and O as [1, H, length, D]
+        contiguous instead of the cache's [1, length, H, D] rows; `all_plans`: every execution plan
+        built (the attention probe times each: `execute_plan_at_index`), not only the heuristic's first."""
         cudnn = self._cudnn()
         handle = self._handle(device)
         g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT,
                           compute_data_type=cudnn.data_type.FLOAT, handle=handle)
 
+        def stride(length: int) -> list[int]:  # of [B, H, S, D]
+            return [h * length * d, length * d, d, 1] if heads_major else [length * h * d, d, h * d, 1]
+
         def rows(name: str, length: int):  # [1, length, H, D] memory seen as [B, H, S, D]
-            return g.tensor(name=name, dim=[1, h, length, d], stride=[length * h * d, d, h * d, 1],
+            return g.tensor(name=name, dim=[1, h, length, d], stride=stride(length),
                             data_type=cudnn.data_type.FP8_E4M3)
 
         def scalar(name: str):
@@ -107,15 +114,14 @@ class CudnnFp8Attention:
                                           descale_v=scalars[2], descale_s=scalars[3], scale_s=scalars[4],
                                           scale_o=scalars[5], is_inference=True, attn_scale=1.0 / math.sqrt(d),
                                           use_causal_mask=False)
-        o.set_output(True).set_dim([1, h, s, d]).set_stride([s * h * d, d, h * d, 1]).set_data_type(
-            cudnn.data_type.FP8_E4M3)
+        o.set_output(True).set_dim([1, h, s, d]).set_stride(stride(s)).set_data_type(cudnn.data_type.FP8_E4M3)
         for amax in (amax_s, amax_o):
             amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
-        g.build_plans()
+        g.build_plans(cudnn.build_plan_policy.ALL) if all_plans else g.build_plans()
         return g, (q, k, v, *scalars, o, amax_s, amax_o), int(g.get_workspace_size())
 
     def graph(self, s: int, n: int, h: int, d: int, device: torch.device | str) -> tuple:

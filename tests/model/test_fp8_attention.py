@@ -52,6 +52,23 @@ def test_the_graph_attends_like_sdpa_up_to_fp8_rounding(fake_cudnn):
     assert torch.equal(again.view(1, s, h, d)[:, :, 0].float().sign(), got.view(1, s, h, d)[:, :, 0].float().sign())
 
 
+def test_a_heads_major_graph_reads_and_writes_heads_major(fake_cudnn):
+    """The attention probe's layout variant: Q, K, V, O as [1, H, length, D] give the rows
+    graph's output transposed (a wrong stride would mix heads or tokens)."""
+    gen = torch.Generator().manual_seed(3)
+    s, n, h, d = 5, 9, 3, 16
+    attention = CudnnFp8Attention()
+    (qc, dq), (kc, dk), (vc, dv) = (quantize_tensor(torch.randn(1, length, h, d, generator=gen)) for length in (s, n, n))
+    want, _ = attention.codes((qc, dq), (kc, dk), (vc, dv))
+    g, tensors, _ = attention._build(s, n, h, d, torch.device("cpu"), heads_major=True, all_plans=True)
+    assert g.policy == "ALL"
+    inputs = [c.transpose(1, 2).contiguous() for c in (qc, kc, vc)]
+    o = torch.empty_like(inputs[0])
+    descale_s, scale_s = attention._p_scales(torch.device("cpu"))
+    g.execute(dict(zip(tensors, (*inputs, dq, dk, dv, descale_s, scale_s, 1.0 / dv, o, *torch.empty(2, 1)))), None)
+    assert torch.equal(o.transpose(1, 2).flatten(2).float(), want.float())
+
+
 def test_graphs_are_built_once_per_key_length(fake_cudnn):
     attention = CudnnFp8Attention()
     q = torch.randn(1, 4, 2, 16).bfloat16()
