@@ -46,13 +46,19 @@ def copy_tbps(device: torch.device, gib: float = 2.0, iters: int = 10) -> float:
     return 2 * src.nbytes * iters / dt / 1e12
 
 
+def dit_call_flops_by_kind(cfg: DiTConfig, tokens: int, kv_tokens: int) -> dict[str, float]:
+    """FLOPs of one DiT call on `tokens` tokens attending to `kv_tokens` (text K/V excluded):
+    "gemm" (the blocks' projections and FFN, the patch embedding and head) and "attention"
+    (self + cross)."""
+    d, ff = cfg.dim, cfg.ffn_dim
+    gemm = cfg.num_layers * 2 * tokens * (4 * d * d + 2 * d * d + 2 * d * ff)  # qkv+o, cross q+o, ffn
+    gemm += 2 * tokens * cfg.in_dim * 4 * d + 2 * tokens * d * cfg.patch_features  # patch, head
+    return {"gemm": gemm, "attention": cfg.num_layers * 4 * tokens * d * (kv_tokens + cfg.text_len)}
+
+
 def dit_call_flops(cfg: DiTConfig, tokens: int, kv_tokens: int) -> float:
     """FLOPs of one DiT call on `tokens` tokens attending to `kv_tokens` (text K/V excluded)."""
-    d, ff = cfg.dim, cfg.ffn_dim
-    per_block = 2 * tokens * (4 * d * d + 2 * d * d + 2 * d * ff)  # qkv+o, cross q+o, ffn
-    per_block += 4 * tokens * d * (kv_tokens + cfg.text_len)  # self + cross attention
-    patch = 2 * tokens * cfg.in_dim * 4 * d + 2 * tokens * d * cfg.patch_features
-    return cfg.num_layers * per_block + patch
+    return sum(dit_call_flops_by_kind(cfg, tokens, kv_tokens).values())
 
 
 def camera_flops(cfg: DiTConfig, tokens: int) -> float:

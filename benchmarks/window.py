@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, parse_size
+from benchmarks.measure import DENOISE_CALLS, camera_flops, dit_call_flops_by_kind
 from model.accel import AccelOptions, optimize_dit
 from model.accel.options import FP8_QUANT_MODES
 from model.dit.caches import KVCacheConfig
@@ -116,6 +117,23 @@ def profile_chunk(step, device: torch.device, path: Path) -> dict:
     report = profile_report(prof, device, path)
     return {"wall_s": wall, **report,
             "busy_fraction": report["device_busy_s"] / wall if device.type == "cuda" else None}
+
+
+def kind_rates(cfg, height: int, width: int, local: int, device_s_by_kind: dict[str, float]) -> dict:
+    """What the profiled chunk's GEMMs and attention compute, and at what rate: a chunk of the
+    full window is 4 denoising calls + the cache update over `local` latent frames of keys (the
+    chunk's own among them), the camera path once. The rates name what is left: the two kinds'
+    seconds at them are the chunk's floor with every other kernel gone."""
+    frame_seqlen = (height // 16) * (width // 16)
+    tokens = CHUNK_LATENT_FRAMES * frame_seqlen
+    calls = DENOISE_CALLS + 1
+    flops = {kind: calls * f for kind, f in dit_call_flops_by_kind(cfg, tokens, local * frame_seqlen).items()}
+    flops["gemm"] += camera_flops(cfg, tokens)
+    rates = {kind: {"tflop": f / 1e12, "device_s": device_s_by_kind.get(kind, 0.0),
+                    "tflops": f / device_s_by_kind[kind] / 1e12 if device_s_by_kind.get(kind) else None}
+             for kind, f in flops.items()}
+    rates["floor_s"] = sum(device_s_by_kind.get(kind, 0.0) for kind in flops)
+    return rates
 
 
 def summarise(rows: list[dict], full_from: int) -> dict:
@@ -231,9 +249,13 @@ def main(argv: list[str] | None = None) -> None:
             torch.save(torch.stack(kept), args.out.with_name(f"{args.out.stem}_{tag}_latents.pt"))
         run["summary"] = summarise(rows, full_from)
         if profiled is not None:
+            profiled["rates"] = kind_rates(engine.cfg, height, width, args.local, profiled["device_s_by_kind"])
             run["profile"] = profiled
+            rates = profiled["rates"]
             print(f"{precision} profile: busy {profiled['busy_fraction']}, device s by kind "
-                  f"{ {k: round(v, 4) for k, v in profiled['device_s_by_kind'].items()} }", flush=True)
+                  f"{ {k: round(v, 4) for k, v in profiled['device_s_by_kind'].items()} }; attention "
+                  f"{rates['attention']['tflops']} TFLOP/s, GEMMs {rates['gemm']['tflops']} TFLOP/s, "
+                  f"their floor {rates['floor_s']:.3f} s", flush=True)
         save()
         s = run["summary"]
         if "mean_dit_s" in s:

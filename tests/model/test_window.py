@@ -50,6 +50,23 @@ def test_the_window_benchmark_profiles_a_steady_state_chunk(tmp_path):
     assert (tmp_path / "w_bf16_profile_shapes.txt").read_text().count("[") > 0
 
 
+def test_kind_rates_count_five_calls_over_the_full_window():
+    from benchmarks.window import kind_rates
+    from model.config import preset
+
+    cfg = preset("lingbot-world-fast").dit
+    seconds = {"attention": 0.5, "gemm": 0.4, "elementwise": 0.1}
+    rates = kind_rates(cfg, 464, 832, 15, seconds)
+    tokens, keys = 3 * 29 * 52, 15 * 29 * 52  # 4524 queries, 22620 keys
+    # self + cross attention: 4 S n D FLOPs per layer and call, 4 denoising calls + the update
+    assert rates["attention"]["tflop"] * 1e12 == 5 * cfg.num_layers * 4 * tokens * cfg.dim * (keys + cfg.text_len)
+    assert rates["attention"]["tflops"] == rates["attention"]["tflop"] / 0.5
+    assert rates["floor_s"] == 0.9  # the elementwise kernels are not the floor's
+    doubled = kind_rates(cfg, 464, 832, 30, seconds)
+    assert doubled["gemm"]["tflop"] == rates["gemm"]["tflop"]  # the window changes attention only
+    assert kind_rates(cfg, 464, 832, 15, {"gemm": 0.4})["attention"]["tflops"] is None  # not profiled: no rate
+
+
 def test_the_window_benchmark_runs_the_code_cache_variants(tmp_path, fake_cudnn, monkeypatch):
     """fp8 variants, one session each on the same quantized weights: the ring (default), the
     shifting window and the bound scales; with a stand-in cuDNN on the CPU."""
