@@ -209,7 +209,6 @@ GPU_RAYSERVICES = ("k8s/rayservice.yaml", "k8s/variants/rayservice-sp4.yaml")
 
 
 def gpu_configs() -> dict[str, dict]:
-    from support import REPO
     import yaml
 
     out = {name: yaml.safe_load((REPO / name).read_text()) for name in GPU_CONFIG_FILES}
@@ -292,7 +291,7 @@ def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_on
     """serve_config.h200.window.yaml: the shipped config's window; .kvfp8.yaml: that plus the
     FP8 KV cache, more sessions and card shares that hold them (its comments give the counts)."""
 
-    gpu = AppArgs.model_validate(the_app(gpu_configs()["serve_config.gpu.yaml"])["args"])
+    gpu = app_args("serve_config.gpu.yaml")
     window, kvfp8 = app_args("benchmarks/serve_config.h200.window.yaml"), app_args("benchmarks/serve_config.h200.kvfp8.yaml")
     differ = {"checkpoint", "random_weights"}
     # and a compile cache the benchmark empties for its cold start (benchmarks/gpu_serve.sh RESTART=1)
@@ -356,7 +355,7 @@ def test_every_device_benchmark_config_fits_the_boxs_cores_at_its_most_replicas(
 
 def test_the_shipped_gpu_config_fits_the_cores_it_names():
     """serve_config.gpu.yaml's header: one GPU and 8 or more CPU cores."""
-    args = AppArgs.model_validate(the_app(gpu_configs()["serve_config.gpu.yaml"])["args"])
+    args = app_args("serve_config.gpu.yaml")
     assert args.cpus_at_most() <= 8
 
 
