@@ -67,10 +67,20 @@ def camera_flops(cfg: DiTConfig, tokens: int) -> float:
     return 2 * tokens * d * (cfg.control_dim * 64 * 4 + 2 * d + cfg.num_layers * 4 * d)
 
 
-def chunk_flops(cfg: DiTConfig, frame_seqlen: int, chunk: int, calls: int = DENOISE_CALLS + 1) -> float:
+def chunk_flops_by_kind(cfg: DiTConfig, frame_seqlen: int, kv_tokens: int,
+                        calls: int = DENOISE_CALLS + 1) -> dict[str, float]:
+    """A chunk's FLOPs by kind: `calls` DiT calls attending to `kv_tokens` (the chunk's own among
+    them), the camera path once (GEMMs)."""
     tokens = CHUNK_LATENT_FRAMES * frame_seqlen
-    kv = (chunk + 1) * tokens
-    return calls * dit_call_flops(cfg, tokens, kv) + camera_flops(cfg, tokens)
+    flops = {kind: calls * f for kind, f in dit_call_flops_by_kind(cfg, tokens, kv_tokens).items()}
+    flops["gemm"] += camera_flops(cfg, tokens)
+    return flops
+
+
+def chunk_flops(cfg: DiTConfig, frame_seqlen: int, chunk: int, calls: int = DENOISE_CALLS + 1) -> float:
+    """Chunk `chunk` of a full-attention session (it attends to chunks 0..chunk)."""
+    kv = (chunk + 1) * CHUNK_LATENT_FRAMES * frame_seqlen
+    return sum(chunk_flops_by_kind(cfg, frame_seqlen, kv, calls).values())
 
 
 def camera_feature_bytes(cfg: DiTConfig, tokens: int, dtype: torch.dtype) -> int:

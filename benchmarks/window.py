@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, parse_size
-from benchmarks.measure import DENOISE_CALLS, camera_flops, dit_call_flops_by_kind
+from benchmarks.measure import chunk_flops_by_kind
 from model.accel import AccelOptions, optimize_dit
 from model.accel.options import FP8_QUANT_MODES
 from model.dit.caches import KVCacheConfig
@@ -125,10 +125,7 @@ def kind_rates(cfg, height: int, width: int, local: int, device_s_by_kind: dict[
     chunk's own among them), the camera path once. The rates name what is left: the two kinds'
     seconds at them are the chunk's floor with every other kernel gone."""
     frame_seqlen = (height // 16) * (width // 16)
-    tokens = CHUNK_LATENT_FRAMES * frame_seqlen
-    calls = DENOISE_CALLS + 1
-    flops = {kind: calls * f for kind, f in dit_call_flops_by_kind(cfg, tokens, local * frame_seqlen).items()}
-    flops["gemm"] += camera_flops(cfg, tokens)
+    flops = chunk_flops_by_kind(cfg, frame_seqlen, local * frame_seqlen)
     rates = {kind: {"tflop": f / 1e12, "device_s": device_s_by_kind.get(kind, 0.0),
                     "tflops": f / device_s_by_kind[kind] / 1e12 if device_s_by_kind.get(kind) else None}
              for kind, f in flops.items()}
