@@ -126,17 +126,15 @@ def fp8_rows(device: torch.device) -> dict:
 
         t = bench(served)
         row["model_graph"] = {"tflops": flops / t / 1e12, "ms": t * 1e3, "err": rel(served(), ref)}
-        descale_s, scale_s = attention._p_scales(device)
         for layout in ("rows", "heads_major"):
             heads_major = layout == "heads_major"
             try:
                 g, tensors, _ = attention._build(TOKENS, n, HEADS, HEAD_DIM, device, heads_major=heads_major,
                                                  all_plans=True)
-                inputs = [c.transpose(1, 2).contiguous() if heads_major else c for c, _ in (qc, kc, vc)]
-                o = torch.empty_like(inputs[0])
-                amax = torch.empty(2, 1, device=device)
-                buffers = (*inputs, qc[1], kc[1], vc[1], descale_s, scale_s, 1.0 / vc[1], o, amax[0], amax[1])
-                pack = dict(zip(tensors, buffers))
+                q, k, v = ((c.transpose(1, 2).contiguous(), scale) if heads_major else (c, scale)
+                           for c, scale in (qc, kc, vc))
+                o = torch.empty_like(q[0])
+                pack = attention.variant_pack(tensors, q, k, v, o)
                 plans = []
                 for index in range(g.get_execution_plan_count()):
                     try:

@@ -169,16 +169,22 @@ class CudnnFp8Attention:
         assert qc.dtype == torch.float8_e4m3fn and dq.shape == (1,)
         device = qc.device
         g, t, workspace_bytes = self.graph(s, n, h, d, device)
-        descale_s, scale_s = self._p_scales(device)
         out = torch.empty(qc.shape, dtype=torch.float8_e4m3fn, device=device)
-        amax_s, amax_o = torch.empty(2, 1, device=device).unbind(0)
         workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
         cudnn = self._cudnn()
         handle = self._handle(device)
         cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream if qc.is_cuda else 0)
-        buffers = (qc, kc, vc, dq, dk, dv, descale_s, scale_s, 1.0 / dv, out, amax_s, amax_o)
-        g.execute(dict(zip(t, buffers)), workspace, handle=handle)
+        g.execute(self.variant_pack(t, (qc, dq), (kc, dk), (vc, dv), out), workspace, handle=handle)
         return out.flatten(2), dv.expand(s, 1).reshape(1, s, 1).contiguous()
+
+    def variant_pack(self, tensors: tuple, q: TensorCodes, k: TensorCodes, v: TensorCodes, out: Tensor) -> dict:
+        """A built graph's `tensors` (`_build`'s second item) -> the buffers one call runs on: Q, K,
+        V's codes and descales, P's scales, O's scale 1 / descale(V) (|O| <= amax(V)), `out` for
+        O's codes (in the graph's layout, as Q, K and V) and two scratch amax values."""
+        descale_s, scale_s = self._p_scales(out.device)
+        amax_s, amax_o = torch.empty(2, 1, device=out.device).unbind(0)
+        buffers = (q[0], k[0], v[0], q[1], k[1], v[1], descale_s, scale_s, 1.0 / v[1], out, amax_s, amax_o)
+        return dict(zip(tensors, buffers))
 
     def __call__(self, q: Tensor | TensorCodes, k: Tensor | TensorCodes, v: Tensor | TensorCodes,
                  dtype: torch.dtype | None = None) -> Tensor:

@@ -62,10 +62,9 @@ def test_a_heads_major_graph_reads_and_writes_heads_major(fake_cudnn):
     want, _ = attention.codes((qc, dq), (kc, dk), (vc, dv))
     g, tensors, _ = attention._build(s, n, h, d, torch.device("cpu"), heads_major=True, all_plans=True)
     assert g.policy == "ALL"
-    inputs = [c.transpose(1, 2).contiguous() for c in (qc, kc, vc)]
-    o = torch.empty_like(inputs[0])
-    descale_s, scale_s = attention._p_scales(torch.device("cpu"))
-    g.execute(dict(zip(tensors, (*inputs, dq, dk, dv, descale_s, scale_s, 1.0 / dv, o, *torch.empty(2, 1)))), None)
+    q, k, v = ((c.transpose(1, 2).contiguous(), scale) for c, scale in ((qc, dq), (kc, dk), (vc, dv)))
+    o = torch.empty_like(q[0])
+    g.execute(attention.variant_pack(tensors, q, k, v, o), None)
     assert torch.equal(o.transpose(1, 2).flatten(2).float(), want.float())
 
 
