@@ -191,8 +191,11 @@ class LocalCluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
     def where(self, title: str) -> dict[str, int]:
-        """How many processes titled `title` (e.g. ray::ServeReplica:lwf:DiTDeployment) each node runs."""
-        return {name: node.titles().count(title) for name, node in self.nodes.items()}
+        """How many processes titled `title` (e.g. ray::ServeReplica:lwf:DiTDeployment) each node runs.
+        While an actor runs a method Ray retitles its process `<title>.<method>` (a replica's health
+        check or routing-stats call), so that counts too."""
+        return {name: sum(t == title or t.startswith(title + ".") for t in node.titles())
+                for name, node in self.nodes.items()}
 
     def proxy_node_of(self, client_port: int) -> str:
         """The node whose proxy holds the TCP connection from local port `client_port` (`ss`)."""
