@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 
 from benchmarks.window import dolly_chunk

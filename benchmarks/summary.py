@@ -118,7 +118,7 @@ def first_chunk_rows(d: dict) -> list[Row]:
         c = s["chunks"][0]
         return f"{fmt(c['step_s'])} s" + (f" ({', '.join(f'{k} {v}' for k, v in c['moved'].items())})" if c["moved"] else "")
 
-    return [("first_chunk", f"chunk 0's step after the warm-up, session by session: "
+    return [("first_chunk", "chunk 0's step after the warm-up, session by session: "
                             + "; ".join(f"{s['inputs']} {firsts(s)}" for s in d["sessions"]))]
 
 

@@ -3,7 +3,6 @@ so `bash scripts/test.sh --fast` leaves out whatever starts Ray, a browser or ne
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 import pytest
 

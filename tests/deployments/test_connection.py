@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import msgpack
-import numpy as np
-from starlette.websockets import WebSocketState
 
 from deployments.config import AppArgs
 from deployments.ingress.connection import Backends, Connection
-from protocol import decode_reply, encode_infer
+from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply

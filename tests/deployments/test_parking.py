@@ -107,7 +107,7 @@ def test_a_claim_waits_for_the_session_its_old_connection_is_still_parking():
 def test_bounds_sessions_bytes_and_per_client():
     book = ParkingBook(60.0, 3, 1000, max_per_client=2)  # one record: 48 B of image + 10 B of video
     first = parked(book, "ta", principal="k1")
-    second = parked(book, "tb", principal="k1")
+    parked(book, "tb", principal="k1")
     third = record("tc", principal="k1")
     assert book.reserve(third.token_digest, "s", "k1", False) == (True, [first])  # the client's oldest goes
     assert book.park(third)

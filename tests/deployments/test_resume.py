@@ -8,7 +8,6 @@ import dataclasses
 import random
 import time
 
-import pytest
 
 from protocol import encode_resume
 from protocol.errors import ErrorCode

@@ -10,7 +10,6 @@ import time
 
 import httpx
 import numpy as np
-import pytest
 
 MIB = 1024 * 1024
 TERMINAL = ("succeeded", "failed")
