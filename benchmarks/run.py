@@ -35,6 +35,7 @@ from model.config import preset as get_preset
 from model.dit.caches import KVCacheConfig
 from model.dit.loader import init_dit_random
 from model.engines import DiTEngine, TextEngine, VaeEngine
+from model.session import frame_tokens
 from model.vae.model import init_vae_random
 
 SEED = 1234
@@ -98,7 +99,7 @@ class Bench:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
 
     def frame_seqlen(self) -> int:
-        return (self.inputs.height // 16) * (self.inputs.width // 16)
+        return frame_tokens(self.inputs.height, self.inputs.width)
 
     def stage(self, name: str, fn: Callable[[], dict]) -> None:
         elapsed = time.perf_counter() - self.t0

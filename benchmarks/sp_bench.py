@@ -41,7 +41,7 @@ from model.dit.loader import init_dit_random, load_dit
 from model.engines import DiTEngine
 from model.factory import as_dtype
 from model.parallel import SequenceShard, init_sp_group, rank_device, sp_engine
-from model.session import DiTSessionSpec
+from model.session import DiTSessionSpec, frame_tokens
 
 SEED = 1234
 CONTEXT_SEED, Y_SEED = 11, 12
@@ -148,7 +148,7 @@ def profile_comm(fn, device: torch.device) -> tuple[object, dict]:
 def all_to_all_bytes(engine: DiTEngine, inputs: Inputs, world: int) -> int:
     """Bytes one rank sends through the all-to-alls of one chunk (5 DiT calls)."""
     cfg = engine.cfg
-    tokens = 3 * (inputs.height // 16) * (inputs.width // 16)
+    tokens = 3 * frame_tokens(inputs.height, inputs.width)
     shard = SequenceShard(tokens, world, 0)
     per_call = cfg.num_layers * (3 + 1) * shard.size * cfg.dim * engine.dtype.itemsize * (world - 1) // world
     return 5 * per_call

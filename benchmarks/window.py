@@ -39,7 +39,7 @@ from model.accel import AccelOptions, optimize_dit
 from model.accel.options import FP8_QUANT_MODES
 from model.dit.caches import KVCacheConfig
 from model.factory import load_dit_engine
-from model.session import DiTSessionSpec
+from model.session import DiTSessionSpec, frame_tokens
 
 SEED = 1234
 TEXT_TOKENS = 64
@@ -124,7 +124,7 @@ def kind_rates(cfg, height: int, width: int, local: int, device_s_by_kind: dict[
     full window is 4 denoising calls + the cache update over `local` latent frames of keys (the
     chunk's own among them), the camera path once. The rates name what is left: the two kinds'
     seconds at them are the chunk's floor with every other kernel gone."""
-    frame_seqlen = (height // 16) * (width // 16)
+    frame_seqlen = frame_tokens(height, width)
     flops = chunk_flops_by_kind(cfg, frame_seqlen, local * frame_seqlen)
     rates = {kind: {"tflop": f / 1e12, "device_s": device_s_by_kind.get(kind, 0.0),
                     "tflops": f / device_s_by_kind[kind] / 1e12 if device_s_by_kind.get(kind) else None}

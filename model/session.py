@@ -23,6 +23,11 @@ VAE_STRIDE = 8  # pixels per latent cell (spatial)
 PATCH_TOKENS = 4  # latent cells per DiT token (patch 1x2x2)
 
 
+def frame_tokens(height: int, width: int) -> int:
+    """DiT tokens of one latent frame of a `height` x `width` video (pixels)."""
+    return (height // VAE_STRIDE) * (width // VAE_STRIDE) // PATCH_TOKENS
+
+
 class SessionStatus(Enum):
     OPEN = auto()
     CLOSED = auto()
@@ -64,7 +69,7 @@ class DiTSessionSpec:
 
     @property
     def frame_seqlen(self) -> int:
-        return self.lat_h * self.lat_w // PATCH_TOKENS
+        return frame_tokens(self.height, self.width)
 
 
 @dataclass(eq=False)
