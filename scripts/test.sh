@@ -15,4 +15,4 @@ if [ "$FAST" = 1 ]; then
     exec .venv/bin/python -m pytest -q -m "not ray and not browser and not gpu and not slow" "$@"
 fi
 bash scripts/browser_deps.sh
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=20 "$@"  # the 20 slowest: where CI's minutes go
