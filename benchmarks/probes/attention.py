@@ -100,7 +100,7 @@ def attention_rows(device: torch.device) -> dict:
 FP8_KV_CHUNKS = (1, 3, 5, 6)  # 5: the served window (15 latent frames: 22620 keys)
 
 
-def fp8_rows(device: torch.device) -> dict:
+def fp8_rows(device: torch.device, kv_chunks: tuple[int, ...] = FP8_KV_CHUNKS) -> dict:
     """cuDNN's FP8 SDPA (`attention: cudnn_fp8`) at the same shapes, from e4m3 codes as the code
     cache holds them: the graph the model builds (the heuristic's first plan), every other plan
     cuDNN offers for it (`all_plans`), and Q, K, V, O heads-major instead of the cache's rows.
@@ -111,7 +111,7 @@ def fp8_rows(device: torch.device) -> dict:
     handle = attention._handle(device)
     gen = torch.Generator(device=device).manual_seed(1)
     out: dict = {}
-    for chunks in FP8_KV_CHUNKS:
+    for chunks in kv_chunks:
         n = chunks * TOKENS
         qc, kc, vc = (quantize_tensor(torch.randn(1, length, HEADS, HEAD_DIM, device=device, generator=gen)
                                       .to(torch.bfloat16)) for length in (TOKENS, n, n))
@@ -158,11 +158,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="attention.json")
     p.add_argument("--bf16", action="store_true", help="also the bf16 kernels' rows (before the FP8 ones)")
+    p.add_argument("--kv-chunks", default=",".join(map(str, FP8_KV_CHUNKS)),
+                   help="the FP8 rows' key lengths, in chunks (5: the served window)")
     args = p.parse_args()
     device = torch.device("cuda")
     res: dict = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                  "device": torch.cuda.get_device_name(device)}
-    for name, rows in (("attention", attention_rows), ("fp8_attention", fp8_rows))[0 if args.bf16 else 1:]:
+    kv_chunks = tuple(int(c) for c in args.kv_chunks.split(","))
+    fp8 = lambda device: fp8_rows(device, kv_chunks)  # noqa: E731
+    for name, rows in (("attention", attention_rows), ("fp8_attention", fp8))[0 if args.bf16 else 1:]:
         try:
             with torch.no_grad():
                 res[name] = rows(device)
