@@ -23,7 +23,7 @@ from model.dit.model import CausalDiT
 from model.dit.caches import DiTCaches, KVCacheConfig
 from model.dit.kv_codes import AppendCodes, append_codes_reference
 from model.dit.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
-from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession
+from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession, frame_tokens
 from model.t5 import TextEncoder
 from model.vae.model import WanVAE
 
@@ -170,8 +170,7 @@ class DiTEngine:
 
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         """Bytes of a session's KV and cross-attention caches holding `kv_frames` latent frames."""
-        frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
-        return DiTCaches.kv_bytes(self.cfg, frame_seqlen, kv_frames, self.dtype, self.kv.format)
+        return DiTCaches.kv_bytes(self.cfg, frame_tokens(spec_h, spec_w), kv_frames, self.dtype, self.kv.format)
 
     def token_share(self, tokens: int) -> int:
         """Tokens of a chunk this engine's device computes (all of them; sharded engines: its part)."""

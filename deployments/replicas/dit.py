@@ -52,7 +52,7 @@ from model.engine_api import ChunkPreempted, DiTEngineProtocol, SessionFootprint
 from model.factory import load_dit_engine
 from model.dit.sampler import NoiseState
 from model.ready import ReadyClock
-from model.session import DiTSession, DiTSessionSpec, PastChunk, SessionStatus
+from model.session import DiTSession, DiTSessionSpec, PastChunk, SessionStatus, frame_tokens
 from model.warmup import WarmupReport, allow_recompiles, warm_up_dit
 
 GIB = 1024**3
@@ -239,7 +239,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         if options.total_latent_frames is None:
             return False
         frames = options.total_latent_frames
-        if (options.height // 8) * (options.width // 8) // 4 * frames > self._max_attention_tokens:
+        if frame_tokens(options.height, options.width) * frames > self._max_attention_tokens:
             return False
         budget = self._table.budget_bytes
         return budget is None or self._engine.footprint(options.height, options.width, frames, frames).total <= budget
@@ -252,7 +252,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         windowed = self._engine.session_cfg(full_attention).local_attn_size != -1
         if not windowed:
             kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
-        self._check_attention((options.height // 8) * (options.width // 8) // 4, kv_frames)
+        self._check_attention(frame_tokens(options.height, options.width), kv_frames)
         need = self._engine.footprint(options.height, options.width, kv_frames, options.total_latent_frames)
         return AdmissionPlan(full_attention, kv_frames, windowed, need)
 
@@ -345,7 +345,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         needed = (slot.chunks + 1) * CHUNK_LATENT_FRAMES  # latent frames the KV cache holds after this chunk
         if needed <= slot.kv_frames or slot.windowed:
             return
-        frame_seqlen = (slot.height // 8) * (slot.width // 8) // 4
+        frame_seqlen = frame_tokens(slot.height, slot.width)
         if frame_seqlen * needed > self._max_attention_tokens:
             raise AttentionBound(f"the session reached the server's attention bound ({self._max_attention_tokens} "
                              "tokens); reset to start a new one, or serve with a local_attn_size window")

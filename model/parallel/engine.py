@@ -14,7 +14,7 @@ from model.engines import DiTEngine
 from model.parallel.caches import allocate_sp_caches, sp_cache_bytes
 from model.parallel.ulysses import UlyssesDiT
 from model.dit.caches import DiTCaches
-from model.session import DiTSessionSpec
+from model.session import DiTSessionSpec, frame_tokens
 
 
 class SPDiTEngine(DiTEngine):
@@ -28,8 +28,7 @@ class SPDiTEngine(DiTEngine):
 
     def session_bytes(self, spec_h: int, spec_w: int, kv_frames: int) -> int:
         """Bytes of one session's caches on ONE rank (every rank holds the same amount)."""
-        frame_seqlen = (spec_h // 8) * (spec_w // 8) // 4
-        return sp_cache_bytes(self.cfg, self.world, frame_seqlen, kv_frames, self.dtype)
+        return sp_cache_bytes(self.cfg, self.world, frame_tokens(spec_h, spec_w), kv_frames, self.dtype)
 
     def token_share(self, tokens: int) -> int:
         """The tokens of this rank's sequence shard (camera features, most activations)."""
