@@ -3,8 +3,10 @@
 The app serves the embedded tiny model on CPU with two DiT replicas of two session slots each
 (capacity 4: the affinity and admission tests fill it), a short idle TTL (the expiry test waits
 it out) and debug fields on (replica ids and recoveries in frame replies). It is deployed as a
-config, as `serve deploy` and KubeRay do, so that `redeploy` can update it in place. Ray starts once:
-each start costs ~15 s on a 2-core machine. A second app in the same Ray instance
+config, as `serve deploy` and KubeRay do, so that `redeploy` can update it in place. Ray starts once
+(each start costs ~15 s on a 2-core machine), at the first test that asks, and stops after this
+folder's last test; the session's other apps go after the last test that uses them (an idle app's
+replicas take ~15 % of a core: health checks, routing stats, metrics). A second app in the same Ray instance
 (`strict_server`, route prefix /strict, started on first use) has API keys, quotas, tight
 connection limits, a 2-chunk cap, recovery out of reach (tiny journal budget), two size
 buckets, a small session budget and attention bound.
@@ -17,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import httpx
 import numpy as np
@@ -120,9 +122,13 @@ class Server:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
-def ray_port() -> Iterator[int]:
-    """Ray and Serve's HTTP proxy, once per test run."""
+_running: dict[str, Any] = {}  # "ray": the module while Ray runs; "port": Serve's HTTP port
+HERE = os.path.dirname(os.path.abspath(__file__))
+# session apps (fixture -> app name) deleted after the last test that uses them
+SESSION_APPS = {"strict_server": "strict", "resume_server": "resume", "prefix_server": "prefix"}
+
+
+def _start_ray() -> int:
     import ray
     from ray import serve
 
@@ -131,12 +137,57 @@ def ray_port() -> Iterator[int]:
     os.environ.update(MALLOC_ENV)  # as the shipped configs run the Ray processes (see MALLOC_ENV)
     os.environ.update(PROXY_GUARD_ENV)  # the proxy's byte budget per WebSocket (deployments/proxy_guard.py)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        yield port
-    finally:
+    _running["ray"] = ray
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return port
+
+
+def _stop_ray() -> None:
+    ray = _running.pop("ray", None)
+    _running.pop("port", None)
+    if ray is not None:
+        from ray import serve
+
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_port() -> int:
+    """Ray and Serve's HTTP proxy, once per test run (stopped after this folder's last test)."""
+    if "port" not in _running:
+        try:
+            _running["port"] = _start_ray()
+        except BaseException:
+            _stop_ray()
+            raise
+    return _running["port"]
+
+
+def _last_users(session: pytest.Session) -> dict[str, pytest.Item]:
+    """Fixture name -> the last test of the run that uses it (directly or through another fixture)."""
+    last = getattr(session, "_lwf_last_users", None)
+    if last is None:
+        last = {name: item for item in session.items for name in SESSION_APPS if name in item.fixturenames}
+        session._lwf_last_users = last
+    return last
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> None:
+    """After a test's own teardown: delete the session apps it was the last to use, and stop Ray
+    when the run leaves this folder (a session fixture would outlive it: the later folders' CPU
+    tests would share the 2 cores with every idle replica)."""
+    if "ray" not in _running:
+        return
+    if nextitem is None or not str(nextitem.path).startswith(HERE + os.sep):
+        _stop_ray()
+        return
+    from ray import serve
+
+    for fixture, app in SESSION_APPS.items():
+        if _last_users(item.session).get(fixture) is item:
+            serve.delete(app)
 
 
 def _run_app(port: int, args: dict, name: str, prefix: str, headers: Optional[dict] = None) -> Server:
