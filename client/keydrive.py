@@ -68,7 +68,7 @@ async def drive_keys(client: WorldClient, session_id: str, chunk_keys: Sequence[
         log.event_ids.append(reply.event_id)
         log.control_lags_s += [now - t for e, t in pending if e <= reply.event_id]
         pending = [(e, t) for e, t in pending if e > reply.event_id]
-        stat = ChunkStat(i, reply.num_frames, sent_at, now, dict(reply.stage_durations))
+        stat = ChunkStat(i, reply.num_frames, sent_at, now, dict(reply.stage_durations), bool(reply.cached))
         into.video.append(reply.video)
         into.stats.append(stat)
         if on_chunk is not None:

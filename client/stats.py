@@ -23,6 +23,7 @@ class ChunkStat:
     sent_at: float  # when its request was sent (the last send, after busy retries)
     received_at: float  # when its frame reply arrived
     stage_durations: dict[str, float]  # the server's per-stage seconds
+    cached: bool = False  # served from the server's prefix store (an earlier session with the same inputs made it)
 
     @property
     def latency_s(self) -> float:
@@ -40,6 +41,7 @@ class StreamSummary:
     interval_p95_s: Optional[float]
     fps: float  # frames per second of wall time once streaming (after the first chunk)
     stage_means_s: dict[str, float]  # mean per chunk (ONCE_STAGES: the first chunk's value)
+    cached: int = 0  # chunks served from the prefix store: their times are the store's, not the model's
 
     @classmethod
     def of(cls, stats: Sequence[ChunkStat], started_at: float) -> StreamSummary:
@@ -57,7 +59,8 @@ class StreamSummary:
         stages = sorted({k for s in stats for k in s.stage_durations}, key=lambda k: (order.get(k, len(order)), k))
         means = {k: stats[0].stage_durations.get(k, 0.0) if k in ONCE_STAGES
                  else float(np.mean([s.stage_durations.get(k, 0.0) for s in stats])) for k in stages}
-        return cls(len(stats), sum(s.num_frames for s in stats), ttfc, p50, p95, fps, means)
+        return cls(len(stats), sum(s.num_frames for s in stats), ttfc, p50, p95, fps, means,
+                   sum(s.cached for s in stats))
 
     def format(self) -> str:
         """Human-readable multi-line summary."""
@@ -74,4 +77,7 @@ class StreamSummary:
             "stages (mean per chunk): " + ", ".join(
                 f"{k} {ms(v)}" + (" (first chunk)" if k in ONCE_STAGES else "") for k, v in self.stage_means_s.items()),
         ]
+        if self.cached:
+            lines.append(f"from the server's prefix store: {self.cached} of {self.chunks} chunks (an earlier "
+                         "session with the same inputs made them; the times above are not the model's)")
         return "\n".join(lines)

@@ -122,7 +122,7 @@ class _Stream:
             raise ServerError(ErrorCode.BAD_MESSAGE, f"expected chunk {k}, got {reply.client_chunk_id}")
         self.token = reply.resume_token or self.token
         self.result.resume_token = self.token
-        stat = ChunkStat(k, reply.num_frames, sent_at, self.clock(), dict(reply.stage_durations))
+        stat = ChunkStat(k, reply.num_frames, sent_at, self.clock(), dict(reply.stage_durations), bool(reply.cached))
         self.result.video.append(reply.video)
         self.result.stats.append(stat)
         if self.on_chunk is not None:

@@ -22,8 +22,10 @@ class ScriptedServer:
     """Answers requests in order like the ingress: `busy` while `max_pending` are in flight or
     while the first chunk's open is refused `open_refusals` times; otherwise a frame."""
 
-    def __init__(self, max_pending: int = 8, open_refusals: int = 0, fail_chunk: Optional[int] = None) -> None:
+    def __init__(self, max_pending: int = 8, open_refusals: int = 0, fail_chunk: Optional[int] = None,
+                 cached_below: int = 0) -> None:
         self.max_pending = max_pending
+        self.cached_below = cached_below  # chunks below it come from the prefix store (`cached`)
         self.open_refusals = open_refusals
         self.fail_chunk = fail_chunk
         self.received: list[int] = []  # client_chunk_id of every request, in arrival order
@@ -50,7 +52,8 @@ class ScriptedServer:
             video = (INIT if self.next_chunk == 0 else b"") + bytes([self.next_chunk])
             self.pending.append(FrameReply(session_id=req.session_id, chunk_id=self.next_chunk, video=video,
                                            num_frames=9 if self.next_chunk == 0 else 12, resolution=(32, 48),
-                                           stage_durations={"dit": 0.1}, client_chunk_id=req.client_chunk_id))
+                                           stage_durations={"dit": 0.1}, client_chunk_id=req.client_chunk_id,
+                                           cached=True if self.next_chunk < self.cached_below else None))
             self.next_chunk += 1
 
     async def receive(self, timeout_s: Optional[float] = None) -> Reply:
@@ -136,3 +139,12 @@ def test_summary_numbers():
     text = s.format()
     assert "time to first chunk: 1500 ms" in text and "18.0 fps vs 16 fps" in text
     assert "p50 500 ms, p95 950 ms" in text and "text_encode 200 ms (first chunk)" in text
+    assert s.cached == 0 and "prefix store" not in text
+
+
+def test_chunks_from_the_prefix_store_are_counted_and_said():
+    result = run(ScriptedServer(cached_below=2), 4, pipeline=2)
+    assert [s.cached for s in result.stats] == [True, True, False, False]
+    summary = result.summary()
+    assert summary.cached == 2
+    assert "from the server's prefix store: 2 of 4 chunks" in summary.format()
