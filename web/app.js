@@ -41,7 +41,8 @@ function showStats(s) {
     : `${ms(s.lastInterval)} (p50 ${ms(s.p50)}, p95 ${ms(s.p95)}; realtime ≤ 750 ms)`;
   $("stat-queue").textContent = `${s.inFlight} in flight, ${s.bufferedS.toFixed(2)} s of video buffered`;
   const chunks = $("stat-chunks");
-  chunks.textContent = `${s.chunks} / ${s.frames}`;
+  chunks.textContent = `${s.chunks} / ${s.frames}` + (s.cached ? ` (${s.cached} from the server's prefix store)` : "");
+  chunks.dataset.cached = String(s.cached);
   chunks.dataset.chunks = String(s.chunks);
   $("stat-fps").textContent = s.fps === null ? "–" : `${s.fps.toFixed(1)} fps (last chunk; realtime is 16)`;
   $("stat-lag").textContent = s.controlLag === null ? "–"
@@ -51,6 +52,7 @@ function showStats(s) {
   rate.dataset.rate = String(s.playbackRate);
   ui.undo.disabled = !s.canUndo;
   $("stat-stages").textContent = s.stages === null ? "–"
+    : s.lastCached ? "from the server's prefix store (an earlier session with the same inputs made it)"
     : Object.entries(s.stages).map(([k, v]) => `${k} ${ms(v)}`).join(", ");
 }
 

@@ -69,7 +69,8 @@ export class LiveStream extends EventTarget {
 
   resetStats() {
     this.stats = { chunks: 0, frames: 0, inFlight: 0, ttfc: null, intervals: [], lastAt: null,
-                   sentAt: null, lastFps: null, resolution: null, lags: [], lastEventId: null };
+                   sentAt: null, lastFps: null, resolution: null, lags: [], lastEventId: null,
+                   cached: 0, lastCached: false };
     if (this.pacer) this.pacer.reset();
   }
 
@@ -325,6 +326,8 @@ export class LiveStream extends EventTarget {
     s.chunks += 1;
     s.frames += msg.num_frames;
     s.lastStages = msg.stage_durations;
+    s.lastCached = msg.cached === true; // from the server's prefix store: an earlier session made it
+    if (s.lastCached) s.cached += 1;
     this.player.append(msg.video);
     this.tick();
   }
@@ -397,6 +400,7 @@ export class LiveStream extends EventTarget {
       lastInterval: s.intervals.length ? s.intervals[s.intervals.length - 1] : null,
       p50: percentile(s.intervals, 0.5), p95: percentile(s.intervals, 0.95), fps: s.lastFps,
       bufferedS: this.player.bufferedAhead(), resolution: s.resolution, stages: s.lastStages || null,
+      cached: s.cached, lastCached: s.lastCached,
       controlLag: s.lags.length ? s.lags[s.lags.length - 1] : null, controlLagP50: percentile(s.lags, 0.5),
       eventId: s.lastEventId, playback: this.pacer.describe(), playbackRate: this.pacer.rate,
       canUndo: this.state === "streaming" && this.undoTo === null && s.chunks >= 2,

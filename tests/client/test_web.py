@@ -5,7 +5,8 @@ element plays past 30 frames), drives the camera with `control` + `from_keys` in
 the WebSocket frames it sent and received, decoded with the server's own codec), shows the
 control lag, undoes the last chunk (`rewind`), plays at the rate chunks arrive when they come
 slower than 16 fps, resets, resumes a dropped socket, and degrades with a message when the
-server is busy or a resume is refused. A screenshot goes to artifacts/.
+server is busy or a resume is refused, and says which chunks came from the prefix store. A
+screenshot goes to artifacts/.
 """
 from __future__ import annotations
 
@@ -287,6 +288,49 @@ def test_undo_takes_the_last_chunk_back(browser, served):
     assert replies[at].next_chunk_id == k
     assert [r.chunk_id for r in replies[at + 1:at + 3]] == [k, k + 1]  # chunk k made again
     page.wait_for_function(f"document.querySelector('video').currentTime > {(9 + 12 * k) / 16}", timeout=TIMEOUT_MS)
+    page.click("#reset")
+    assert errors == []
+    page.close()
+
+
+def mark_cached(chunk_ids: set[int]):
+    """A WebSocket route handler: the server's frame replies of `chunk_ids` reach the page with
+    `cached: true`, as the prefix store sends them (the tests' app keeps no store)."""
+    def route(ws) -> None:
+        server = ws.connect_to_server()
+
+        def to_page(message) -> None:
+            if isinstance(message, bytes):
+                msg = msgpack.unpackb(message, raw=False, strict_map_key=False)
+                if isinstance(msg, dict) and msg.get("type") == "frame" and msg.get("chunk_id") in chunk_ids:
+                    message = msgpack.packb({**msg, "cached": True}, use_bin_type=True)
+            ws.send(message)
+
+        server.on_message(to_page)
+
+    return route
+
+
+def test_chunks_from_the_prefix_store_are_said_so(browser, served):
+    """A chunk the server's prefix store sent (`cached`: an earlier session with the same inputs
+    made it, in no time) is counted and said, not shown with its stage times as if computed."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route_web_socket(re.compile(r".*/v1/realtime/world/camera.*"), mark_cached({0}))
+    page.goto(served.http + "/")
+    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    page.click("#start")
+    chunks_shown(page, 1)
+    assert page.get_attribute("#stat-chunks", "data-cached") == "1"
+    assert page.text_content("#stat-chunks").endswith("(1 from the server's prefix store)")
+    if page.get_attribute("#stat-chunks", "data-chunks") == "1":  # chunk 1 not shown yet: the stages are chunk 0's
+        assert page.text_content("#stat-stages").startswith("from the server's prefix store")
+    chunks_shown(page, 2)  # chunk 1, computed: its stage times again
+    page.wait_for_function("!document.querySelector('#stat-stages').textContent.includes('prefix store')",
+                           timeout=TIMEOUT_MS)
+    assert "dit " in page.text_content("#stat-stages")
+    assert page.get_attribute("#stat-chunks", "data-cached") == "1"
     page.click("#reset")
     assert errors == []
     page.close()
