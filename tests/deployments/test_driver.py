@@ -115,6 +115,13 @@ class Rig:
         return await self.ws.wait_for(lambda sent: next((r for r in frames(sent) if r.chunk_id == chunk_id), None),
                                       timeout)
 
+    async def logged(self, entry: str, timeout: float = 10.0) -> None:
+        """Until the fakes log `entry` (polled: the socket's wait_for wakes on replies only)."""
+        async def wait():
+            while entry not in self.log:
+                await asyncio.sleep(0.002)
+        await asyncio.wait_for(wait(), timeout)
+
     async def paused(self, n: int = 1) -> Paused:
         """The n-th `paused` reply."""
         found = await self.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, Paused)][n - 1:])
@@ -285,7 +292,7 @@ def test_keys_changed_while_the_chunk_runs_give_it_up_and_it_shows_them():
 def test_a_chunk_is_given_up_once_however_often_the_keys_change():
     """A chunk made again runs to its end: keys changing during it wait for the next chunk."""
     async def change_twice_while_it_is_made_again(rig):
-        await rig.ws.wait_for(lambda _: "dit.step preempted 2" in rig.log or None)
+        await rig.logged("dit.step preempted 2")
         await asyncio.sleep(DIT_S / 3)  # chunk 2 made again, bound to L, runs
         rig.ws.send(encode_control("d", 3, ["a"]))
         rig.ws.send(encode_control("d", 4, ["d"]))
