@@ -64,32 +64,36 @@ def log_typed_errors_as_info() -> None:
         logger.addFilter(_TYPED_ERRORS_FILTER)
 
 
-# Serve's access-log lines of the health traffic: `GET /healthz 200 12.3ms` on the ingress (the
-# client address may come first), `CALL probe OK 0.4ms` / `CALL stats OK 1.1ms` on the replicas
-# each /healthz probe reaches (deployments/ingress/health.py; `stats` also answers /v1/models).
-_PROBE_ACCESS = re.compile(r"(?:^|\s)(?:(?:GET|HEAD) \S*/healthz/?|CALL (?:probe|stats)) \S+ [\d.]+ms$")
+# Serve's routine access-log lines: the health traffic, `GET /healthz 200 12.3ms` on the ingress
+# (the client address may come first), and every call between deployments that succeeded,
+# `CALL step OK 1830.2ms` on the replicas (the /healthz probes' `CALL probe OK 0.4ms` / `CALL
+# stats OK 1.1ms` among them). A failed call (`CALL step ERROR ...`) and the ingress's other
+# HTTP and WebSocket lines stay.
+_ROUTINE_ACCESS = re.compile(r"(?:^|\s)(?:(?:GET|HEAD) \S*/healthz/? \S+|CALL \S+ OK) [\d.]+ms$")
 
 
-class _ProbesAtDebug(logging.Filter):
+class _RoutineAccessAtDebug(logging.Filter):
     """A load balancer probing `/healthz` every few seconds wrote four INFO lines per probe
-    (issue 36). Serve's access-log records of the health traffic become DEBUG: dropped at the
-    default INFO level, shown when the app's `logging_config.log_level` is DEBUG."""
+    (issue 36), and each chunk four or five `CALL ... OK` lines between the deployments, which
+    buried the session lines. Serve's access-log records of both become DEBUG: dropped at the
+    default INFO level, shown when the app's `logging_config.log_level` is DEBUG. Each replica
+    logs a `calls` line per minute instead (deployments/replicas/call_summary.py)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not getattr(record, "serve_access_log", False) or record.levelno != logging.INFO:
             return True
-        if not _PROBE_ACCESS.search(record.getMessage()):
+        if not _ROUTINE_ACCESS.search(record.getMessage()):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger("ray.serve").isEnabledFor(logging.DEBUG)
 
 
-_PROBES_FILTER = _ProbesAtDebug()
+_ROUTINE_FILTER = _RoutineAccessAtDebug()
 
 
-def log_probes_at_debug() -> None:
+def log_routine_access_at_debug() -> None:
     """Install the filter on Serve's logger of this process (idempotent); every deployment
-    that answers health traffic calls it in its constructor."""
+    calls it in its constructor."""
     logger = logging.getLogger("ray.serve")
-    if _PROBES_FILTER not in logger.filters:
-        logger.addFilter(_PROBES_FILTER)
+    if _ROUTINE_FILTER not in logger.filters:
+        logger.addFilter(_ROUTINE_FILTER)

@@ -40,7 +40,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.config import SessionArgs
 from deployments.errors import ReplicaError, SessionLost, Unauthorized
 from deployments.ingress.history.journal import SessionJournal
-from deployments.log import get_log
+from deployments.log import get_log, log_routine_access_at_debug
 from deployments.wire import SessionOptions
 from protocol.errors import ErrorCode
 
@@ -285,6 +285,7 @@ class SessionParking:
         self._book = ParkingBook(sessions.resume_grace_s, sessions.resume_max_sessions,
                                  int(sessions.resume_max_mib * 1024 * 1024), sessions.resume_max_per_client)
         self._log = get_log("parking")
+        log_routine_access_at_debug()  # a `CALL reserve OK` line per parked session: DEBUG
         self._closing: set[asyncio.Task] = set()
         self._expired_total = 0
         self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())

@@ -26,7 +26,7 @@ from deployments.ingress.connection import POLICY_VIOLATION, Backends, Connectio
 from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 from deployments.ingress.detached import running as detached_running
 from deployments.ingress.health import PathProbe
-from deployments.log import log_probes_at_debug
+from deployments.log import log_routine_access_at_debug
 from deployments.metrics import IngressMetrics, PrefixMetrics
 from deployments.ingress.prefix.keys import model_fingerprint
 from deployments.ingress.prefix.store import PrefixStore
@@ -84,7 +84,7 @@ class WorldIngress:
     def __init__(self, text: DeploymentHandle, vae: DeploymentHandle, dit: DeploymentHandle,
                  parking: Optional[DeploymentHandle], args: AppArgs) -> None:
         """`parking`: SessionParking (sessions resumable after a dropped socket), or None."""
-        log_probes_at_debug()
+        log_routine_access_at_debug()
         self._backends = Backends(text=text, vae=vae, dit=dit, parking=parking)
         self._args = args
         m = args.model

@@ -24,12 +24,13 @@ from deployments.replicas import stall_counters
 from deployments.autoscaling_policy import LOAD, REFUSED, replica_load
 from deployments.replicas.compute_thread import ComputeThread
 from deployments.errors import Busy, NoSnapshot, SessionLost
-from deployments.log import KeyValueLog, log_probes_at_debug, log_typed_errors_as_info
+from deployments.log import KeyValueLog, log_routine_access_at_debug, log_typed_errors_as_info
 from deployments.replicas.memory import memory_report
 from deployments.metrics import SessionMetrics
 from deployments.replicas.priority_lock import PriorityLock
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import SnapshotShelf
+from deployments.replicas.call_summary import CallSummary
 from deployments.replicas.slow_calls import SlowCalls
 
 S = TypeVar("S")
@@ -50,7 +51,7 @@ class SessionHost(Generic[S]):
         """`release(state)` frees one session's memory (called in the worker thread);
         `snapshot_bytes`: the most the replica's snapshots may hold (snapshots.py; 0: none)."""
         log_typed_errors_as_info()
-        log_probes_at_debug()
+        log_routine_access_at_debug()
         stall_counters.prime()  # here, not at import (the app's build imports this module too)
         self._table = table
         table.snapshots = SnapshotShelf(snapshot_bytes)
@@ -120,10 +121,19 @@ class SessionHost(Generic[S]):
         cudaMalloc / cudaFree)."""
         call = getattr(fn, "__name__", "call").lstrip("_")
         self._count_call(call)
+        self.call_summary.add(routing_key, call, ran_s)
         if self._metrics is not None:
             self._metrics.observe_call(call, waited_s, ran_s)
         if ran_s >= self.slow_call_s:
             self.slow_calls.add(routing_key, call, waited_s, ran_s, counters_moved())
+
+    @property
+    def call_summary(self) -> CallSummary:
+        """The replica's `calls` line per interval (made on first use, with the replica's log)."""
+        summary = self.__dict__.get("_call_summary")
+        if summary is None:
+            summary = self._call_summary = CallSummary(self._log)
+        return summary
 
     @property
     def slow_calls(self) -> SlowCalls:
@@ -333,6 +343,7 @@ class SessionHost(Generic[S]):
         while True:
             await asyncio.sleep(period_s)
             self.slow_calls.flush()  # the last slow calls of a replica that went quiet
+            self.call_summary.flush()  # and its last calls
             async with self._lock.urgent():
                 expired = self._table.pop_expired()
                 for _, state in expired:

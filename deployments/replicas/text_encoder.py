@@ -10,7 +10,7 @@ from ray import serve
 
 from deployments.replicas.compute_thread import ComputeThread
 from deployments.config import ModelArgs
-from deployments.log import get_log, log_probes_at_debug
+from deployments.log import get_log, log_routine_access_at_debug
 from deployments.replicas.memory import cap_process, memory_report
 from model.factory import load_text_engine
 from model.ready import ReadyClock
@@ -22,7 +22,7 @@ class TextEncoderDeployment:
     """Stateless; one engine per replica, calls serialised (the encoder is not re-entrant)."""
 
     def __init__(self, model: ModelArgs) -> None:
-        log_probes_at_debug()
+        log_routine_access_at_debug()
         clock = ReadyClock()
         self._device = model.device
         cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from deployments.errors import Busy
-from deployments.log import get_log, log_probes_at_debug, log_typed_errors_as_info
+from deployments.log import get_log, log_routine_access_at_debug, log_typed_errors_as_info
 
 
 def _lines(caplog) -> list[str]:
@@ -44,13 +44,14 @@ def test_a_typed_replica_error_is_one_info_line_without_traceback(caplog):
 
 
 PROBE_LINES = ("GET /healthz 200 12.3ms", "127.0.0.1:53122 GET /healthz 503 10001.2ms", "CALL probe OK 0.4ms",
-               "CALL stats OK 1.1ms")
-OTHER_LINES = ("GET /v1/models 200 5.0ms", "CALL step OK 1830.2ms", "GET /healthz-report 200 1.0ms")
+               "CALL stats OK 1.1ms", "CALL step OK 1830.2ms", "CALL decode OK 97.0ms")  # routine: DEBUG
+OTHER_LINES = ("GET /v1/models 200 5.0ms", "CALL step ERROR 12.0ms", "GET /healthz-report 200 1.0ms",
+               "WS /v1/realtime/world/camera 101 60012.0ms")
 
 
 def _access_lines(level: int, caplog) -> list[tuple[int, str]]:
     """Serve's access-log records (as its replicas and proxy log them) at `level`, what is kept."""
-    log_probes_at_debug()
+    log_routine_access_at_debug()
     serve_log = logging.getLogger("ray.serve")
     with caplog.at_level(level, logger="ray.serve"):
         for line in PROBE_LINES + OTHER_LINES:
@@ -59,12 +60,12 @@ def _access_lines(level: int, caplog) -> list[tuple[int, str]]:
     return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "ray.serve"]
 
 
-def test_health_probe_access_lines_are_dropped_at_info(caplog):
+def test_health_and_call_access_lines_are_dropped_at_info(caplog):
     kept = _access_lines(logging.INFO, caplog)
     assert kept == [(logging.INFO, line) for line in OTHER_LINES + ("CALL probe OK 0.4ms",)]
 
 
-def test_health_probe_access_lines_show_at_debug(caplog):
+def test_health_and_call_access_lines_show_at_debug(caplog):
     kept = _access_lines(logging.DEBUG, caplog)
     assert kept[:len(PROBE_LINES)] == [(logging.DEBUG, line) for line in PROBE_LINES]
     assert kept[len(PROBE_LINES):] == [(logging.INFO, line) for line in OTHER_LINES + ("CALL probe OK 0.4ms",)]
