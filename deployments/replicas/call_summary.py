@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 DEFAULT_INTERVAL_S = 60.0
 
