@@ -34,6 +34,7 @@ import json
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -59,6 +60,7 @@ class ChunkRecord:
     received_s: float  # since the run started
     num_frames: int
     stage_durations: dict[str, float]
+    cached: bool = False  # from the server's prefix store: not the model's work (`cached_chunks`)
 
 
 @dataclass
@@ -121,10 +123,17 @@ def replica_report(base: str, api_key: Optional[str]) -> dict[str, Any]:
     return {"model": model, "sessions": card.get("sessions"), "replicas": replicas}
 
 
+def invocation_tag() -> str:
+    """A token of this invocation in every session's prompt: a server with the prefix store on
+    would answer a second invocation's sessions from the first's chunks (the same inputs)."""
+    return uuid.uuid4().hex[:8]
+
+
 async def one_session(args: argparse.Namespace, run: int, index: int, t_run: float) -> SessionRecord:
     sid = f"load-{run}-{index}"
     rec = SessionRecord(run, index, sid, time.perf_counter() - t_run)
-    traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (load session {run}.{index})")
+    traj = synthetic_trajectory(args.trajectory, args.frames,
+                                prompt=f"{DEFAULT_PROMPT} (load session {args.tag}.{run}.{index})")
     plan = plan_session(traj, args.frames)
     messages = traj.messages(plan, sid, size=args.size, open_ended=args.open_ended)
     started = time.perf_counter()
@@ -133,7 +142,8 @@ async def one_session(args: argparse.Namespace, run: int, index: int, t_run: flo
         now = time.perf_counter()
         if rec.ttfc_s is None:
             rec.ttfc_s = now - started
-        rec.chunks.append(ChunkRecord(stat.index, now - t_run, reply.num_frames, dict(reply.stage_durations)))
+        rec.chunks.append(ChunkRecord(stat.index, now - t_run, reply.num_frames, dict(reply.stage_durations),
+                                      stat.cached))
 
     def on_busy(err: ServerError) -> None:
         rec.busy_replies += 1
@@ -174,20 +184,22 @@ def summarise(sessions: list[SessionRecord], wall_s: float, first_after_start: b
     done = [s for s in sessions if s.chunks]
     ttfc_pool = [s.ttfc_s for s in done if not (first_after_start and s.index == 0)]
     intervals = [i for s in done for i in s.intervals]
-    steady = [c for s in done for c in s.chunks[1:]]  # chunks after the first: the interval's DiT step
+    # chunks after the first: the interval's DiT step (a chunk from the prefix store ran none)
+    steady = [c for s in done for c in s.chunks[1:] if not c.cached]
     dit_steady = [c.stage_durations.get("dit", 0.0) for c in steady]
     stages = {k: _mean([c.stage_durations[k] for s in done for c in s.chunks if k in c.stage_durations
-                        and (k != "text_encode" or c.index == 0)]) for k in STAGES}
+                        and not c.cached and (k != "text_encode" or c.index == 0)]) for k in STAGES}
     last = max((c.received_s for s in done for c in s.chunks), default=0.0)
     out = {
         "sessions": len(sessions), "completed": sum(1 for s in done if not s.error and not s.refused),
         "refused_busy": sum(s.refused for s in sessions), "busy_replies": sum(s.busy_replies for s in sessions),
         "errors": [s.error for s in sessions if s.error],
+        "cached_chunks": sum(c.cached for s in done for c in s.chunks),  # 0 unless inputs repeated a stored session's
         "ttfc_p50_s": _pct(ttfc_pool, 50), "ttfc_p95_s": _pct(ttfc_pool, 95),
         "interval_p50_s": _pct(intervals, 50), "interval_p95_s": _pct(intervals, 95),
         "interval_mean_s": _mean(intervals), "dit_step_mean_s": _mean(dit_steady),
         "serving_overhead_s": (_mean(intervals) - _mean(dit_steady)) if intervals and dit_steady else None,
-        "interval_over_dit": (_mean(intervals) / _mean(dit_steady)) if intervals and dit_steady else None,
+        "interval_over_dit": (_mean(intervals) / _mean(dit_steady)) if intervals and _mean(dit_steady) else None,
         "aggregate_fps": sum(s.frames for s in done) / last if last > 0 else 0.0,
         "stage_means_s": stages, "wall_s": wall_s,
         "reset_max_s": max((s.reset_s for s in sessions if s.reset_s is not None), default=None),
@@ -299,6 +311,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     base = http_base(args.url)
+    args.tag = invocation_tag()
     t0 = time.perf_counter()
     results: dict[str, Any] = {
         "config": {k: v for k, v in vars(args).items() if k not in ("api_key", "plot_from")},
@@ -322,6 +335,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     out.write_text(json.dumps(results, indent=1))
     done = {"runs": [r for r in results["runs"] if "summary" in r]}
     text = table(done) if done["runs"] else "no run completed"
+    cached = sum(r["summary"]["cached_chunks"] for r in done["runs"])
+    if cached:
+        text += (f"\n{cached} chunks came from the server's prefix store (a stored session's inputs again): "
+                 "their times are not the model's")
     print(text)
     out.with_suffix(".txt").write_text(text + "\n")
     if done["runs"]:

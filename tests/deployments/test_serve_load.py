@@ -42,6 +42,29 @@ def test_serve_load_open_ended_sessions_declare_no_length(server, tmp_path):
     server.wait_held(0)
 
 
+def test_serve_load_measures_the_model_not_the_prefix_store(prefix_server, tmp_path, monkeypatch):
+    """Against a server with the prefix store on, a second invocation's sessions are not served
+    from the first's chunks (each invocation tags its prompts); repeated inputs would be, and the
+    summary counts them (`cached_chunks`) and the table says so."""
+    from benchmarks import serve_load
+
+    prefix_server.wait_held(0)
+    key = prefix_server.headers["Authorization"].removeprefix("Bearer ")
+
+    def run(name: str) -> dict:
+        out = tmp_path / name
+        main(["--url", prefix_server.ws, "--sessions", "1", "--frames", "21", "--api-key", key, "--out", str(out)])
+        return json.loads(out.read_text())["runs"][0]["summary"]
+
+    assert run("a.json")["cached_chunks"] == 0 and run("b.json")["cached_chunks"] == 0
+    monkeypatch.setattr(serve_load, "invocation_tag", lambda: "same")
+    assert run("c.json")["cached_chunks"] == 0
+    again = run("d.json")
+    assert again["cached_chunks"] == 2 and again["completed"] == 1  # both chunks from the store
+    assert "2 chunks came from the server's prefix store" in (tmp_path / "d.txt").read_text()
+    prefix_server.wait_held(0)
+
+
 def test_branch_bench_forks_and_rewinds_through_the_server(prefix_server, tmp_path):
     """benchmarks/branch_bench.py (run on the GPU by gpu_serve.sh BRANCH=1) against the CPU app
     with the prefix store and snapshots on: a cold session, the same inputs on a second socket
