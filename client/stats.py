@@ -40,7 +40,7 @@ class StreamSummary:
     interval_p50_s: Optional[float]  # between consecutive frame replies (None for one chunk)
     interval_p95_s: Optional[float]
     fps: float  # frames per second of wall time once streaming (after the first chunk)
-    stage_means_s: dict[str, float]  # mean per chunk (ONCE_STAGES: the first chunk's value)
+    stage_means_s: dict[str, float]  # mean per computed chunk (ONCE_STAGES: the first chunk's value)
     cached: int = 0  # chunks served from the prefix store: their times are the store's, not the model's
 
     @classmethod
@@ -56,9 +56,11 @@ class StreamSummary:
         else:
             fps, p50, p95 = stats[0].num_frames / max(ttfc, 1e-9), None, None
         order = {k: i for i, k in enumerate(STAGE_ORDER)}
-        stages = sorted({k for s in stats for k in s.stage_durations}, key=lambda k: (order.get(k, len(order)), k))
+        computed = [s for s in stats if not s.cached]  # a chunk from the prefix store ran no stage
+        stages = sorted({k for s in computed for k in s.stage_durations if not (k in ONCE_STAGES and s is not stats[0])},
+                        key=lambda k: (order.get(k, len(order)), k))
         means = {k: stats[0].stage_durations.get(k, 0.0) if k in ONCE_STAGES
-                 else float(np.mean([s.stage_durations.get(k, 0.0) for s in stats])) for k in stages}
+                 else float(np.mean([s.stage_durations.get(k, 0.0) for s in computed])) for k in stages}
         return cls(len(stats), sum(s.num_frames for s in stats), ttfc, p50, p95, fps, means,
                    sum(s.cached for s in stats))
 
@@ -74,10 +76,12 @@ class StreamSummary:
             f"chunk interval: p50 {ms(self.interval_p50_s)}, p95 {ms(self.interval_p95_s)} "
             f"(realtime needs <= {ms(CHUNK_VIDEO_FRAMES / REALTIME_FPS)})",
             f"achieved: {self.fps:.1f} fps vs {REALTIME_FPS} fps ({realtime})",
-            "stages (mean per chunk): " + ", ".join(
-                f"{k} {ms(v)}" + (" (first chunk)" if k in ONCE_STAGES else "") for k, v in self.stage_means_s.items()),
+            "stages (mean per computed chunk): " + (", ".join(
+                f"{k} {ms(v)}" + (" (first chunk)" if k in ONCE_STAGES else "")
+                for k, v in self.stage_means_s.items()) or "none computed"),
         ]
         if self.cached:
             lines.append(f"from the server's prefix store: {self.cached} of {self.chunks} chunks (an earlier "
-                         "session with the same inputs made them; the times above are not the model's)")
+                         "session with the same inputs made them: the stage means leave them out, the times "
+                         "above count them)")
         return "\n".join(lines)

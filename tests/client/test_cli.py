@@ -44,7 +44,7 @@ def test_play_example_writes_the_mp4_and_a_summary(served, tmp_path):
     assert frames.shape == (33, 32, 48, 3)  # 9 + 12 + 12
     assert f"wrote {out} (33 frames at 16 fps" in r.stdout
     for line in ("chunks: 3, frames: 33", "time to first chunk:", "chunk interval: p50", "fps vs 16 fps",
-                 "stages (mean per chunk): text_encode"):
+                 "stages (mean per computed chunk): text_encode"):
         assert line in r.stdout, r.stdout
     assert "3/3" in r.stderr and "chunk 2:" in r.stderr  # tqdm progress with the per-chunk latency
 

@@ -148,3 +148,14 @@ def test_chunks_from_the_prefix_store_are_counted_and_said():
     summary = result.summary()
     assert summary.cached == 2
     assert "from the server's prefix store: 2 of 4 chunks" in summary.format()
+
+
+def test_stage_means_leave_chunks_from_the_prefix_store_out():
+    stats = [ChunkStat(0, 9, 0.0, 0.1, {"dit": 0.0, "text_encode": 0.0}, cached=True),
+             ChunkStat(1, 12, 0.1, 1.0, {"dit": 0.8, "text_encode": 0.0}),
+             ChunkStat(2, 12, 1.0, 2.0, {"dit": 0.6})]
+    s = StreamSummary.of(stats, started_at=0.0)
+    assert s.cached == 1 and s.stage_means_s == pytest.approx({"dit": 0.7})  # chunk 0 ran no stage: no text_encode
+    assert "stages (mean per computed chunk): dit 700 ms" in s.format()
+    only_stored = StreamSummary.of([ChunkStat(0, 9, 0.0, 0.1, {"dit": 0.0}, cached=True)], started_at=0.0)
+    assert only_stored.stage_means_s == {} and "stages (mean per computed chunk): none computed" in only_stored.format()
