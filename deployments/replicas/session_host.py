@@ -12,6 +12,7 @@ elsewhere by the ingress, see journal.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -127,21 +128,15 @@ class SessionHost(Generic[S]):
         if ran_s >= self.slow_call_s:
             self.slow_calls.add(routing_key, call, waited_s, ran_s, counters_moved())
 
-    @property
+    @functools.cached_property
     def call_summary(self) -> CallSummary:
         """The replica's `calls` line per interval (made on first use, with the replica's log)."""
-        summary = self.__dict__.get("_call_summary")
-        if summary is None:
-            summary = self._call_summary = CallSummary(self._log)
-        return summary
+        return CallSummary(self._log)
 
-    @property
+    @functools.cached_property
     def slow_calls(self) -> SlowCalls:
         """The replica's slow-call summary (made on first use, with the replica's log)."""
-        slow = self.__dict__.get("_slow_calls")
-        if slow is None:
-            slow = self._slow_calls = SlowCalls(self._log)
-        return slow
+        return SlowCalls(self._log)
 
     async def _compute_on_early(self, routing_key: str, fn: Callable[..., T], *args: Any,
                                 prepare: Optional[Callable[[str, S], None]] = None) -> T:
