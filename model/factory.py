@@ -17,6 +17,7 @@ serving flags).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -24,13 +25,14 @@ import torch
 from model.accel import AccelOptions, optimize_dit, optimize_vae
 from model.accel.fp8_attention import append_codes
 from model.checkpoint import CheckpointLayout
-from model.config import preset as get_preset
+from model.config import VAEConfig, preset as get_preset
 from model.dit.caches import KVCacheConfig
 from model.dit.loader import init_dit_random, load_dit
 from model.engines import DiTEngine, TextEngine, VaeEngine
 from model.t5 import TextEncoder, init_t5_random, init_t5_random_on_device
 from model.tiny import EMBEDDED_SEED, EMBEDDED_VAE, tiny_tokenizer
-from model.vae.model import init_vae_random, load_vae
+from model.vae.footprint import CacheLayout
+from model.vae.model import WanVAE, init_vae_random, load_vae
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 RANDOM_SEED = 20261201  # random_weights: the same weights in every replica and run
@@ -106,3 +108,20 @@ def load_dit_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | st
         dit = load_dit(CheckpointLayout.discover(checkpoint), dtype, device, local_attn_size, sink_size)
     return DiTEngine(optimize_dit(dit, options), shift=shift, skip_final_update=options.skip_final_update,
                      kv=kv, append_codes=append_codes)
+
+
+def vae_cache_layout(cfg: VAEConfig, dtype: torch.dtype | str, batched: bool, host_muxer: bool) -> CacheLayout:
+    """The `CacheLayout` that `CacheLayout.probe` reads from a VAE of `cfg` at `dtype`, computed
+    from the architecture alone: the same probe session runs on fake tensors (shapes and dtypes,
+    no arithmetic), so the full-size VAE's layout takes seconds on any CPU, bf16 instructions or
+    not. `batched`: the VAE runs a chunk's frames in one call (the GPU replicas');
+    `host_muxer`: the muxer's host memory counts against the budget (a CPU VAE)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.device("meta"):
+        vae = WanVAE(cfg).to(as_dtype(dtype))
+    with FakeTensorMode(allow_non_fake_inputs=True):  # the probe's numpy image becomes a fake tensor
+        engine = VaeEngine(vae.to_empty(device="cpu").requires_grad_(False).eval())
+        engine.vae.batch_frames = batched
+        layout = CacheLayout.probe(engine)
+    return dataclasses.replace(layout, host_muxer=host_muxer)

@@ -6,13 +6,14 @@ The numbers the replicas would see on the card are taken from the measured run o
 window config (benchmarks/results/h200_round2_s7_serve_window_fp8_serve_load.json: each
 replica's memory cap at its share, what the DiT and the VAE held after warm-up); the per-session
 footprints are the code's: the DiT engine's `footprint` (built on the meta device at the
-released dims) and the VAE's `CacheLayout` probed from the full-size VAE (random weights, bf16,
-a chunk's frames in one call, as the GPU replicas run it). Admission is the replicas' own:
+released dims) and the VAE's `CacheLayout` of the full-size VAE (bf16, a chunk's frames in one
+call, as the GPU replicas run it), computed from the architecture on fake tensors
+(`model.factory.vae_cache_layout`: no bf16 arithmetic on the CPU, which takes 15+ min without
+bf16 instructions). Admission is the replicas' own:
 `session_budget` then `SessionTable.admit` until `Busy`.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -27,7 +28,7 @@ from model.config import preset
 from model.dit.caches import KVCacheConfig
 from model.dit.model import CausalDiT
 from model.engines import DiTEngine
-from model.factory import load_vae_engine
+from model.factory import vae_cache_layout
 from model.vae.footprint import CacheLayout
 from support import REPO
 
@@ -59,9 +60,8 @@ def args() -> AppArgs:
 
 @pytest.fixture(scope="module")
 def vae_layout() -> CacheLayout:
-    engine = load_vae_engine("lingbot-world-fast", None, "bfloat16", "cpu", random_weights=True)
-    engine.vae.batch_frames = True  # AccelOptions.for_serving("cuda") turns it on
-    return dataclasses.replace(CacheLayout.probe(engine), host_muxer=False)  # x264 in host memory
+    # batched: AccelOptions.for_serving("cuda") turns it on; the GPU replicas' x264 is in host memory
+    return vae_cache_layout(preset("lingbot-world-fast").vae, "bfloat16", batched=True, host_muxer=False)
 
 
 def dit_engine(args: AppArgs) -> DiTEngine:
