@@ -85,6 +85,11 @@ class ModelArgs(_Strict):
     # per-user default under /tmp, lost with the container.
     compile_cache_dir: Optional[str] = None
     prompt_cache_size: int = Field(64, ge=0)  # text embeddings kept per TextEncoderDeployment replica (LRU)
+    # The text encoder's weights: in `dtype` (exact), or "int8" (opt-in): its matrices as int8 with
+    # a scale per 128 weights, dequantized one at a time per call (model/text_int8.py): UMT5-XXL
+    # 10.6 -> 5.5 GiB, the room an 80 GB card needs for a VAE session beside the bf16 DiT; the
+    # context moves ~2x as far from float32 as bf16's own rounding (docs/PERFORMANCE.md).
+    text_weights: Literal["dtype", "int8"] = "dtype"
 
     @field_validator("size_buckets")
     @classmethod

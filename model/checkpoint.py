@@ -129,12 +129,14 @@ def assign_state_dict(
     source: Path | str,
     dtype: torch.dtype,
     device: torch.device | str,
+    exact: frozenset[str] = frozenset(),
 ) -> None:
     """Copy tensors into `module` (possibly on the meta device) one by one, strictly.
 
     Every parameter and buffer of the module must be provided with exactly its shape;
-    unexpected keys are errors. Each tensor is cast to `dtype` (floating tensors only) and
-    moved to `device` as it is assigned, so peak host memory is one tensor.
+    unexpected keys are errors. Each tensor is cast to `dtype` (floating tensors only, but for
+    the keys in `exact`, which keep their own) and moved to `device` as it is assigned, so peak
+    host memory is one tensor.
     """
     expected = dict(module.named_parameters())
     expected.update(dict(module.named_buffers()))
@@ -149,7 +151,8 @@ def assign_state_dict(
                 f"{source}: tensor {key!r} has shape {tuple(value.shape)}, "
                 f"expected {tuple(target.shape)}"
             )
-        new = to_device(value, dtype if value.is_floating_point() else value.dtype, device)
+        cast = value.is_floating_point() and key not in exact
+        new = to_device(value, dtype if cast else value.dtype, device)
         _set_tensor(module, key, new, is_param=isinstance(target, nn.Parameter))
         seen.add(key)
     missing = sorted(set(expected) - seen)

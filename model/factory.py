@@ -60,16 +60,17 @@ def _random(what: str, preset: str, checkpoint: str | None) -> None:
 
 
 def load_text_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | str,
-                     device: str, random_weights: bool = False) -> TextEngine:
+                     device: str, random_weights: bool = False, int8: bool = False) -> TextEngine:
+    """`int8`: the encoder's matrices stored as int8 (model/text_int8.py: half the memory)."""
     dtype = as_dtype(dtype)
     if random_weights:
         _random("text encoder", preset, checkpoint)
         return TextEngine(init_t5_random_on_device(get_preset(preset).t5, tiny_tokenizer(), dtype, device,
-                                                   RANDOM_SEED))
+                                                   RANDOM_SEED, int8=int8))
     if _embedded(preset, checkpoint):
         cfg = get_preset(preset).t5
-        return TextEngine(init_t5_random(cfg, tiny_tokenizer(), dtype, device, EMBEDDED_SEED))
-    return TextEngine(TextEncoder.from_checkpoint(CheckpointLayout.discover(checkpoint), dtype, device))
+        return TextEngine(init_t5_random(cfg, tiny_tokenizer(), dtype, device, EMBEDDED_SEED, int8=int8))
+    return TextEngine(TextEncoder.from_checkpoint(CheckpointLayout.discover(checkpoint), dtype, device, int8))
 
 
 def load_vae_engine(preset: str, checkpoint: str | None, dtype: torch.dtype | str,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 from model.checkpoint import CheckpointError, CheckpointLayout, assign_state_dict, load_pth, shape_of
 from model.config import T5Config
+from model.text_int8 import Int8Embedding, Int8Linear, quantize_rows, quantized_tensors, swap_in_int8
 
 TEXT_LEN = 512  # tokens after padding / truncation (`</s>` included)
 PAD_ID = 0
@@ -104,8 +105,10 @@ def load_umt5(
     source: Path | str,
     dtype: torch.dtype,
     device: torch.device | str,
+    int8: bool = False,
 ) -> UMT5EncoderModel:
-    """Build the encoder on the meta device and assign Wan-format tensors one by one."""
+    """Build the encoder on the meta device and assign Wan-format tensors one by one.
+    `int8`: its matrices stored as int8 with row scales (model/text_int8.py)."""
     from transformers import UMT5EncoderModel  # (see umt5_config)
 
     with torch.device("meta"):
@@ -119,7 +122,14 @@ def load_umt5(
             except CheckpointError as exc:
                 raise CheckpointError(f"{source}: {exc}") from exc
 
-    assign_state_dict(model, remapped(), source, dtype, device)
+    tensors, exact = remapped(), frozenset()
+    if int8:
+        with torch.device("meta"):
+            names = swap_in_int8(model, dtype)
+        model.encoder.set_input_embeddings(model.shared)  # tied to the int8 table, not a second one
+        tensors = quantized_tensors(tensors, names, device)
+        exact = frozenset(n.removesuffix("weight") + "scale" for n in names)  # float32 scales stay float32
+    assign_state_dict(model, tensors, source, dtype, device, exact=exact)
     model.encoder.set_input_embeddings(model.shared)  # re-tie: the encoder embeds with `shared`
     return model.eval().requires_grad_(False)
 
@@ -165,6 +175,7 @@ class TextEncoder:
         checkpoint: CheckpointLayout | str | Path,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        int8: bool = False,
     ) -> "TextEncoder":
         """Load `<root>/models_t5_umt5-xxl-enc-bf16.pth` and `<root>/google/umt5-xxl`."""
         layout = checkpoint
@@ -172,7 +183,7 @@ class TextEncoder:
             layout = CheckpointLayout.discover(checkpoint)
         sd = load_pth(layout.t5_file)  # memory-mapped: tensors are read as they are assigned
         cfg = t5_config_from_state_dict(sd, layout.t5_file)
-        model = load_umt5(cfg, sd, layout.t5_file, dtype, device)
+        model = load_umt5(cfg, sd, layout.t5_file, dtype, device, int8)
         return cls(model, layout.tokenizer_dir)
 
     @property
@@ -185,7 +196,8 @@ class TextEncoder:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.shared.weight.dtype
+        """The context's dtype (the final norm's: the token table may be int8)."""
+        return self.model.encoder.final_layer_norm.weight.dtype
 
     def tokenize(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Cleaned prompt -> (ids, mask), int64 [1, 512] on the CPU; `</s>` appended, pad 0."""
@@ -210,6 +222,7 @@ def init_t5_random(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    int8: bool = False,
 ) -> TextEncoder:
     """An encoder of the given dims with seeded random weights (the embedded tiny model).
 
@@ -242,7 +255,7 @@ def init_t5_random(
             else:
                 yield key, torch.randn(shape, generator=gen) * shape[1] ** -0.5
 
-    model = load_umt5(cfg, draw(), f"random T5 (seed {seed})", dtype, device)
+    model = load_umt5(cfg, draw(), f"random T5 (seed {seed})", dtype, device, int8)
     return TextEncoder(model, tokenizer)
 
 
@@ -253,17 +266,21 @@ def init_t5_random_on_device(
     dtype: torch.dtype,
     device: torch.device | str,
     seed: int,
+    int8: bool = False,
 ) -> TextEncoder:
     """An encoder of `cfg`'s dims with random weights drawn directly on `device` (released-size
     load tests and benchmarks: nothing passes through host memory).
 
     Matrices ~ N(0, 1/fan_in) (embeddings and relative biases alike), norms 1; the values
-    depend on the device's generator.
+    depend on the device's generator. `int8`: the matrices drawn in row blocks and stored
+    quantized (model/text_int8.py), so the device never holds them in bf16.
     """
     from transformers import UMT5EncoderModel  # (see umt5_config)
 
     with torch.device("meta"):
         model = UMT5EncoderModel(umt5_config(cfg)).to(dtype)
+        if int8:
+            swap_in_int8(model, dtype)
     # Untied while allocating: to_empty would give the tied embedding a second tensor (2 GiB at
     # the released size, over an 80 GB card's 0.14 share at load), then re-tied.
     model.encoder.embed_tokens = None
@@ -275,4 +292,10 @@ def init_t5_random_on_device(
             p.fill_(1.0)
         else:
             p.normal_(0.0, p.shape[1] ** -0.5, generator=gen)
+    for module in model.modules():
+        if isinstance(module, (Int8Linear, Int8Embedding)):
+            rows, cols = module.weight.shape
+            for lo in range(0, rows, 4096):
+                block = torch.empty(min(4096, rows - lo), cols, device=device).normal_(0.0, cols ** -0.5, generator=gen)
+                module.weight[lo:lo + len(block)], module.scale[lo:lo + len(block)] = quantize_rows(block)
     return TextEncoder(model.eval().requires_grad_(False), tokenizer)

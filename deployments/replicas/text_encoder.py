@@ -27,7 +27,7 @@ class TextEncoderDeployment:
         self._device = model.device
         cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share
         self._engine = load_text_engine(model.preset, model.checkpoint, model.dtype, model.device,
-                                        random_weights=model.random_weights)
+                                        random_weights=model.random_weights, int8=model.text_weights == "int8")
         clock.mark("load")
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = model.prompt_cache_size
