@@ -24,6 +24,7 @@ CPU_MEMORY_FRACTION = 0.25  # of the RAM, for a CPU DiT replica without sessions
 # the session refused by 20 MiB at 5 % on an 80 GB card's 0.75 share ran at 56.4 of its 59.4 GiB.
 SLACK_SHARE = 0.04
 GIB = 1024**3
+CARD_BYTES_ENV = "LWF_CARD_BYTES"
 
 _log = logging.getLogger("ray.serve.lwf.memory")
 
@@ -40,9 +41,12 @@ def gpu_share() -> Optional[float]:
 
 
 def device_total_bytes(device: str) -> int:
-    """Memory of the serving device: the GPU's, or the machine's RAM."""
+    """Memory of the serving device: the GPU's, or the machine's RAM. `LWF_CARD_BYTES` (benchmarks
+    only) makes a larger card stand for a smaller one: the shares and caps are taken of that many
+    bytes (an 80 GB H100's 85.03e9 on an H200: its configs measured where no H100 is lent)."""
     if device == "cuda":
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        real = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return min(real, int(os.environ.get(CARD_BYTES_ENV, real)))
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -56,9 +60,11 @@ def cap_process(device: str, fraction: Optional[float]) -> int:
         _log.warning("no GPU share assigned (num_gpus 0?): the process is not capped")
         fraction = 1.0
     fraction = min(fraction, 1.0)
-    if device == "cuda":
-        torch.cuda.set_per_process_memory_fraction(fraction)
-    return int(fraction * device_total_bytes(device))
+    cap = int(fraction * device_total_bytes(device))
+    if device == "cuda":  # torch's fraction is of the real card (smaller under LWF_CARD_BYTES)
+        torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(
+            torch.cuda.current_device()).total_memory)
+    return cap
 
 
 def resident_model_bytes(device: str, module: nn.Module) -> int:

@@ -11,7 +11,7 @@ from support import REPO, SHARED
 
 K8S_DIR = REPO / "k8s"
 CRD_FILE = SHARED / "kuberay" / "ray.io_rayservices.yaml"
-ROOT_SERVE_CONFIGS = ("serve_config.yaml", "serve_config.gpu.yaml")
+ROOT_SERVE_CONFIGS = ("serve_config.yaml", "serve_config.gpu.yaml", "serve_config.h200.yaml")
 RAYSERVICE_CONFIG = "k8s/rayservice.yaml#serveConfigV2"
 
 

@@ -28,10 +28,11 @@ def the_app(cfg: dict) -> dict:
 
 
 def app_args(name: str) -> AppArgs:
-    """The typed args of the one app of the serve config at `name` (relative to the repository)."""
-    import yaml
+    """The typed args of the one app of the serve config at `name` (relative to the repository;
+    an overlay resolved on its base: benchmarks/overlay.py)."""
+    from benchmarks.overlay import resolve
 
-    return AppArgs.model_validate(the_app(yaml.safe_load((REPO / name).read_text()))["args"])
+    return AppArgs.model_validate(the_app(resolve(REPO / name))["args"])
 
 
 def builder(import_path: str):
@@ -204,7 +205,8 @@ def test_rayservice_serves_the_released_model_in_bf16(app_args):
 
 # ------------------------------------------------------------------------------- GPU fast path
 
-GPU_CONFIG_FILES = ("serve_config.gpu.yaml", "serve_config.sp.yaml", "benchmarks/serve_config.h200.yaml")
+GPU_CONFIG_FILES = ("serve_config.gpu.yaml", "serve_config.h200.yaml", "serve_config.sp.yaml",
+                    "benchmarks/serve_config.h200.yaml")
 GPU_RAYSERVICES = ("k8s/rayservice.yaml", "k8s/variants/rayservice-sp4.yaml")
 
 
@@ -242,7 +244,7 @@ def test_gpu_configs_run_the_measured_fast_path(name):
         assert args.dit.num_gpus + args.vae.num_gpus + args.text_encoder.num_gpus <= 1.0 + 1e-9, name
 
 
-@pytest.mark.parametrize("name", ("serve_config.gpu.yaml", "k8s/rayservice.yaml"))
+@pytest.mark.parametrize("name", ("serve_config.gpu.yaml", "serve_config.h200.yaml", "k8s/rayservice.yaml"))
 def test_the_shipped_gpu_configs_reuse_prefixes_and_keep_snapshots(name):
     """Issue 33 is measured on the shipped config: the prefix store on, and snapshots in the replicas'
     spare bytes (a cap: a 464x832 window session's 17.7 GiB fit twice on an H200's DiT share)."""
@@ -277,7 +279,7 @@ def test_the_fp8_kv_cache_stays_opt_in_with_its_measured_deviation_next_to_it():
 
 def test_the_h200_benchmark_serves_the_shipped_gpu_config_with_random_weights():
     configs = gpu_configs()
-    gpu = AppArgs.model_validate(the_app(configs["serve_config.gpu.yaml"])["args"])
+    gpu = AppArgs.model_validate(the_app(configs["serve_config.h200.yaml"])["args"])
     bench = AppArgs.model_validate(the_app(configs["benchmarks/serve_config.h200.yaml"])["args"])
     assert bench.model.random_weights and bench.model.checkpoint is None and not gpu.model.random_weights
     differ = {"checkpoint", "random_weights", "local_attn_size", "sink_size"}
@@ -291,7 +293,7 @@ def test_the_h200_window_and_fp8_kv_benchmarks_differ_from_the_shipped_config_on
     """serve_config.h200.window.yaml: the shipped config's window; .kvfp8.yaml: that plus the
     FP8 KV cache, more sessions and card shares that hold them (its comments give the counts)."""
 
-    gpu = app_args("serve_config.gpu.yaml")
+    gpu = app_args("serve_config.h200.yaml")
     window, kvfp8 = app_args("benchmarks/serve_config.h200.window.yaml"), app_args("benchmarks/serve_config.h200.kvfp8.yaml")
     differ = {"checkpoint", "random_weights"}
     # and a compile cache the benchmark empties for its cold start (benchmarks/gpu_serve.sh RESTART=1)
