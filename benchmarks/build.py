@@ -20,9 +20,10 @@ FOCAL = 500.0  # pixels at SOURCE_SIZE
 PROMPT = "A first-person walk along a sunlit street with trees, shops and parked bicycles."
 
 
-def random_text_engine(cfg: T5Config, dtype: torch.dtype, device: str, seed: int) -> TextEngine:
-    """A UMT5 encoder of `cfg`'s dims with random weights drawn on `device` (byte tokenizer)."""
-    return TextEngine(init_t5_random_on_device(cfg, tiny_tokenizer(), dtype, device, seed))
+def random_text_engine(cfg: T5Config, dtype: torch.dtype, device: str, seed: int, int8: bool = False) -> TextEngine:
+    """A UMT5 encoder of `cfg`'s dims with random weights drawn on `device` (byte tokenizer);
+    `int8`: its matrices stored as int8 (model/text_int8.py, as serve_config.gpu.yaml serves it)."""
+    return TextEngine(init_t5_random_on_device(cfg, tiny_tokenizer(), dtype, device, seed, int8=int8))
 
 
 @dataclass(frozen=True)

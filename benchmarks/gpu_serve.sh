@@ -84,6 +84,12 @@ nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --form
     > "$OUT/gpu_mem.csv" 2>/dev/null &
 SMI_PID=$!
 
+# An overlay config (`base:` + the args it changes: benchmarks/overlay.py) is resolved to a plain one first.
+if grep -q '^base:' "$CONFIG"; then
+    $PY -m benchmarks.overlay "$CONFIG" "$OUT/serve_config.yaml" || { log "overlay $CONFIG did not resolve"; exit 1; }
+    log "overlay $CONFIG -> $OUT/serve_config.yaml"
+    CONFIG="$OUT/serve_config.yaml"
+fi
 CACHE_DIR=$($PY -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); print(c['applications'][0]['args'].get('model', {}).get('compile_cache_dir') or '')" "$CONFIG")
 if [ "${KEEP_COMPILE_CACHE:-0}" = 1 ]; then
     log "KEEP_COMPILE_CACHE=1: the compile caches stay (${CACHE_DIR:-the torch defaults})"
