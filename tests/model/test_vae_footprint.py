@@ -63,8 +63,7 @@ def test_batched_calls_reserve_one_more_frame_row_while_a_call_runs(engine):
     assert row > 0 and b.working - a.working == BATCHED_EXTRA_FRAMES * row
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize(("dtype", "batched"), [("float32", False), ("float32", True), ("bfloat16", True)])
 def test_the_layout_from_the_architecture_is_the_probed_one(dtype, batched):
     """`vae_cache_layout` runs the probe on fake tensors: every slot (channels, frames, scale,
     itemsize) and the image's itemsize equal what a real probe session holds, for the embedded
