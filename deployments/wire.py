@@ -4,16 +4,40 @@ Plain numpy and Python values (no torch, no pydantic: the ingress process import
 model nor the replicas). The DiT replica derives the model's `DiTSessionSpec` and
 `model.session.PastChunk`s from them.
 
-Names: a session's `session_id` is the client's; a `routing_key` (`<session_id>~<random>`, one
-per incarnation of a session on one deployment, deployments/ingress/stream.py) is what the
-router pins and what a replica keys its state by.
+Names: a session's `session_id` is the client's; a `routing_key` (`<session_id>~<owner>.<random>`,
+one per incarnation of a session on one deployment, deployments/ingress/stream.py) is what the
+router pins and what a replica keys its state by. `<owner>` is `owner_tag` of the session's
+principal (its API key, else its client address): a replica shares what it keeps between
+principals by it (its snapshots, deployments/replicas/snapshots.py) without learning who they are.
 """
 from __future__ import annotations
 
+import hashlib
+import uuid
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+
+KEY_SEPARATOR = "~"  # between the client's session id and what the server adds
+OWNER_SEPARATOR = "."  # between the owner tag and the random part
+
+
+def owner_tag(principal: str) -> str:
+    """A principal's tag (12 hex digits of a digest): its sessions' owner as the replicas see it."""
+    return hashlib.sha256(principal.encode()).hexdigest()[:12]
+
+
+def routing_key(session_id: str, owner: str = "") -> str:
+    """A new routing key of `session_id`, owned by `owner` (a tag; "": nobody's in particular)."""
+    return f"{session_id}{KEY_SEPARATOR}{owner}{OWNER_SEPARATOR}{uuid.uuid4().hex[:12]}"
+
+
+def owner_of(key: str) -> str:
+    """The owner tag of a routing key ("" for a key without one: tests, older ingresses)."""
+    _, sep, suffix = key.rpartition(KEY_SEPARATOR)
+    owner, dot, _ = suffix.partition(OWNER_SEPARATOR)
+    return owner if sep and dot else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +54,7 @@ class SessionOptions:
     translation_scale: Optional[float]  # None: per-chunk normalisation
     intrinsics_resolution: tuple[int, int]  # [H, W] the intrinsics are given in
     raw_frames: bool = False  # the VAE answers raw RGB frames, not fMP4 (the transport's choice: clip mode)
+    owner: str = ""  # `owner_tag` of its principal: in its routing keys; the text encoder's cache scope
 
     @property
     def height(self) -> int:

@@ -102,6 +102,12 @@ class DiTEngineProtocol(Protocol):
                 noise_state: NoiseState | None) -> DiTSession:
         """A session rebuilt from its finished chunks (`capabilities.restore`)."""
 
+    def replay(self, session: DiTSession, spec: DiTSessionSpec, past: Sequence[PastChunk],
+               noise_state: NoiseState | None) -> None:
+        """`restore`'s rebuild of an opened session, resumable: `past` replayed after the chunks
+        it has (a replica replays one chunk per call, between other sessions' calls), then the
+        noise state when given (`capabilities.restore`)."""
+
     def clone(self, session: DiTSession) -> DiTSession:
         """An independent copy of a live session (`capabilities.clone`): both continue alike."""
 

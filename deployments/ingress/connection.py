@@ -119,6 +119,7 @@ class Connection:
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driver: Optional[Driver] = None  # the driven session's (`drive`, drive/driver.py), while it is current
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
+        self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
         self._prefix = PrefixReuse(store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client, self._id),
                                    backends, self._dit_lane, self._vae_lane, args, handshake, self._log,
                                    prefix_metrics)  # exact-prefix reuse (prefix/reuse.py)
@@ -374,7 +375,7 @@ class Connection:
         timings: dict[str, float] = {}
         context = None
         if prompt_update is not None:
-            context = self._jobs.encode_later(prompt_update)
+            context = self._jobs.encode_later(prompt_update, stream.spec.owner)
             stream.prompt = prompt_update
             stream.journal.steer(chunk_id, prompt_update)  # a rewind or fork before it knows the prompt
         y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
@@ -473,7 +474,7 @@ class Connection:
             prompt, image, digest = req.prompt, self._pixels(req.image), image_digest(req.image)
         max_area = req.max_area or parse_size(self._args.model.default_size)
         resolution = self._sizes.output(max_area, *image.shape[:2])  # buckets, bounds (ProtocolError)
-        spec = session_options(req, resolution, prompt, digest, raw_frames=self._raw_frames)
+        spec = session_options(req, resolution, prompt, digest, raw_frames=self._raw_frames, principal=self._principal)
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)

@@ -60,16 +60,16 @@ class LaneJobs:
         key = stream.dit_key
         await reserve_dit(self._b.dit.options(session_id=key), stream)  # no text encode for a refused session
         t = time.perf_counter()
-        context = await self._b.text.encode.remote(stream.spec.prompt)
+        context = await self._b.text.encode.remote(stream.spec.prompt, stream.spec.owner)  # cached per owner
         stream.text_encode_s = time.perf_counter() - t
         stream.journal.set_context(context)
         replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec, context)
         self._log.info("session opened", fields={"session": key, "dit_replica": replica})
 
-    def encode_later(self, prompt: str) -> asyncio.Future:
+    def encode_later(self, prompt: str, owner: str) -> asyncio.Future:
         """The text context of a prompt update, encoded now (concurrently with the lanes)."""
         async def encode() -> np.ndarray:
-            return await self._b.text.encode.remote(prompt)
+            return await self._b.text.encode.remote(prompt, owner)
         return asyncio.ensure_future(encode())
 
     async def condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:

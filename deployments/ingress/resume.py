@@ -79,10 +79,11 @@ class ResumeBook:
         return self._may_park and self._parking is not None and self._sessions.resume_grace_s > 0
 
     def _principal(self, clip: bool) -> Optional[str]:
-        """Who may resume: the API key (auth on); for clip sessions, without auth, the address."""
-        if self._key_id is not None or not clip:
-            return self._key_id
-        return f"addr:{self._client}"
+        """Who may resume: the API key (auth on), else the client address (issue 43: without
+        auth every session was parked under one principal, so another address's parked id
+        answered `unauthorized` where an unknown one answers `missing_field`, and a client could
+        not name its own session like another's parked one). `clip` changes nothing since."""
+        return self._key_id if self._key_id is not None else f"addr:{self._client}"
 
     @property
     def _owner(self) -> str:

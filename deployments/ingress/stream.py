@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum, auto
@@ -23,7 +22,7 @@ from camera import DEFAULT_INTRINSICS_RESOLUTION, planned_latent_frames
 from deployments.ingress.history.journal import SessionJournal
 from deployments.ingress.prefix.keys import PrefixCursor
 from deployments.replicas.snapshots import snapshot_id
-from deployments.wire import SessionOptions
+from deployments.wire import SessionOptions, owner_tag, routing_key
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import InferRequest
 
@@ -40,9 +39,10 @@ class StreamClosed(RuntimeError):
     """An illegal lifecycle transition (a bug in the connection logic)."""
 
 
-def new_routing_key(session_id: str) -> str:
-    """`<session_id>~<random>`: a routing key, the replicas' key of one incarnation of a session."""
-    return f"{session_id}~{uuid.uuid4().hex[:12]}"
+def new_routing_key(spec: SessionOptions) -> str:
+    """`<session_id>~<owner>.<random>`: a routing key, the replicas' key of one incarnation of a
+    session (deployments/wire.py)."""
+    return routing_key(spec.session_id, spec.owner)
 
 
 def image_digest(image: bytes | np.ndarray) -> str:
@@ -109,7 +109,7 @@ class Stream:
     inherited_snapshots: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.key = self.dit_key = self.vae_key = new_routing_key(self.spec.session_id)
+        self.key = self.dit_key = self.vae_key = new_routing_key(self.spec)
         self.prompt = self.spec.prompt
 
     def snapshot_ids(self, chunks: int) -> tuple[str, str]:
@@ -148,10 +148,11 @@ class Stream:
 
 
 def session_options(req: InferRequest, resolution: tuple[int, int], prompt: str, digest: str,
-                    raw_frames: bool = False) -> SessionOptions:
+                    raw_frames: bool = False, principal: str = "") -> SessionOptions:
     """The session options of a first infer at output `resolution`; ProtocolError for
     unusable values. `prompt` and `digest` (of the image) are the request's, or on an implicit
-    reset that changes one of them, the replaced session's other one."""
+    reset that changes one of them, the replaced session's other one; `principal`: the
+    connection's (prefix/reuse.py `scope_of`), whose tag is the session's owner (wire.py)."""
     try:
         total = planned_latent_frames(req.num_frames)
     except ValueError as e:
@@ -161,5 +162,5 @@ def session_options(req: InferRequest, resolution: tuple[int, int], prompt: str,
         resolution=resolution, seed=DEFAULT_SEED if req.seed is None else req.seed,
         total_latent_frames=total, translation_scale=req.translation_scale,
         intrinsics_resolution=tuple(req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION),
-        raw_frames=raw_frames,
+        raw_frames=raw_frames, owner=owner_tag(principal) if principal else "",
     )

@@ -178,10 +178,21 @@ class DiTDeployment(SessionHost[DiTSlot]):
                             None if c.context is None else torch.tensor(c.context, dtype=torch.float32))
                   for c in past]
         state = None if noise is None else NoiseState(torch.from_numpy(noise.rng.copy()), noise.whole_drawn)
-        await self._admit(routing_key, session_spec, plan, len(past),
-                          lambda: self._engine.restore(session_spec, chunks, state))
+        # Opened, then replayed one chunk per compute job: other sessions' chunks run between them.
+        await self._admit(routing_key, session_spec, plan, 0, lambda: self._engine.open(session_spec))
+        steps = [(self._replay_chunk, (session_spec, c)) for c in chunks]
+        await self._replay_in_turns(routing_key, steps + [(self._replay_noise, (session_spec, state))])
         self._log.info("session restored", fields={"session": routing_key, "chunks": len(past)})
         return self._replica
+
+    def _replay_chunk(self, slot: DiTSlot, spec: DiTSessionSpec, chunk: PastChunk) -> None:
+        """(Model thread.) One past chunk of a restore: its cache update."""
+        self._engine.replay(slot.session, spec, [chunk], None)
+        slot.chunks += 1
+
+    def _replay_noise(self, slot: DiTSlot, spec: DiTSessionSpec, noise: Optional[NoiseState]) -> None:
+        """(Model thread.) A restore's last step: the noise generator after its last chunk."""
+        self._engine.replay(slot.session, spec, [], noise)
 
     async def clone(self, source_key: str, routing_key: str, options: SessionOptions) -> str:
         """Admit `routing_key` like `open` (`Busy` / `TooLarge`, nothing changed) and make it an

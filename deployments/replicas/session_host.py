@@ -15,7 +15,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Optional, TypeVar
 
 import torch
@@ -198,6 +198,21 @@ class SessionHost(Generic[S]):
         self._publish()
         return state
 
+    async def _replay_in_turns(self, routing_key: str, steps: Sequence[tuple[Callable[..., Any], tuple]]) -> None:
+        """Rebuild the session `routing_key`, opened just now, by `steps` in order: `fn(state,
+        *args)` each, one past chunk, each its own compute job (issue 43): the calls of other
+        sessions queued meanwhile run between two of them, so a replay of k chunks delays another
+        session's chunk by about one replayed chunk, not by all k. The session is held (it cannot
+        expire) meanwhile; `SessionLost` when it is closed meanwhile; a failure closes it without
+        keeping its state as a snapshot (half rebuilt: it must not serve)."""
+        try:
+            with self._table.hold(routing_key):
+                for fn, args in steps:
+                    await self._compute_on(routing_key, fn, *args)
+        except BaseException:
+            await self._close(routing_key, keep=False)
+            raise
+
     @property
     def snapshots(self) -> SnapshotShelf:
         return self._table.snapshots
@@ -271,13 +286,17 @@ class SessionHost(Generic[S]):
         next session here; its memory is freed (and its bytes stop counting) once the call
         that may be running for it has ended.
         """
+        return await self._close(routing_key)
+
+    async def _close(self, routing_key: str, keep: bool = True) -> bool:
+        """`close`; `keep` False: its final state is freed, never kept as a snapshot."""
         retired = self._table.retire(routing_key)
         if retired is not None:
             state, nbytes = retired
             kept = False
             try:
                 async with self._lock.urgent():  # ahead of other sessions' queued chunks
-                    kept = self._keep_closed(routing_key, state, nbytes)  # its final state, as a snapshot
+                    kept = keep and self._keep_closed(routing_key, state, nbytes)  # its final state, as a snapshot
                     if not kept:
                         await self._run(self._release, state)
             finally:

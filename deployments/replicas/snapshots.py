@@ -8,19 +8,24 @@ holds its state before the newest chunk: an undo), and a session's final state k
 closed (no copy: its memory moves to the shelf). A fork below a session's head, a rewind and
 a session leaving the prefix store then start from a copy of one (`clone` from a snapshot id)
 instead of replaying the journal's k chunks. A snapshot outlives its session (the prefix store
-refers to it). Snapshots are a cache: bounded by bytes, least recently used evicted first, and
-they give way to sessions (the replica's `SessionTable` reclaims their bytes before it refuses
+refers to it). Snapshots are a cache: bounded by bytes, and shared fairly between principals
+(issue 43): an eviction takes the least recently used snapshot of the owner (deployments/wire.py
+`owner_of` its routing key: an API key, else a client address) that holds the most bytes, so
+one principal's sessions evict another's snapshots only while that one holds more; they give
+way to sessions (the replica's `SessionTable` reclaims their bytes before it refuses
 a session), so they never cost a session its admission and never run a device out of memory;
 one being copied from is held (`holding`): not evicted, its bytes counted for the copy's
 admission. An evicted snapshot's memory is freed with its last reference.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, Optional, TypeVar
+
+from deployments.wire import owner_of
 
 T = TypeVar("T")
 
@@ -163,13 +168,21 @@ class SnapshotShelf(Generic[T]):
         return freed
 
     def _evict_oldest(self, keep: Optional[Item] = None) -> int:
-        """Evict the least recently used snapshot not being copied from (nor `keep`); its bytes
-        (0: none may go)."""
+        """Evict the least recently used snapshot not being copied from (nor `keep`) of the
+        owner holding the most bytes (`keep` counted) among those with one that may go; its
+        bytes (0: none may go)."""
+        held: Counter[str] = Counter()
+        for (key, _, _), item in self._items.items():
+            held[owner_of(key)] += item.nbytes
+        oldest: dict[str, Item] = {}  # per owner, its least recently used that may go
         for ik, item in self._items.items():
             if not item.holds and ik != keep:
-                self.evictions += 1
-                return self._pop(ik)
-        return 0
+                oldest.setdefault(owner_of(ik[0]), ik)
+        if not oldest:
+            return 0
+        owner = max(oldest, key=lambda o: held[o])  # ties: the one whose snapshot is oldest (dict order)
+        self.evictions += 1
+        return self._pop(oldest[owner])
 
     def _pop(self, ik: Item) -> int:
         item = self._items.pop(ik, None)

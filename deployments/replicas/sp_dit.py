@@ -189,11 +189,16 @@ class SPReplicaEngine(DiTEngineProtocol):
     def restore(self, spec: DiTSessionSpec, past: Sequence[PastChunk], noise: Optional[NoiseState]) -> DiTSession:
         """DiTEngine.restore on every rank: open everywhere, then replay together."""
         session = self.open(spec)
+        self.replay(session, spec, past, noise)
+        return session
+
+    def replay(self, session: DiTSession, spec: DiTSessionSpec, past: Sequence[PastChunk],
+               noise: Optional[NoiseState]) -> None:
+        """DiTEngine.replay on every rank, together (the replica replays a chunk at a time)."""
         past_ref = ray.put(list(past))  # one copy in the object store for all ranks
         shard_id = self._shard_ids[session]
         self._together([r.replay.remote(shard_id, spec, past_ref, noise) for r in self._ranks],
                        lambda: self._local.replay(session, spec, past, noise), "replay")
-        return session
 
     def step(self, session: DiTSession, y: torch.Tensor, poses: np.ndarray,
              intrinsics: np.ndarray, defer_update: bool = False) -> ChunkOutput:

@@ -138,22 +138,24 @@ class VaeDeployment(SessionHost[VaeSlot]):
     async def restore(self, routing_key: str, image: np.ndarray, height: int, width: int, conditioned: int,
                       decoded: list[np.ndarray], raw_frames: bool = False) -> str:
         """Rebuild a session: `conditioned` conditions done, then the chunks `decoded` (latents
-        [16, 3, lh, lw] each, in order) decoded and muxed."""
-
-        def build() -> VaeSlot:
-            slot = self._new_slot(image, height, width, raw_frames)
-            for _ in range(conditioned):
-                self._engine.condition(slot.session)
-            for latents in decoded:
-                frames = self._engine.decode(slot.session, torch.tensor(latents))
-                if slot.muxer is not None:
-                    slot.muxer.skip_chunk(len(frames))  # its bytes were sent: only the counters move
-            return slot
-
-        await self._admit(routing_key, height, width, build)
+        [16, 3, lh, lw] each, in order) decoded and muxed. Opened, then replayed one condition
+        or decode per compute job: other sessions' calls run between them (`_replay_in_turns`)."""
+        await self._admit(routing_key, height, width, lambda: self._new_slot(image, height, width, raw_frames))
+        steps = [(self._replay_condition, ())] * conditioned + [(self._replay_decode, (z,)) for z in decoded]
+        await self._replay_in_turns(routing_key, steps)
         self._log.info("session restored", fields={"session": routing_key, "conditioned": conditioned,
                                                    "decoded": len(decoded)})
         return self._replica
+
+    def _replay_condition(self, slot: VaeSlot) -> None:
+        """(Model thread.) One condition of a restore, its y dropped."""
+        self._engine.condition(slot.session)
+
+    def _replay_decode(self, slot: VaeSlot, latents: np.ndarray) -> None:
+        """(Model thread.) One decode of a restore: its bytes were sent, only the muxer's counters move."""
+        frames = self._engine.decode(slot.session, torch.tensor(latents))
+        if slot.muxer is not None:
+            slot.muxer.skip_chunk(len(frames))
 
     async def clone(self, source_key: str, routing_key: str) -> str:
         """Admit `routing_key` like `open` (`Busy` / `TooLarge`, nothing changed) and make it an

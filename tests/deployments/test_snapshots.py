@@ -18,7 +18,7 @@ from deployments.replicas import session_host
 from deployments.replicas import vae as vae_module
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import SnapshotShelf, parse_snapshot_id, snapshot_id
-from deployments.wire import SessionOptions
+from deployments.wire import SessionOptions, owner_of, owner_tag, routing_key
 
 MODEL = ModelArgs(preset="tiny", device="cpu", warmup=False, size_buckets=["32*48"], default_size="32*48")
 K = np.array([[40, 40, 24, 16.0]], np.float32)
@@ -61,6 +61,42 @@ def test_a_rewind_drops_the_snapshots_of_the_branch_it_leaves():
         shelf.put("a", k, -k, 5, "enc")
     shelf.put("b", 3, 3, 10)
     assert shelf.drop_after("a", 1) == 4 and shelf.ids() == ["a#1", "b#3"] and shelf.nbytes == 25
+
+
+def test_routing_keys_carry_their_owners_tag():
+    tag = owner_tag("key:A")
+    assert tag != owner_tag("key:B") and tag != owner_tag("addr:10.0.0.1") and "key:A" not in tag
+    key = routing_key("a~b.c", tag)  # the client's id may hold the separators
+    assert key.startswith("a~b.c~") and owner_of(key) == tag
+    assert owner_of(routing_key("s")) == "" and owner_of("s") == "" and owner_of("a~1f") == ""
+
+
+def test_one_principals_sessions_evict_anothers_snapshots_only_down_to_a_fair_share():
+    """Issue 43 item 8: one LRU per replica let key A's sessions evict key B's snapshots (B's
+    undo fell from the snapshot path to a replay). An eviction now takes the least recently
+    used snapshot of the owner holding the most bytes."""
+    a, b = owner_tag("key:A"), owner_tag("key:B")
+    shelf: SnapshotShelf[str] = SnapshotShelf(100)
+    victim = routing_key("undo", b)
+    assert shelf.put(victim, 1, "b1", 10) and shelf.put(victim, 2, "b2", 10)  # B's: the oldest of all
+    for i in range(20):  # A's sessions churn: 20 sessions of 2 snapshots each
+        key = routing_key(f"s{i}", a)
+        assert shelf.put(key, 1, f"a{i}", 10) and shelf.put(key, 2, f"a{i}", 10)
+    held = {o: sum(10 for key, _, _ in shelf._items if owner_of(key) == o) for o in (a, b)}
+    print(f"RELIABILITY snapshots: key B's 2 then key A's 40 (shelf of 10): B keeps {held[b] // 10}, "
+          f"A {held[a] // 10}; evictions {shelf.evictions}")
+    assert shelf.get(victim, 1) == "b1" and shelf.get(victim, 2) == "b2"  # B's undo is still a snapshot
+    assert held == {a: 80, b: 20} and shelf.evictions == 32  # A evicted only its own (its oldest)
+    last = [sid for sid in shelf.ids() if owner_of(parse_snapshot_id(sid)[0]) == a]
+    assert len(last) == 8 and all(sid.startswith(("s16~", "s17~", "s18~", "s19~")) for sid in last)
+    # B, holding less, takes its share back from A (the owner holding the most): A's oldest go ...
+    for k in range(3, 6):
+        assert shelf.put(victim, k, f"b{k}", 10)
+    assert [shelf.get(victim, k) for k in range(1, 6)] == ["b1", "b2", "b3", "b4", "b5"]
+    mine = [sid for sid in shelf.ids() if owner_of(parse_snapshot_id(sid)[0]) == a]
+    assert len(mine) == 5 and not any(sid.startswith("s16~") for sid in mine)  # A's 3 oldest went
+    # ... until it holds the most itself: then its own least recently used goes
+    assert shelf.put(victim, 6, "b6", 10) and shelf.get(victim, 1) is None and shelf.get(victim, 6) == "b6"
 
 
 # ---- the session table ----

@@ -165,7 +165,7 @@ class Branches:
         stream.chunk_tasks = [t for t in stream.chunk_tasks  # all done (no chunk in flight)
                               if isinstance(t.result(), FrameReply) and t.result().chunk_id < k]
         old_dit, old_vae = stream.dit_key, stream.vae_key
-        stream.dit_key, stream.vae_key = new_routing_key(stream.spec.session_id), new_routing_key(stream.spec.session_id)
+        stream.dit_key, stream.vae_key = new_routing_key(stream.spec), new_routing_key(stream.spec)
         self._dit_lane.submit(lambda: self._b.dit.options(session_id=old_dit).close.remote(old_dit))
         self._vae_lane.submit(lambda: self._b.vae.options(session_id=old_vae).close.remote(old_vae))
         paths: dict[str, str] = {}

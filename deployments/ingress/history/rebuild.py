@@ -47,7 +47,7 @@ class Rebuild:
             if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key):
                 paths["vae"] = _copy_path(source_key)
                 return
-            stream.vae_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
+            stream.vae_key = new_routing_key(stream.spec)  # the failed clone's key stays pinned there
         self.replayable(stream)
         paths["vae"] = "replay"
         key, j, (h, w) = stream.vae_key, stream.journal, stream.spec.resolution
@@ -67,7 +67,7 @@ class Rebuild:
                     if not admitted.done():
                         admitted.set_result(None)
                     return
-                stream.dit_key = new_routing_key(stream.spec.session_id)  # the failed clone's key stays pinned there
+                stream.dit_key = new_routing_key(stream.spec)  # the failed clone's key stays pinned there
             self.replayable(stream)
         except BaseException as e:  # busy, too_large: the fork's admission refused
             if not admitted.done():

@@ -52,7 +52,7 @@ class Recovery:
         if not (self._enabled and j.recoverable and j.context is not None):
             raise self._lost("dit", cause)
         await self._forget(self._dit, stream.dit_key)
-        key = stream.dit_key = new_routing_key(stream.spec.session_id)
+        key = stream.dit_key = new_routing_key(stream.spec)
         context, past = j.context, list(j.chunks)
         t0 = time.perf_counter()
         dit = self._dit.options(session_id=key)
@@ -70,7 +70,7 @@ class Recovery:
         if not (self._enabled and j.recoverable):
             raise self._lost("vae", cause)
         await self._forget(self._vae, stream.vae_key)
-        key = stream.vae_key = new_routing_key(stream.spec.session_id)
+        key = stream.vae_key = new_routing_key(stream.spec)
         decoded = j.decoded_latents()
         t0 = time.perf_counter()
         vae = self._vae.options(session_id=key)

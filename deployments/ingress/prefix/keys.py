@@ -41,7 +41,7 @@ def model_fingerprint(args: AppArgs) -> str:
 def namespace(fingerprint: str, spec: SessionOptions, scope: str) -> str:
     """The store's namespace of a session opened with `spec` (its `session_id` aside) in `scope`."""
     options = asdict(spec)
-    del options["session_id"]
+    del options["session_id"], options["owner"]  # the scope says whose
     return hashlib.sha256(json.dumps({"model": fingerprint, "scope": scope, "session": options},
                                      sort_keys=True, default=list).encode()).hexdigest()
 
