@@ -182,3 +182,27 @@ def test_serving_picks_fa3_where_asked_or_auto_finds_it(monkeypatch):
     with pytest.raises(ValueError, match="model.attention"):
         ModelArgs(attention="fa3")
     assert ModelArgs(preset="tiny", device="cuda", attention="fa3", fp8_attention=True).attention == "fa3"
+
+
+def test_the_gpu_check_runs_its_four_variants_on_stand_ins(fake_fa3, fake_cudnn, monkeypatch):
+    """benchmarks/probes/fa3_check.py (the device's check of this path) with a tiny DiT: its
+    variants run the kernels they name, through a CUDA replica's options (less its Triton
+    kernels), and its verdicts hold where the kernels compute the documented math."""
+    from dataclasses import replace
+
+    from benchmarks.probes import fa3_check
+
+    monkeypatch.setattr(transforms, "fp8_attention_available", lambda device: True)
+
+    def options_for(device, compile, fp8, attention):
+        served = AccelOptions.for_serving("cuda", compile=compile, fp8=fp8, fp8_attention=fp8, attention=attention)
+        return replace(served, triton_rope=False, vae_triton_stem=False)
+
+    cfg = DiTConfig(dim=64, ffn_dim=128, num_heads=4, num_layers=2, local_attn_size=6, sink_size=3)
+    out = fa3_check.model_check(torch.device("cpu"), cfg, chunks=4, size=(32, 48), options_for=options_for)
+    assert out["ok"] == {"bf16": True, "fp8": True, "kernels": True}, out
+    assert [v["kv"] for v in out["variants"].values()] == ["dtype", "dtype", "fp8_codes", "fp8_codes"]
+    bf16, fp8 = out["fa3_vs_cudnn"]["bf16"]["rel"], out["fa3_vs_cudnn"]["fp8"]["rel"]
+    assert 0 < bf16 < 1e-3 and 0 < fp8 < 1e-2 and bf16 < fp8  # other kernels, same math; FP8's O rounded differently
+    assert len(out["fa3_vs_cudnn"]["fp8"]["per_chunk_rel"]) == 4
+    assert fa3_check.kernel_check(torch.device("cpu"), s=8, n=24, h=4, d=16)["ok"]
