@@ -161,11 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action="store_true", help="the compiled regions, as served (slower to start)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(json.dumps({"ok": False, "error": "no CUDA device"}))
+        return 1
     device = torch.device("cuda")
     result: dict = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
                     "capability": list(torch.cuda.get_device_capability(device)),
                     "fa3_importable": importable(), "fa3_available": available(device)}
     ok = result["fa3_available"]
+    if not result["fa3_importable"]:
+        try:
+            import fa3_fwd_interface  # noqa: F401
+        except Exception as e:  # noqa: BLE001  (why: not installed, or another CUDA / torch)
+            result["fa3_import_error"] = repr(e)[-500:]
     if ok:
         with torch.no_grad():
             result["kernel"] = kernel_check(device)
