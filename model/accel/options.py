@@ -40,8 +40,9 @@ class AccelOptions:
       fa3-fwd wheel; exact bf16 attention); "fa3_fp8": the self-attention through FA3 in FP8
       (e4m3 Q, K, V with per-tensor descales, O in bf16; opt-in like "cudnn_fp8", whose code
       cache and bound scales it reads), the cross-attention as "fa3".
-    qk_bound_scales: with an FP8 attention ("cudnn_fp8", "fa3_fp8") and its code cache (`KVCacheConfig(format="fp8_codes")`,
-      model/dit/caches.py: the sessions' caches are configured there, not here), Q and K quantized with a fixed descale per layer, a bound of
+    qk_bound_scales: with an FP8 attention ("cudnn_fp8", "fa3_fp8") and its code cache
+      (`KVCacheConfig(format="fp8_codes")`, model/dit/caches.py: the sessions' caches are
+      configured there, not here), Q and K quantized with a fixed descale per layer, a bound of
       their values / 448 (RMSNorm then RoPE: |x| <= sqrt(dim) max|norm weight|), inside the
       compiled norm + RoPE region that makes them: no amax pass, no bf16 Q/K written and read
       back, and K's cached codes never rescaled; a value far below the bound keeps e4m3's
@@ -155,7 +156,7 @@ class AccelOptions:
         """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
         attention (`attention="fa4"`: FlashAttention's CuTe DSL kernels, session 7: 81 frames
         10.83 -> 10.27 s, windowed bf16 chunk 1.75 -> 1.65-1.68 s; needs the flash-attn-4 wheel;
-        "fa3": FlashAttention-3's kernels, with `fp8_attention` FA3's FP8 too (the fa3-fwd wheel;
+        "fa3": FlashAttention-3's kernels, with `fp8_attention` FA3's FP8 too, the fa3-fwd wheel;
         "auto": "fa3" where it can run, `fa3_available`, else "cudnn"),
         the Q / K norm + RoPE as one Triton pass where Triton is installed (session 7: windowed
         chunk -11 ms bf16, -19 ms FP8), channels-last VAE convolutions with their padding inside the conv (the same
