@@ -4,10 +4,9 @@ The `fa3-fwd` wheel (0.0.3: FA3's forward kernels built on PyTorch's stable ABI 
 `from fa3_fwd_interface import flash_attn_func`; no backward, local window nor paged KV) takes
 q, k, v as [B, S, H, D]: the fast block's own layout, so neither the chunk's rows nor the
 session's cache are transposed or copied for it (only the last dimension must be contiguous).
-Measured on one H100 (../shared/docs/VERIFIED_NOTES.md): one chunk's queries against the served
-window's 22620 keys, bf16 700 TFLOP/s against cuDNN SDPA's 630 with the same error; FP8 930
-against the cuDNN FP8 graph's 839 with a third less error (FA3 keeps P in its accumulator's
-precision and writes O in bf16).
+Measured on one H100 (issue 44): one chunk's queries against the served window's 22620 keys,
+bf16 700 TFLOP/s against cuDNN SDPA's 630 with the same error; FP8 930 against the cuDNN FP8
+graph's 839 with a third less error (FA3 writes O in bf16, the cuDNN graph in e4m3).
 
 bf16 ("fa3"): exact attention like cuDNN's (a different kernel: rounding differs, not the math).
 
