@@ -7,6 +7,13 @@
 #   .whlray/  ray 2.60.0 alone (travels in a call of its own: install_wheels.py .whlray /tmp/site)
 #   .whl/     the rest: Serve's and the ingress's packages, av, ftfy (benchmarks.run's text encoder)
 #             and the cuDNN frontend (attention="cudnn_fp8"; 1.14.1: no dependencies of its own)
+#   .whlfa3/  fa3-fwd 0.0.3 (27 MB: FlashAttention-3's forward kernels, `model.attention: fa3`; built
+#             for CUDA 13 on torch's stable ABI, it loads on the device image's torch 2.11+cu130) and a
+#             second copy of the cuDNN frontend (2 MB): the attention probe and the fa3 check compare
+#             FA3 with cuDNN's FP8 in one call, carry [".whlfa3"] alone:
+#               python3 benchmarks/install_wheels.py .whlfa3 /tmp/site && PYTHONPATH=/tmp/site:$PWD ...
+#             Beside .whl it passes one call's 64 MiB: for a served run, install it in a call of its
+#             own first (as .whlray; a warm machine keeps /tmp/site, gpu_serve.sh's .whl adds to it).
 #
 # FA4=1 also fetches FlashAttention's CuTe DSL kernels (flash-attn-4: FA3-class bf16 attention on
 # sm_90, for benchmarks/probes/attention.py) with their CUDA 13 libraries. Their largest wheel
@@ -23,8 +30,8 @@
 # which must match the image's grpcio (1.84.0). `--no-deps`: the image already holds the rest.
 set -euo pipefail
 
-PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
-           manylinux1_x86_64)
+PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64
+           manylinux2014_x86_64 manylinux1_x86_64)  # pip matches the listed tags only: fa3-fwd is 2_24
 fetch() {  # fetch DIR SPEC...
     local dir=$1; shift
     mkdir -p "$dir"
@@ -56,6 +63,9 @@ for wheel in Path(".whlray").glob("ray-*.whl"):
     tmp.replace(wheel)
 PY
 du -sh .whlray
+rm -rf .whlfa3
+fetch .whlfa3 fa3-fwd==0.0.3 nvidia-cudnn-frontend==1.14.1  # --no-deps: fa3-fwd's interface imports torch alone
+du -sh .whlfa3
 
 if [ "${FA4:-0}" = 1 ]; then
     rm -rf .whlfa4 .whlfa4_1 .whlfa4_2

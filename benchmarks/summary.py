@@ -150,7 +150,7 @@ def attention_rows(d: dict) -> list[Row]:
     rows = []
     for name, row in d["attention"].items():
         tf = {k: fmt(v["tflops"]) for k, v in row.items() if isinstance(v, dict) and "tflops" in v
-              and k in ("cudnn", "flash", "fa4")}
+              and k in ("cudnn", "flash", "fa4", "fa3")}
         rows.append(("attention", f"{name}: " + ", ".join(f"{k} {v} TFLOP/s" for k, v in tf.items())))
     return rows
 

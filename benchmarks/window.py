@@ -176,8 +176,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="fp8: the self-attention as cuDNN's FP8 SDPA too (AccelOptions.attention='cudnn_fp8')")
     p.add_argument("--kv-codes", action="store_true",
                    help="fp8 with --fp8-attention: the self-attention caches as its e4m3 codes (KVCacheConfig format fp8_codes)")
-    p.add_argument("--attention", choices=("cudnn", "fa4"), default="cudnn",
-                   help="the attention kernels (fa4: FlashAttention's CuTe DSL kernels, flash-attn-4)")
+    p.add_argument("--attention", choices=("cudnn", "fa4", "fa3"), default="cudnn",
+                   help="the attention kernels (fa4: FlashAttention's CuTe DSL kernels, flash-attn-4; fa3: "
+                   "FlashAttention-3's, fa3-fwd, with --fp8-attention its FP8 self-attention too)")
     p.add_argument("--profile", action="store_true", help="after the chunks, profile one steady-state chunk "
                    "per precision: <out>_<precision>_profile{,_shapes}.txt, by kernel kind in the JSON")
     p.add_argument("--save-latents", action="store_true", help="each chunk's latents (float32) to "
@@ -220,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
         kv_format = "fp8_scaled" if args.kv_fp8 else "dtype"
         if base == "fp8":
             options = replace(options, fast=True, fp8=True, fp8_quant=args.fp8_quant, fp8_fast_accum=args.fp8_fast_accum,
-                              attention="cudnn_fp8" if args.fp8_attention else options.attention,
+                              attention=(("fa3_fp8" if args.attention == "fa3" else "cudnn_fp8") if args.fp8_attention
+                                         else options.attention),
                               qk_bound_scales="bound" in variant)
             kv_format = "fp8_codes" if args.kv_codes else kv_format
         # a ring with the fast block (the GPU serving options) unless the variant shifts

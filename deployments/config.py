@@ -55,9 +55,10 @@ class ModelArgs(_Strict):
     # The DiT's attention kernels on CUDA: cuDNN's through torch SDPA, or "fa4": FlashAttention's
     # CuTe DSL kernels (the `fa4` extra: flash-attn-4 with NVIDIA's CUTLASS DSL and its CUDA 13
     # libraries; measured on torch 2.11+cu130): exact bf16 attention, 81 frames 10.83 -> 10.27 s,
-    # windowed chunk 1.75 -> 1.65-1.68 s (docs/PERFORMANCE.md, session 7). With fp8_attention the
-    # self-attention is cuDNN's FP8 either way.
-    attention: Literal["cudnn", "fa4"] = "cudnn"
+    # windowed chunk 1.75 -> 1.65-1.68 s (docs/PERFORMANCE.md, session 7); "fa3": FlashAttention-3's
+    # forward kernels (the `fa3` extra: fa3-fwd, CUDA 13 torch, sm_90), with fp8_attention FA3's FP8
+    # self-attention too (else, and with fa4, cuDNN's); "auto": fa3 where it runs, else cudnn.
+    attention: Literal["cudnn", "fa4", "fa3", "auto"] = "cudnn"
     # Storage of the sessions' self-attention KV caches: the compute dtype (exact), or "fp8"
     # (opt-in): float8 e4m3 with a scale per token and head, ~half the bytes of a bf16 cache, so
     # about twice the full-attention sessions per replica; changed numerics (docs/PERFORMANCE.md).
@@ -112,8 +113,8 @@ class ModelArgs(_Strict):
             raise ValueError(f"preset {self.preset!r} needs model.checkpoint (or model.random_weights "
                              "for load tests); only 'tiny' is embedded")
         if self.fp8_attention and self.device != "cuda":
-            raise ValueError("model.fp8_attention runs cuDNN's FP8 attention: it needs device: cuda")
-        if self.attention != "cudnn" and self.device != "cuda":
+            raise ValueError("model.fp8_attention runs an FP8 attention kernel: it needs device: cuda")
+        if self.attention not in ("cudnn", "auto") and self.device != "cuda":
             raise ValueError(f"model.attention {self.attention!r} runs GPU kernels: it needs device: cuda")
         dh, dw = (int(x) for x in self.default_size.split("*"))
         if dh * dw > self.max_output_area:

@@ -110,6 +110,51 @@ def install_fake_fa4(monkeypatch) -> list[tuple[int, int]]:
     return calls
 
 
+def install_fake_fa3(monkeypatch, calls: list[dict] | None = None) -> list[dict]:
+    """A stand-in `fa3_fwd_interface` whose `flash_attn_func` checks what FA3's forward takes
+    (q [B, S, H, D], k and v [B, n, H_kv, D], last dimension contiguous; bf16 without descales, or
+    e4m3 codes with float32 q/k/v descales [B, H_kv]) and computes it in float32: the codes
+    dequantized with the descales passed (head h of Q with its KV head's), softmax(Q K^T / sqrt(D))
+    V; out in bf16 for e4m3 inputs (FA3's), else in q's dtype. Returns the calls' records:
+    shapes, dtypes and the descales as given."""
+    import sys
+    import types
+
+    import torch
+
+    calls = [] if calls is None else calls
+
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, q_descale=None, k_descale=None,
+                        v_descale=None, return_attn_probs=False, **rest):
+        b, s, h, d = q.shape
+        n, hk = k.shape[1], k.shape[2]
+        assert q.dim() == 4 and k.shape == v.shape == (b, n, hk, d) and h % hk == 0, (q.shape, k.shape, v.shape)
+        assert not causal and not rest and all(x.stride(-1) == 1 for x in (q, k, v))
+        fp8 = q.dtype == torch.float8_e4m3fn
+        assert k.dtype == v.dtype == q.dtype, (q.dtype, k.dtype, v.dtype)
+        descales = (q_descale, k_descale, v_descale)
+        calls.append({"q": tuple(q.shape), "k": tuple(k.shape), "dtype": q.dtype,
+                      "descales": [None if x is None else x.clone() for x in descales]})
+        if fp8:
+            for x in descales:
+                assert x is not None and x.dtype == torch.float32 and x.shape == (b, hk) and x.is_contiguous()
+            group = lambda t, dsc: t.float() * dsc.repeat_interleave(t.shape[2] // hk, dim=1)[:, None, :, None]  # noqa: E731
+            qf, kf, vf = group(q, q_descale), group(k, k_descale), group(v, v_descale)
+        else:
+            assert all(x is None for x in descales), "descales are FP8 inputs' only"
+            qf, kf, vf = q.float(), k.float(), v.float()
+        kf, vf = (x.repeat_interleave(h // hk, dim=2) for x in (kf, vf))
+        scale = d ** -0.5 if softmax_scale is None else softmax_scale
+        p = torch.softmax(torch.einsum("bshd,bnhd->bhsn", qf, kf) * scale, dim=-1)
+        out = torch.einsum("bhsn,bnhd->bshd", p, vf).to(torch.bfloat16 if fp8 else q.dtype)
+        return (out, torch.zeros(b, h, s)) if return_attn_probs else out
+
+    module = types.ModuleType("fa3_fwd_interface")
+    module.flash_attn_func = flash_attn_func
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", module)
+    return calls
+
+
 class _FakeCudnnTensor:
     def __init__(self, name="", dim=None, stride=None, data_type=None):
         self.name, self.dim, self.stride, self.data_type, self.output = name, dim, stride, data_type, False

@@ -5,13 +5,19 @@
 The FP8 rows (always; `--bf16` adds the bf16 kernels' before them): cuDNN's FP8 SDPA from the
 code cache's e4m3 codes against 1, 3, 5 (the served window) and 6 chunks of keys: the graph
 the model builds, each execution plan cuDNN offers for it, and the same with Q, K, V, O
-heads-major. One chunk's queries (3 latent frames, 4524 tokens at 464x832, 40 heads of 128) against the
-key/value lengths a session sees (the chunk alone, chunks 0-2, the window of 18 latent
-frames = 6 chunks). Per kernel: TFLOP/s (4 S n H D FLOPs, the best of a few timed runs) and
-the error of its output against a float32 SDPA on the same bf16 inputs (norm-relative).
+heads-major; FlashAttention-3's FP8 forward on the same codes and descales (`fa3_fp8`, the
+model's `Fa3Fp8Attention`: O in bf16). One chunk's queries (3 latent frames, 4524 tokens at
+464x832, 40 heads of 128) against the key/value lengths a session sees (the chunk alone,
+chunks 0-2, the served window of 15 latent frames = 5 chunks, 18 latent frames = 6 chunks).
+Per kernel: TFLOP/s (4 S n H D FLOPs, the best of a few timed runs) and the error of its
+output against a float32 SDPA on the same bf16 inputs (norm-relative).
 Kernels: PyTorch SDPA with the cuDNN and the flash backend; FlashAttention's CuTe DSL kernels
 (`flash_attn.cute`, the flash-attn-4 wheel: FA3-class on sm_90; a row with its import error
-where it is not installed: `FA4=1 bash benchmarks/fetch_wheels.sh` fetches it).
+where it is not installed: `FA4=1 bash benchmarks/fetch_wheels.sh` fetches it); FlashAttention-3's
+forward (`fa3`: the fa3-fwd wheel, .whlfa3 of benchmarks/fetch_wheels.sh, with a CUDA 13 torch;
+an error row where it does not import). One device call, carry [".whlfa3"]:
+    python3 benchmarks/install_wheels.py .whlfa3 /tmp/site && PYTHONPATH=/tmp/site:$PWD \
+      python3 -m benchmarks.probes.attention --bf16 --out $OUT/attention.json
 (The Triton attention kernel and the GEMM / quantisation / VAE-conv probes of issue 18 are in
 git history: docs/PERFORMANCE.md's dead ends.)
 """
@@ -26,11 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from model.accel.fa3_attention import Fa3Fp8Attention, attend_fa3
 from model.accel.fa4_attention import attend_fa4
 
 TOKENS = 4524  # 3 latent frames x 29 x 52 patches
 HEADS, HEAD_DIM = 40, 128
-KV_CHUNKS = (1, 3, 6)
+KV_CHUNKS = (1, 3, 5, 6)  # 5: the served window (15 latent frames: 22620 keys)
 
 
 def bench(fn, iters: int = 10) -> float:
@@ -84,7 +91,8 @@ def attention_rows(device: torch.device) -> dict:
         row: dict = {"kv_tokens": n}
         kernels = {"cudnn": lambda: sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION),
                    "flash": lambda: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION),
-                   "fa4": lambda: fa4(q, k, v)}  # fa4's first call compiles the kernel (a warm-up call)
+                   "fa4": lambda: fa4(q, k, v),  # fa4's first call compiles the kernel (a warm-up call)
+                   "fa3": lambda: attend_fa3(q[None], k[None], v[None])[0]}
         for name, fn in kernels.items():
             try:
                 t = bench(fn)
@@ -108,7 +116,6 @@ def fp8_rows(device: torch.device, kv_chunks: tuple[int, ...] = FP8_KV_CHUNKS) -
     from model.accel.fp8_attention import CudnnFp8Attention, quantize_tensor
 
     attention = CudnnFp8Attention()
-    handle = attention._handle(device)
     gen = torch.Generator(device=device).manual_seed(1)
     out: dict = {}
     for chunks in kv_chunks:
@@ -124,11 +131,21 @@ def fp8_rows(device: torch.device, kv_chunks: tuple[int, ...] = FP8_KV_CHUNKS) -
             codes, scales = attention.codes(qc, kc, vc)
             return (codes.float() * scales)[0]
 
-        t = bench(served)
-        row["model_graph"] = {"tflops": flops / t / 1e12, "ms": t * 1e3, "err": rel(served(), ref)}
+        try:  # an error row where the cuDNN frontend is missing (the FA3 row still runs)
+            t = bench(served)
+            row["model_graph"] = {"tflops": flops / t / 1e12, "ms": t * 1e3, "err": rel(served(), ref)}
+        except Exception as e:  # noqa: BLE001
+            row["model_graph"] = {"error": repr(e)[-300:]}
+        fa3 = lambda: Fa3Fp8Attention()(qc, kc, vc)[0]  # noqa: E731  (descales [1] -> FA3's [1, H])
+        try:
+            t = bench(fa3)
+            row["fa3_fp8"] = {"tflops": flops / t / 1e12, "ms": t * 1e3, "err": rel(fa3(), ref)}
+        except Exception as e:  # noqa: BLE001
+            row["fa3_fp8"] = {"error": repr(e)[-300:]}
         for layout in ("rows", "heads_major"):
             heads_major = layout == "heads_major"
             try:
+                handle = attention._handle(device)
                 g, tensors, _ = attention._build(TOKENS, n, HEADS, HEAD_DIM, device, heads_major=heads_major,
                                                  all_plans=True)
                 q, k, v = ((c.transpose(1, 2).contiguous(), scale) if heads_major else (c, scale)

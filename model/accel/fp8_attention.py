@@ -42,6 +42,17 @@ def quantize_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
     return codes, descale
 
 
+def quantize_operand(x: Tensor) -> TensorCodes:
+    """An operand quantized per call (Q without the bound scales, K and V of a bf16 cache), for
+    cuDNN's and FA3's FP8 attention: `quantize_tensor`, on CUDA by the two-pass Triton kernels."""
+    x = x.contiguous()
+    if x.is_cuda and find_spec("triton") is not None:
+        from model.accel.triton_tensor_quant import quantize_tensor as on_device
+
+        return on_device(x)
+    return quantize_tensor(x)
+
+
 def append_codes(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,
                  rescale: int | None = None) -> None:
     """The code cache's writer (`Fp8CodesKVCache(append=...)`, model/dit/kv_codes.py): its
@@ -65,6 +76,8 @@ def available(device: torch.device | str) -> bool:
 class CudnnFp8Attention:
     """Unmasked FP8 SDPA: q [1, S, H, D], k and v [1, n, H, D] (bf16, rows of H*D) -> O [1, S, H*D]
     as e4m3 codes with row scales (`codes`) or in q's dtype (calling it)."""
+
+    returns_codes = True  # O as e4m3 codes (`codes`): an FP8 output projection takes them as they are
 
     def __init__(self) -> None:
         self._graphs: OrderedDict[tuple, tuple] = OrderedDict()
@@ -148,20 +161,11 @@ class CudnnFp8Attention:
                                  torch.full((1,), E4M3_MAX, device=device))
         return self._consts[key]
 
-    @staticmethod
-    def _quantize(x: Tensor) -> tuple[Tensor, Tensor]:
-        x = x.contiguous()
-        if x.is_cuda and find_spec("triton") is not None:
-            from model.accel.triton_tensor_quant import quantize_tensor as on_device
-
-            return on_device(x)
-        return quantize_tensor(x)
-
     def codes(self, q: Tensor | TensorCodes, k: Tensor | TensorCodes, v: Tensor | TensorCodes) -> QuantizedRows:
         """O [1, S, H*D] as (e4m3 codes, float32 row scales [1, S, 1]): O ~= codes * scales.
         Q, K and V come in bf16 (quantized here, per call) or as (codes, descale) (the code
         cache's K and V, model/dit/kv_codes.py; Q and K made with the bound scales): taken as they are."""
-        (qc, dq), (kc, dk), (vc, dv) = (x if isinstance(x, tuple) else self._quantize(x) for x in (q, k, v))
+        (qc, dq), (kc, dk), (vc, dv) = (x if isinstance(x, tuple) else quantize_operand(x) for x in (q, k, v))
         _, s, h, d = qc.shape
         n = kc.shape[1]
         assert kc.shape == vc.shape == (1, n, h, d), (qc.shape, kc.shape, vc.shape)

@@ -17,11 +17,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from model.accel.fa3_attention import attend_fa3
 from model.accel.fa4_attention import attend_fa4
 from model.dit.block import layer_norm
 from model.dit.e4m3 import AMAX_FLOOR, E4M3_MAX, QuantizedRows, TensorCodes  # AMAX_FLOOR: an all-zero row's scale is not 0
 
 if TYPE_CHECKING:
+    from model.accel.fa3_attention import Fa3Fp8Attention
     from model.accel.fp8_attention import CudnnFp8Attention
 
 ROUNDING_MARGIN = 1.02  # rope_norm_bound's room for roundings
@@ -109,6 +111,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attention: str) -> Tensor:
     """Unmasked SDPA with a backend preference: [1, S, H, D] x [1, n, H, D] -> [1, S, H*D]."""
     if attention == "fa4":  # not SDPA
         return attend_fa4(q, k.to(q.dtype), v.to(q.dtype))
+    if attention in ("fa3", "fa3_fp8"):  # not SDPA; fa3_fp8's cross-attention in bf16
+        return attend_fa3(q, k.to(q.dtype), v.to(q.dtype))
     backends = _BACKENDS[attention]
     args = (q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2))
     if backends is None:
@@ -165,7 +169,7 @@ class BlockKernels:
     attention: str
     compiled: bool
     quant: str = "gemm"
-    fp8_attention: "CudnnFp8Attention | None" = None
+    fp8_attention: "CudnnFp8Attention | Fa3Fp8Attention | None" = None
     triton_rope: bool = False
 
     @property
@@ -197,6 +201,10 @@ class BlockKernels:
             from model.accel.fp8_attention import CudnnFp8Attention
 
             fp8_attention = CudnnFp8Attention()
+        elif attention == "fa3_fp8":
+            from model.accel.fa3_attention import Fa3Fp8Attention
+
+            fp8_attention = Fa3Fp8Attention()
         return cls(*fns, attention=attention, compiled=compile, quant=quant, fp8_attention=fp8_attention,
                    triton_rope=triton_rope)
 
@@ -206,13 +214,17 @@ class BlockKernels:
     def attend_self(self, q: Tensor | TensorCodes, k: Tensor | TensorCodes, v: Tensor | TensorCodes,
                     quantized: bool = False, dtype: torch.dtype | None = None) -> Tensor | QuantizedRows:
         """The self-attention over the session's cache ([1, n, H, D] K/V, or the code cache's
-        (codes, descale) with "cudnn_fp8", Q too with the bound scales): FP8 with "cudnn_fp8"
-        (with `quantized` its e4m3 output as it is, for an FP8 GEMM, else in `dtype`, by default
-        q's), else `attend`."""
+        (codes, descale) with an FP8 attention, Q too with the bound scales): FP8 with
+        "cudnn_fp8" (with `quantized` its e4m3 output as it is, for an FP8 GEMM, else in
+        `dtype`, by default q's) or "fa3_fp8" (its bf16 output in `dtype`: an FP8 GEMM quantizes
+        it as any input), else `attend`."""
         if self.fp8_attention is not None:
-            return self.fp8_attention.codes(q, k, v) if quantized else self.fp8_attention(q, k, v, dtype)
+            if quantized and self.fp8_attention.returns_codes:
+                return self.fp8_attention.codes(q, k, v)
+            return self.fp8_attention(q, k, v, dtype)
         if isinstance(k, tuple) or isinstance(q, tuple):
-            raise ValueError(f"a code cache (model/dit/kv_codes.py) is read by attention='cudnn_fp8', not {self.attention!r}")
+            raise ValueError(f"a code cache (model/dit/kv_codes.py) is read by attention='cudnn_fp8' or "
+                             f"'fa3_fp8', not {self.attention!r}")
         return attend(q, k, v, self.attention)
 
 

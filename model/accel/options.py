@@ -12,10 +12,14 @@ from typing import Literal, get_args
 
 import torch
 
+from model.accel.fa3_attention import available as fa3_available
 from model.dit.caches import KVCacheConfig
 
-Attention = Literal["default", "cudnn", "flash", "cudnn_fp8", "fa4"]
+Attention = Literal["default", "cudnn", "flash", "cudnn_fp8", "fa4", "fa3", "fa3_fp8"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(Attention)
+FP8_ATTENTIONS = ("cudnn_fp8", "fa3_fp8")  # the self-attentions in FP8: the code cache's readers
+ServingAttention = Literal["cudnn", "fa4", "fa3", "auto"]  # a replica's `model.attention`
+SERVING_ATTENTIONS: tuple[str, ...] = get_args(ServingAttention)
 Fp8Quant = Literal["gemm", "fused", "triton"]
 FP8_QUANT_MODES: tuple[str, ...] = get_args(Fp8Quant)
 
@@ -31,9 +35,14 @@ class AccelOptions:
       each, model/accel/fp8_attention.py; CUDA sm_90 with the cuDNN frontend; changes the
       numerics, opt-in), cross-attention as "cudnn". "fa4": both attentions through
       FlashAttention's CuTe DSL kernels (model/accel/fa4_attention.py; CUDA sm_90 with the
-      flash-attn-4 wheel; exact bf16 attention, a benchmark option until measured).
-    qk_bound_scales: with "cudnn_fp8" and its code cache (`KVCacheConfig(format="fp8_codes")`,
-      model/dit/caches.py: the sessions' caches are configured there, not here), Q and K quantized with a fixed descale per layer, a bound of
+      flash-attn-4 wheel; exact bf16 attention, a benchmark option until measured). "fa3": both
+      through FlashAttention-3's forward kernels (model/accel/fa3_attention.py; sm_90 with the
+      fa3-fwd wheel; exact bf16 attention); "fa3_fp8": the self-attention through FA3 in FP8
+      (e4m3 Q, K, V with per-tensor descales, O in bf16; opt-in like "cudnn_fp8", whose code
+      cache and bound scales it reads), the cross-attention as "fa3".
+    qk_bound_scales: with an FP8 attention ("cudnn_fp8", "fa3_fp8") and its code cache
+      (`KVCacheConfig(format="fp8_codes")`, model/dit/caches.py: the sessions' caches are
+      configured there, not here), Q and K quantized with a fixed descale per layer, a bound of
       their values / 448 (RMSNorm then RoPE: |x| <= sqrt(dim) max|norm weight|), inside the
       compiled norm + RoPE region that makes them: no amax pass, no bf16 Q/K written and read
       back, and K's cached codes never rescaled; a value far below the bound keeps e4m3's
@@ -106,8 +115,9 @@ class AccelOptions:
         if (self.compile or self.fp8 or self.triton_rope or self.attention != "default") and not self.fast:
             raise ValueError("compile, fp8, triton_rope and the attention backend apply to the fast block: "
                              "set fast=True")
-        if self.qk_bound_scales and self.attention != "cudnn_fp8":
-            raise ValueError("qk_bound_scales writes K into the FP8 attention's code cache: set attention='cudnn_fp8'")
+        if self.qk_bound_scales and self.attention not in FP8_ATTENTIONS:
+            raise ValueError("qk_bound_scales writes K into the FP8 attention's code cache: set attention='cudnn_fp8' "
+                             "or 'fa3_fp8'")
         if self.fp8_quant not in FP8_QUANT_MODES:
             raise ValueError(f"fp8_quant must be one of {FP8_QUANT_MODES}, got {self.fp8_quant!r}")
         if (self.fp8_fast_accum or self.fp8_camera) and not self.fp8:
@@ -127,8 +137,8 @@ class AccelOptions:
         """Whether sessions' caches of `kv` work with these options' blocks (called once, where an
         engine is built): the code cache is read by the FP8 attention alone, and the bound scales'
         K comes coded, for the code cache."""
-        if kv.format == "fp8_codes" and self.attention != "cudnn_fp8":
-            raise ValueError("the fp8_codes KV cache is the FP8 attention's: set attention='cudnn_fp8'")
+        if kv.format == "fp8_codes" and self.attention not in FP8_ATTENTIONS:
+            raise ValueError("the fp8_codes KV cache is the FP8 attention's: set attention='cudnn_fp8' or 'fa3_fp8'")
         if self.qk_bound_scales and kv.format != "fp8_codes":
             raise ValueError("qk_bound_scales writes K into the FP8 attention's code cache: use the fp8_codes KV cache")
 
@@ -142,10 +152,12 @@ class AccelOptions:
     @classmethod
     def for_serving(cls, device: str | torch.device, compile: bool = False, fp8: bool = False,
                     vae_compile: bool = False, fp8_attention: bool = False,
-                    attention: Literal["cudnn", "fa4"] = "cudnn") -> "AccelOptions":
+                    attention: ServingAttention = "cudnn") -> "AccelOptions":
         """The options a replica on `device` runs with: on CUDA the fast block with cuDNN
         attention (`attention="fa4"`: FlashAttention's CuTe DSL kernels, session 7: 81 frames
-        10.83 -> 10.27 s, windowed bf16 chunk 1.75 -> 1.65-1.68 s; needs the flash-attn-4 wheel),
+        10.83 -> 10.27 s, windowed bf16 chunk 1.75 -> 1.65-1.68 s; needs the flash-attn-4 wheel;
+        "fa3": FlashAttention-3's kernels, with `fp8_attention` FA3's FP8 too, the fa3-fwd wheel;
+        "auto": "fa3" where it can run, `fa3_available`, else "cudnn"),
         the Q / K norm + RoPE as one Triton pass where Triton is installed (session 7: windowed
         chunk -11 ms bf16, -19 ms FP8), channels-last VAE convolutions with their padding inside the conv (the same
         function in bf16; with `vae_compile` also the folded conv biases, round 2), plus the
@@ -162,9 +174,13 @@ class AccelOptions:
         for."""
         if torch.device(device).type == "cuda":
             quant = ("triton" if find_spec("triton") is not None else "fused") if fp8 and compile else "gemm"
-            if attention not in ("cudnn", "fa4"):
-                raise ValueError(f"a replica's attention is 'cudnn' or 'fa4', got {attention!r}")
-            return cls(fast=True, attention="cudnn_fp8" if fp8_attention else attention,
+            if attention not in SERVING_ATTENTIONS:
+                raise ValueError(f"a replica's attention is one of {SERVING_ATTENTIONS}, got {attention!r}")
+            if attention == "auto":
+                attention = "fa3" if fa3_available(device) else "cudnn"
+            if fp8_attention:  # the self-attention's FP8 kernel: FA3's with fa3, else cuDNN's
+                attention = "fa3_fp8" if attention == "fa3" else "cudnn_fp8"
+            return cls(fast=True, attention=attention,
                        qk_bound_scales=fp8_attention, triton_rope=find_spec("triton") is not None,
                        compile=compile, fp8=fp8,
                        skip_final_update=True, fp8_quant=quant, fp8_fast_accum=fp8,
@@ -172,6 +188,6 @@ class AccelOptions:
                        vae_fold_bias=vae_compile, vae_batch_frames=True, vae_upsample_in_conv=True,
                        vae_upsample_kernel=2,
                        vae_triton_stem=find_spec("triton") is not None, vae_downsample_in_conv=True)
-        if fp8_attention or attention != "cudnn":
-            raise ValueError("fp8_attention and attention='fa4' run GPU kernels: CUDA only")
+        if fp8_attention or attention not in ("cudnn", "auto"):
+            raise ValueError(f"fp8_attention and attention={attention!r} run GPU kernels: CUDA only")
         return cls(fast=compile or fp8, compile=compile, fp8=fp8, vae_compile=vae_compile)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from model.accel.fast_block import FastDiTBlock
+from model.accel.fa3_attention import available as fa3_available
 from model.accel.fa4_attention import available as fa4_available
 from model.accel.fp8_attention import available as fp8_attention_available
 from model.accel.kernels import BlockKernels
@@ -49,6 +50,9 @@ def optimize_dit(dit: CausalDiT, options: AccelOptions) -> CausalDiT:
     if options.attention == "fa4" and not fa4_available(device):
         raise ValueError(f"attention='fa4' needs an sm_90 GPU and FlashAttention's CuTe DSL kernels "
                          f"(pip install flash-attn-4); {device} has not")
+    if options.attention in ("fa3", "fa3_fp8") and not fa3_available(device):
+        raise ValueError(f"attention={options.attention!r} needs an sm_90 GPU and FlashAttention-3's forward "
+                         f"kernels (pip install fa3-fwd==0.0.3, with a CUDA 13 torch); {device} has not")
     kernels = BlockKernels.build(options.attention, options.compile, quant=options.fp8_quant,
                                  triton_rope=options.triton_rope)
     dit.rope_dtype = torch.float32

@@ -29,7 +29,7 @@ class KVCacheConfig:
       per-token, per-head scales (model/dit/kv_quant.py): about half the bytes, changed numerics,
       attention reads a compute-dtype copy. "fp8_codes": the FP8 attention's e4m3 codes with one
       running descale per layer and tensor (model/dit/kv_codes.py): half the bytes, read only by
-      `attention="cudnn_fp8"` (model/accel), which takes the codes as they are.
+      `attention="cudnn_fp8"` or `"fa3_fp8"` (model/accel), which take the codes as they are.
     ring: a window as a ring (`SelfAttnKVCache`): a chunk's K/V go to the evicted tokens' slots,
       nothing is copied down per chunk; the keys' order in the softmax's sums changes (the
       reference shifts its window). Not with "fp8_scaled" (its per-token scales are read back

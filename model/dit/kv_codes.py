@@ -1,5 +1,6 @@
 """The self-attention cache of the FP8 attention, kept in the codes that attention reads
-(`KVCacheConfig(format="fp8_codes")`, with `attention="cudnn_fp8"`).
+(`KVCacheConfig(format="fp8_codes")`, with `attention="cudnn_fp8"` or `"fa3_fp8"`: FA3 takes a
+descale per batch row and KV head, to which the one per tensor here broadcasts exactly).
 
 cuDNN's FP8 SDPA takes K and V as e4m3 codes with one descale per tensor. A bf16 cache makes
 every call quantize the whole visible cache again (2 x 22620 rows per call in a full window,

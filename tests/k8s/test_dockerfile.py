@@ -85,6 +85,10 @@ def test_image_installs_the_package_after_copying_it():
         "EXTRAS=gpu,fa4 (model.attention: fa4) installs FA4 with its CUDA 13 libraries"
     fa4_check = [a for word, a in steps if word == "RUN" and "import flash_attn.cute" in a]
     assert fa4_check and "*,fa4,*" in fa4_check[0], "an fa4 build checks that the kernels import"
+    assert any(d.startswith("fa3-fwd==") and "x86_64" in d for d in extras["fa3"]), \
+        "EXTRAS=gpu,fa3 (model.attention: fa3 / auto) installs FlashAttention-3's forward kernels"
+    fa3_check = [a for word, a in steps if word == "RUN" and "import torch, fa3_fwd_interface" in a]
+    assert fa3_check and "*,fa3,*" in fa3_check[0], "an fa3 build checks that the kernels import"
     torch = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "torch" in args]
     assert torch and torch[0] < installs[-1], "torch (CUDA build) goes in before the package"
 

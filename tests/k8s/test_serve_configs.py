@@ -434,3 +434,20 @@ def test_the_h100_fp8_window_benchmark_is_the_h200_one_on_an_80_gb_card():
     assert h100.text_encoder.num_gpus * card_gib >= 10.87  # UMT5-XXL's peak on the H100
     for block in ("dit", "vae", "text_encoder", "ingress"):
         assert getattr(h100, block).model_dump(exclude={"num_gpus"}) == getattr(h200, block).model_dump(exclude={"num_gpus"})
+
+
+def test_the_h100_fp8_window_fa3_benchmark_is_the_h100_one_with_fa3_attention():
+    """serve_config.h100.window_fp8_fa3.yaml: the H100 FP8 window benchmark with `attention: fa3`
+    (FA3's FP8 self-attention over the same code cache), all else equal: one sitting compares them."""
+    from model.accel import AccelOptions, options
+
+    base = app_args("benchmarks/serve_config.h100.window_fp8.yaml")
+    fa3 = app_args("benchmarks/serve_config.h100.window_fp8_fa3.yaml")
+    assert (base.model.attention, fa3.model.attention) == ("cudnn", "fa3")
+    assert fa3.model_dump(exclude={"model": {"attention"}}) == base.model_dump(exclude={"model": {"attention"}})
+    m = fa3.model
+    with pytest.MonkeyPatch.context() as mp:  # as a replica on an H100 with the wheel builds it
+        mp.setattr(options, "fa3_available", lambda device: True)
+        served = AccelOptions.for_serving(m.device, compile=m.compile, fp8=m.fp8, fp8_attention=m.fp8_attention,
+                                          attention=m.attention)
+    assert served.attention == "fa3_fp8" and served.qk_bound_scales
