@@ -35,6 +35,14 @@ class CameraServerConfig(BaseModel):
     supported_modalities: tuple[str, ...] = ("camera_pose",)
     coordinate_convention: Literal["opencv_c2w"] = "opencv_c2w"
     max_message_bytes: int = DEFAULT_LIMITS.max_message_bytes
+    max_output_area: int = Field(DEFAULT_LIMITS.max_output_area,
+                                 description="the largest `size` area (H*W pixels) a session may ask for "
+                                             "(`too_large` beyond)")
+    random_weights: bool = Field(False, description="the weights are seeded random ones (the embedded tiny model, "
+                                                    "a load test's): the video is coloured noise that follows "
+                                                    "the camera")
+    checkpoint: Optional[str] = Field(None, description="the name of the checkpoint folder the weights come from; "
+                                                        "absent with random weights")
     size_buckets: Optional[tuple[tuple[int, int], ...]] = Field(
         None, description="[[H, W], ...] the output sizes this server produces (a session's `size` and image "
                           "aspect map to the nearest); absent: the reference's rule (max area + image aspect)")

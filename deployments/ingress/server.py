@@ -10,6 +10,7 @@ the route methods that `serve.ingress` rewrites, or it treats `ws` as a query pa
 import asyncio
 from urllib.parse import quote
 from dataclasses import asdict
+from pathlib import PurePosixPath
 from typing import Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request, WebSocket
@@ -95,6 +96,9 @@ class WorldIngress:
             model=m.preset,
             image_resolution=sizes.output(parse_size(m.default_size), *REFERENCE_ASPECT),
             max_message_bytes=args.max_message_bytes,
+            max_output_area=m.max_output_area,
+            random_weights=m.weights_are_random(),
+            checkpoint=None if m.checkpoint is None else PurePosixPath(m.checkpoint).name,
             size_buckets=tuple(m.bucket_sizes()) or None,
             max_chunks=args.sessions.max_chunks,
             window=None if m.local_attn_size == -1 else (m.local_attn_size, m.sink_size),
@@ -249,8 +253,8 @@ class WorldIngress:
         return {"object": "list", "data": [{
             "id": m.preset,
             "object": "model",
-            "checkpoint": m.checkpoint is not None,
-            "random_weights": m.random_weights,  # load tests: NOT a real model
+            "checkpoint": self._handshake.checkpoint,  # the folder's name; null: random weights
+            "random_weights": self._handshake.random_weights,  # the embedded tiny model or a load test's
             "dtype": m.dtype,
             "vae_dtype": m.vae_dtype,
             "kv_cache": m.kv_cache,
@@ -288,4 +292,3 @@ class WorldIngress:
         handles = (self._backends.text, self._backends.vae, self._backends.dit)
         results = await asyncio.gather(*(h.broadcast("stats").results_async() for h in handles))
         return dict(zip(names, results))
-
