@@ -42,9 +42,9 @@ from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply
+from deployments.ingress.signposts import CAMERA_ROUTE, install_signposts
 from deployments.ingress.sizes import SizeRule
 
-CAMERA_ROUTE = "/v1/realtime/world/camera"
 OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
 HEALTH_TIMEOUT_S = 10.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
@@ -292,3 +292,6 @@ class WorldIngress:
         handles = (self._backends.text, self._backends.vae, self._backends.dit)
         results = await asyncio.gather(*(h.broadcast("stats").results_async() for h in handles))
         return dict(zip(names, results))
+
+
+install_signposts(app)  # after every route: unknown routes and wrong methods name the right one
