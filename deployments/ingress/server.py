@@ -27,7 +27,8 @@ from deployments.ingress.connection import POLICY_VIOLATION, Backends, Connectio
 from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 from deployments.ingress.detached import running as detached_running
 from deployments.ingress.health import PathProbe
-from deployments.log import log_routine_access_at_debug
+from deployments.ingress.ready import announce_when_ready
+from deployments.log import get_log, log_routine_access_at_debug
 from deployments.metrics import IngressMetrics, PrefixMetrics
 from deployments.ingress.prefix.keys import model_fingerprint
 from deployments.ingress.prefix.store import PrefixStore
@@ -119,6 +120,9 @@ class WorldIngress:
                                     args.auth.max_connections_per_key if self._auth.enabled else None,
                                     c.reserved_for_new_clients)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
+        if _replica_id():  # in a Serve replica (not a test building the class): say where to go once up
+            self._ready = asyncio.get_running_loop().create_task(
+                announce_when_ready(self._probe, CAMERA_ROUTE, get_log("ingress", replica=_replica_id())))
         self._open_connections = 0
         runner = SessionRunner(self._serve, min(VIDEO_PIPELINE, args.sessions.max_pending_chunks),
                                args.videos.busy_timeout_s)
