@@ -43,7 +43,7 @@ from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply
-from deployments.ingress.signposts import CAMERA_ROUTE, install_signposts
+from deployments.ingress.signposts import CAMERA_ROUTE, answer_wrong_socket, install_signposts
 from deployments.ingress.sizes import SizeRule
 
 OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
@@ -76,6 +76,7 @@ VIDEO_PIPELINE = 2  # a video's chunk k+1 DiT step overlaps chunk k's decode
 # The API docs are served by the ingress itself (below), behind the API key when auth is on.
 app = FastAPI(title="lingbot-world-serve", docs_url=None, redoc_url=None, openapi_url=None)
 mount_web(app)  # the browser client at / (the `web` package's files)
+install_signposts(app)  # unknown routes and wrong methods name the right one (before serve.ingress copies the app)
 
 
 @serve.deployment
@@ -297,5 +298,6 @@ class WorldIngress:
         results = await asyncio.gather(*(h.broadcast("stats").results_async() for h in handles))
         return dict(zip(names, results))
 
-
-install_signposts(app)  # after every route: unknown routes and wrong methods name the right one
+    @app.websocket("/{path:path}")  # the last route: a WebSocket to any other path (signposts.py)
+    async def wrong_socket(self, ws: WebSocket) -> None:
+        await answer_wrong_socket(ws)

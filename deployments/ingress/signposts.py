@@ -80,7 +80,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(body, exc.status_code, headers=exc.headers)
 
 
-async def _wrong_socket(ws: WebSocket) -> None:
+async def answer_wrong_socket(ws: WebSocket) -> None:
+    """A WebSocket to a path no route takes: told the camera route, then closed."""
     root = _root(ws.scope)
     await ws.accept()
     message = f"no WebSocket at {ws.url.path}: connect to {root}{CAMERA_ROUTE} (docs/PROTOCOL.md)"
@@ -89,6 +90,6 @@ async def _wrong_socket(ws: WebSocket) -> None:
 
 
 def install_signposts(app: FastAPI) -> None:
-    """Call after every other route is added: the WebSocket catch-all must come last."""
+    """The 404 and 405 answers. Call before `serve.ingress(app)`, which freezes a copy of the app;
+    the WebSocket catch-all is the ingress class's last route (it calls `answer_wrong_socket`)."""
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_api_websocket_route("/{path:path}", _wrong_socket)

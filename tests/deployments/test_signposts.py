@@ -1,6 +1,8 @@
 """An unknown route, a wrong method or a WebSocket to a wrong path names the right route and its doc
 (deployments/ingress/signposts.py, issue 48), on the ingress's FastAPI app in-process (no Ray
-cluster: the routes and handlers are the app's, the class's methods are never called here)."""
+cluster: the routes and handlers are the app's, the class's methods are never called here; the
+WebSocket catch-all, a method of the class, on an app of its own). Through Ray Serve's proxy:
+tests/client/test_server_guidance.py."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +11,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from deployments.ingress.server import app
-from deployments.ingress.signposts import install_signposts, wrong_socket_reason
+from deployments.ingress.signposts import answer_wrong_socket, install_signposts, wrong_socket_reason
 from protocol.codec import decode_reply
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply
@@ -56,8 +58,10 @@ def test_the_routes_own_errors_pass_through():
     assert TestClient(own).get("/jobs").json()["code"] == "not_found"
 
 
-def test_a_websocket_to_a_wrong_path_is_told_the_camera_route(client):
-    with client.websocket_connect("/v1/realtime/world") as ws:
+def test_a_websocket_to_a_wrong_path_is_told_the_camera_route():
+    own = FastAPI()
+    own.add_api_websocket_route("/{path:path}", answer_wrong_socket)  # as the ingress class's last route
+    with TestClient(own).websocket_connect("/v1/realtime/world") as ws:
         reply = decode_reply(ws.receive_bytes())
         assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.BAD_MESSAGE
         assert reply.message == ("no WebSocket at /v1/realtime/world: connect to /v1/realtime/world/camera "
