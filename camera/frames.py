@@ -59,11 +59,12 @@ def frame_plan(
     frame_num = min(s * ((frame_num_requested - 1) // s) + 1, s * ((n_poses - 1) // s) + 1)
     lat_f = (frame_num - 1) // s + 1
     lat_f -= lat_f % chunk_size
-    if lat_f == 0:
-        raise ValueError(
-            f"frame_num {frame_num} (from {frame_num_requested} requested, {n_poses} poses) gives no "
-            f"full chunk of {chunk_size} latent frames; need at least {s * (chunk_size - 1) + 1} frames"
-        )
+    if lat_f == 0:  # said in frames, the user's unit: a chunk is 9 frames first, then 12 more
+        first, step = s * (chunk_size - 1) + 1, s * chunk_size
+        what = (f"{frame_num_requested} frames" if frame_num_requested <= n_poses
+                else f"{n_poses} poses (for {frame_num_requested} frames)")
+        raise ValueError(f"{what} make no whole chunk: a video has {first} + {step}k frames "
+                         f"({first}, {first + step}, {first + 2 * step}, ...); ask for at least {first}")
     return frame_num, lat_f, s * (lat_f - 1) + 1
 
 

@@ -248,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.argv = argv  # --save-session keeps the command line
     if args.command == "compare":
         try:
-            frames, (h, w) = compare(args.videos, args.out)
+            frames, (h, w) = compare(args.videos, args.out, args.labels)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE

@@ -105,4 +105,6 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("videos", nargs="+", type=Path, metavar="VIDEO")
     compare.add_argument("-o", "--out", type=Path, default=Path("side_by_side.mp4"),
                          help="MP4 to write (default side_by_side.mp4)")
+    compare.add_argument("--labels", type=lambda v: v.split(","), default=None, metavar="A,B,...",
+                         help="the names drawn above the videos, comma-separated (default: their file names)")
     return p

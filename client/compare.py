@@ -1,7 +1,8 @@
 """`lwf-client compare A.mp4 B.mp4 ... -o side_by_side.mp4`: branches played side by side.
 
 Each input is decoded (PyAV) and its frames are placed left to right, GAP_PX of black between
-them, top-aligned on a black canvas as tall as the tallest. The output has as many frames as the
+them, top-aligned on a black canvas as tall as the tallest, under a band that names each one
+(its file name, or `--labels`) in text drawn into the frames (PIL). The output has as many frames as the
 longest input; a shorter one holds its last frame. It is encoded by the project's fMP4 muxer
 (media/fmp4.py, H.264 baseline, one fragment per CHUNK_VIDEO_FRAMES frames) at the inputs' rate.
 """
@@ -12,12 +13,14 @@ from pathlib import Path
 
 import av
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 
 from camera.frames import CHUNK_VIDEO_FRAMES, FPS
 from media.fmp4 import Fmp4Muxer
 from media.reassembly import Fmp4Assembler
 
 GAP_PX = 4
+LABEL_MIN_PX = 16  # the label band's height: at least this, else 8 % of the videos' height
 
 
 def read_frames(path: Path) -> tuple[np.ndarray, int]:
@@ -51,12 +54,41 @@ def side_by_side(videos: Sequence[np.ndarray], gap: int = GAP_PX) -> np.ndarray:
     return out
 
 
-def compare(inputs: Sequence[Path], out: Path) -> tuple[int, tuple[int, int]]:
-    """Write the side-by-side MP4 of `inputs` to `out`; (frames, (H, W)) written."""
+def label_band(labels: Sequence[str], widths: Sequence[int], gap: int, height: int) -> np.ndarray:
+    """[band, W, 3] uint8: each label in white on black over its video's columns (shortened to fit)."""
+    band = max(LABEL_MIN_PX, round(0.08 * height))
+    band += band % 2
+    image = Image.new("RGB", (sum(widths) + gap * (len(widths) - 1), band))
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=max(8, round(band * 0.7)))
+    x = 0
+    for text, w in zip(labels, widths):
+        while text and draw.textlength(text, font=font) > w - 4:
+            text = text[:-2] + "…" if len(text) > 2 else ""
+        draw.text((x + 2, band // 2), text, fill=(255, 255, 255), font=font, anchor="lm")
+        x += w + gap
+    return np.asarray(image)
+
+
+def labelled(frames: np.ndarray, videos: Sequence[np.ndarray], labels: Sequence[str], gap: int = GAP_PX) -> np.ndarray:
+    """`frames` (side_by_side of `videos`) under a band naming each video; H stays even."""
+    band = label_band(labels, [v.shape[2] for v in videos], gap, frames.shape[1])
+    out = np.zeros((len(frames), band.shape[0] + frames.shape[1], frames.shape[2], 3), np.uint8)
+    out[:, :band.shape[0], :band.shape[1]] = band
+    out[:, band.shape[0]:] = frames
+    return out
+
+
+def compare(inputs: Sequence[Path], out: Path, labels: Sequence[str] | None = None) -> tuple[int, tuple[int, int]]:
+    """Write the side-by-side MP4 of `inputs` to `out`, each named by its label (default: its
+    file name); (frames, (H, W)) written."""
     if len(inputs) < 2:
         raise ValueError("compare needs at least two videos")
+    if labels is not None and len(labels) != len(inputs):
+        raise ValueError(f"--labels names {len(labels)} videos, {len(inputs)} are given")
     decoded = [read_frames(p) for p in inputs]
-    frames = side_by_side([f for f, _ in decoded])
+    videos = [f for f, _ in decoded]
+    frames = labelled(side_by_side(videos), videos, labels if labels is not None else [p.name for p in inputs])
     muxer = Fmp4Muxer(frames.shape[2], frames.shape[1], fps=decoded[0][1])
     video = Fmp4Assembler()
     for start in range(0, len(frames), CHUNK_VIDEO_FRAMES):

@@ -130,6 +130,10 @@ class ModelArgs(_Strict):
         """`size_buckets` as (H, W) pairs."""
         return [tuple(int(x) for x in s.split("*")) for s in self.size_buckets]  # type: ignore[misc]
 
+    def weights_are_random(self) -> bool:
+        """Seeded random weights: `random_weights`, or the embedded tiny model (no checkpoint)."""
+        return self.random_weights or self.checkpoint is None
+
     def warmed_sizes(self) -> list[tuple[int, int]]:
         """The sizes a replica warms up before it is ready (none without `warmup`)."""
         if not self.warmup:

@@ -15,12 +15,12 @@ import numpy as np
 from pydantic import (BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, Strict, ValidationInfo,
                       WithJsonSchema, field_validator, model_validator)
 
-from camera.frames import (CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, DEFAULT_INTRINSICS_RESOLUTION,
-                           FIRST_CHUNK_VIDEO_FRAMES, FPS, MAX_CHUNKS, MAX_LATENT_FRAMES, VAE_TIME_STRIDE)
+from camera.frames import FPS, MAX_CHUNKS
 from camera.keys import KEY_NAMES
 from camera.poses import rigid_errors
 from protocol.arrays import finite_float32, wire_array
 from protocol.errors import ErrorCode, ProtocolError
+from protocol.handshake import CameraServerConfig
 from protocol.image import probe_image, raw_image
 from protocol.limits import DEFAULT_LIMITS, Limits
 
@@ -373,44 +373,6 @@ class AckRequest(_Request):
     endpoint: Literal["ack"] = "ack"
     chunk_id: Annotated[int, Strict(), Field(ge=0, le=MAX_CHUNKS)] = Field(
         description="the highest chunk_id whose frame reply the client has (every lower one too)")
-
-
-class CameraServerConfig(_Message):
-    """Handshake, sent by the server right after the WebSocket accept."""
-
-    type: Literal["config"] = "config"
-    model: str
-    patch_size: tuple[int, int, int] = (1, 2, 2)
-    chunk_latent_frames: int = CHUNK_LATENT_FRAMES
-    vae_temporal_stride: int = VAE_TIME_STRIDE
-    chunk_video_frames: int = CHUNK_VIDEO_FRAMES
-    first_chunk_video_frames: int = FIRST_CHUNK_VIDEO_FRAMES
-    image_resolution: tuple[int, int] = Field((464, 832), description="[H, W] for a 16:9 image at the default size")
-    intrinsics_resolution: tuple[int, int] = DEFAULT_INTRINSICS_RESOLUTION
-    fps: int = FPS
-    frame_dtype: Literal["uint8"] = "uint8"
-    video_codec: Literal["h264"] = "h264"
-    needs_session_id: bool = True
-    supported_modalities: tuple[str, ...] = ("camera_pose",)
-    coordinate_convention: Literal["opencv_c2w"] = "opencv_c2w"
-    max_message_bytes: int = DEFAULT_LIMITS.max_message_bytes
-    size_buckets: Optional[tuple[tuple[int, int], ...]] = Field(
-        None, description="[[H, W], ...] the output sizes this server produces (a session's `size` and image "
-                          "aspect map to the nearest); absent: the reference's rule (max area + image aspect)")
-    max_chunks: int = Field(MAX_CHUNKS, description="chunks one session may produce (the `session_limit` error "
-                                                    "comes with the reply before the last one)")
-    max_latent_frames: int = Field(MAX_LATENT_FRAMES, description="latent frame positions of one session "
-                                                                  "(the model's RoPE table)")
-    window: Optional[tuple[int, int]] = Field(
-        None, description="[local, sink] latent frames of the rolling KV window that sessions without "
-                          "`num_frames` (or too long for full attention in the server's budget) run with, "
-                          "at fixed memory; sessions that declare `num_frames` and fit run full attention; "
-                          "absent: every session full attention")
-    resume_grace_s: Optional[float] = Field(
-        None, description="seconds a session stays resumable after its socket dropped (`resume_token`); "
-                          "absent: sessions end with their socket")
-    debug: Optional[dict[str, JsonValue]] = Field(None, description="server-side debug fields (replica ids, ...)")
-    protocol_version: Literal[1] = 1
 
 
 class FrameReply(_Message):

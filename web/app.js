@@ -1,10 +1,15 @@
-// The page: start-image picker, session form, keyboard/mouse input, status and statistics.
+// The page: start-image picker, session form, keyboard/mouse/touch input, status on the video.
+// The HUD, the progress and the figures are hud.js's; the sizes and the next steps after an
+// error sizes.js's (both from the handshake); the touch pads touch.js's.
 // URL query parameters prefill the form: ?prompt=…&size=480*832&seed=7&api_key=…
 
 import { LiveStream } from "./stream.js";
 import { CONTROL_CODES } from "./camera.js";
 import { MsePlayer } from "./player.js";
 import { SCENES, drawScene, canvasPng } from "./scenes.js";
+import { showModel, showStats } from "./hud.js";
+import { fillSizes } from "./sizes.js";
+import { bindPads, isTouch } from "./touch.js";
 
 const $ = (id) => document.getElementById(id);
 const UPLOAD = "upload";
@@ -17,6 +22,7 @@ const ui = {
   start: $("start"), reset: $("reset"), undo: $("undo"), errors: $("errors"),
 };
 let uploaded = null; // {bytes, type} of the chosen file
+let shownConfig = null; // the handshake the page shows
 
 function setStatus(text, level = "info") {
   ui.status.textContent = text;
@@ -24,6 +30,7 @@ function setStatus(text, level = "info") {
   const showOnVideo = level !== "info" || stream.state !== "streaming";
   ui.overlay.textContent = showOnVideo ? text : "";
   ui.overlay.dataset.level = level;
+  ui.status.classList.toggle("said-on-video", showOnVideo); // read once, on the video
 }
 
 function logError(code, message) {
@@ -31,29 +38,6 @@ function logError(code, message) {
   li.textContent = `${new Date().toLocaleTimeString()} [${code}] ${message}`;
   li.dataset.code = code;
   ui.errors.prepend(li);
-}
-
-const ms = (s) => (s === null || s === undefined ? "–" : `${Math.round(s * 1000)} ms`);
-
-function showStats(s) {
-  $("stat-ttfc").textContent = ms(s.ttfc);
-  $("stat-interval").textContent = s.lastInterval === null ? "–"
-    : `${ms(s.lastInterval)} (p50 ${ms(s.p50)}, p95 ${ms(s.p95)}; realtime ≤ 750 ms)`;
-  $("stat-queue").textContent = `${s.inFlight} in flight, ${s.bufferedS.toFixed(2)} s of video buffered`;
-  const chunks = $("stat-chunks");
-  chunks.textContent = `${s.chunks} / ${s.frames}` + (s.cached ? ` (${s.cached} from the server's prefix store)` : "");
-  chunks.dataset.cached = String(s.cached);
-  chunks.dataset.chunks = String(s.chunks);
-  $("stat-fps").textContent = s.fps === null ? "–" : `${s.fps.toFixed(1)} fps (last chunk; realtime is 16)`;
-  $("stat-lag").textContent = s.controlLag === null ? "–"
-    : `${ms(s.controlLag)} (p50 ${ms(s.controlLagP50)}; key state ${s.eventId})`;
-  const rate = $("stat-playback");
-  rate.textContent = s.playback;
-  rate.dataset.rate = String(s.playbackRate);
-  ui.undo.disabled = !s.canUndo;
-  $("stat-stages").textContent = s.stages === null ? "–"
-    : s.lastCached ? "from the server's prefix store (an earlier session with the same inputs made it)"
-    : Object.entries(s.stages).map(([k, v]) => `${k} ${ms(v)}`).join(", ");
 }
 
 // ---- start image ----
@@ -95,7 +79,10 @@ async function startImage() {
 
 const stream = new LiveStream(ui.video);
 stream.addEventListener("status", (e) => setStatus(e.detail.text, e.detail.level));
-stream.addEventListener("stats", (e) => showStats(e.detail));
+stream.addEventListener("stats", (e) => {
+  showStats(e.detail);
+  ui.undo.disabled = !e.detail.canUndo;
+});
 stream.addEventListener("error", (e) => logError(e.detail.code, e.detail.message));
 stream.addEventListener("state", (e) => {
   const state = e.detail.state;
@@ -106,6 +93,11 @@ stream.addEventListener("state", (e) => {
   ui.start.disabled = state === "connecting" || state === "starting" || state === "streaming" || state === "resuming";
   ui.steerSend.disabled = state !== "streaming";
   if (state !== "streaming") ui.undo.disabled = true;
+  if (state === "idle" && stream.config !== shownConfig) { // a handshake: what this server is and offers
+    shownConfig = stream.config;
+    showModel(shownConfig);
+    fillSizes(ui.size, shownConfig, ui.size.value || new URLSearchParams(window.location.search).get("size"));
+  }
 });
 
 ui.form.addEventListener("submit", async (e) => {
@@ -117,7 +109,7 @@ ui.form.addEventListener("submit", async (e) => {
     const options = { image: await startImage(), prompt: ui.prompt.value,
                       seed: seed === "" ? undefined : Number(seed), size: size === "" ? undefined : size };
     await stream.start(options, ui.apiKey.value.trim());
-    ui.viewport.focus();
+    if (!isTouch()) ui.viewport.focus(); // keys go to the video; on a phone no keyboard pops up
   } catch (err) {
     setStatus(`Cannot start: ${err.message}`, "error");
     logError(err.code || "client", err.message);
@@ -162,11 +154,18 @@ const endDrag = () => { dragging = null; ui.viewport.classList.remove("dragging"
 ui.viewport.addEventListener("pointerup", endDrag);
 ui.viewport.addEventListener("pointercancel", endDrag);
 ui.video.addEventListener("click", () => { if (ui.video.paused) ui.video.play().catch(() => {}); });
+bindPads($("pads"), stream.keys);
+document.body.classList.toggle("touch", isTouch());
+$("weights-link").addEventListener("click", (e) => {
+  e.preventDefault();
+  $("weights").open = true;
+  $("weights").scrollIntoView({ behavior: "smooth", block: "start" });
+});
 
 // ---- boot ----
 
 const params = new URLSearchParams(window.location.search);
-for (const [param, input] of [["prompt", ui.prompt], ["size", ui.size], ["seed", ui.seed], ["api_key", ui.apiKey]]) {
+for (const [param, input] of [["prompt", ui.prompt], ["seed", ui.seed], ["api_key", ui.apiKey]]) {
   if (params.has(param)) input.value = params.get(param);
 }
 drawScene(ui.preview, ui.scene.value);

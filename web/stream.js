@@ -22,6 +22,7 @@ import { encode, decode } from "./msgpack.js";
 import { KeyControl, CHUNK_FRAMES, TRANSLATION_SCALE } from "./camera.js";
 import { MsePlayer, codecFromInit } from "./player.js";
 import { RatePacer } from "./playback.js";
+import { nextStep } from "./sizes.js";
 
 export const CAMERA_PATH = "v1/realtime/world/camera";
 const FPS = 16;
@@ -201,6 +202,7 @@ export class LiveStream extends EventTarget {
     this.resetStats();
     this.nextChunk = 0;
     this.setState("starting");
+    this.stats.startedAt = performance.now();
     this.status("Starting the session…");
     this.sendChunk();
     this.stopTimer();
@@ -364,15 +366,20 @@ export class LiveStream extends EventTarget {
       }, wait * 1000);
       return;
     }
-    const hint = msg.code === "session_lost" ? " Press Start to begin again." : "";
-    this.fail(msg.code, msg.message + hint);
+    this.fail(msg.code, msg.message);
   }
 
+  /** Stop on an error: said on the video with what to do next; nothing stays counted in flight. */
   fail(code, message) {
     this.stopTimer();
     if (this.state === "starting" || this.state === "streaming") this.setState("stopped");
-    this.status(`Error (${code}): ${message}`, "error");
+    this.stats.inFlight = 0;
+    this.undoTo = null;
+    const next = nextStep(code, this.config);
+    const hint = next && !/press start/i.test(message) ? ` ${next}` : "";
+    this.status(`Error (${code}): ${message}.${hint}`.replace(/\.\./, "."), "error");
     this.dispatchEvent(new CustomEvent("error", { detail: { code, message } }));
+    this.emitStats();
   }
 
   /** Stop the session: send reset (the server drops its state); the video stays on screen. */
@@ -404,6 +411,7 @@ export class LiveStream extends EventTarget {
       controlLag: s.lags.length ? s.lags[s.lags.length - 1] : null, controlLagP50: percentile(s.lags, 0.5),
       eventId: s.lastEventId, playback: this.pacer.describe(), playbackRate: this.pacer.rate,
       canUndo: this.state === "streaming" && this.undoTo === null && s.chunks >= 2,
+      state: this.state, startedAt: s.startedAt, generating: s.inFlight > 0 ? this.nextChunk - 1 : null,
     } }));
   }
 }

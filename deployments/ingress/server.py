@@ -10,6 +10,7 @@ the route methods that `serve.ingress` rewrites, or it treats `ws` as a query pa
 import asyncio
 from urllib.parse import quote
 from dataclasses import asdict
+from pathlib import PurePosixPath
 from typing import Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request, WebSocket
@@ -26,7 +27,8 @@ from deployments.ingress.connection import POLICY_VIOLATION, Backends, Connectio
 from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 from deployments.ingress.detached import running as detached_running
 from deployments.ingress.health import PathProbe
-from deployments.log import log_routine_access_at_debug
+from deployments.ingress.ready import announce_when_ready
+from deployments.log import get_log, log_routine_access_at_debug
 from deployments.metrics import IngressMetrics, PrefixMetrics
 from deployments.ingress.prefix.keys import model_fingerprint
 from deployments.ingress.prefix.store import PrefixStore
@@ -41,9 +43,9 @@ from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply
+from deployments.ingress.signposts import CAMERA_ROUTE, answer_wrong_socket, install_signposts
 from deployments.ingress.sizes import SizeRule
 
-CAMERA_ROUTE = "/v1/realtime/world/camera"
 OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
 HEALTH_TIMEOUT_S = 10.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
@@ -74,6 +76,7 @@ VIDEO_PIPELINE = 2  # a video's chunk k+1 DiT step overlaps chunk k's decode
 # The API docs are served by the ingress itself (below), behind the API key when auth is on.
 app = FastAPI(title="lingbot-world-serve", docs_url=None, redoc_url=None, openapi_url=None)
 mount_web(app)  # the browser client at / (the `web` package's files)
+install_signposts(app)  # unknown routes and wrong methods name the right one (before serve.ingress copies the app)
 
 
 @serve.deployment
@@ -95,6 +98,9 @@ class WorldIngress:
             model=m.preset,
             image_resolution=sizes.output(parse_size(m.default_size), *REFERENCE_ASPECT),
             max_message_bytes=args.max_message_bytes,
+            max_output_area=m.max_output_area,
+            random_weights=m.weights_are_random(),
+            checkpoint=None if m.checkpoint is None else PurePosixPath(m.checkpoint).name,
             size_buckets=tuple(m.bucket_sizes()) or None,
             max_chunks=args.sessions.max_chunks,
             window=None if m.local_attn_size == -1 else (m.local_attn_size, m.sink_size),
@@ -115,6 +121,9 @@ class WorldIngress:
                                     args.auth.max_connections_per_key if self._auth.enabled else None,
                                     c.reserved_for_new_clients)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
+        if _replica_id():  # in a Serve replica (not a test building the class): say where to go once up
+            self._ready = asyncio.get_running_loop().create_task(
+                announce_when_ready(self._probe, CAMERA_ROUTE, get_log("ingress", replica=_replica_id())))
         self._open_connections = 0
         runner = SessionRunner(self._serve, min(VIDEO_PIPELINE, args.sessions.max_pending_chunks),
                                args.videos.busy_timeout_s)
@@ -249,8 +258,8 @@ class WorldIngress:
         return {"object": "list", "data": [{
             "id": m.preset,
             "object": "model",
-            "checkpoint": m.checkpoint is not None,
-            "random_weights": m.random_weights,  # load tests: NOT a real model
+            "checkpoint": self._handshake.checkpoint,  # the folder's name; null: random weights
+            "random_weights": self._handshake.random_weights,  # the embedded tiny model or a load test's
             "dtype": m.dtype,
             "vae_dtype": m.vae_dtype,
             "kv_cache": m.kv_cache,
@@ -289,3 +298,6 @@ class WorldIngress:
         results = await asyncio.gather(*(h.broadcast("stats").results_async() for h in handles))
         return dict(zip(names, results))
 
+    @app.websocket("/{path:path}")  # the last route: a WebSocket to any other path (signposts.py)
+    async def wrong_socket(self, ws: WebSocket) -> None:
+        await answer_wrong_socket(ws)

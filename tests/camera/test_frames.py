@@ -32,6 +32,17 @@ def test_frame_plan():
         frame_plan(5, 100)  # not a full chunk
 
 
+def test_too_few_frames_are_said_in_frames_not_latent_frames():
+    """`--frames 5` (issue 48): the answer names the frame counts a user may ask for."""
+    with pytest.raises(ValueError) as e:
+        frame_plan(5, 100)
+    assert str(e.value) == ("5 frames make no whole chunk: a video has 9 + 12k frames (9, 21, 33, ...); "
+                            "ask for at least 9")
+    assert "latent" not in str(e.value)
+    with pytest.raises(ValueError, match=r"^5 poses \(for 81 frames\) make no whole chunk"):
+        frame_plan(81, 5)  # the trajectory is the short side
+
+
 def test_chunk_video_frames_add_up_to_the_frame_plan():
     """9 + 12 + 12 + ... frames decode from a plan's chunks: the plan's F (spec B.1)."""
     for requested in (9, 21, 33, 81, 961):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from camera.keys import KeySteps, key_chunk_poses
+from client.compare import LABEL_MIN_PX
 from client.errors import ServerError
 from client.session import WorldClient
 from client.trajectory import Trajectory, plan_session
@@ -80,7 +81,9 @@ def test_fork_repeating_the_inputs_is_byte_identical_and_a_rewind_branch_differs
     r = run_cli("compare", main, rewound, "-o", side)
     assert r.returncode == 0, r.stderr
     frames = decode_frames(side)
-    assert frames.shape == (33, 32, 48 + 4 + 48, 3)
+    assert frames.shape == (33, LABEL_MIN_PX + 32, 48 + 4 + 48, 3)  # the videos under their names
+    left = np.abs(frames[:, LABEL_MIN_PX:, :48].astype(int) - decode_frames(main).astype(int)).mean()
+    assert left < 16, left  # the main session below the band (noise re-encoded once more: ~8 measured)
 
 
 def test_the_python_client_forks_rewinds_and_controls(served):

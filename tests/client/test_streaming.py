@@ -148,6 +148,17 @@ def test_chunks_from_the_prefix_store_are_counted_and_said():
     summary = result.summary()
     assert summary.cached == 2
     assert "from the server's prefix store: 2 of 4 chunks" in summary.format()
+    assert not summary.replayed and "fps vs 16 fps" in summary.format()  # half computed: a speed to show
+
+
+def test_a_session_replayed_from_the_prefix_store_shows_no_fps():
+    """Most chunks from the store: the headline says replayed instead of an fps figure (issue 48:
+    '401.3 fps' read as the model's speed)."""
+    summary = run(ScriptedServer(cached_below=3), 4, pipeline=2).summary()
+    assert summary.cached == 3 and summary.replayed
+    text = summary.format()
+    assert "achieved: replayed from the server's prefix store (3 of 4 chunks), not generated" in text
+    assert " fps" not in text
 
 
 def test_stage_means_leave_chunks_from_the_prefix_store_out():

@@ -1,12 +1,14 @@
 """The web page in a real headless Chromium against the served app.
 
-The page loads from the ingress, streams a session through Media Source Extensions (the video
-element plays past 30 frames), drives the camera with `control` + `from_keys` infers (checked on
-the WebSocket frames it sent and received, decoded with the server's own codec), shows the
-control lag, undoes the last chunk (`rewind`), plays at the rate chunks arrive when they come
-slower than 16 fps, resets, resumes a dropped socket, and degrades with a message when the
-server is busy or a resume is refused, and says which chunks came from the prefix store. A
-screenshot goes to artifacts/.
+The page loads from the ingress, says on the video that it serves random weights, offers only
+the sizes the handshake allows and says what to do after an error, shows a HUD (frames/s, chunk
+interval, control lag, the chunk being made) and moves the camera from touch pads at 390x844.
+It streams a session through Media Source Extensions (the video element plays past 30 frames),
+drives the camera with `control` + `from_keys` infers (checked on the WebSocket frames it sent
+and received, decoded with the server's own codec), shows the control lag, undoes the last
+chunk (`rewind`), plays at the rate chunks arrive when they come slower than 16 fps, resets,
+resumes a dropped socket, degrades with a message when the server is busy or a resume is
+refused, and says which chunks came from the prefix store. Screenshots go to artifacts/.
 """
 from __future__ import annotations
 
@@ -173,7 +175,7 @@ def test_busy_then_a_dropped_socket_is_resumed(browser, served):
     page.click("#start")
     page.wait_for_function("document.querySelector('#status').textContent.startsWith('Server busy')",
                            timeout=TIMEOUT_MS)
-    page.wait_for_selector("#errors li[data-code=busy]", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#errors li[data-code=busy]", state="attached", timeout=TIMEOUT_MS)  # in the folded panel
     page.wait_for_function("document.querySelector('#status').textContent.startsWith('Resumed the session')",
                            timeout=TIMEOUT_MS)
     resumed = re.match(r"Resumed the session at chunk (\d+) \((\d+) sent again\)", page.text_content("#status"))
@@ -408,3 +410,141 @@ def test_the_playback_rate_follows_generation_not_pacing(browser, served):
     assert rates["slow_low"] == pytest.approx(0.25) and rates["slow_high"] == pytest.approx(0.75)
     assert rates["text"] == "0.75× (playing 12.0 fps; chunks arrive at 8.0 fps)"
     page.close()
+
+
+# ---- the page explains itself (issue 48): screenshots in artifacts/ ----
+
+def explained_page(browser, url: str, on_socket=None, **context):
+    """A page in its own context (viewport, touch), with its script errors and console errors."""
+    ctx = browser.new_context(**{"viewport": {"width": 1280, "height": 800}, **context})
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    if on_socket is not None:
+        page.on("websocket", on_socket)
+    page.goto(url)
+    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    return page, errors
+
+
+def recording():
+    sent: list[bytes] = []
+    received: list[bytes] = []
+
+    def on_socket(ws) -> None:
+        ws.on("framesent", lambda payload: sent.append(payload))
+        ws.on("framereceived", lambda payload: received.append(payload))
+
+    return sent, received, on_socket
+
+
+def handshake(received: list[bytes]):
+    from protocol.messages import CameraServerConfig
+    return next(r for r in map(decode_reply, received) if isinstance(r, CameraServerConfig))
+
+
+def offered_sizes(page) -> list[str]:
+    return page.eval_on_selector_all("#size option", "os => os.map((o) => o.value)")
+
+
+def test_the_random_weights_notice_and_the_hud(browser, served):
+    """1280x800: the video says it is noise from random weights (the handshake says so), the
+    sizes offered are within the server's area limit, Start shows a progress bar until the first
+    frame, and after 3 chunks with a key pressed the HUD on the video shows frames/s, the chunk
+    interval, the control lag and the queue; the lag hint says when a key shows; details folded."""
+    sent, received, on_socket = recording()
+    page, errors = explained_page(browser, served.http + "/", on_socket)
+    config = handshake(received)
+    assert config.random_weights is True and config.checkpoint is None
+    assert page.is_visible("#notice")
+    notice = page.text_content("#notice")
+    assert "Demo model with random weights:" in notice and "the video is coloured noise that follows the camera" in notice
+    assert page.text_content("#weights-link") == "How to load the released weights"
+    assert page.text_content("#model") == "tiny · random weights"
+    sizes = offered_sizes(page)
+    assert sizes[0] == "" and len(sizes) > 1  # the server's default first
+    assert all(int(h) * int(w) <= config.max_output_area for h, w in (s.split("*") for s in sizes[1:]))
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "web_random_weights_notice.png"))
+
+    page.click("#start")
+    page.wait_for_selector("#progress:not([hidden])", timeout=TIMEOUT_MS)
+    assert page.text_content("#progress-text").startswith("Making the first chunk")
+    chunks_shown(page, 1)
+    assert page.is_hidden("#progress")
+    page.keyboard.down("KeyD")
+    chunks_shown(page, 3)
+    page.keyboard.up("KeyD")
+    page.wait_for_selector("#hud-lag[data-measured=true]", timeout=TIMEOUT_MS)
+    chunks_shown(page, 3)
+    assert page.is_visible("#hud") and page.is_visible("#notice")
+    assert re.fullmatch(r"\d+\.\d frames/s", page.text_content("#hud-fps"))
+    assert re.fullmatch(r"chunk every \d+(\.\d)? s", page.text_content("#hud-interval"))
+    assert re.fullmatch(r"control lag \d+(\.\d)? s", page.text_content("#hud-lag"))
+    assert re.fullmatch(r"(generating chunk \d+ · )?\d+\.\d s queued", page.text_content("#hud-work"))
+    assert re.fullmatch(r"A key shows in about \d+(\.\d)? s here\.", page.text_content("#lag-hint"))
+    assert page.get_attribute("#details", "open") is None and not page.is_visible("#stat-lag")  # folded
+    page.screenshot(path=str(ARTIFACTS / "web_hud_after_3_chunks.png"))
+    page.click("#details summary")
+    assert re.match(r"\d+ ms \(p50 \d+ ms; key state \d+\)", page.text_content("#stat-lag"))
+    page.click("#reset")
+    controls = [r for r in map(decode, sent) if isinstance(r, ControlRequest)]
+    assert ("d",) in [c.keys for c in controls]
+    assert errors == []
+    page.context.close()
+
+
+def test_a_size_the_server_refuses_says_which_it_accepts(browser, served):
+    """A link asking for a size over the server's area: `too_large` is shown on the video with
+    the sizes this server accepts, nothing stays counted in flight, and Start works again."""
+    sent, received, on_socket = recording()
+    page, errors = explained_page(browser, served.http + "/?size=1088*1920", on_socket)
+    config = handshake(received)
+    assert 1088 * 1920 > config.max_output_area
+    assert page.input_value("#size") == "1088*1920"
+    assert page.text_content("#size option:checked") == "1088×1920 (from the link)"
+    page.click("#start")
+    page.wait_for_selector("#overlay[data-level=error]", timeout=TIMEOUT_MS)
+    overlay = page.text_content("#overlay")
+    accepted = ", ".join(s.replace("*", "×") for s in offered_sizes(page)[1:-1])
+    assert overlay.startswith("Error (too_large): ")
+    assert overlay.endswith(f"Pick a smaller size (at most {config.max_output_area} pixels here): {accepted}, "
+                            "then press Start.")
+    assert page.text_content("#stat-queue").startswith("0 in flight")
+    assert page.get_attribute("#connection", "data-state") == "stopped" and not page.is_disabled("#start")
+    page.screenshot(path=str(ARTIFACTS / "web_size_error.png"))
+    page.select_option("#size", "")  # the server's default: accepted
+    page.click("#start")
+    chunks_shown(page, 1)
+    page.click("#reset")
+    infers = [m for m in (msgpack.unpackb(b, raw=False) for b in sent) if m.get("endpoint") == "infer"]
+    assert infers[0]["size"] == "1088*1920" and infers[-1].get("size") is None  # (the codec refuses the first)
+    assert errors == []
+    page.context.close()
+
+
+def test_on_a_phone_start_is_in_view_and_the_pad_moves_the_camera(browser, served):
+    """390x844 with touch: Start is on screen without scrolling, the pads show, and a tap on
+    the forward pad sends `control` ["w"]: the chunk made with it walks forward."""
+    sent, received, on_socket = recording()
+    page, errors = explained_page(browser, served.http + "/", on_socket, viewport={"width": 390, "height": 844},
+                                  has_touch=True, is_mobile=True)
+    box = page.locator("#start").bounding_box()
+    assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 844
+    assert page.is_visible("#pads [data-code=KeyW]") and page.is_visible("#notice")
+    page.tap("#start")
+    chunks_shown(page, 1)
+    page.tap("#pads [data-code=KeyW]")
+    chunks_shown(page, 3)
+    page.screenshot(path=str(ARTIFACTS / "web_phone.png"))
+    page.tap("#reset")
+    requests_ = [decode(m) for m in sent]
+    controls = [r for r in requests_ if isinstance(r, ControlRequest)]
+    forward = [c.event_id for c in controls if c.keys == ("w",)]
+    assert forward, [c.keys for c in controls]
+    frames = [r for r in map(decode_reply, received) if isinstance(r, FrameReply)]
+    walked = [f for f in frames if f.event_id in forward]
+    assert walked and all(np.diff(f.poses[:, 2, 3]).min() > 0.04 for f in walked)  # forward along +z
+    assert errors == []
+    page.context.close()

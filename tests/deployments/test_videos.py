@@ -105,12 +105,24 @@ def test_a_body_of_millions_of_values_is_refused_after_the_token_budget(monkeypa
 
 
 def test_a_deeply_nested_body_is_a_bad_message_not_a_crash():
-    for body in (b"[" * 200_000 + b"]" * 200_000, b'{"poses": ' + b'{"a": ' * 200_000 + b"1" + b"}" * 200_001,
-                 b"[" * 200_000):
+    for body in (b'{"poses": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+                 b'{"poses": ' + b'{"a": ' * 200_000 + b"1" + b"}" * 200_001, b'{"poses": ' + b"[" * 200_000):
         with pytest.raises(HttpError) as e:
             parse_request(body, DEFAULT_LIMITS, 481)
         assert (e.value.status, e.value.body["code"]) == (400, "bad_message"), e.value.body
         assert "nested deeper than 8" in e.value.body["message"]
+
+
+def test_a_form_upload_or_a_bare_file_is_told_to_send_json():
+    """A multipart upload (curl -F) was answered "nested deeper than 8 levels" (its PNG bytes hold
+    brackets), a bare array or file in tech words: each is told what to send (issue 48)."""
+    multipart = (b'--XyZ\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n'
+                 b"Content-Type: image/png\r\n\r\n\x89PNG" + b"[" * 50 + b"\r\n--XyZ--\r\n")
+    for body in (multipart, b"\x89PNG\r\n\x1a\n" + b"[" * 20, b"[1, 2]", b"  prompt=a+walk"):
+        with pytest.raises(HttpError) as e:
+            parse_request(body, DEFAULT_LIMITS, 481)
+        assert (e.value.status, e.value.body["code"]) == (400, "bad_message")
+        assert e.value.body["message"].startswith("send JSON (docs/VIDEOS.md): the body is one JSON object")
 
 
 def test_brackets_and_quotes_inside_strings_are_not_structure():

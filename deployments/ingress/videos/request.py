@@ -32,6 +32,8 @@ POSES_PER_FRAME = 4  # the most a trajectory may carry per frame (the wire's 48 
 TOKENS_PER_POSE = 32  # structural JSON tokens of a pose [4, 4] and its intrinsics row [4], with separators
 TOKEN_SLACK = 256  # the body's keys, strings and outer brackets
 MAX_DEPTH = 8  # the body is 4 deep ({"poses": [[[...]]]})
+NOT_JSON = ("send JSON (docs/VIDEOS.md): the body is one JSON object, {\"image\": base64 PNG or JPEG, "
+            "\"prompt\", \"poses\", \"intrinsics\", ...}, not a form upload or a file")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ def parse_request(body: bytes | bytearray, limits: Limits, max_frames: int) -> V
 
     `limits`: the server's (the ingress's); the body may hold every pose in one message.
     `max_frames`: the videos' frame cap (`videos.max_frames`)."""
+    if not body.lstrip().startswith(b"{"):  # a form upload (multipart), raw image bytes, ...
+        raise HttpError.of(ErrorCode.BAD_MESSAGE, NOT_JSON)
     try:
         why = (f": more than {POSES_PER_FRAME * max_frames} poses need; videos have at most {max_frames} frames "
                f"(videos.max_frames)")
