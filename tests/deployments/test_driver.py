@@ -14,7 +14,7 @@ from PIL import Image
 from camera.keys import KeySteps, key_chunk_poses
 from connection_fakes import FakeDeployment, FakeMetrics, ScriptedSocket
 from deployments.config import AppArgs
-from deployments.errors import Preempted
+from deployments.errors import Busy, Preempted
 from deployments.wire import NoiseSnapshot, StepResult
 from deployments.ingress.connection import Backends, Connection
 from protocol import encode_ack, encode_control, encode_drive, encode_infer
@@ -247,6 +247,35 @@ def test_the_socket_end_stops_the_driver_and_releases():
     assert rig.steps() == steps  # nothing started after the end
     assert "dit.close" in rig.log and "vae.close" in rig.log
     assert rig.conn._driver is None
+
+
+class FullDiT(ClosingDeployment):
+    """A DiT whose every slot is taken: its admission answers `busy`."""
+
+    async def call(self, method: str, args: tuple):
+        if method == "reserve":
+            raise Busy("all 4 session slots of this replica are taken; retry in 2 s", 2.0)
+        return await super().call(method, args)
+
+
+def test_a_drive_refused_for_capacity_is_answered_busy_once_and_never_paused():
+    """Issue 43 item 7: a `drive` the DiT cannot admit got `busy`, then `paused` (next_chunk_id
+    1), then `busy` again; it is one `busy`, and the driver starts nothing more."""
+    async def go(keys: list[str]):
+        async with Rig(dit=FullDiT) as rig:
+            if keys:
+                rig.ws.send(encode_control("full", 1, keys))
+            rig.ws.send(encode_drive("full", png(), "a street"))
+            await rig.ws.wait_for(lambda sent: any(isinstance(r, ErrorReply) for r in sent))
+            await asyncio.sleep(6 * DIT_S)  # whatever else would come
+            sent = list(rig.ws.sent[1:])
+        return sent, rig.steps(), rig.conn._driver
+
+    for keys in ([], ["w"]):
+        sent, steps, driver = asyncio.run(go(keys))
+        assert [(type(r), getattr(r, "code", None)) for r in sent] == [(ErrorReply, ErrorCode.BUSY)], (keys, sent)
+        assert sent[0].session_id == "full" and sent[0].retry_after_s == 2.0
+        assert steps == 0 and (driver is None or not driver.running)
 
 
 def _expected(replies: list[FrameReply], keys_of: dict) -> None:
