@@ -115,3 +115,62 @@ class ScriptedSocket:
                 await self._changed.wait()
             return result
         return await asyncio.wait_for(wait(), timeout)
+
+
+class SessionReplica(FakeDeployment):
+    """A deployment that keeps its sessions' keys as a replica's session table does: `open`,
+    `restore`, `clone` (the new key: its second argument) and `reserve` take a key (an `open` or
+    `restore` then claims a reservation), `close` frees it and remembers it. Like the replica: a
+    key taken again raises AssertionError "already open" (also recorded in `errors`), a closed
+    key cannot be opened again (`SessionLost`), a call of a key not held answers `SessionLost`.
+    `close` and `expect_release` come at any time (a teardown closes at once: not counted as in
+    flight); `close_s`: how long a close takes. `refuse`: admissions answer `Busy` (a full replica)."""
+
+    OPENS = frozenset({"open", "restore", "clone", "reserve"})
+
+    def __init__(self, name: str, log: list[str], seconds: float, refuse: bool = False, close_s: float = 0.0) -> None:
+        super().__init__(name, log, seconds)
+        self.close_s = close_s
+        self.held: set[str] = set()
+        self.reserved: set[str] = set()
+        self.closed: set[str] = set()
+        self.opened: list[str] = []  # every key ever taken, in order
+        self.restores: list[tuple] = []  # the arguments of each `restore` after its key
+        self.errors: list[str] = []
+        self.refuse = refuse
+
+    async def call(self, method: str, args: tuple):
+        from deployments.errors import Busy, SessionLost  # noqa: PLC0415
+
+        if method == "close":
+            key = args[0]
+            self.log.append(f"{self.name}.close")
+            await asyncio.sleep(self.close_s)
+            self.closed.add(key)
+            self.reserved.discard(key)
+            was = key in self.held
+            self.held.discard(key)
+            return was
+        if method in ("expect_release", "preempt"):
+            return False
+        key = args[1] if method == "clone" else args[0]
+        if method == "restore":
+            self.restores.append(args[1:])
+        if method in self.OPENS:
+            if key in self.closed:
+                raise SessionLost(f"session {key} was closed")
+            if method in ("open", "restore") and key in self.reserved:
+                self.reserved.discard(key)  # its reservation claimed
+            elif key in self.held:
+                self.errors.append(f"{method} {key}")
+                raise AssertionError(f"session {key} is already open")
+            else:
+                if self.refuse:
+                    raise Busy(f"all session slots of {self.name} are taken", 1.0)
+                self.held.add(key)
+                self.opened.append(key)
+                if method == "reserve":
+                    self.reserved.add(key)
+        elif method not in ("encode",) and key not in self.held:
+            raise SessionLost(f"{self.name} does not hold session {key}")
+        return await super().call(method, args)

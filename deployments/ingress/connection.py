@@ -409,7 +409,7 @@ class Connection:
         sid = stream.spec.session_id
         self._driver = Driver(stream, keys_held=lambda: self._controls.holds_keys(sid), start=self._start_driven,
                               put_paused=self._put_paused, max_unacked=self._args.controls.max_unacked_chunks,
-                              max_chunks=self._args.sessions.max_chunks, log=self._log)
+                              max_chunks=self._args.sessions.max_chunks, log=self._log, opened=stream.dit_open)
 
     def _start_driven(self, stream: Stream, dit_started: Callable[[], None]) -> asyncio.Task:
         if self._quota is not None:

@@ -7,8 +7,9 @@ work not started is dropped, the sessions whose open was answered are closed at 
 replica frees a session's slot at once and its memory when the call running for it ends; it
 refuses an open that arrives after the close, and frees a session closed while being opened),
 the calls in flight finish (see lanes.py), and the rest is closed then. `Releases` holds every
-stream of its connection whose replicas may still hold state, and counts sessions against the
-API key's quota from `adopt` to their end.
+stream of its connection whose replicas may still hold state, the keys of their past
+incarnations whose close is not answered yet (a rewind's old keys: `retire`), and counts
+sessions against the API key's quota from `adopt` to their end.
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ class Releases:
         self._metrics = metrics
         self._log = log
         self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
+        # keys of past incarnations of live streams (a rewind's old keys), tagged "dit:<key>" /
+        # "vae:<key>", until their close is answered: the socket's end closes what is left here
+        self._retired: set[str] = set()
         self._background: set[asyncio.Task] = set()  # releases
 
     def adopt(self, stream: Stream, replacing: Optional[Stream]) -> None:
@@ -67,6 +71,19 @@ class Releases:
             self._ended(stream)
             stream.release = self._release_later(stream)
         return stream.release
+
+    def retire(self, dit_key: str, vae_key: str) -> None:
+        """A stream's incarnation under these keys ended while the stream goes on (a rewind made
+        it again under new keys): each key is closed on its lane, behind the stream's calls, and
+        kept in the ledger until that close is answered. The socket's end (`teardown`) drops the
+        jobs still queued, so it closes what the ledger holds then (issue 43: such a close was
+        dropped and the old incarnation held a slot until the idle TTL)."""
+        for lane, handle, key in ((self._dit_lane, self._b.dit, dit_key), (self._vae_lane, self._b.vae, vae_key)):
+            tag = f"{lane.name}:{key}"
+            self._retired.add(tag)
+            closed = lane.submit(lambda handle=handle, key=key: handle.options(session_id=key).close.remote(key))
+            closed.add_done_callback(lambda f, tag=tag: self._retired.discard(tag)
+                                     if not f.cancelled() and f.exception() is None else None)
 
     def _ended(self, stream: Stream) -> None:
         if self._quota is not None:
@@ -129,7 +146,8 @@ class Releases:
         its memory when the call running for it ends; it refuses an open that arrives after the
         close, and frees a session closed while being opened), let the calls in flight finish
         (never cancelled: see lanes.py), and close again what a rebuild running meanwhile
-        opened under a new key. Bounded by `connection.release_timeout_s`; the replicas' idle
+        opened under a new key. The retired keys whose close was still queued are closed at
+        once with the opened ones. Bounded by `connection.release_timeout_s`; the replicas' idle
         TTL frees whatever a replica could not be told in time. `parked`: the open session the
         parking took instead (resume.py), not closed; `inflight`: the connection's chunk tasks."""
         timeout = self._args.connection.release_timeout_s
@@ -147,7 +165,9 @@ class Releases:
                 stream.close()  # nobody holds it now: no lane job may start rebuilding it
             self._ended(stream)
         closed: set[str] = set()  # "dit:<key>", "vae:<key>"
-        await asyncio.gather(*(self._close_on_replicas(s, closed, timeout, opened_only=True) for s in streams))
+        retired, self._retired = self._retired, set()  # answered opens (a rebuild starts once the last is done)
+        await asyncio.gather(self._close_keys(retired, closed, timeout),
+                             *(self._close_on_replicas(s, closed, timeout, opened_only=True) for s in streams))
         idle = await asyncio.gather(self._dit_lane.drain(timeout), self._vae_lane.drain(timeout))
         if not all(idle):
             self._log.warning("a call was still running at the release deadline",
@@ -170,19 +190,24 @@ class Releases:
         if not stream.materialised:  # served from the prefix store so far: no replica holds it
             return
 
-        calls = [(h, k) for h, k, o in ((self._b.dit, f"dit:{stream.dit_key}", stream.dit_open),
-                                       (self._b.vae, f"vae:{stream.vae_key}", stream.vae_open))
-                 if k not in closed and settled(o)]
-        closed.update(k for _, k in calls)
+        await self._close_keys({k for k, o in ((f"dit:{stream.dit_key}", stream.dit_open),
+                                               (f"vae:{stream.vae_key}", stream.vae_open)) if settled(o)},
+                               closed, timeout_s)
 
-        async def close(handle: DeploymentHandle, tagged: str) -> None:
-            key = tagged.split(":", 1)[1]
-            ended, result = await settle(handle.options(session_id=key).close.remote(key), timeout_s)
+    async def _close_keys(self, tagged: set[str], closed: set[str], timeout_s: float) -> None:
+        """Close each "dit:<key>" / "vae:<key>" of `tagged` not in `closed` (then added to it)."""
+        calls = sorted(tagged - closed)
+        closed.update(calls)
+        handles = {"dit": self._b.dit, "vae": self._b.vae}
+
+        async def close(tag: str) -> None:
+            lane, key = tag.split(":", 1)
+            ended, result = await settle(handles[lane].options(session_id=key).close.remote(key), timeout_s)
             if not ended or isinstance(result, BaseException):
                 self._log.warning("close failed; the replica's idle TTL frees the session",
                                   fields={"session": key, "error": repr(result) if ended else "timeout"})
 
-        await asyncio.gather(*(close(h, k) for h, k in calls))
+        await asyncio.gather(*(close(t) for t in calls))
 
 
 async def _nothing() -> None:

@@ -173,7 +173,10 @@ class ResumeBook:
         if self._quota is not None:  # before the claim: a session claimed is never dropped for the quota
             self._quota.check_session(_open_key(cur))
         record = await self._claim(req.session_id, token, self._principal(clip), clip)
-        resume_from = record.next_chunk if clip else (req.resume_from if req.resume_from is not None else record.sent)
+        # the client has at most the replies the old socket sent: a `resume_from` beyond them
+        # would open a driven session's ack window past every chunk (issue 43): it counts as them
+        resume_from = record.next_chunk if clip else min(record.sent, req.resume_from if req.resume_from is not None
+                                                         else record.sent)
         stream = self._install(record, resume_from, cur)
         replay = [r for r in record.replies if r.chunk_id >= resume_from]
         missing = sorted(set(range(resume_from, record.next_chunk)) - {r.chunk_id for r in replay})

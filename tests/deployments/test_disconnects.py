@@ -9,6 +9,7 @@ DiT and VAE replica holds 0 sessions and 0 cache bytes, none of it was freed by 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections import Counter
@@ -16,9 +17,9 @@ from collections import Counter
 import httpx
 import websockets
 
-from protocol import decode_reply, encode_infer, encode_reset
+from protocol import decode_reply, encode_fork, encode_infer, encode_reset, encode_rewind
 from protocol.errors import ErrorCode
-from protocol.messages import ErrorReply, FrameReply
+from protocol.messages import ErrorReply, Forked, FrameReply, Rewound
 
 DROPS = 240
 CONCURRENCY = 4
@@ -133,3 +134,165 @@ def test_sockets_dropped_at_random_moments_release_everything(server, example, s
     assert [r.num_frames for r in replies if isinstance(r, FrameReply)] == [9, 12, 12], replies
     print(f"RELIABILITY drops: sockets={DROPS} concurrency={CONCURRENCY} seconds={dropping_s:.1f} "
           f"released_after_s={released_s:.1f} held_at_start={held_at_start} moments={dict(seen)} probe_s={body['probe_s']}")
+
+
+# ---- forks and rewinds among the moves (issue 43, items 1-2) ----
+
+BRANCH_SOCKETS = 24  # random sockets, after the two scripted attacks
+BRANCH_CONCURRENCY = 2
+BRANCH_MOVES = ("infer", "infers", "fork", "rewind", "rewinds", "reset")
+MAX_CHUNKS = 5  # per session of a random socket (open-ended: the example's poses hold 80)
+
+
+class Brancher:
+    """One socket of random moves: what it sent, what the replies told it (exact once every
+    request is answered: `settle`; each request gets one reply)."""
+
+    def __init__(self, ws, example, rng: random.Random, name: str) -> None:
+        self.ws, self.example, self.rng, self.name = ws, example, rng, name
+        self.sent = 0
+        self.replies: list = []
+        self.chunks: dict[str, int] = {}  # session id -> its next chunk, as far as the replies say
+        self.open: set[str] = set()  # sessions it expects the server to hold
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        async for data in self.ws:
+            r = decode_reply(data)
+            self.replies.append(r)
+            if isinstance(r, FrameReply):
+                self.chunks[r.session_id] = max(self.chunks.get(r.session_id, 0), r.chunk_id + 1)
+            elif isinstance(r, (Rewound, Forked)):
+                self.chunks[r.session_id] = r.next_chunk_id
+
+    async def send(self, frame: bytes) -> None:
+        await self.ws.send(frame)
+        self.sent += 1
+
+    async def settle(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.replies) <= self.sent and time.monotonic() < deadline:  # + the handshake
+            await asyncio.sleep(0.02)
+
+    async def infer(self, sid: str) -> None:
+        first = sid not in self.open
+        k = 0 if first else self.chunks.get(sid, 0)
+        if k >= MAX_CHUNKS:
+            return
+        self.open.add(sid)
+        poses, intrinsics = self.example.chunk(min(k, MAX_CHUNKS))
+        extra = {"image": self.example.image, "prompt": self.example.prompt,
+                 "translation_scale": self.example.scale} if first else {}
+        await self.send(encode_infer(sid, poses, intrinsics, **extra))
+
+    async def move(self) -> str:
+        rng = self.rng
+        move, sid = rng.choice(BRANCH_MOVES), rng.choice(sorted(self.open) or [self.name])
+        n = self.chunks.get(sid, 0)
+        if move in ("infer", "infers"):
+            for _ in range(rng.randint(2, 3) if move == "infers" else 1):
+                await self.infer(sid)
+        elif move == "fork":
+            new = f"{self.name}-f{self.sent}"
+            await self.send(encode_fork(sid, new, rng.randint(1, max(1, n))))
+            self.open.add(new)
+        elif move in ("rewind", "rewinds"):
+            for _ in range(rng.randint(2, 4) if move == "rewinds" else 1):
+                n = rng.randint(0, max(0, n - 1))
+                await self.send(encode_rewind(sid, n))
+        else:
+            await self.send(encode_reset(sid))
+            self.open.discard(sid)
+            self.chunks.pop(sid, None)
+        return move
+
+
+async def _branch_socket(url: str, example, rng: random.Random, i: int, script: str = "random") -> Counter:
+    """One socket: the issue's two attacks (`script`), or up to 8 random moves, each followed
+    at random by a wait for every answer, a short pause or nothing; then a clean close or a TCP
+    abort. The replies it got, by kind."""
+    abort = script == "rewind_then_drop" or rng.random() < 0.5
+    ws = await websockets.connect(url, max_size=None)
+    b = Brancher(ws, example, rng, f"br-{i}")
+    try:
+        await b.settle()  # the handshake
+        if isinstance(b.replies[0], ErrorReply):  # the per-client cap
+            return Counter({"refused at the connection cap": 1})
+        if script == "eight_rewinds":  # item 1: rewinds back to back, then the socket closes
+            for _ in range(4):
+                await b.infer(b.name)
+                await b.settle()
+            for k in range(3, -1, -1):
+                await b.send(encode_rewind(b.name, k))
+                await b.send(encode_rewind(b.name, k))
+        elif script == "rewind_then_drop":  # item 2: fork at the head, infer the fork, rewind, abort
+            for _ in range(3):
+                await b.infer(b.name)
+            await b.settle()
+            await b.send(encode_fork(b.name, "f", 3))
+            await b.settle()
+            await b.infer("f")
+            await b.send(encode_rewind(b.name, 1))
+            await asyncio.sleep(0.02)
+        else:
+            await b.infer(b.name)
+            for _ in range(rng.randint(1, 8)):
+                await b.move()
+                wait = rng.random()
+                if wait < 0.35:
+                    await b.settle()
+                elif wait < 0.7:
+                    await asyncio.sleep(rng.uniform(0.0, 0.3))
+    finally:
+        if abort:
+            ws.transport.abort()
+        else:
+            await ws.close()
+        b.reader.cancel()
+    return Counter(type(r).__name__ if not isinstance(r, ErrorReply) else f"error:{r.code.value}"
+                   for r in b.replies[1:])
+
+
+def test_sockets_dropped_amid_forks_and_rewinds_release_everything(server, example, stats_of):
+    """Issue 43 items 1-2 through the app: the eight pipelined rewinds and the rewind racing an
+    abort, then seeded random sockets of infers, forks, rewinds (several back to back) and
+    resets, each dropped at a random moment. Within a few seconds of the last drop (sessions
+    end with their socket here: no resume grace) every replica holds nothing and none of it
+    was freed by the idle TTL."""
+    server.wait_held(0, timeout=60)
+    expired_before = {name: sum(e for _, _, e in rs) for name, rs in _held(stats_of).items()}
+    rng = random.Random(43)
+    traj = dataclasses.replace(example, num_frames=81)
+
+    async def go() -> Counter:
+        seen = await _branch_socket(server.ws, traj, rng, -1, "eight_rewinds")
+        seen += await _branch_socket(server.ws, traj, rng, -2, "rewind_then_drop")
+        queue = list(range(BRANCH_SOCKETS))
+
+        async def worker() -> None:
+            nonlocal seen
+            while queue:
+                seen += await _branch_socket(server.ws, traj, rng, queue.pop())
+
+        await asyncio.gather(*(worker() for _ in range(BRANCH_CONCURRENCY)))
+        return seen
+
+    t0 = time.monotonic()
+    seen = asyncio.run(go())
+    dropping_s = time.monotonic() - t0
+    assert seen["Rewound"] >= 3 and seen["Forked"] >= 2, seen  # the moves did branch
+
+    deadline = time.monotonic() + 8.0
+    while True:
+        body = httpx.get(f"{server.http}/healthz", timeout=15).json()
+        held = _held(stats_of)
+        if body["connections"] == 0 and body["releasing"] == 0 and all(
+                s == 0 and b == 0 for rs in held.values() for s, b, _ in rs):
+            break
+        assert time.monotonic() < deadline, f"not released 8 s after the last drop: {body} {held} {dict(seen)}"
+        time.sleep(0.2)
+    released_s = time.monotonic() - t0 - dropping_s
+    expired_after = {name: sum(e for _, _, e in rs) for name, rs in held.items()}
+    assert expired_after == expired_before, "sessions were freed by the idle TTL, not released"
+    print(f"RELIABILITY branch drops: sockets={BRANCH_SOCKETS + 2} concurrency={BRANCH_CONCURRENCY} "
+          f"seconds={dropping_s:.1f} released_after_s={released_s:.1f} replies={dict(seen)}")

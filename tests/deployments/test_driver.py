@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from types import SimpleNamespace
 
 import msgpack
 import numpy as np
@@ -14,13 +15,16 @@ from PIL import Image
 from camera.keys import KeySteps, key_chunk_poses
 from connection_fakes import FakeDeployment, FakeMetrics, ScriptedSocket
 from deployments.config import AppArgs
-from deployments.errors import Preempted
+from deployments.errors import Busy, Preempted
 from deployments.wire import NoiseSnapshot, StepResult
 from deployments.ingress.connection import Backends, Connection
-from protocol import encode_ack, encode_control, encode_drive, encode_infer
+from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.parking import ParkedSession, token_digest
+from deployments.wire import SessionOptions
+from protocol import encode_ack, encode_control, encode_drive, encode_infer, encode_resume
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Paused
+from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Paused, ResumeOk
 
 DIT_S = 0.2  # a DiT step of the fakes; VAE calls take VAE_S
 VAE_S = 0.03
@@ -247,6 +251,83 @@ def test_the_socket_end_stops_the_driver_and_releases():
     assert rig.steps() == steps  # nothing started after the end
     assert "dit.close" in rig.log and "vae.close" in rig.log
     assert rig.conn._driver is None
+
+
+class FullDiT(ClosingDeployment):
+    """A DiT whose every slot is taken: its admission answers `busy`."""
+
+    async def call(self, method: str, args: tuple):
+        if method == "reserve":
+            raise Busy("all 4 session slots of this replica are taken; retry in 2 s", 2.0)
+        return await super().call(method, args)
+
+
+def test_a_drive_refused_for_capacity_is_answered_busy_once_and_never_paused():
+    """Issue 43 item 7: a `drive` the DiT cannot admit got `busy`, then `paused` (next_chunk_id
+    1), then `busy` again; it is one `busy`, and the driver starts nothing more."""
+    async def go(keys: list[str]):
+        async with Rig(dit=FullDiT) as rig:
+            if keys:
+                rig.ws.send(encode_control("full", 1, keys))
+            rig.ws.send(encode_drive("full", png(), "a street"))
+            await rig.ws.wait_for(lambda sent: any(isinstance(r, ErrorReply) for r in sent))
+            await asyncio.sleep(6 * DIT_S)  # whatever else would come
+            sent = list(rig.ws.sent[1:])
+        return sent, rig.steps(), rig.conn._driver
+
+    for keys in ([], ["w"]):
+        sent, steps, driver = asyncio.run(go(keys))
+        assert [(type(r), getattr(r, "code", None)) for r in sent] == [(ErrorReply, ErrorCode.BUSY)], (keys, sent)
+        assert sent[0].session_id == "full" and sent[0].retry_after_s == 2.0
+        assert steps == 0 and (driver is None or not driver.running)
+
+
+class FakeParking:
+    """A parking that holds one parked session: `claim` hands it over; it parks nothing else."""
+
+    def __init__(self, record: ParkedSession) -> None:
+        self.record = record
+
+    def __getattr__(self, method: str):
+        async def remote(*args):
+            return self.record if method == "claim" else False
+        return SimpleNamespace(remote=remote)
+
+
+def test_a_resume_from_beyond_the_chunks_sent_counts_as_the_chunks_sent():
+    """Issue 43 item 5: a driven session resumed with `resume_from` 341 (2 chunks were sent)
+    ran without flow control, the ack window counting from 341. It counts from the 2 sent:
+    chunks 2 and 3 start, then nothing until an ack."""
+    spec = SessionOptions(session_id="r", prompt="a street", image_digest="d", resolution=(32, 48), seed=42,
+                          total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
+    sent = [FrameReply(session_id="r", chunk_id=k, video=b"v", num_frames=12, resolution=(32, 48),
+                       poses=key_chunk_poses(None, set(), KeySteps()).astype(np.float32)) for k in range(2)]
+    record = ParkedSession(spec=spec, journal=SessionJournal(np.zeros((36, 64, 3), np.uint8), 1 << 20),
+                           image=np.zeros((36, 64, 3), np.uint8), key="r~k", dit_key="r~d", vae_key="r~v",
+                           next_chunk=2, sent=2, prompt="a street", recoveries=0, text_encode_s=0.0, replies=sent,
+                           token_digest=token_digest("t" * 32), driven=True)
+
+    async def go():
+        rig = Rig(max_unacked=2)
+        backends = Backends(text=rig.backends.text, vae=rig.backends.vae, dit=rig.backends.dit,
+                            parking=FakeParking(record))
+        rig.conn = Connection(rig.ws, backends, rig.args, Limits(), CameraServerConfig(model="tiny"), FakeMetrics(),
+                              resumable=True)
+        rig.task = asyncio.create_task(rig.conn.run())
+        rig.ws.send(encode_resume("r", "t" * 32, resume_from=341))
+        resumed = await rig.ws.wait_for(lambda sent: next((r for r in sent if isinstance(r, ResumeOk)), None))
+        rig.ws.send(encode_control("r", 1, ["w"]))
+        await rig.frame(3)
+        await asyncio.sleep(6 * DIT_S)
+        held_back = rig.steps()
+        rig.ws.send(encode_ack("r", 2))
+        await rig.frame(4)
+        await rig.__aexit__()
+        return resumed, held_back
+
+    resumed, held_back = asyncio.run(go())
+    assert resumed.next_chunk_id == 2 and resumed.replayed == 0
+    assert held_back == 2  # chunks 2 and 3: the window of 2 past the 2 chunks the client has
 
 
 def _expected(replies: list[FrameReply], keys_of: dict) -> None:

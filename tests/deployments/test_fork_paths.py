@@ -16,6 +16,7 @@ from deployments.errors import Busy, NoSnapshot, SessionLost, Unsupported
 from deployments.ingress.history.branching import Branches
 from deployments.ingress.history.journal import SessionJournal
 from deployments.ingress.lanes import Lane
+from deployments.ingress.releases import Releases
 from deployments.ingress.stream import Stream
 from deployments.wire import NoiseSnapshot, SessionOptions
 from protocol.errors import ErrorCode, ProtocolError
@@ -46,8 +47,9 @@ class FakeDeployment:
 
 
 class FakeReleases:
-    def __init__(self) -> None:
+    def __init__(self, backends, dit_lane: Lane, vae_lane: Lane) -> None:
         self.failed: list[Stream] = []
+        self._real = Releases(backends, dit_lane, vae_lane, AppArgs(), None, None, None)
 
     def adopt(self, stream: Stream, replacing) -> None:
         pass
@@ -55,6 +57,9 @@ class FakeReleases:
     def fail(self, stream: Stream) -> None:
         stream.fail()
         self.failed.append(stream)
+
+    def retire(self, dit_key: str, vae_key: str) -> None:  # a rewind's old keys: closed on the lanes
+        self._real.retire(dit_key, vae_key)
 
 
 def _source(raw_frames: bool = False) -> Stream:
@@ -94,7 +99,8 @@ def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}, args: AppArgs
         b, log = _fakes(calls, logged, dit, vae)
         replies = SimpleNamespace(error=lambda code, message, sid, retry=None: ErrorReply(
             code=code, message=message, session_id=sid, retry_after_s=retry))
-        branches = Branches(b, Lane("dit"), Lane("vae"), FakeReleases(), replies, args, log)
+        dit_lane, vae_lane = Lane("dit"), Lane("vae")
+        branches = Branches(b, dit_lane, vae_lane, FakeReleases(b, dit_lane, vae_lane), replies, args, log)
         if rewind:
             return await branches.rewind(RewindRequest(session_id="A", to_chunk=at), source), source
         reply = await branches.fork(ForkRequest(session_id="A", new_session_id="B", at_chunk=at), source)

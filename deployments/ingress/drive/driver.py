@@ -14,7 +14,10 @@ The next chunk starts when all of these hold:
   reads the keys when the DiT takes it, so the keys reach the video one chunk later at most;
 * **ack window**: fewer than `max_unacked` chunks started beyond the last `ack` (chunk ids
   below `acked + max_unacked`);
-* the session is open and has chunks left (its declared `num_frames`, `sessions.max_chunks`).
+* the session is open and has chunks left (its declared `num_frames`, `sessions.max_chunks`);
+* **admitted**: past chunk 0, the replicas opened the session. Chunk 0 is queued at once (its
+  calls wait for the admission); a session they refuse (`busy`, `too_large`) ends with chunk
+  0's error: no `paused`, nothing more started (issue 43: it sent `busy`, `paused`, `busy`).
 
 It wakes on every event that may change one of them: a control, an ack, a chunk's DiT start,
 a chunk's end. `stop` cancels its task (reset, a new session, the socket's end); the chunks
@@ -28,6 +31,7 @@ from typing import Optional
 
 from camera import CHUNK_LATENT_FRAMES
 from deployments.errors import Busy
+from deployments.ingress.history.recovery import needs_recovery
 from deployments.ingress.stream import Stream, StreamState
 from deployments.log import KeyValueLog
 from protocol.errors import ErrorCode, ProtocolError
@@ -43,11 +47,13 @@ class Driver:
 
     def __init__(self, stream: Stream, keys_held: Callable[[], bool], start: StartChunk,
                  put_paused: Callable[[Paused], None], *, max_unacked: int, max_chunks: int,
-                 log: KeyValueLog) -> None:
+                 log: KeyValueLog, opened: Optional[asyncio.Future] = None) -> None:
         """`keys_held()`: some key is held for the session now; `put_paused`: queue a `paused`
-        reply in the outbox. The ack window starts at the chunks the client has
-        (`stream.sent_chunks`: 0 for a new session, what a resume says for a resumed one)."""
+        reply in the outbox; `opened`: the session's open on the replicas (None: open already).
+        The ack window starts at the chunks the client has (`stream.sent_chunks`: 0 for a new
+        session, what a resume says for a resumed one)."""
         self._stream = stream
+        self._opened = opened
         self._keys_held = keys_held
         self._start = start
         self._put_paused = put_paused
@@ -119,6 +125,20 @@ class Driver:
         self._paused = False
         return self._ahead == 0 and s.next_chunk < self._acked + self._max_unacked
 
+    async def _admitted(self) -> bool:
+        """False when the replicas refused the session (see the module doc); waits for their
+        answer once chunk 0 is queued. A failure a rebuild cures (a replica died) is no refusal:
+        the chunk's step rebuilds the session (lane_jobs.py)."""
+        opened = self._opened
+        if opened is None or self._stream.next_chunk == 0:
+            return True
+        if not opened.done():
+            await asyncio.wait({opened})
+        if opened.cancelled():
+            return False
+        error = opened.exception()
+        return error is None or needs_recovery(error)
+
     def _dit_started(self) -> None:
         self._ahead -= 1
         self._wake.set()
@@ -127,6 +147,8 @@ class Driver:
         try:
             while not self._finished():
                 self._wake.clear()
+                if not await self._admitted():
+                    return
                 if not self._may_start():
                     await self._wake.wait()
                     continue

@@ -22,8 +22,9 @@ with the same first k chunks produces. rebuild.py makes it per lane; the "sessio
 "session rewound" log lines say which path each lane took (`path`: the DiT's, `vae_path`).
 
 * Rewind: the session keeps its identity on the connection (quota, resume token) but gets
-  fresh routing keys; its old incarnation is closed on both lanes first (its snapshots stay),
-  then it is made again from its snapshot after k chunks, or its journal truncated to k chunks.
+  fresh routing keys; its old incarnation is closed on both lanes first (its snapshots stay;
+  `Releases.retire`: the socket's end closes it if that close is still queued), then it is made
+  again from its snapshot after k chunks, or its journal truncated to k chunks.
 * Fork: a new stream with its own keys from a prefix copy of the journal (arrays shared),
   admitted like a new session (quota at once; a clone's admission, or the DiT's `reserve`, then
   the VAE's and the DiT's `restore`: `busy` / `too_large` when they refuse, the new session then
@@ -33,7 +34,8 @@ with the same first k chunks produces. rebuild.py makes it per lane; the "sessio
 
 Either is refused, with nothing changed, for a session the connection does not hold open, a
 chunk out of range, a session with a chunk in flight (`busy`: the journal is only complete
-between chunks), and a session without a journal (recovery off, or over `journal_max_mib`),
+between chunks) or being rebuilt by its own fork or rewind (`busy`: one rebuild at a time,
+see `_check`), and a session without a journal (recovery off, or over `journal_max_mib`),
 except for a fork at its head: that copy needs no journal (if a replica then cannot copy, the
 fork is refused `too_large`, as there is nothing to replay). Their replies (`forked`,
 `rewound`) come once the rebuild is done, in request order.
@@ -121,7 +123,7 @@ class Branches:
         paths: dict[str, str] = {}
         dit_source, vae_source = (source.dit_key, source.vae_key) if head else self._rebuild.sources(source, k)
         self._rebuild.inherit(stream, source, k)
-        stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths))
+        stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths, k))
         stream.dit_open = self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths))
         return asyncio.ensure_future(self._forked(stream, source, paths))
 
@@ -156,7 +158,6 @@ class Branches:
         j.truncate(k)
         if stream.prefix is not None:
             stream.prefix = stream.prefix.truncated(k)
-        stream.materialised = True  # restored below, also one the prefix store served so far
         stream.next_chunk = k
         stream.sent_chunks = min(stream.sent_chunks, k)
         stream.prompt = j.prompt_after(k, stream.spec.prompt)
@@ -166,11 +167,12 @@ class Branches:
                               if isinstance(t.result(), FrameReply) and t.result().chunk_id < k]
         old_dit, old_vae = stream.dit_key, stream.vae_key
         stream.dit_key, stream.vae_key = new_routing_key(stream.spec), new_routing_key(stream.spec)
-        self._dit_lane.submit(lambda: self._b.dit.options(session_id=old_dit).close.remote(old_dit))
-        self._vae_lane.submit(lambda: self._b.vae.options(session_id=old_vae).close.remote(old_vae))
+        if stream.materialised:  # closed behind its calls, and by the socket's end if that comes first
+            self._releases.retire(old_dit, old_vae)
+        stream.materialised = True  # restored below, also one the prefix store served so far
         paths: dict[str, str] = {}
         stream.vae_open = self._vae_lane.submit(lambda: self._placed(
-            stream, lambda: self._rebuild.vae(stream, vae_source, paths)))
+            stream, lambda: self._rebuild.vae(stream, vae_source, paths, k)))
         stream.dit_open = self._dit_lane.submit(lambda: self._placed(
             stream, lambda: self._rebuild.dit(stream, dit_source, paths)))
         return paths
@@ -209,9 +211,15 @@ class Branches:
         return stream
 
     def _check(self, stream: Stream, k: int, low: int, need_journal: bool = True) -> None:
-        """A chunk in range, no chunk in flight, a journal to rebuild from (`need_journal`)."""
+        """A chunk in range, no chunk in flight, no rebuild in flight, a journal to rebuild from
+        (`need_journal`). One rebuild at a time: a rebuild reads the stream's keys, chunk count
+        and journal when its lane job runs, so a second one queued behind it would rebuild under
+        the later one's keys and leave the first's open (issue 43)."""
         if any(not t.done() for t in stream.chunk_tasks):
             raise Busy("the session has a chunk in flight; send this again once its reply came", IN_FLIGHT_RETRY_S)
+        if any(f is not None and not f.done() for f in (stream.vae_open, stream.dit_open)):
+            raise Busy("the session is being rebuilt (its fork or rewind is not answered yet); send this again "
+                       "once it is", IN_FLIGHT_RETRY_S)
         if need_journal and not stream.journal.recoverable:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"{self._rebuild.no_journal_why()}: it can be forked at its "
                                                      "last chunk only (a copy of the live session), not rewound "

@@ -40,9 +40,11 @@ class Rebuild:
         if self.snapshots:
             stream.inherit_snapshots(source, k)
 
-    async def vae(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
+    async def vae(self, stream: Stream, source_key: Optional[str], paths: dict[str, str], chunks: int) -> None:
         """VAE lane: a copy of the source's session on its replica (`source_key` given), else (or
-        when that replica cannot) the journal's conditions and decodes replayed."""
+        when that replica cannot) the journal's conditions and decodes of its first `chunks`
+        chunks replayed (the count the caller had when it queued this: an infer queued behind
+        it takes its chunk id before this runs)."""
         if source_key is not None:
             if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key):
                 paths["vae"] = _copy_path(source_key)
@@ -52,7 +54,7 @@ class Rebuild:
         paths["vae"] = "replay"
         key, j, (h, w) = stream.vae_key, stream.journal, stream.spec.resolution
         await self._b.vae.options(session_id=key).restore.remote(
-            key, j.image, h, w, stream.next_chunk, j.decoded_latents(), stream.spec.raw_frames)
+            key, j.image, h, w, chunks, j.decoded_latents(), stream.spec.raw_frames)
 
     async def dit(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
         """DiT lane: a copy of the source's session on its replica (`source_key` given: admitted

@@ -163,7 +163,7 @@ class PrefixReuse:
         # its own keys hold nothing yet: only the snapshots its stored chunks name
         dit_source, vae_source = stream.inherited_snapshots.get(k, (None, None))
         paths: dict[str, str] = {}
-        stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths))
+        stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths, k))
         stream.dit_open = self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths))
         both = asyncio.gather(stream.vae_open, stream.dit_open, return_exceptions=True)
         both.add_done_callback(lambda done: self._materialised(stream, k, paths, done.result()))
