@@ -41,8 +41,9 @@ from deployments.ingress.drive.binding import late_bound_step, preempt_running
 from deployments.ingress.drive.driver import Driver
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
-from deployments.ingress.history.journal import SessionJournal
-from deployments.ingress.lane_jobs import Backends, LaneJobs
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.lanes import Backends
+from deployments.ingress.lane_jobs import LaneJobs
 from deployments.ingress.lanes import Lane
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics

@@ -16,33 +16,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Optional, TypeVar
 
 import numpy as np
-from ray.serve.handle import DeploymentHandle
 
-from deployments.ingress.guards.claim_gate import ClaimGate
 from deployments.errors import ReplicaError
-from deployments.ingress.lanes import Lane
+from deployments.ingress.lanes import Backends, Lane
 from deployments.log import KeyValueLog
 from deployments.ingress.history.recovery import Recovery, needs_recovery
 from deployments.ingress.stream import Stream, StreamState
 from deployments.wire import StepResult
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Backends:
-    """Handles of the deployments a connection calls."""
-
-    text: DeploymentHandle
-    vae: DeploymentHandle
-    dit: DeploymentHandle
-    parking: Optional[DeploymentHandle] = None  # SessionParking (parking.py); None: sessions end with their socket
-    claims: ClaimGate = field(default_factory=ClaimGate)  # failed resume claims, per client (one per ingress replica)
 
 
 class LaneJobs:

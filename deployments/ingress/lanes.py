@@ -21,7 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
+
+from ray.serve.handle import DeploymentHandle
+
+from deployments.ingress.guards.claim_gate import ClaimGate
 
 T = TypeVar("T")
 
@@ -94,3 +99,14 @@ class Lane:
 def _cancelling() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Handles of the deployments a connection calls."""
+
+    text: DeploymentHandle
+    vae: DeploymentHandle
+    dit: DeploymentHandle
+    parking: Optional[DeploymentHandle] = None  # SessionParking (parking.py); None: sessions end with their socket
+    claims: ClaimGate = field(default_factory=ClaimGate)  # failed resume claims, per client (one per ingress replica)

@@ -39,7 +39,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import SessionArgs
 from deployments.errors import ReplicaError, SessionLost, Unauthorized
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.log import get_log, log_routine_access_at_debug
 from deployments.wire import SessionOptions
 from protocol.errors import ErrorCode

@@ -21,7 +21,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppArgs
 from deployments.ingress.detached import detach, settle
-from deployments.ingress.lane_jobs import Backends
+from deployments.ingress.lanes import Backends
 from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics

@@ -31,7 +31,8 @@ from camera import CHUNK_LATENT_FRAMES
 from deployments.config import AppArgs
 from deployments.ingress.detached import detach, settle
 from deployments.errors import Busy, Unauthorized
-from deployments.ingress.lane_jobs import Backends, _done
+from deployments.ingress.lanes import Backends
+from deployments.ingress.lane_jobs import _done
 from deployments.log import KeyValueLog
 from deployments.ingress.parking import ClaimRefused, ParkedSession, token_digest
 from deployments.ingress.guards.quotas import KeyQuota

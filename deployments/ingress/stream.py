@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION, planned_latent_frames
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.ingress.prefix.keys import PrefixCursor
 from deployments.replicas.snapshots import snapshot_id
 from deployments.wire import SessionOptions, owner_tag, routing_key

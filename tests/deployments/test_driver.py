@@ -18,7 +18,7 @@ from deployments.config import AppArgs
 from deployments.errors import Busy, Preempted
 from deployments.wire import NoiseSnapshot, StepResult
 from deployments.ingress.connection import Backends, Connection
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.ingress.parking import ParkedSession, token_digest
 from deployments.wire import SessionOptions
 from protocol import encode_ack, encode_control, encode_drive, encode_infer, encode_resume

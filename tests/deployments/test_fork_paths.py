@@ -14,7 +14,7 @@ import pytest
 from deployments.config import AppArgs
 from deployments.errors import Busy, NoSnapshot, SessionLost, Unsupported
 from deployments.ingress.history.branching import Branches
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.ingress.lanes import Lane
 from deployments.ingress.releases import Releases
 from deployments.ingress.stream import Stream

@@ -8,7 +8,7 @@ import pytest
 
 from deployments.ingress import parking
 from deployments.errors import SessionLost, Unauthorized
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.ingress.parking import ParkedSession, ParkingBook, UnknownClip, UnknownToken, new_token, token_digest
 from deployments.wire import SessionOptions
 from protocol.messages import FrameReply

@@ -9,7 +9,7 @@ import pytest
 
 from deployments.config import SessionArgs
 from deployments.errors import Busy, SessionLost
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.log import KeyValueLog
 from deployments.ingress.history.recovery import Recovery
 from deployments.ingress.stream import Stream, StreamState

@@ -8,8 +8,8 @@ import numpy as np
 from connection_fakes import FakeDeployment, FakeMetrics
 from deployments.config import AppArgs
 from deployments.ingress.guards.quotas import KeyQuota
-from deployments.ingress.history.journal import SessionJournal
-from deployments.ingress.lane_jobs import Backends
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.lanes import Backends
 from deployments.ingress.lanes import Lane
 from deployments.ingress.releases import Releases
 from deployments.ingress.stream import Stream, StreamState

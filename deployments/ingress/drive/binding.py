@@ -23,7 +23,8 @@ from collections.abc import Callable
 from deployments.errors import Preempted
 from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
-from deployments.ingress.lane_jobs import Backends, LaneJobs
+from deployments.ingress.lanes import Backends
+from deployments.ingress.lane_jobs import LaneJobs
 from deployments.ingress.stream import BoundChunk, Stream, StreamState
 
 

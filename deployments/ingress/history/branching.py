@@ -52,7 +52,7 @@ from pydantic import BaseModel
 
 from deployments.config import AppArgs
 from deployments.errors import Busy, ReplicaError
-from deployments.ingress.lane_jobs import Backends
+from deployments.ingress.lanes import Backends
 from deployments.ingress.lanes import Lane
 from deployments.ingress.history.rebuild import Rebuild
 from deployments.ingress.releases import Releases

@@ -12,7 +12,8 @@ from typing import Optional
 
 from deployments.config import AppArgs
 from deployments.errors import Busy, TooLarge
-from deployments.ingress.lane_jobs import Backends, dit_admission, reserve_dit
+from deployments.ingress.lanes import Backends
+from deployments.ingress.lane_jobs import dit_admission, reserve_dit
 from deployments.ingress.stream import Stream, new_routing_key
 from deployments.log import KeyValueLog
 from deployments.replicas.snapshots import parse_snapshot_id

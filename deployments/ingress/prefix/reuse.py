@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from deployments.config import AppArgs
 from deployments.ingress.guards.connection_caps import UNKNOWN_CLIENT
-from deployments.ingress.lane_jobs import Backends
+from deployments.ingress.lanes import Backends
 from deployments.ingress.lanes import Lane
 from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, namespace
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
