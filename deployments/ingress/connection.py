@@ -42,9 +42,8 @@ from deployments.ingress.drive.driver import Driver
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
 from deployments.ingress.journal import SessionJournal
-from deployments.ingress.lanes import Backends
+from deployments.ingress.lanes import Backends, Lane, ReplicaLanes
 from deployments.ingress.lane_jobs import LaneJobs
-from deployments.ingress.lanes import Lane
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
@@ -106,24 +105,23 @@ class Connection:
         self._log = get_log("connection", conn=self._id)
         self._policy = ClientPolicy(args.connection, limits.max_message_bytes)
         self._sizes = SizeRule(tuple(args.model.bucket_sizes()), args.model.max_output_area)
-        self._dit_lane = Lane("dit")
-        self._vae_lane = Lane("vae")
+        replicas = ReplicaLanes(backends, Lane("dit"), Lane("vae"), args, self._log)
+        self._dit_lane, self._vae_lane = replicas.dit_lane, replicas.vae_lane
         recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
-        self._jobs = LaneJobs(backends, self._vae_lane, recovery, self._log)
-        self._releases = Releases(backends, self._dit_lane, self._vae_lane, args, quota, metrics, self._log)
-        self._resume = ResumeBook(backends, args, self._releases, quota, self._log, may_park=resumable,
+        self._jobs = LaneJobs(replicas, recovery)
+        self._releases = Releases(replicas, quota, metrics)
+        self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable,
                                   clip_mode=lambda: self._raw_frames, key_id=key_id, client=client)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail)
         self._outbox = Outbox(ws, on_sent=record_sent, on_reply=self._policy.on_reply)
-        self._branches = Branches(backends, self._dit_lane, self._vae_lane, self._releases, self._replies, args,
-                                  self._log)  # fork, rewind, the forked sessions held (branching.py)
+        self._branches = Branches(replicas, self._releases, self._replies)  # fork, rewind, forks held (branching.py)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driver: Optional[Driver] = None  # the driven session's (`drive`, drive/driver.py), while it is current
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
         self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
-        self._prefix = PrefixReuse(store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client, self._id),
-                                   backends, self._dit_lane, self._vae_lane, args, handshake, self._log,
-                                   prefix_metrics)  # exact-prefix reuse (prefix/reuse.py)
+        self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,
+                                                                          self._id),
+                                   handshake, prefix_metrics)  # exact-prefix reuse (prefix/reuse.py)
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand

@@ -22,8 +22,7 @@ from typing import Any, Optional, TypeVar
 import numpy as np
 
 from deployments.errors import ReplicaError
-from deployments.ingress.lanes import Backends, Lane
-from deployments.log import KeyValueLog
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.history.recovery import Recovery, needs_recovery
 from deployments.ingress.stream import Stream, StreamState
 from deployments.wire import StepResult
@@ -34,11 +33,11 @@ T = TypeVar("T")
 class LaneJobs:
     """The VAE and DiT lane jobs of one connection's sessions."""
 
-    def __init__(self, backends: Backends, vae_lane: Lane, recovery: Recovery, log: KeyValueLog) -> None:
-        self._b = backends
-        self._vae_lane = vae_lane
+    def __init__(self, replicas: ReplicaLanes, recovery: Recovery) -> None:
+        self._b = replicas.backends
+        self._vae_lane = replicas.vae_lane
         self._recovery = recovery
-        self._log = log
+        self._log = replicas.log
 
     async def open_dit(self, stream: Stream) -> None:
         """DiT lane: admit the session on a DiT replica (busy, too_large), wait for the VAE's

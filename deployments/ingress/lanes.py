@@ -1,4 +1,5 @@
-"""Lane: a serial FIFO of calls from one connection to one deployment.
+"""Lane: a serial FIFO of calls from one connection to one deployment; `ReplicaLanes`: the
+handles, lanes, args and log a connection's parts share to reach its replicas.
 
 Every call a connection makes to a deployment goes through that deployment's lane: at most
 one in flight, in submission order. The order is fixed when `submit` is called
@@ -26,7 +27,9 @@ from typing import Any, Optional, TypeVar
 
 from ray.serve.handle import DeploymentHandle
 
+from deployments.config import AppArgs
 from deployments.ingress.guards.claim_gate import ClaimGate
+from deployments.log import KeyValueLog
 
 T = TypeVar("T")
 
@@ -110,3 +113,17 @@ class Backends:
     dit: DeploymentHandle
     parking: Optional[DeploymentHandle] = None  # SessionParking (parking.py); None: sessions end with their socket
     claims: ClaimGate = field(default_factory=ClaimGate)  # failed resume claims, per client (one per ingress replica)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLanes:
+    """How one connection's parts reach its sessions' replicas: the deployments' handles, the
+    connection's two lanes to them, the app's args and the connection's log. Made once per
+    connection (connection.py) and handed to each part that opens, rebuilds or frees sessions
+    (releases, branching, prefix reuse, resume, rebuild, the lane jobs)."""
+
+    backends: Backends
+    dit_lane: Lane
+    vae_lane: Lane
+    args: AppArgs
+    log: KeyValueLog

@@ -28,12 +28,10 @@ from typing import Optional
 from pydantic import BaseModel
 
 from camera import CHUNK_LATENT_FRAMES
-from deployments.config import AppArgs
 from deployments.ingress.detached import detach, settle
 from deployments.errors import Busy, Unauthorized
-from deployments.ingress.lanes import Backends
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.lane_jobs import _done
-from deployments.log import KeyValueLog
 from deployments.ingress.parking import ClaimRefused, ParkedSession, token_digest
 from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.releases import Releases
@@ -53,19 +51,18 @@ class ClaimsThrottled(Busy):
 class ResumeBook:
     """Parks the open session when the socket ends; resumes parked ones."""
 
-    def __init__(self, backends: Backends, args: AppArgs, releases: Releases, quota: Optional[KeyQuota],
-                 log: KeyValueLog, *, may_park: bool, clip_mode: Callable[[], bool], key_id: Optional[str],
+    def __init__(self, replicas: ReplicaLanes, releases: Releases, quota: Optional[KeyQuota], *, may_park: bool, clip_mode: Callable[[], bool], key_id: Optional[str],
                  client: Optional[str]) -> None:
         """`may_park`: a WebSocket's connection (not an offline video's); `clip_mode`: whether the
         socket is a peer client's in clip mode, asked when needed (a peer transport chooses its
         mode with its first request, after this book is made); `key_id`, `client`: its API key id
         (auth on) and address."""
-        self._parking = backends.parking
-        self._claims = backends.claims
-        self._sessions = args.sessions
+        self._parking = replicas.backends.parking
+        self._claims = replicas.backends.claims
+        self._sessions = replicas.args.sessions
         self._releases = releases
         self._quota = quota
-        self._log = log
+        self._log = replicas.log
         self._may_park = may_park
         self._clip_mode = clip_mode
         self._key_id = key_id

@@ -15,7 +15,7 @@ from deployments.config import AppArgs
 from deployments.errors import Busy, NoSnapshot, SessionLost, Unsupported
 from deployments.ingress.history.branching import Branches
 from deployments.ingress.journal import SessionJournal
-from deployments.ingress.lanes import Lane
+from deployments.ingress.lanes import Lane, ReplicaLanes
 from deployments.ingress.releases import Releases
 from deployments.ingress.stream import Stream
 from deployments.wire import NoiseSnapshot, SessionOptions
@@ -49,7 +49,7 @@ class FakeDeployment:
 class FakeReleases:
     def __init__(self, backends, dit_lane: Lane, vae_lane: Lane) -> None:
         self.failed: list[Stream] = []
-        self._real = Releases(backends, dit_lane, vae_lane, AppArgs(), None, None, None)
+        self._real = Releases(ReplicaLanes(backends, dit_lane, vae_lane, AppArgs(), None), None, None)
 
     def adopt(self, stream: Stream, replacing) -> None:
         pass
@@ -100,7 +100,7 @@ def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}, args: AppArgs
         replies = SimpleNamespace(error=lambda code, message, sid, retry=None: ErrorReply(
             code=code, message=message, session_id=sid, retry_after_s=retry))
         dit_lane, vae_lane = Lane("dit"), Lane("vae")
-        branches = Branches(b, dit_lane, vae_lane, FakeReleases(b, dit_lane, vae_lane), replies, args, log)
+        branches = Branches(ReplicaLanes(b, dit_lane, vae_lane, args, log), FakeReleases(b, dit_lane, vae_lane), replies)
         if rewind:
             return await branches.rewind(RewindRequest(session_id="A", to_chunk=at), source), source
         reply = await branches.fork(ForkRequest(session_id="A", new_session_id="B", at_chunk=at), source)
@@ -248,8 +248,8 @@ def _leave_store(dit: dict = {}, vae: dict = {}, snapshots: bool = True):
     async def go():
         b, log = _fakes(calls, logged, dit, vae)
         metrics = SimpleNamespace(count_materialised=counted.append)
-        reuse = PrefixReuse(None, "fp", "global", b, Lane("dit"), Lane("vae"), SNAPSHOTS, SimpleNamespace(fps=16), log,
-                            metrics)
+        reuse = PrefixReuse(ReplicaLanes(b, Lane("dit"), Lane("vae"), SNAPSHOTS, log), None, "fp", "global",
+                            SimpleNamespace(fps=16), metrics)
         stream = _source()
         stream.materialised = False
         if snapshots:

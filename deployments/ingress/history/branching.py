@@ -50,15 +50,12 @@ from typing import Optional
 
 from pydantic import BaseModel
 
-from deployments.config import AppArgs
 from deployments.errors import Busy, ReplicaError
-from deployments.ingress.lanes import Backends
-from deployments.ingress.lanes import Lane
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.history.rebuild import Rebuild
 from deployments.ingress.releases import Releases
 from deployments.ingress.replies import Replies
 from deployments.ingress.stream import Stream, StreamState, new_routing_key
-from deployments.log import KeyValueLog
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import ForkRequest, Forked, FrameReply, Rewound, RewindRequest
 
@@ -69,17 +66,15 @@ PLACE_RETRY_S = 0.25  # a rewind's rebuild retries a full replica this often, up
 class Branches:
     """One connection's forks and rewinds, and the forked sessions it holds besides its current one."""
 
-    def __init__(self, backends: Backends, dit_lane: Lane, vae_lane: Lane, releases: Releases, replies: Replies,
-                 args: AppArgs, log: KeyValueLog) -> None:
-        self._b = backends
-        self._dit_lane = dit_lane
-        self._vae_lane = vae_lane
+    def __init__(self, replicas: ReplicaLanes, releases: Releases, replies: Replies) -> None:
+        self._dit_lane = replicas.dit_lane
+        self._vae_lane = replicas.vae_lane
         self._releases = releases
         self._replies = replies
-        self._sessions = args.sessions
-        self._log = log
+        self._sessions = replicas.args.sessions
+        self._log = replicas.log
         self._held: dict[str, Stream] = {}  # session_id -> an open session that is not the current one
-        self._rebuild = Rebuild(backends, args, log)
+        self._rebuild = Rebuild(replicas)
 
     def switch(self, session_id: str, current: Optional[Stream]) -> Optional[Stream]:
         """The connection's current stream for a request that names `session_id`: a held one of

@@ -10,23 +10,21 @@ from __future__ import annotations
 
 from typing import Optional
 
-from deployments.config import AppArgs
 from deployments.errors import Busy, TooLarge
-from deployments.ingress.lanes import Backends
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.lane_jobs import dit_admission, reserve_dit
 from deployments.ingress.stream import Stream, new_routing_key
-from deployments.log import KeyValueLog
 from deployments.replicas.snapshots import parse_snapshot_id
 
 
 class Rebuild:
     """Per lane: `clone` on the replica that holds the source, else the journal replayed."""
 
-    def __init__(self, backends: Backends, args: AppArgs, log: KeyValueLog) -> None:
-        self._b = backends
-        self._sessions = args.sessions
-        self._log = log
-        self.snapshots = args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
+    def __init__(self, replicas: ReplicaLanes) -> None:
+        self._b = replicas.backends
+        self._sessions = replicas.args.sessions
+        self._log = replicas.log
+        self.snapshots = replicas.args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
 
     def sources(self, stream: Stream, k: int) -> tuple[Optional[str], Optional[str]]:
         """(DiT, VAE) snapshot ids of the session after k chunks, where the replicas keep

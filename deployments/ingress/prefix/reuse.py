@@ -27,15 +27,12 @@ from typing import Optional
 
 from pydantic import BaseModel
 
-from deployments.config import AppArgs
 from deployments.ingress.guards.connection_caps import UNKNOWN_CLIENT
-from deployments.ingress.lanes import Backends
-from deployments.ingress.lanes import Lane
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, namespace
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
 from deployments.ingress.history.rebuild import Rebuild
 from deployments.ingress.stream import Stream
-from deployments.log import KeyValueLog
 from deployments.wire import SessionOptions
 from protocol.messages import CameraServerConfig, FrameReply, InferRequest
 
@@ -45,21 +42,19 @@ STAGES = ("text_encode", "vae_encode", "dit", "vae_decode", "mux")
 class PrefixReuse:
     """Looks chunks up, serves the stored ones, materialises and records the others."""
 
-    def __init__(self, store: Optional[PrefixStore], fingerprint: str, scope: str, backends: Backends,
-                 dit_lane: Lane, vae_lane: Lane, args: AppArgs, handshake: CameraServerConfig,
-                 log: KeyValueLog, metrics=None) -> None:
+    def __init__(self, replicas: ReplicaLanes, store: Optional[PrefixStore], fingerprint: str, scope: str,
+                 handshake: CameraServerConfig, metrics=None) -> None:
         """`store` None: the server keeps no prefix store. `scope`: whose entries this
         connection shares (its principal, or "global"). `metrics`: a `PrefixMetrics`."""
         self._store = store
         self._fingerprint = fingerprint
         self._scope = scope
-        self._b = backends
-        self._dit_lane = dit_lane
-        self._vae_lane = vae_lane
-        self._debug_fields = args.debug_fields
-        self._rebuild = Rebuild(backends, args, log)
+        self._dit_lane = replicas.dit_lane
+        self._vae_lane = replicas.vae_lane
+        self._debug_fields = replicas.args.debug_fields
+        self._rebuild = Rebuild(replicas)
         self._fps = handshake.fps
-        self._log = log
+        self._log = replicas.log
         self._metrics = metrics
 
     def attach(self, spec: SessionOptions, req: InferRequest) -> Optional[PrefixCursor]:
