@@ -37,7 +37,7 @@ from deployments.config import AppArgs
 from deployments.ingress.history.branching import Branches
 from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
-from deployments.ingress.drive.binding import late_bound_step, preempt_running
+from deployments.ingress.drive.binding import Binding, late_bound_step, preempt_running
 from deployments.ingress.drive.driver import Driver
 from deployments.errors import ReplicaError
 from deployments.ingress.image_intake import decode_off_loop
@@ -47,14 +47,13 @@ from deployments.ingress.lane_jobs import LaneJobs
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
-from deployments.ingress.parking import new_token, token_digest
 from deployments.ingress.prefix.reuse import PrefixReuse, scope_of
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
 from deployments.ingress.history.recovery import Recovery
 from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies
-from deployments.ingress.resume import ClaimsThrottled, ResumeBook, record_sent
+from deployments.ingress.resume import ClaimsThrottled, ResumeBook
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, oversize
@@ -112,16 +111,18 @@ class Connection:
         self._releases = Releases(replicas, quota, metrics)
         self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable,
                                   clip_mode=lambda: self._raw_frames, key_id=key_id, client=client)
-        self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail)
-        self._outbox = Outbox(ws, on_sent=record_sent, on_reply=self._policy.on_reply)
-        self._branches = Branches(replicas, self._releases, self._replies)  # fork, rewind, forks held (branching.py)
+        self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
+                                token=self._resume.token)
+        self._outbox = Outbox(ws, on_sent=self._resume.record_sent, on_reply=self._policy.on_reply)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driver: Optional[Driver] = None  # the driven session's (`drive`, drive/driver.py), while it is current
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
         self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
         self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,
                                                                           self._id),
-                                   handshake, prefix_metrics)  # exact-prefix reuse (prefix/reuse.py)
+                                   handshake, prefix_metrics, token=self._resume.token)  # prefix/reuse.py
+        self._branches = Branches(replicas, self._releases, self._replies,  # fork, rewind, forks held (branching.py)
+                                  followers=(self._resume, self._prefix))
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
@@ -169,8 +170,9 @@ class Connection:
 
     async def _teardown(self) -> None:
         """The open session goes to the parking if it can (resume.py); every other is released."""
+        driven = self._driver is not None and self._driver.stream is self._stream
         self._stop_driver()  # no chunk starts after the socket's end
-        parked = self._stream if await self._resume.park(self._stream) else None
+        parked = self._stream if await self._resume.park(self._stream, driven) else None
         if parked is not None:
             self._stream = None
         await self._releases.teardown(parked, self._inflight)
@@ -209,11 +211,11 @@ class Connection:
                 if kind == "check":
                     await self._resume.check_parked(req)
                 else:
-                    self._stream, replies = await self._resume.resume(req, self._stream)
+                    self._stream, replies, driven = await self._resume.resume(req, self._stream)
                     for reply in replies:
                         self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
                     self._stop_driver()  # a driven session it replaced
-                    if self._stream.driven:  # paused until a control with keys (PROTOCOL.md, drive)
+                    if driven:  # paused until a control with keys (PROTOCOL.md, drive)
                         self._drive(self._stream)
             except ReplicaError as e:
                 self._outbox.reply_now(self._replies.error(e.code, e.message, req.session_id,
@@ -271,8 +273,7 @@ class Connection:
                 return False, False
             self._stream = self._branches.switch(session_id, self._stream)  # a forked session it holds
             if self._driver is not None and self._driver.stream is not self._stream:
-                self._driver.stream.driven = False  # no longer the current one: driven by infers from now on
-                self._stop_driver()
+                self._stop_driver()  # no longer the current one: driven by infers from now on
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
                 return False, False
@@ -281,7 +282,7 @@ class Connection:
                 if self._driver is not None:
                     self._driver.wake()
                     if self._args.controls.preempt and self._driver.stream.spec.session_id == req.session_id:
-                        preempt_running(self._b, self._driver.stream, req.keys)
+                        preempt_running(self._b, self._driver.stream, self._driver.binding, req.keys)
                 return False, False
             if isinstance(req, AckRequest):
                 self._on_ack(req)
@@ -339,10 +340,11 @@ class Connection:
     def _queue_chunk(self, stream: Stream, cams: Optional[ChunkCameras], t0: float, *,
                      client_chunk_id: Optional[int] = None, reset: bool = False, prompt_update: Optional[str] = None,
                      prefix_key: Optional[str] = None, hit: Optional[StoredChunk] = None,
-                     dit_started: Optional[Callable[[], None]] = None) -> asyncio.Task:
+                     driven: Optional[tuple[Callable[[], None], Binding]] = None) -> asyncio.Task:
         """Queue `stream`'s next chunk (quota already taken): served from the prefix store when
         `hit`, else on the lanes; its reply task. `cams` None: a driven chunk, its camera bound
-        from the keys when its DiT job starts (drive/binding.py), which then calls `dit_started`."""
+        from the keys when its DiT job starts (drive/binding.py: in `driven`'s binding), which
+        then calls `driven`'s callback."""
         max_chunks = self._args.sessions.max_chunks
         chunk_id = stream.take_chunk_id()
         camera: ChunkCameras | asyncio.Future[ChunkCameras]
@@ -356,7 +358,7 @@ class Connection:
         else:
             self._prefix.computing(stream, prefix_key, self._open_replicas)  # materialised first, if need be
             reply = self._prefix.recorded(stream, chunk_id, self._compute(
-                stream, chunk_id, camera, t0, client_chunk_id, reset, prompt_update, dit_started))
+                stream, chunk_id, camera, t0, client_chunk_id, reset, prompt_update, driven))
         task = asyncio.create_task(self._controls.annotate(reply, camera))
         stream.chunk_tasks.append(task)
         self._inflight.add(task)
@@ -369,20 +371,20 @@ class Connection:
 
     def _compute(self, stream: Stream, chunk_id: int, camera: ChunkCameras | asyncio.Future[ChunkCameras], t0: float,
                  client_chunk_id: Optional[int], reset: bool, prompt_update: Optional[str],
-                 dit_started: Optional[Callable[[], None]]) -> Awaitable[BaseModel]:
+                 driven: Optional[tuple[Callable[[], None], Binding]]) -> Awaitable[BaseModel]:
         """Queue the chunk's calls on the lanes; its reply. `camera` a future: bound late."""
         timings: dict[str, float] = {}
         context = None
         if prompt_update is not None:
             context = self._jobs.encode_later(prompt_update, stream.spec.owner)
-            stream.prompt = prompt_update
-            stream.journal.steer(chunk_id, prompt_update)  # a rewind or fork before it knows the prompt
+            stream.steer(chunk_id, prompt_update)
         y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
         if isinstance(camera, ChunkCameras):
             step = self._dit_lane.submit(partial(self._jobs.step, stream, y, camera.poses, camera.intrinsics, context))
         else:
-            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, chunk_id, y,
-                                                 camera, dit_started or (lambda: None), self._args.controls.preempt))
+            dit_started, binding = driven if driven is not None else ((lambda: None), Binding())
+            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, binding, chunk_id,
+                                                 y, camera, dit_started, self._args.controls.preempt))
         return self._replies.finish_chunk(stream, chunk_id, step, timings, client_chunk_id, reset, t0)
 
     # ---- driven sessions (`drive`, drive/driver.py) ----
@@ -399,21 +401,20 @@ class Connection:
         # after the store would have been asked for it
         infer = req.as_infer().model_copy(update={"prefix_cache": False})
         require_session_start(infer)
-        stream = self._replace(infer)  # validates, admits, releases the current one
-        stream.driven = True
-        self._drive(stream)
+        self._drive(self._replace(infer))  # validates, admits, releases the current one
 
     def _drive(self, stream: Stream) -> None:
         """Start the driver of `stream` (new, or resumed on this socket: paused until keys come)."""
         sid = stream.spec.session_id
         self._driver = Driver(stream, keys_held=lambda: self._controls.holds_keys(sid), start=self._start_driven,
-                              put_paused=self._put_paused, max_unacked=self._args.controls.max_unacked_chunks,
+                              put_paused=self._put_paused, sent_chunks=lambda: self._resume.sent_chunks(stream),
+                              max_unacked=self._args.controls.max_unacked_chunks,
                               max_chunks=self._args.sessions.max_chunks, log=self._log, opened=stream.dit_open)
 
-    def _start_driven(self, stream: Stream, dit_started: Callable[[], None]) -> asyncio.Task:
+    def _start_driven(self, stream: Stream, dit_started: Callable[[], None], binding: Binding) -> asyncio.Task:
         if self._quota is not None:
             self._quota.take_chunk()  # Busy: the driver waits
-        return self._queue_chunk(stream, None, time.perf_counter(), dit_started=dit_started)
+        return self._queue_chunk(stream, None, time.perf_counter(), driven=(dit_started, binding))
 
     def _put_paused(self, reply: Paused) -> None:
         self._outbox.reply_now(reply)
@@ -477,21 +478,15 @@ class Connection:
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)
-        if self._resume.enabled:
-            if spec.raw_frames:  # a clip session: its client's parked one of that id is replaced
-                self._resume.forget_parked_clip(spec.session_id)
-            stream.resume_token = new_token()
-            stream.resume_digest = token_digest(stream.resume_token)
-            stream.replay = self._resume.replay_ring(spec.raw_frames)
+        if self._resume.enabled and spec.raw_frames:  # a clip session: its client's parked one of that id is replaced
+            self._resume.forget_parked_clip(spec.session_id)
+        self._resume.issue(stream)  # its resume token, when sessions may outlive the socket
         self._releases.adopt(stream, replacing=self._stream)
         if self._driver is not None:
             self._stop_driver()  # the driven session is replaced
         self._stream = stream
-        stream.prefix = self._prefix.attach(spec, req)
-        if stream.prefix is None:
-            self._open_replicas(stream)
-        else:  # opened (or restored) when its first chunk that is not stored comes (prefix/reuse.py)
-            stream.materialised = False
+        if not self._prefix.attach(stream, req):  # else opened (or restored) when its first chunk that is not
+            self._open_replicas(stream)          # stored comes (prefix/reuse.py)
         h, w = spec.resolution
         self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
                                                   "resolution": f"{h}x{w}"})
@@ -502,6 +497,6 @@ class Connection:
         spec, image = stream.spec, stream.image
         h, w = spec.resolution
         key = stream.vae_key
-        stream.vae_open = self._vae_lane.submit(
-            lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w, spec.raw_frames))
-        stream.dit_open = self._dit_lane.submit(partial(self._jobs.open_dit, stream))
+        vae = self._vae_lane.submit(lambda: self._b.vae.options(session_id=key).open.remote(
+            key, image, h, w, spec.raw_frames))
+        stream.opening(vae=vae, dit=self._dit_lane.submit(partial(self._jobs.open_dit, stream)))

@@ -77,8 +77,6 @@ class ParkedSession:
     next_chunk: int  # chunks accepted; the next infer produces this chunk_id
     sent: int  # chunk replies the old socket sent (chunk ids below it)
     prompt: str  # after prompt updates
-    recoveries: int
-    text_encode_s: float
     replies: list  # FrameReply objects kept for re-sending: the last sent ones and every unsent one, in order
     token_digest: str = ""
     principal: Optional[str] = None  # API key id (auth on) or client address; a claim must match

@@ -59,13 +59,13 @@ class Releases:
     def fail(self, stream: Stream) -> None:
         if stream.fail():
             self._ended(stream)
-            stream.release = self._release_later(stream)
+            stream.released_by(self._release_later(stream))
 
     def close(self, stream: Stream) -> Optional[asyncio.Task]:
         """Close a stream; its release task (started now if it was open)."""
         if stream.close():
             self._ended(stream)
-            stream.release = self._release_later(stream)
+            stream.released_by(self._release_later(stream))
         return stream.release
 
     def retire(self, dit_key: str, vae_key: str) -> None:

@@ -304,7 +304,7 @@ def test_a_resume_from_beyond_the_chunks_sent_counts_as_the_chunks_sent():
                        poses=key_chunk_poses(None, set(), KeySteps()).astype(np.float32)) for k in range(2)]
     record = ParkedSession(spec=spec, journal=SessionJournal(np.zeros((36, 64, 3), np.uint8), 1 << 20),
                            image=np.zeros((36, 64, 3), np.uint8), key="r~k", dit_key="r~d", vae_key="r~v",
-                           next_chunk=2, sent=2, prompt="a street", recoveries=0, text_encode_s=0.0, replies=sent,
+                           next_chunk=2, sent=2, prompt="a street", replies=sent,
                            token_digest=token_digest("t" * 32), driven=True)
 
     async def go():

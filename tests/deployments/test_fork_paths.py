@@ -72,9 +72,7 @@ def _source(raw_frames: bool = False) -> Stream:
         journal.conditioned += 1
         journal.decoded += 1
     spec = SessionOptions("A", "p", "d", (16, 16), 1, None, None, (480, 832), raw_frames)
-    stream = Stream(spec, journal, journal.image)
-    stream.next_chunk = stream.sent_chunks = CHUNKS
-    return stream
+    return Stream(spec, journal, journal.image, next_chunk=CHUNKS)
 
 
 SNAPSHOTS = AppArgs(prefix_cache={"snapshot_mib": 16})
@@ -251,9 +249,9 @@ def _leave_store(dit: dict = {}, vae: dict = {}, snapshots: bool = True):
         reuse = PrefixReuse(ReplicaLanes(b, Lane("dit"), Lane("vae"), SNAPSHOTS, log), None, "fp", "global",
                             SimpleNamespace(fps=16), metrics)
         stream = _source()
-        stream.materialised = False
+        stream.served_from_store()
         if snapshots:
-            stream.inherited_snapshots = {1: ("S~1#1", "V~1#1"), 2: ("S~1#2", "V~1#2")}  # the stored chunks'
+            stream.journal.inherit_snapshots({1: ("S~1#1", "V~1#1"), 2: ("S~1#2", "V~1#2")})  # the stored chunks'
         reuse.computing(stream, None, open_new=lambda s: calls.append(("open_new",)))
         await asyncio.gather(stream.vae_open, stream.dit_open)
         await asyncio.sleep(0)  # the "leaves the prefix store" callback

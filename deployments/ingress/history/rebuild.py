@@ -12,8 +12,8 @@ from typing import Optional
 
 from deployments.errors import Busy, TooLarge
 from deployments.ingress.lanes import ReplicaLanes
-from deployments.ingress.lane_jobs import dit_admission, reserve_dit
-from deployments.ingress.stream import Stream, new_routing_key
+from deployments.ingress.lane_jobs import reserve_dit
+from deployments.ingress.stream import Stream
 from deployments.replicas.snapshots import parse_snapshot_id
 
 
@@ -48,7 +48,7 @@ class Rebuild:
             if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key):
                 paths["vae"] = _copy_path(source_key)
                 return
-            stream.vae_key = new_routing_key(stream.spec)  # the failed clone's key stays pinned there
+            stream.new_key("vae")  # the failed clone's key stays pinned there
         self.replayable(stream)
         paths["vae"] = "replay"
         key, j, (h, w) = stream.vae_key, stream.journal, stream.spec.resolution
@@ -60,7 +60,7 @@ class Rebuild:
         there like a new session), else (or when that replica cannot) admitted like a new
         session (its slot and bytes, before any work), the VAE's admission waited for, then its
         chunks replayed."""
-        admitted = dit_admission(stream)
+        admitted = stream.dit_admission()
         try:
             if source_key is not None:
                 if await self._cloned(self._b.dit, source_key, stream, "dit", stream.dit_key, stream.spec):
@@ -68,7 +68,7 @@ class Rebuild:
                     if not admitted.done():
                         admitted.set_result(None)
                     return
-                stream.dit_key = new_routing_key(stream.spec)  # the failed clone's key stays pinned there
+                stream.new_key("dit")  # the failed clone's key stays pinned there
             self.replayable(stream)
         except BaseException as e:  # busy, too_large: the fork's admission refused
             if not admitted.done():
