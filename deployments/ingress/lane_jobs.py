@@ -52,9 +52,19 @@ class LaneJobs:
 
     def __init__(self, replicas: ReplicaLanes, recovery: Rebuilds) -> None:
         self._b = replicas.backends
+        self._dit_lane = replicas.dit_lane
         self._vae_lane = replicas.vae_lane
         self._recovery = recovery
         self._log = replicas.log
+
+    def open(self, stream: Stream) -> None:
+        """Open a new session on the VAE and the DiT (admission, prompt, image): queued on the lanes."""
+        spec, image = stream.spec, stream.image
+        h, w = spec.resolution
+        key = stream.vae_key
+        vae = self._vae_lane.submit(lambda: self._b.vae.options(session_id=key).open.remote(
+            key, image, h, w, spec.raw_frames))
+        stream.opening(vae=vae, dit=self._dit_lane.submit(partial(self.open_dit, stream)))
 
     async def open_dit(self, stream: Stream) -> None:
         """DiT lane: admit the session on a DiT replica (busy, too_large), wait for the VAE's

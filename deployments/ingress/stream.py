@@ -100,6 +100,10 @@ class Stream:
         stream.opens = ReplicaOpens(_done(), _done())
         return stream
 
+    def same_image(self, image: bytes | np.ndarray) -> bool:
+        """`image` (as sent) is the session's."""
+        return image_digest(image) == self.spec.image_digest
+
     # ---- the replicas' side ----
 
     @property

@@ -250,7 +250,7 @@ def test_the_socket_end_stops_the_driver_and_releases():
     rig, steps = asyncio.run(go())
     assert rig.steps() == steps  # nothing started after the end
     assert "dit.close" in rig.log and "vae.close" in rig.log
-    assert rig.conn._driver is None
+    assert rig.conn._driving.driver is None
 
 
 class FullDiT(ClosingDeployment):
@@ -273,7 +273,7 @@ def test_a_drive_refused_for_capacity_is_answered_busy_once_and_never_paused():
             await rig.ws.wait_for(lambda sent: any(isinstance(r, ErrorReply) for r in sent))
             await asyncio.sleep(6 * DIT_S)  # whatever else would come
             sent = list(rig.ws.sent[1:])
-        return sent, rig.steps(), rig.conn._driver
+        return sent, rig.steps(), rig.conn._driving.driver
 
     for keys in ([], ["w"]):
         sent, steps, driver = asyncio.run(go(keys))
