@@ -226,3 +226,54 @@ def test_the_circle_finder_sees_a_circle_and_the_import_reader_its_arrows():
                      "def g():\n    import p.x\n")
     assert module_imports(tree, known, everywhere=False) == {"p.x", "p.y"}
     assert module_imports(tree, known, everywhere=True) == {"p", "p.x", "p.y"}
+
+
+# ---- deployments/ in floors: an import goes down or stays on its floor, never up ----
+
+# module (or package: every module under it) -> floor; the longest matching name decides
+FLOORS = {
+    # 0: what the replicas and the ingress share, and the replicas
+    "deployments": 0, "deployments.replicas": 0,
+    # 1: the ingress's leaves: guards, the socket, the journal, the parking, small helpers
+    "deployments.proxy_guard": 1, "deployments.ingress": 1,
+    # 2: a session as a connection holds it, and the calls it makes on the lanes
+    **{f"deployments.ingress.{m}": 2 for m in ("stream", "lanes", "lane_jobs", "outbox", "controls", "replies",
+                                              "releases")},
+    # 3: the parts that keep their own per-session records: recovery and branching, prefix reuse,
+    # driving, resume
+    **{f"deployments.ingress.{m}": 3 for m in ("history", "prefix", "drive", "resume")},
+    # 4: what composes them: the connection, the peers' and the videos' modes, the server
+    **{f"deployments.ingress.{m}": 4 for m in ("connection", "peers", "videos", "signposts", "server")},
+    "deployments.app": 5,
+}
+
+
+def floor_of(module: str) -> int:
+    name = module
+    while name not in FLOORS:
+        name = name.rpartition(".")[0]
+    return FLOORS[name]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} (floor {floor_of(m)}) imports {d} (floor {floor_of(d)})"
+                  for m, deps in graph.items() for d in deps if floor_of(d) > floor_of(m))
+
+
+def test_no_import_in_deployments_runs_up_a_floor():
+    """Function bodies included: a deferred import is an arrow for a reader too (issue 45:
+    stream.py imported history/journal and prefix/keys, lane_jobs.py history/recovery)."""
+    graph = graph_of(module_names(), everywhere=True, within="deployments")
+    assert upward_imports(graph) == []
+    assert floor_of("deployments.ingress.stream") == 2 and floor_of("deployments.ingress.history.journal") == 3
+    assert floor_of("deployments.ingress.journal") == 1 and floor_of("deployments.ingress.prefix.keys") == 3
+
+
+def test_no_import_circle_in_deployments_even_through_function_bodies():
+    assert circles(graph_of(module_names(), everywhere=True, within="deployments")) == []
+
+
+def test_the_floor_checker_sees_an_arrow_up():
+    assert upward_imports({"deployments.ingress.stream": {"deployments.ingress.prefix.keys"},
+                           "deployments.ingress.lane_jobs": {"deployments.ingress.lanes"}}) == [
+        "deployments.ingress.stream (floor 2) imports deployments.ingress.prefix.keys (floor 3)"]

@@ -37,33 +37,31 @@ from deployments.config import AppArgs
 from deployments.ingress.history.branching import Branches
 from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
-from deployments.ingress.drive.binding import late_bound_step, preempt_running
-from deployments.ingress.drive.driver import Driver
+from deployments.ingress.drive.binding import Binding, late_bound_step
+from deployments.ingress.drive.driving import Driving
 from deployments.errors import ReplicaError
-from deployments.ingress.image_intake import decode_off_loop
-from deployments.ingress.history.journal import SessionJournal
-from deployments.ingress.lane_jobs import Backends, LaneJobs
-from deployments.ingress.lanes import Lane
+from deployments.ingress.image_intake import FrameImage
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.lanes import Backends, Lane, ReplicaLanes
+from deployments.ingress.lane_jobs import LaneJobs
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
-from deployments.ingress.parking import new_token, token_digest
 from deployments.ingress.prefix.reuse import PrefixReuse, scope_of
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
 from deployments.ingress.history.recovery import Recovery
 from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies
-from deployments.ingress.resume import ClaimsThrottled, ResumeBook, record_sent
+from deployments.ingress.resume import ClaimsThrottled, ResumeBook
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, oversize
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.image import decode_image
 from protocol.limits import Limits
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ForkRequest, FrameReply,
-                               InferRequest, Paused, Request, ResetRequest, ResumeRequest, RewindRequest,
+                               InferRequest, Request, ResetRequest, ResumeRequest, RewindRequest,
                                require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
@@ -81,10 +79,9 @@ class Connection:
     `Replies` (frame replies, errors, notices, replies.py) and the `Outbox` they leave through
     in order (outbox.py); `Releases` (the streams the replicas may hold, freed on reset,
     failure and the socket's end, releases.py); `ResumeBook` (parking and claims, resume.py);
-    `ControlBook` (the keys held, controls.py) and, while its current session is a driven one
-    (`drive`), that session's `Driver` (drive/driver.py), which starts its chunks through
-    `_queue_chunk` as an infer does. The connection itself keeps the current stream and the
-    chunks in flight."""
+    `ControlBook` (the keys held, controls.py); `Driving` (its driven session's driver, which
+    starts chunks through `_queue_chunk` as an infer does, drive/driving.py). It keeps the
+    current stream and the chunks in flight."""
 
     def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
                  handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None,
@@ -105,27 +102,28 @@ class Connection:
         self._log = get_log("connection", conn=self._id)
         self._policy = ClientPolicy(args.connection, limits.max_message_bytes)
         self._sizes = SizeRule(tuple(args.model.bucket_sizes()), args.model.max_output_area)
-        self._dit_lane = Lane("dit")
-        self._vae_lane = Lane("vae")
-        recovery = Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics)
-        self._jobs = LaneJobs(backends, self._vae_lane, recovery, self._log)
-        self._releases = Releases(backends, self._dit_lane, self._vae_lane, args, quota, metrics, self._log)
-        self._resume = ResumeBook(backends, args, self._releases, quota, self._log, may_park=resumable,
+        replicas = ReplicaLanes(backends, Lane("dit"), Lane("vae"), args, self._log)
+        self._dit_lane, self._vae_lane = replicas.dit_lane, replicas.vae_lane
+        self._jobs = LaneJobs(replicas, Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics))
+        self._releases = Releases(replicas, quota, metrics)
+        self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable,
                                   clip_mode=lambda: self._raw_frames, key_id=key_id, client=client)
-        self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail)
-        self._outbox = Outbox(ws, on_sent=record_sent, on_reply=self._policy.on_reply)
-        self._branches = Branches(backends, self._dit_lane, self._vae_lane, self._releases, self._replies, args,
-                                  self._log)  # fork, rewind, the forked sessions held (branching.py)
+        self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
+                                token=self._resume.token)
+        self._outbox = Outbox(ws, on_sent=self._resume.record_sent, on_reply=self._policy.on_reply)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
-        self._driver: Optional[Driver] = None  # the driven session's (`drive`, drive/driver.py), while it is current
+        self._driving = Driving(args, backends, self._controls, self._log, start=self._start_driven,  # `drive`
+                                put_paused=self._outbox.reply_now, sent_chunks=self._resume.sent_chunks)
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
         self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
-        self._prefix = PrefixReuse(store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client, self._id),
-                                   backends, self._dit_lane, self._vae_lane, args, handshake, self._log,
-                                   prefix_metrics)  # exact-prefix reuse (prefix/reuse.py)
+        self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,
+                                                                          self._id),
+                                   handshake, prefix_metrics, token=self._resume.token)  # prefix/reuse.py
+        self._branches = Branches(replicas, self._releases, self._replies,  # fork, rewind, forks held (branching.py)
+                                  followers=(self._resume, self._prefix))
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
-        self._decoded: Optional[tuple[Any, Any]] = None  # (image sent, its pixels) of the frame in hand
+        self._image = FrameImage(limits)  # the pixels of the frame in hand (image_intake.py)
 
     @property
     def _raw_frames(self) -> bool:
@@ -170,8 +168,9 @@ class Connection:
 
     async def _teardown(self) -> None:
         """The open session goes to the parking if it can (resume.py); every other is released."""
-        self._stop_driver()  # no chunk starts after the socket's end
-        parked = self._stream if await self._resume.park(self._stream) else None
+        driven = self._driving.drives(self._stream)
+        self._driving.stop()  # no chunk starts after the socket's end
+        parked = self._stream if await self._resume.park(self._stream, driven) else None
         if parked is not None:
             self._stream = None
         await self._releases.teardown(parked, self._inflight)
@@ -210,12 +209,12 @@ class Connection:
                 if kind == "check":
                     await self._resume.check_parked(req)
                 else:
-                    self._stream, replies = await self._resume.resume(req, self._stream)
+                    self._stream, replies, driven = await self._resume.resume(req, self._stream)
                     for reply in replies:
                         self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
-                    self._stop_driver()  # a driven session it replaced
-                    if self._stream.driven:  # paused until a control with keys (PROTOCOL.md, drive)
-                        self._drive(self._stream)
+                    self._driving.stop()  # a driven session it replaced
+                    if driven:  # paused until a control with keys (PROTOCOL.md, drive)
+                        self._driving.start(self._stream)
             except ReplicaError as e:
                 self._outbox.reply_now(self._replies.error(e.code, e.message, req.session_id,
                                                            getattr(e, "retry_after_s", None)))
@@ -231,27 +230,20 @@ class Connection:
         if isinstance(req, (InferRequest, DriveRequest)) and req.image is not None and (
                 isinstance(req, DriveRequest) or not self._holds_image(req)):
             try:  # the pixels decode off the event loop (image_intake.py); dispatch takes them
-                self._decoded = (req.image, await decode_off_loop(req.image, self._limits))
+                await self._image.decode(req.image)
             except ProtocolError as e:
                 self._outbox.reply_now(self._replies.error(e.code, e.message, req.session_id))
                 return True, False
         try:
             return self._dispatch(req, t0)
         finally:
-            self._decoded = None
+            self._image.clear()
 
     def _holds_image(self, req: InferRequest) -> bool:
         """`req` continues the open session with its own image (nothing to decode)."""
         cur = self._stream
         return (cur is not None and cur.state is StreamState.OPEN and cur.spec.session_id == req.session_id
-                and image_digest(req.image) == cur.spec.image_digest)
-
-    def _pixels(self, image: Any) -> Any:
-        """The pixels of `image`: decoded off the loop by `_handle`, else (a caller that did
-        not) here."""
-        if self._decoded is not None and self._decoded[0] is image:
-            return self._decoded[1]
-        return decode_image(image, self._limits)
+                and cur.same_image(req.image))
 
     def _dispatch(self, req: Request, t0: float) -> tuple[bool, bool]:
         """Handle one decoded request: (refused: answered with an error, infer: an accepted infer)."""
@@ -261,7 +253,7 @@ class Connection:
                 for reply in self._resume.replay_held(req, self._stream):
                     self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
                 return False, False
-            if isinstance(req, (ForkRequest, RewindRequest)) and self._driven(session_id):
+            if isinstance(req, (ForkRequest, RewindRequest)) and self._driving.driven(self._stream, session_id):
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "a driven session (`drive`) cannot be forked or rewound; "
                                                            "reset it, or branch a session driven by infers")
             if isinstance(req, ForkRequest):
@@ -271,21 +263,16 @@ class Connection:
                 self._outbox.put(self._branches.rewind(req, self._stream))
                 return False, False
             self._stream = self._branches.switch(session_id, self._stream)  # a forked session it holds
-            if self._driver is not None and self._driver.stream is not self._stream:
-                self._driver.stream.driven = False  # no longer the current one: driven by infers from now on
-                self._stop_driver()
+            self._driving.keep_only(self._stream)  # no longer the current one: driven by infers from now on
             if isinstance(req, ResetRequest):
                 self._on_reset(req)
                 return False, False
             if isinstance(req, ControlRequest):  # no reply: the frames echo its event_id
                 self._controls.set(req)
-                if self._driver is not None:
-                    self._driver.wake()
-                    if self._args.controls.preempt and self._driver.stream.spec.session_id == req.session_id:
-                        preempt_running(self._b, self._driver.stream, req.keys)
+                self._driving.control(req)
                 return False, False
             if isinstance(req, AckRequest):
-                self._on_ack(req)
+                self._driving.ack(req, self._stream)
                 return False, True
             if isinstance(req, DriveRequest):
                 self._on_drive(req)
@@ -305,13 +292,13 @@ class Connection:
         release = None
         self._controls.forget(req.session_id)
         if cur is not None and cur.spec.session_id == req.session_id:
-            self._stop_driver()
+            self._driving.stop()
             self._stream = None
             release = self._releases.close(cur)
         self._outbox.put(asyncio.ensure_future(self._replies.reset_ok(req.session_id, release)))
 
     def _on_infer(self, req: InferRequest, t0: float) -> None:
-        if self._driven(req.session_id):
+        if self._driving.driven(self._stream, req.session_id):
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "this session is driven by the server (`drive`): send "
                                                        "`control` and `ack`, not infers; reset it to drive it by infers")
         if len(self._inflight) >= self._args.sessions.max_pending_chunks:
@@ -340,10 +327,11 @@ class Connection:
     def _queue_chunk(self, stream: Stream, cams: Optional[ChunkCameras], t0: float, *,
                      client_chunk_id: Optional[int] = None, reset: bool = False, prompt_update: Optional[str] = None,
                      prefix_key: Optional[str] = None, hit: Optional[StoredChunk] = None,
-                     dit_started: Optional[Callable[[], None]] = None) -> asyncio.Task:
+                     driven: Optional[tuple[Callable[[], None], Binding]] = None) -> asyncio.Task:
         """Queue `stream`'s next chunk (quota already taken): served from the prefix store when
         `hit`, else on the lanes; its reply task. `cams` None: a driven chunk, its camera bound
-        from the keys when its DiT job starts (drive/binding.py), which then calls `dit_started`."""
+        from the keys when its DiT job starts (drive/binding.py: in `driven`'s binding), which
+        then calls `driven`'s callback."""
         max_chunks = self._args.sessions.max_chunks
         chunk_id = stream.take_chunk_id()
         camera: ChunkCameras | asyncio.Future[ChunkCameras]
@@ -355,9 +343,9 @@ class Connection:
         if hit is not None and prefix_key is not None:
             reply = self._prefix.serve(stream, prefix_key, hit, chunk_id, prompt_update, client_chunk_id, reset, t0)
         else:
-            self._prefix.computing(stream, prefix_key, self._open_replicas)  # materialised first, if need be
+            self._prefix.computing(stream, prefix_key, self._jobs.open)  # materialised first, if need be
             reply = self._prefix.recorded(stream, chunk_id, self._compute(
-                stream, chunk_id, camera, t0, client_chunk_id, reset, prompt_update, dit_started))
+                stream, chunk_id, camera, t0, client_chunk_id, reset, prompt_update, driven))
         task = asyncio.create_task(self._controls.annotate(reply, camera))
         stream.chunk_tasks.append(task)
         self._inflight.add(task)
@@ -370,29 +358,23 @@ class Connection:
 
     def _compute(self, stream: Stream, chunk_id: int, camera: ChunkCameras | asyncio.Future[ChunkCameras], t0: float,
                  client_chunk_id: Optional[int], reset: bool, prompt_update: Optional[str],
-                 dit_started: Optional[Callable[[], None]]) -> Awaitable[BaseModel]:
+                 driven: Optional[tuple[Callable[[], None], Binding]]) -> Awaitable[BaseModel]:
         """Queue the chunk's calls on the lanes; its reply. `camera` a future: bound late."""
         timings: dict[str, float] = {}
         context = None
         if prompt_update is not None:
             context = self._jobs.encode_later(prompt_update, stream.spec.owner)
-            stream.prompt = prompt_update
-            stream.journal.steer(chunk_id, prompt_update)  # a rewind or fork before it knows the prompt
+            stream.steer(chunk_id, prompt_update)
         y = self._vae_lane.submit(partial(self._jobs.condition, stream, timings))
         if isinstance(camera, ChunkCameras):
             step = self._dit_lane.submit(partial(self._jobs.step, stream, y, camera.poses, camera.intrinsics, context))
         else:
-            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, chunk_id, y,
-                                                 camera, dit_started or (lambda: None), self._args.controls.preempt))
+            dit_started, binding = driven if driven is not None else ((lambda: None), Binding())
+            step = self._dit_lane.submit(partial(late_bound_step, self._jobs, self._controls, stream, binding, chunk_id,
+                                                 y, camera, dit_started, self._args.controls.preempt))
         return self._replies.finish_chunk(stream, chunk_id, step, timings, client_chunk_id, reset, t0)
 
-    # ---- driven sessions (`drive`, drive/driver.py) ----
-
-    def _driven(self, session_id: str) -> bool:
-        """`session_id` names the connection's open driven session."""
-        d = self._driver
-        return (d is not None and d.stream is self._stream and d.stream.state is StreamState.OPEN
-                and d.stream.spec.session_id == session_id)
+    # ---- driven sessions (`drive`, drive/driving.py) ----
 
     def _on_drive(self, req: DriveRequest) -> None:
         """Open a session the server runs (validated as a first infer; it replaces the current one)."""
@@ -400,36 +382,12 @@ class Connection:
         # after the store would have been asked for it
         infer = req.as_infer().model_copy(update={"prefix_cache": False})
         require_session_start(infer)
-        stream = self._replace(infer)  # validates, admits, releases the current one
-        stream.driven = True
-        self._drive(stream)
+        self._driving.start(self._replace(infer))  # validates, admits, releases the current one
 
-    def _drive(self, stream: Stream) -> None:
-        """Start the driver of `stream` (new, or resumed on this socket: paused until keys come)."""
-        sid = stream.spec.session_id
-        self._driver = Driver(stream, keys_held=lambda: self._controls.holds_keys(sid), start=self._start_driven,
-                              put_paused=self._put_paused, max_unacked=self._args.controls.max_unacked_chunks,
-                              max_chunks=self._args.sessions.max_chunks, log=self._log, opened=stream.dit_open)
-
-    def _start_driven(self, stream: Stream, dit_started: Callable[[], None]) -> asyncio.Task:
+    def _start_driven(self, stream: Stream, dit_started: Callable[[], None], binding: Binding) -> asyncio.Task:
         if self._quota is not None:
             self._quota.take_chunk()  # Busy: the driver waits
-        return self._queue_chunk(stream, None, time.perf_counter(), dit_started=dit_started)
-
-    def _put_paused(self, reply: Paused) -> None:
-        self._outbox.reply_now(reply)
-
-    def _on_ack(self, req: AckRequest) -> None:
-        d = self._driver
-        if d is None or d.stream is not self._stream or d.stream.spec.session_id != req.session_id:
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, "`ack` is for the connection's driven session (`drive`); "
-                                                       "this connection drives no session of that id")
-        d.ack(req)
-
-    def _stop_driver(self) -> None:
-        if self._driver is not None:
-            self._driver.stop()
-            self._driver = None
+        return self._queue_chunk(stream, None, time.perf_counter(), driven=(dit_started, binding))
 
     def _stream_for(self, req: InferRequest) -> tuple[Stream, bool]:
         """The stream this infer continues, or a new one; True when a change reset the session.
@@ -443,7 +401,7 @@ class Connection:
                                     else ErrorCode.SESSION_LOST,
                                     "`prompt_update` steers an open session; start a session with image and "
                                     "prompt first (the server does not hold this one)")
-            if (req.image is not None and image_digest(req.image) != cur.spec.image_digest) or (
+            if (req.image is not None and not cur.same_image(req.image)) or (
                     req.prompt is not None and req.prompt not in (cur.prompt, req.prompt_update)):
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "an infer with `prompt_update` continues the session: "
                                                            "leave out `image` and `prompt` (or send the session's)")
@@ -451,7 +409,7 @@ class Connection:
         if cur is not None and cur.spec.session_id == req.session_id:
             if cur.state is StreamState.OPEN:
                 changed = (req.prompt is not None and req.prompt != cur.prompt) or (
-                    req.image is not None and image_digest(req.image) != cur.spec.image_digest)
+                    req.image is not None and not cur.same_image(req.image))
                 if not changed:
                     return cur, False
                 # Implicit reset: what the infer does not repeat is the current session's.
@@ -468,41 +426,25 @@ class Connection:
         if inherit is not None and (req.image is None) != (req.prompt is None):
             prompt = req.prompt if req.prompt is not None else inherit.prompt
             image, digest = (inherit.image, inherit.spec.image_digest) if req.image is None else (
-                self._pixels(req.image), image_digest(req.image))
+                self._image.pixels(req.image), image_digest(req.image))
         else:
             require_session_start(req)
-            prompt, image, digest = req.prompt, self._pixels(req.image), image_digest(req.image)
+            prompt, image, digest = req.prompt, self._image.pixels(req.image), image_digest(req.image)
         max_area = req.max_area or parse_size(self._args.model.default_size)
         resolution = self._sizes.output(max_area, *image.shape[:2])  # buckets, bounds (ProtocolError)
         spec = session_options(req, resolution, prompt, digest, raw_frames=self._raw_frames, principal=self._principal)
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)
-        if self._resume.enabled:
-            if spec.raw_frames:  # a clip session: its client's parked one of that id is replaced
-                self._resume.forget_parked_clip(spec.session_id)
-            stream.resume_token = new_token()
-            stream.resume_digest = token_digest(stream.resume_token)
-            stream.replay = self._resume.replay_ring(spec.raw_frames)
+        if self._resume.enabled and spec.raw_frames:  # a clip session: its client's parked one of that id is replaced
+            self._resume.forget_parked_clip(spec.session_id)
+        self._resume.issue(stream)  # its resume token, when sessions may outlive the socket
         self._releases.adopt(stream, replacing=self._stream)
-        if self._driver is not None:
-            self._stop_driver()  # the driven session is replaced
+        self._driving.stop()  # a driven session is replaced
         self._stream = stream
-        stream.prefix = self._prefix.attach(spec, req)
-        if stream.prefix is None:
-            self._open_replicas(stream)
-        else:  # opened (or restored) when its first chunk that is not stored comes (prefix/reuse.py)
-            stream.materialised = False
+        if not self._prefix.attach(stream, req):  # else opened (or restored) when its first chunk that is not
+            self._jobs.open(stream)              # stored comes (prefix/reuse.py)
         h, w = spec.resolution
         self._log.info("session started", fields={"session": req.session_id, "key": stream.key,
                                                   "resolution": f"{h}x{w}"})
         return stream
-
-    def _open_replicas(self, stream: Stream) -> None:
-        """Open a new session on the VAE and the DiT (admission, prompt, image)."""
-        spec, image = stream.spec, stream.image
-        h, w = spec.resolution
-        key = stream.vae_key
-        stream.vae_open = self._vae_lane.submit(
-            lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w, spec.raw_frames))
-        stream.dit_open = self._dit_lane.submit(partial(self._jobs.open_dit, stream))

@@ -16,43 +16,55 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional, Protocol, TypeVar
 
 import numpy as np
-from ray.serve.handle import DeploymentHandle
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import ReplicaUnavailableError
 
-from deployments.ingress.guards.claim_gate import ClaimGate
-from deployments.errors import ReplicaError
-from deployments.ingress.lanes import Lane
-from deployments.log import KeyValueLog
-from deployments.ingress.history.recovery import Recovery, needs_recovery
+from deployments.errors import ReplicaError, SessionLost
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.stream import Stream, StreamState
 from deployments.wire import StepResult
 
 T = TypeVar("T")
+REPLICA_GONE = (RayActorError, ReplicaUnavailableError)  # the replica died or left mid-call
 
 
-@dataclass(frozen=True)
-class Backends:
-    """Handles of the deployments a connection calls."""
+def needs_recovery(error: BaseException) -> bool:
+    """True for the failures a rebuild can cure: the replica does not hold the session (any
+    more) or it died under the call."""
+    return isinstance(error, (SessionLost, *REPLICA_GONE))
 
-    text: DeploymentHandle
-    vae: DeploymentHandle
-    dit: DeploymentHandle
-    parking: Optional[DeploymentHandle] = None  # SessionParking (parking.py); None: sessions end with their socket
-    claims: ClaimGate = field(default_factory=ClaimGate)  # failed resume claims, per client (one per ingress replica)
+
+class Rebuilds(Protocol):
+    """What the lane jobs need of a recovery (history/recovery.py): the session made again on
+    one deployment under a new key, or `SessionLost`."""
+
+    async def dit(self, stream: Stream, cause: BaseException) -> None: ...
+
+    async def vae(self, stream: Stream, cause: BaseException) -> None: ...
 
 
 class LaneJobs:
     """The VAE and DiT lane jobs of one connection's sessions."""
 
-    def __init__(self, backends: Backends, vae_lane: Lane, recovery: Recovery, log: KeyValueLog) -> None:
-        self._b = backends
-        self._vae_lane = vae_lane
+    def __init__(self, replicas: ReplicaLanes, recovery: Rebuilds) -> None:
+        self._b = replicas.backends
+        self._dit_lane = replicas.dit_lane
+        self._vae_lane = replicas.vae_lane
         self._recovery = recovery
-        self._log = log
+        self._log = replicas.log
+
+    def open(self, stream: Stream) -> None:
+        """Open a new session on the VAE and the DiT (admission, prompt, image): queued on the lanes."""
+        spec, image = stream.spec, stream.image
+        h, w = spec.resolution
+        key = stream.vae_key
+        vae = self._vae_lane.submit(lambda: self._b.vae.options(session_id=key).open.remote(
+            key, image, h, w, spec.raw_frames))
+        stream.opening(vae=vae, dit=self._dit_lane.submit(partial(self.open_dit, stream)))
 
     async def open_dit(self, stream: Stream) -> None:
         """DiT lane: admit the session on a DiT replica (busy, too_large), wait for the VAE's
@@ -61,7 +73,7 @@ class LaneJobs:
         await reserve_dit(self._b.dit.options(session_id=key), stream)  # no text encode for a refused session
         t = time.perf_counter()
         context = await self._b.text.encode.remote(stream.spec.prompt, stream.spec.owner)  # cached per owner
-        stream.text_encode_s = time.perf_counter() - t
+        stream.journal.opened(time.perf_counter() - t)
         stream.journal.set_context(context)
         replica = await self._b.dit.options(session_id=key).open.remote(key, stream.spec, context)
         self._log.info("session opened", fields={"session": key, "dit_replica": replica})
@@ -102,7 +114,7 @@ class LaneJobs:
             if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
                 raise
             await self._recovery.dit(stream, e)
-            stream.dit_open = _done()
+            stream.reopened("dit")
             out = await step(stream.dit_key)
         stream.journal.add_chunk(poses, intrinsics, y, out.latents, out.noise, context)
         decoded = self._vae_lane.submit(partial(self.decode, stream, out.latents))
@@ -123,7 +135,7 @@ class LaneJobs:
             if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
                 raise
             await self._recovery.vae(stream, e)
-            stream.vae_open = _done()
+            stream.reopened("vae")
             return await call(stream.vae_key)
 
 
@@ -132,7 +144,7 @@ async def reserve_dit(dit: Any, stream: Stream) -> None:
     its admission future settled either way (busy, too_large re-raised), then wait for the
     VAE's admission (its refusal re-raised). A new session, a fork and a session leaving the
     prefix store all start this way."""
-    admitted = dit_admission(stream)
+    admitted = stream.dit_admission()
     try:
         await dit.reserve.remote(stream.dit_key, stream.spec)
     except Exception as e:
@@ -144,19 +156,11 @@ async def reserve_dit(dit: Any, stream: Stream) -> None:
     await stream.vae_open
 
 
-def dit_admission(stream: Stream) -> asyncio.Future:
-    """The stream's DiT admission future (made by whichever of its jobs asks first)."""
-    if stream.dit_admitted is None:
-        stream.dit_admitted = asyncio.get_running_loop().create_future()
-        stream.dit_admitted.add_done_callback(_retrieved)
-    return stream.dit_admitted
-
-
 async def _dit_admitted(stream: Stream) -> None:
     """Until the DiT admitted the stream; its refusal (busy, too_large) re-raised. A stream not
     opened by `open_dit` (resumed, rebuilt) ends the wait with its `dit_open`; a failure of
     another kind (a replica died) is left to the step, which rebuilds the session."""
-    admitted, opened = dit_admission(stream), stream.dit_open
+    admitted, opened = stream.dit_admission(), stream.dit_open
     if opened is not None:
         opened.add_done_callback(_retrieved)  # a refusal reaches the client through the condition
     if not admitted.done() and opened is not None:
@@ -174,10 +178,3 @@ def _retrieved(fut: asyncio.Future) -> None:
     """Mark a future's exception as seen (asyncio logs unseen ones when they are collected)."""
     if not fut.cancelled():
         fut.exception()
-
-
-def _done() -> asyncio.Future:
-    """A resolved future: the open that a rebuild superseded."""
-    fut = asyncio.get_running_loop().create_future()
-    fut.set_result(None)
-    return fut

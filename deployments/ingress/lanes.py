@@ -1,4 +1,5 @@
-"""Lane: a serial FIFO of calls from one connection to one deployment.
+"""Lane: a serial FIFO of calls from one connection to one deployment; `ReplicaLanes`: the
+handles, lanes, args and log a connection's parts share to reach its replicas.
 
 Every call a connection makes to a deployment goes through that deployment's lane: at most
 one in flight, in submission order. The order is fixed when `submit` is called
@@ -21,7 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
+
+from ray.serve.handle import DeploymentHandle
+
+from deployments.config import AppArgs
+from deployments.ingress.guards.claim_gate import ClaimGate
+from deployments.log import KeyValueLog
 
 T = TypeVar("T")
 
@@ -94,3 +102,28 @@ class Lane:
 def _cancelling() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Handles of the deployments a connection calls."""
+
+    text: DeploymentHandle
+    vae: DeploymentHandle
+    dit: DeploymentHandle
+    parking: Optional[DeploymentHandle] = None  # SessionParking (parking.py); None: sessions end with their socket
+    claims: ClaimGate = field(default_factory=ClaimGate)  # failed resume claims, per client (one per ingress replica)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLanes:
+    """How one connection's parts reach its sessions' replicas: the deployments' handles, the
+    connection's two lanes to them, the app's args and the connection's log. Made once per
+    connection (connection.py) and handed to each part that opens, rebuilds or frees sessions
+    (releases, branching, prefix reuse, resume, rebuild, the lane jobs)."""
+
+    backends: Backends
+    dit_lane: Lane
+    vae_lane: Lane
+    args: AppArgs
+    log: KeyValueLog

@@ -39,7 +39,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import SessionArgs
 from deployments.errors import ReplicaError, SessionLost, Unauthorized
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.log import get_log, log_routine_access_at_debug
 from deployments.wire import SessionOptions
 from protocol.errors import ErrorCode
@@ -77,8 +77,6 @@ class ParkedSession:
     next_chunk: int  # chunks accepted; the next infer produces this chunk_id
     sent: int  # chunk replies the old socket sent (chunk ids below it)
     prompt: str  # after prompt updates
-    recoveries: int
-    text_encode_s: float
     replies: list  # FrameReply objects kept for re-sending: the last sent ones and every unsent one, in order
     token_digest: str = ""
     principal: Optional[str] = None  # API key id (auth on) or client address; a claim must match

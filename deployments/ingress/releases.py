@@ -19,11 +19,8 @@ from typing import Optional
 
 from ray.serve.handle import DeploymentHandle
 
-from deployments.config import AppArgs
 from deployments.ingress.detached import detach, settle
-from deployments.ingress.lane_jobs import Backends
-from deployments.ingress.lanes import Lane
-from deployments.log import KeyValueLog
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.stream import Stream, StreamState
@@ -35,15 +32,14 @@ PARKING_CLOSE_MARGIN_S = 1.0  # after its grace, a parked session's close: the p
 class Releases:
     """Frees streams on the replicas."""
 
-    def __init__(self, backends: Backends, dit_lane: Lane, vae_lane: Lane, args: AppArgs, quota: Optional[KeyQuota],
-                 metrics: IngressMetrics, log: KeyValueLog) -> None:
-        self._b = backends
-        self._dit_lane = dit_lane
-        self._vae_lane = vae_lane
-        self._args = args
+    def __init__(self, replicas: ReplicaLanes, quota: Optional[KeyQuota], metrics: IngressMetrics) -> None:
+        self._b = replicas.backends
+        self._dit_lane = replicas.dit_lane
+        self._vae_lane = replicas.vae_lane
+        self._args = replicas.args
         self._quota = quota
         self._metrics = metrics
-        self._log = log
+        self._log = replicas.log
         self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
         # keys of past incarnations of live streams (a rewind's old keys), tagged "dit:<key>" /
         # "vae:<key>", until their close is answered: the socket's end closes what is left here
@@ -63,13 +59,13 @@ class Releases:
     def fail(self, stream: Stream) -> None:
         if stream.fail():
             self._ended(stream)
-            stream.release = self._release_later(stream)
+            stream.released_by(self._release_later(stream))
 
     def close(self, stream: Stream) -> Optional[asyncio.Task]:
         """Close a stream; its release task (started now if it was open)."""
         if stream.close():
             self._ended(stream)
-            stream.release = self._release_later(stream)
+            stream.released_by(self._release_later(stream))
         return stream.release
 
     def retire(self, dit_key: str, vae_key: str) -> None:

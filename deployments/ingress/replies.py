@@ -24,13 +24,16 @@ class Replies:
     """Builds the replies of one connection."""
 
     def __init__(self, args: AppArgs, handshake: CameraServerConfig, metrics: IngressMetrics, log: KeyValueLog,
-                 lost: Callable[[Stream], None]) -> None:
+                 lost: Callable[[Stream], None], token: Callable[[Stream], Optional[str]]) -> None:
+        """`lost`: a stream's chunk failed (it is released); `token`: a stream's resume token,
+        which its chunk-0 reply carries (resume.py)."""
         self._max_chunks = args.sessions.max_chunks
         self._debug_fields = args.debug_fields
         self._fps = handshake.fps
         self._metrics = metrics
         self._log = log
         self._lost = lost
+        self._token = token
 
     def session_limit(self, stream: Stream, chunks_left: int) -> ErrorReply:
         n = self._max_chunks
@@ -63,7 +66,7 @@ class Replies:
             return self.error(ErrorCode.SESSION_LOST, f"the server lost this session ({type(e).__name__}); "
                                                        "send image and prompt to start again", sid)
         durations = {
-            "text_encode": stream.text_encode_s if chunk_id == 0 else 0.0,
+            "text_encode": stream.journal.text_encode_s if chunk_id == 0 else 0.0,
             "vae_encode": timings["vae_encode"],
             "dit": out.dit_s,
             "vae_decode": dec["timings"]["vae_decode"],
@@ -74,12 +77,12 @@ class Replies:
         self._metrics.observe_chunk(durations)
         debug = None
         if self._debug_fields:
-            debug = {"dit_replica": out.replica, "vae_replica": dec["replica"], "recoveries": stream.recoveries}
+            debug = {"dit_replica": out.replica, "vae_replica": dec["replica"], "recoveries": stream.journal.recoveries}
         return FrameReply(
             session_id=sid, chunk_id=chunk_id, video=dec["video"], num_frames=dec["num_frames"],
             resolution=stream.spec.resolution, fps=self._fps, stage_durations=durations,
             client_chunk_id=client_chunk_id, reset=reset, mime_type=dec["mime_type"], debug=debug,
-            resume_token=stream.resume_token if chunk_id == 0 else None,
+            resume_token=self._token(stream) if chunk_id == 0 else None,
         )
 
     async def reset_ok(self, session_id: str, release: Optional[asyncio.Task]) -> ResetOk:

@@ -1,6 +1,6 @@
 """Resume: a `Connection`'s side of sessions that outlive their socket (parking.py).
 
-* A session's first frame reply carries its `resume_token` (`Stream.resume_token`, issued when
+* A session's first frame reply carries its `resume_token` (`ResumeBook.token`, issued when
   the stream opens and `sessions.resume_grace_s` > 0).
 * When the socket ends, `park` hands the open session to the parking instead of
   closing it: announced at once (a quick reconnect waits for it), then, once the chunks in
@@ -17,23 +17,26 @@
 
 `ResumeBook` is told the connection's current stream with each call and returns the stream a
 claim makes current; the sessions it adopts and the ones they replace go through `Releases`.
+It keeps, per stream, what a resume needs (`Delivery`: the token, what was sent, the replies
+kept to send again); only it writes that record (the send loop tells it what was sent, a fork
+or a rewind what they took back).
 """
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Optional
 
 from pydantic import BaseModel
 
 from camera import CHUNK_LATENT_FRAMES
-from deployments.config import AppArgs
 from deployments.ingress.detached import detach, settle
 from deployments.errors import Busy, Unauthorized
-from deployments.ingress.lane_jobs import Backends, _done
-from deployments.log import KeyValueLog
-from deployments.ingress.parking import ClaimRefused, ParkedSession, token_digest
+from deployments.ingress.lanes import ReplicaLanes
+from deployments.ingress.parking import ClaimRefused, ParkedSession, new_token, token_digest
 from deployments.ingress.guards.quotas import KeyQuota
 from deployments.ingress.releases import Releases
 from deployments.ingress.stream import Stream, StreamState
@@ -49,26 +52,84 @@ class ClaimsThrottled(Busy):
     """This client's resume claims failed too often: not made (claim_gate.py)."""
 
 
+@dataclass(slots=True)
+class Delivery:
+    """What one stream's client was sent, and what a resume of it needs."""
+
+    token: Optional[str] = None  # the chunk-0 reply's resume token (None: not resumable, or resumed here)
+    digest: Optional[str] = None  # the token's digest: the parking's key
+    token_delivered: bool = False  # the client has the token
+    sent: int = 0  # chunk replies sent on this socket (chunk ids below it)
+    replay: deque = field(default_factory=lambda: deque(maxlen=0))  # the last sent FrameReplies, to send again
+    pending: deque = field(default_factory=deque)  # replies a resume sends again, not yet sent
+
+
 class ResumeBook:
     """Parks the open session when the socket ends; resumes parked ones."""
 
-    def __init__(self, backends: Backends, args: AppArgs, releases: Releases, quota: Optional[KeyQuota],
-                 log: KeyValueLog, *, may_park: bool, clip_mode: Callable[[], bool], key_id: Optional[str],
+    def __init__(self, replicas: ReplicaLanes, releases: Releases, quota: Optional[KeyQuota], *, may_park: bool, clip_mode: Callable[[], bool], key_id: Optional[str],
                  client: Optional[str]) -> None:
         """`may_park`: a WebSocket's connection (not an offline video's); `clip_mode`: whether the
         socket is a peer client's in clip mode, asked when needed (a peer transport chooses its
         mode with its first request, after this book is made); `key_id`, `client`: its API key id
         (auth on) and address."""
-        self._parking = backends.parking
-        self._claims = backends.claims
-        self._sessions = args.sessions
+        self._parking = replicas.backends.parking
+        self._claims = replicas.backends.claims
+        self._sessions = replicas.args.sessions
         self._releases = releases
         self._quota = quota
-        self._log = log
+        self._log = replicas.log
         self._may_park = may_park
         self._clip_mode = clip_mode
         self._key_id = key_id
         self._client = client
+        self._deliveries: weakref.WeakKeyDictionary[Stream, Delivery] = weakref.WeakKeyDictionary()
+
+    def _of(self, stream: Stream) -> Delivery:
+        d = self._deliveries.get(stream)
+        if d is None:
+            d = self._deliveries[stream] = Delivery()
+        return d
+
+    # ---- a stream's record ----
+
+    def issue(self, stream: Stream) -> None:
+        """A new session: its resume token, when this connection's sessions may outlive it."""
+        if self.enabled:
+            token = new_token()
+            self._deliveries[stream] = Delivery(token, token_digest(token),
+                                                replay=self.replay_ring(stream.spec.raw_frames))
+
+    def token(self, stream: Stream) -> Optional[str]:
+        """The resume token its chunk-0 reply carries (None: none)."""
+        d = self._deliveries.get(stream)
+        return None if d is None else d.token
+
+    def sent_chunks(self, stream: Stream) -> int:
+        """Chunk replies of `stream` sent on this socket (a resumed one: those its client has)."""
+        d = self._deliveries.get(stream)
+        return 0 if d is None else d.sent
+
+    def record_sent(self, stream: Stream, reply: FrameReply) -> None:
+        """The send loop sent a frame reply of `stream` (what a park keeps, see the module doc)."""
+        d = self._of(stream)
+        d.sent = max(d.sent, reply.chunk_id + 1)
+        d.replay.append(reply)
+        if d.pending and d.pending[0] is reply:
+            d.pending.popleft()
+        if reply.resume_token is not None:
+            d.token_delivered = True
+
+    def forked(self, new: Stream, source: Stream, k: int) -> None:
+        """`new` is `source` after k chunks (branching.py): its client has them; no token."""
+        self._deliveries[new] = Delivery(sent=k)
+
+    def rewound(self, stream: Stream, k: int) -> None:
+        """`stream` was taken back to k chunks (branching.py): nothing of later chunks is kept."""
+        d = self._of(stream)
+        d.sent = min(d.sent, k)
+        d.replay = deque((r for r in d.replay if r.chunk_id < k), maxlen=d.replay.maxlen)
+        d.pending = deque(r for r in d.pending if r.chunk_id < k)
 
     @property
     def clip_mode(self) -> bool:
@@ -93,13 +154,15 @@ class ResumeBook:
 
     # ---- the socket ended ----
 
-    async def park(self, s: Optional[Stream]) -> bool:
-        """Park the connection's open session `s` (see the module doc); True when parked (the
-        parking holds it now: its connection releases nothing of it)."""
-        if not (self.enabled and s is not None and s.state is StreamState.OPEN and s.resume_digest
-                and s.token_delivered):  # a client that never got chunk 0 has no token
+    async def park(self, s: Optional[Stream], driven: bool = False) -> bool:
+        """Park the connection's open session `s` (see the module doc; `driven`: the server
+        drives it, drive/); True when parked (the parking holds it now: its connection releases
+        nothing of it)."""
+        d = None if s is None else self._deliveries.get(s)
+        if not (self.enabled and s is not None and d is not None and s.state is StreamState.OPEN and d.digest
+                and d.token_delivered):  # a client that never got chunk 0 has no token
             return False
-        digest, clip = s.resume_digest, s.spec.raw_frames
+        digest, clip = d.digest, s.spec.raw_frames
         parking = self._parking
         if not await self._call(parking.reserve.remote(digest, s.spec.session_id, self._principal(clip), clip,
                                                       self._owner)):
@@ -115,21 +178,21 @@ class ResumeBook:
                 "errors": [getattr(r, "code", None) for r in replies if not isinstance(r, FrameReply)]})
             await self._call(parking.unreserve.remote(digest))
             return False
-        unsent = [*s.pending_replays, *(r for r in replies if r.chunk_id >= s.sent_chunks)]
+        unsent = [*d.pending, *(r for r in replies if r.chunk_id >= d.sent)]
         total = s.spec.total_latent_frames
         ended = s.next_chunk >= self._sessions.max_chunks or (
             total is not None and s.next_chunk >= total // CHUNK_LATENT_FRAMES)
         record = ParkedSession(
             spec=s.spec, journal=s.journal, image=s.image, key=s.key, dit_key=s.dit_key, vae_key=s.vae_key,
-            next_chunk=s.next_chunk, sent=s.sent_chunks, prompt=s.prompt, recoveries=s.recoveries,
-            text_encode_s=s.text_encode_s, replies=[*s.replay, *unsent], token_digest=digest,
-            principal=self._principal(clip), clip=clip, driven=s.driven)
+            next_chunk=s.next_chunk, sent=d.sent, prompt=s.prompt, replies=[*d.replay, *unsent], token_digest=digest,
+            principal=self._principal(clip), clip=clip, driven=driven)
         if not await self._call(parking.park.remote(record)):
             return False
         if ended:  # no chunk is left to make: its replicas free it now, the parking keeps its replies
             self._log.info("ended session parked for its replies", fields={"session": s.key})
             return False
-        s.state = StreamState.CLOSED  # the parking holds it now: this connection releases nothing of it
+        if s.state is not StreamState.CLOSED:
+            s.close()  # the parking holds it now: this connection releases nothing of it
         self._log.info("session parked", fields={"session": s.key, "chunks": s.next_chunk,
                                                  "unsent": len(unsent), "grace_s": self._sessions.resume_grace_s})
         return True
@@ -164,9 +227,9 @@ class ResumeBook:
             return "check"
         return None
 
-    async def resume(self, req: Request, cur: Optional[Stream]) -> tuple[Stream, list[BaseModel]]:
+    async def resume(self, req: Request, cur: Optional[Stream]) -> tuple[Stream, list[BaseModel], bool]:
         """Claim the parked session `req` names and make it this connection's in place of `cur`;
-        the stream and the replies to send again (in order). Raises ReplicaError
+        the stream, the replies to send again (in order) and whether the server drives it. Raises ReplicaError
         (unauthorized, session_lost, busy)."""
         clip = req.resume_token == CLIP_RESUME and self.clip_mode
         token = None if clip else req.resume_token
@@ -184,11 +247,11 @@ class ResumeBook:
             self._log.warning("resume: replies no longer kept", fields={"session": stream.key, "chunks": missing})
         self._log.info("session resumed", fields={"session": stream.key, "chunks": record.next_chunk,
                                                   "replayed": len(replay)})
-        stream.pending_replays.extend(replay)  # parked with the session if the socket drops before they are sent
+        self._of(stream).pending.extend(replay)  # parked with the session if the socket drops before they are sent
         out: list[BaseModel] = list(replay)
         if isinstance(req, ResumeRequest):
             out.append(ResumeOk(session_id=req.session_id, next_chunk_id=record.next_chunk, replayed=len(replay)))
-        return stream, out
+        return stream, out, record.driven
 
     async def _claim(self, session_id: str, token: Optional[str], principal: Optional[str],
                      clip: bool) -> ParkedSession:
@@ -221,10 +284,11 @@ class ResumeBook:
         if not self.enabled:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "this server does not resume sessions (the handshake has no "
                                                        "`resume_grace_s`): sessions end with their connection")
-        if s is None or s.resume_digest is None or token_digest(req.resume_token) != s.resume_digest:
+        d = None if s is None else self._deliveries.get(s)
+        if d is None or d.digest is None or token_digest(req.resume_token) != d.digest:
             raise Unauthorized(f"the resume token is not session {req.session_id!r}'s")
-        start = s.sent_chunks if req.resume_from is None else req.resume_from
-        replay = [r for r in s.replay if r.chunk_id >= start]
+        start = d.sent if req.resume_from is None else req.resume_from
+        replay = [r for r in d.replay if r.chunk_id >= start]
         return [*replay, ResumeOk(session_id=req.session_id, next_chunk_id=s.next_chunk, replayed=len(replay))]
 
     async def check_parked(self, req: InferRequest) -> None:
@@ -237,17 +301,12 @@ class ResumeBook:
     def _install(self, record: ParkedSession, sent: int, cur: Optional[Stream]) -> Stream:
         """A stream from a parked session, to be this connection's current one in place of
         `cur`; `sent`: the chunk replies its client has."""
-        stream = Stream(record.spec, record.journal, record.image)
-        stream.key, stream.dit_key, stream.vae_key = record.key, record.dit_key, record.vae_key
-        stream.next_chunk, stream.sent_chunks, stream.prompt = record.next_chunk, sent, record.prompt
-        stream.recoveries, stream.text_encode_s = record.recoveries, record.text_encode_s
-        stream.driven = record.driven
-        stream.resume_digest = record.token_digest  # dropped again: parked under the same token
-        stream.token_delivered = True  # the client sent it
-        stream.replay = self.replay_ring(record.spec.raw_frames)
-        stream.replay.extend(r for r in record.replies if r.chunk_id < record.sent)
-        stream.dit_open = _done()
-        stream.vae_open = _done()
+        stream = Stream.resumed(record.spec, record.journal, record.image, (record.key, record.dit_key, record.vae_key),
+                                record.next_chunk, record.prompt)
+        d = self._deliveries[stream] = Delivery(  # parked again under the same token
+            digest=record.token_digest, token_delivered=True, sent=sent,  # the client sent it
+            replay=self.replay_ring(record.spec.raw_frames))
+        d.replay.extend(r for r in record.replies if r.chunk_id < record.sent)
         self._releases.adopt(stream, replacing=cur)
         return stream
 
@@ -260,12 +319,3 @@ def _open_key(cur: Optional[Stream]) -> Optional[str]:
     """The key of the connection's open session (a new or resumed one replaces it)."""
     return cur.key if cur is not None and cur.state is StreamState.OPEN else None
 
-
-def record_sent(stream: Stream, reply: FrameReply) -> None:
-    """The send loop sent a frame reply of `stream` (what a park keeps, see the module doc)."""
-    stream.sent_chunks = max(stream.sent_chunks, reply.chunk_id + 1)
-    stream.replay.append(reply)
-    if stream.pending_replays and stream.pending_replays[0] is reply:
-        stream.pending_replays.popleft()
-    if reply.resume_token is not None:
-        stream.token_delivered = True

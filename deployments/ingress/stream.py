@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Optional
@@ -19,12 +18,11 @@ from typing import Optional
 import numpy as np
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION, planned_latent_frames
-from deployments.ingress.history.journal import SessionJournal
-from deployments.ingress.prefix.keys import PrefixCursor
+from deployments.ingress.journal import SessionJournal
 from deployments.replicas.snapshots import snapshot_id
 from deployments.wire import SessionOptions, owner_tag, routing_key
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import InferRequest
+from protocol.messages import FrameReply, InferRequest
 
 DEFAULT_SEED = 42  # the reference's base_seed
 
@@ -57,65 +55,134 @@ def image_digest(image: bytes | np.ndarray) -> str:
 
 
 @dataclass(slots=True)
-class BoundChunk:
-    """A driven chunk on the DiT, bound to the keys held when it started (drive/binding.py)."""
+class ReplicaOpens:
+    """The opens of a stream's session on the replicas: each lane's (None: nothing to wait for)
+    and the DiT's admission, ahead of any work (lane_jobs.py; made by whichever job asks first)."""
 
-    chunk_id: int
-    keys: tuple[str, ...]
-    preemptible: bool  # it may be given up for newer keys (once: a chunk made again is not)
-    asked: bool = False  # its preempt was sent
+    dit: Optional[asyncio.Future] = None  # result of the DiT open (carries busy)
+    vae: Optional[asyncio.Future] = None
+    admitted: Optional[asyncio.Future] = None
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Stream:
-    """One session incarnation on one connection."""
+    """One session incarnation on one connection: its identity (options, routing keys), its
+    lifecycle (state, the opens on the replicas, the chunks in flight), `next_chunk`, the prompt
+    it attends to and its journal. Only this module assigns its fields; the parts that keep
+    more per session (resume.py, prefix/reuse.py, drive/) keep it in their own records, keyed
+    by the stream (weakly: a record ends with its stream)."""
 
     spec: SessionOptions
     journal: SessionJournal
     image: np.ndarray  # RGB uint8 [H0, W0, 3]: an implicit reset that changes only the prompt reuses it
+    next_chunk: int = 0
+    prompt: Optional[str] = None  # the prompt the session attends to now (None: the spec's, after prompt updates)
     key: str = field(init=False)  # the stream's identity on the connection (its first routing key)
     dit_key: str = field(init=False)  # the session's routing key on the DiT deployment (new after a recovery)
     vae_key: str = field(init=False)  # ... and on the VAE deployment
-    state: StreamState = StreamState.OPEN
-    next_chunk: int = 0
-    chunk_tasks: list[asyncio.Task] = field(default_factory=list)
-    dit_open: Optional[asyncio.Future] = None  # result of the DiT open (carries busy)
-    dit_admitted: Optional[asyncio.Future] = None  # the DiT's admission, ahead of any work (lane_jobs.py)
-    vae_open: Optional[asyncio.Future] = None
-    text_encode_s: float = 0.0
-    recoveries: int = 0  # times the session was rebuilt on another replica
-    driven: bool = False  # opened by `drive`: the server starts its chunks (drive/driver.py), not infers
-    bound: Optional[BoundChunk] = None  # its driven chunk the DiT runs now, bound to the keys (drive/binding.py)
-    release: Optional[asyncio.Task] = None  # frees the replicas' state once the stream ended
-    prompt: str = field(init=False)  # the prompt the session attends to now (after prompt updates)
-    # Resume (resume.py): the token its chunk-0 reply carries (None when the server does not
-    # resume sessions, and on a stream resumed from the parking), its digest (the parking's
-    # key), whether the client has it
-    resume_token: Optional[str] = None
-    resume_digest: Optional[str] = None
-    token_delivered: bool = False
-    sent_chunks: int = 0  # chunk replies sent on this socket (chunk ids below it)
-    replay: deque = field(default_factory=lambda: deque(maxlen=0))  # the last sent FrameReplies, kept to send again
-    pending_replays: deque = field(default_factory=deque)  # replies a resume sends again, not yet sent
-    # The prefix store (deployments/ingress/prefix/): the session's path through it (None: it
-    # neither reads nor writes it), and whether the replicas hold it (opened, restored). A
-    # session served from the store is materialised when its first chunk is not stored.
-    prefix: Optional[PrefixCursor] = None
-    materialised: bool = True
-    # Where the replicas may keep the session's state after k chunks (deployments/replicas/
-    # snapshots.py) when that state is not its own keys' (`snapshot_ids`): k -> (DiT snapshot id,
-    # VAE snapshot id) of the session it was served from (the prefix store) or copied from (a
-    # fork, a rewind). Filled only when the server keeps snapshots.
-    inherited_snapshots: dict[int, tuple[str, str]] = field(default_factory=dict)
+    state: StreamState = field(init=False, default=StreamState.OPEN)
+    chunk_tasks: list[asyncio.Task] = field(init=False, default_factory=list)
+    # None while no replica holds the session (the prefix store served it so far: `materialised`)
+    opens: Optional[ReplicaOpens] = field(init=False, default_factory=ReplicaOpens)
+    release: Optional[asyncio.Task] = field(init=False, default=None)  # frees the replicas' state once it ended
 
     def __post_init__(self) -> None:
         self.key = self.dit_key = self.vae_key = new_routing_key(self.spec)
-        self.prompt = self.spec.prompt
+        if self.prompt is None:
+            self.prompt = self.spec.prompt
+
+    @classmethod
+    def resumed(cls, spec: SessionOptions, journal: SessionJournal, image: np.ndarray, keys: tuple[str, str, str],
+                next_chunk: int, prompt: str) -> "Stream":
+        """A parked session's stream (resume.py): its keys (identity, DiT, VAE), opened already."""
+        stream = cls(spec, journal, image, next_chunk, prompt)
+        stream.key, stream.dit_key, stream.vae_key = keys
+        stream.opens = ReplicaOpens(_done(), _done())
+        return stream
+
+    def same_image(self, image: bytes | np.ndarray) -> bool:
+        """`image` (as sent) is the session's."""
+        return image_digest(image) == self.spec.image_digest
+
+    # ---- the replicas' side ----
+
+    @property
+    def materialised(self) -> bool:
+        """The replicas hold (or are opening) the session; False while the prefix store served it."""
+        return self.opens is not None
+
+    @property
+    def dit_open(self) -> Optional[asyncio.Future]:
+        return None if self.opens is None else self.opens.dit
+
+    @property
+    def vae_open(self) -> Optional[asyncio.Future]:
+        return None if self.opens is None else self.opens.vae
+
+    @property
+    def dit_admitted(self) -> Optional[asyncio.Future]:
+        return None if self.opens is None else self.opens.admitted
+
+    def served_from_store(self) -> None:
+        """No replica holds the session yet: the prefix store serves it (prefix/reuse.py)."""
+        self.opens = None
+
+    def opening(self, vae: asyncio.Future, dit: asyncio.Future) -> None:
+        """The session is being opened (or made again) on the replicas by these lane jobs; the
+        DiT's admission, once given, stays."""
+        admitted = None if self.opens is None else self.opens.admitted
+        self.opens = ReplicaOpens(dit, vae, admitted)
+
+    def reopened(self, lane: str) -> None:
+        """A rebuild (recovery.py) made the session again on `lane` ("dit" / "vae"): its open
+        there is superseded."""
+        assert self.opens is not None, "a rebuild of a session no replica holds"
+        if lane == "dit":
+            self.opens.dit = _done()
+        else:
+            self.opens.vae = _done()
+
+    def dit_admission(self) -> asyncio.Future:
+        """The DiT's admission future (made by whichever of the stream's jobs asks first)."""
+        assert self.opens is not None, "admission of a session no replica holds"
+        if self.opens.admitted is None:
+            self.opens.admitted = asyncio.get_running_loop().create_future()
+            self.opens.admitted.add_done_callback(_retrieved)
+        return self.opens.admitted
+
+    def new_key(self, lane: str) -> str:
+        """A fresh routing key on `lane` ("dit" / "vae"): the session is made again there (a
+        rebuild, a copy that failed: the old key stays pinned where it was)."""
+        key = new_routing_key(self.spec)
+        if lane == "dit":
+            self.dit_key = key
+        else:
+            self.vae_key = key
+        return key
+
+    # ---- its chunks ----
+
+    def steer(self, chunk_id: int, prompt: str) -> None:
+        """Chunk `chunk_id` and the later ones attend to `prompt` (a prompt update)."""
+        self.prompt = prompt
+        self.journal.steer(chunk_id, prompt)  # a rewind or fork before it knows the prompt
+
+    def rewind_to(self, k: int) -> tuple[str, str]:
+        """The stream becomes its state after k chunks under new routing keys (branching.py: no
+        chunk in flight); the old (DiT, VAE) keys."""
+        self.journal.truncate(k)
+        self.next_chunk = k
+        self.prompt = self.journal.prompt_after(k, self.spec.prompt)
+        self.chunk_tasks = [t for t in self.chunk_tasks  # all done (no chunk in flight)
+                            if isinstance(t.result(), FrameReply) and t.result().chunk_id < k]
+        old = self.dit_key, self.vae_key
+        self.dit_key, self.vae_key = new_routing_key(self.spec), new_routing_key(self.spec)
+        return old
 
     def snapshot_ids(self, chunks: int) -> tuple[str, str]:
-        """(DiT, VAE) snapshot ids of the session's state after `chunks` chunks: inherited, else
-        its own keys' (a replica that keeps none of them answers `NoSnapshot`)."""
-        inherited = self.inherited_snapshots.get(chunks)
+        """(DiT, VAE) snapshot ids of the session's state after `chunks` chunks: inherited (the
+        journal's), else its own keys' (a replica that keeps none of them answers `NoSnapshot`)."""
+        inherited = self.journal.snapshots.get(chunks)
         if inherited is not None:
             return inherited
         return snapshot_id(self.dit_key, chunks), snapshot_id(self.vae_key, chunks)
@@ -123,7 +190,9 @@ class Stream:
     def inherit_snapshots(self, source: "Stream", chunks: int) -> None:
         """This session's first `chunks` chunks are `source`'s (a copy, a rewind's new keys): so
         are their snapshots."""
-        self.inherited_snapshots = {k: source.snapshot_ids(k) for k in range(1, chunks + 1)}
+        self.journal.inherit_snapshots({k: source.snapshot_ids(k) for k in range(1, chunks + 1)})
+
+    # ---- lifecycle ----
 
     def take_chunk_id(self) -> int:
         if self.state is not StreamState.OPEN:
@@ -145,6 +214,24 @@ class Stream:
         was_open = self.state is StreamState.OPEN
         self.state = StreamState.CLOSED
         return was_open
+
+    def released_by(self, task: asyncio.Task) -> asyncio.Task:
+        """The task that frees the ended stream on the replicas (releases.py)."""
+        self.release = task
+        return task
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    """Mark a future's exception as seen (asyncio logs unseen ones when they are collected)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _done() -> asyncio.Future:
+    """A resolved future: an open that is over (a resumed session's, one a rebuild superseded)."""
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut
 
 
 def session_options(req: InferRequest, resolution: tuple[int, int], prompt: str, digest: str,

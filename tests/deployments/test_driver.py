@@ -18,7 +18,7 @@ from deployments.config import AppArgs
 from deployments.errors import Busy, Preempted
 from deployments.wire import NoiseSnapshot, StepResult
 from deployments.ingress.connection import Backends, Connection
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.ingress.parking import ParkedSession, token_digest
 from deployments.wire import SessionOptions
 from protocol import encode_ack, encode_control, encode_drive, encode_infer, encode_resume
@@ -250,7 +250,7 @@ def test_the_socket_end_stops_the_driver_and_releases():
     rig, steps = asyncio.run(go())
     assert rig.steps() == steps  # nothing started after the end
     assert "dit.close" in rig.log and "vae.close" in rig.log
-    assert rig.conn._driver is None
+    assert rig.conn._driving.driver is None
 
 
 class FullDiT(ClosingDeployment):
@@ -273,7 +273,7 @@ def test_a_drive_refused_for_capacity_is_answered_busy_once_and_never_paused():
             await rig.ws.wait_for(lambda sent: any(isinstance(r, ErrorReply) for r in sent))
             await asyncio.sleep(6 * DIT_S)  # whatever else would come
             sent = list(rig.ws.sent[1:])
-        return sent, rig.steps(), rig.conn._driver
+        return sent, rig.steps(), rig.conn._driving.driver
 
     for keys in ([], ["w"]):
         sent, steps, driver = asyncio.run(go(keys))
@@ -304,7 +304,7 @@ def test_a_resume_from_beyond_the_chunks_sent_counts_as_the_chunks_sent():
                        poses=key_chunk_poses(None, set(), KeySteps()).astype(np.float32)) for k in range(2)]
     record = ParkedSession(spec=spec, journal=SessionJournal(np.zeros((36, 64, 3), np.uint8), 1 << 20),
                            image=np.zeros((36, 64, 3), np.uint8), key="r~k", dit_key="r~d", vae_key="r~v",
-                           next_chunk=2, sent=2, prompt="a street", recoveries=0, text_encode_s=0.0, replies=sent,
+                           next_chunk=2, sent=2, prompt="a street", replies=sent,
                            token_digest=token_digest("t" * 32), driven=True)
 
     async def go():

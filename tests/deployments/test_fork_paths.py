@@ -14,8 +14,8 @@ import pytest
 from deployments.config import AppArgs
 from deployments.errors import Busy, NoSnapshot, SessionLost, Unsupported
 from deployments.ingress.history.branching import Branches
-from deployments.ingress.history.journal import SessionJournal
-from deployments.ingress.lanes import Lane
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.lanes import Lane, ReplicaLanes
 from deployments.ingress.releases import Releases
 from deployments.ingress.stream import Stream
 from deployments.wire import NoiseSnapshot, SessionOptions
@@ -49,7 +49,7 @@ class FakeDeployment:
 class FakeReleases:
     def __init__(self, backends, dit_lane: Lane, vae_lane: Lane) -> None:
         self.failed: list[Stream] = []
-        self._real = Releases(backends, dit_lane, vae_lane, AppArgs(), None, None, None)
+        self._real = Releases(ReplicaLanes(backends, dit_lane, vae_lane, AppArgs(), None), None, None)
 
     def adopt(self, stream: Stream, replacing) -> None:
         pass
@@ -72,9 +72,7 @@ def _source(raw_frames: bool = False) -> Stream:
         journal.conditioned += 1
         journal.decoded += 1
     spec = SessionOptions("A", "p", "d", (16, 16), 1, None, None, (480, 832), raw_frames)
-    stream = Stream(spec, journal, journal.image)
-    stream.next_chunk = stream.sent_chunks = CHUNKS
-    return stream
+    return Stream(spec, journal, journal.image, next_chunk=CHUNKS)
 
 
 SNAPSHOTS = AppArgs(prefix_cache={"snapshot_mib": 16})
@@ -100,7 +98,7 @@ def _fork(source: Stream, at: int, dit: dict = {}, vae: dict = {}, args: AppArgs
         replies = SimpleNamespace(error=lambda code, message, sid, retry=None: ErrorReply(
             code=code, message=message, session_id=sid, retry_after_s=retry))
         dit_lane, vae_lane = Lane("dit"), Lane("vae")
-        branches = Branches(b, dit_lane, vae_lane, FakeReleases(b, dit_lane, vae_lane), replies, args, log)
+        branches = Branches(ReplicaLanes(b, dit_lane, vae_lane, args, log), FakeReleases(b, dit_lane, vae_lane), replies)
         if rewind:
             return await branches.rewind(RewindRequest(session_id="A", to_chunk=at), source), source
         reply = await branches.fork(ForkRequest(session_id="A", new_session_id="B", at_chunk=at), source)
@@ -248,12 +246,12 @@ def _leave_store(dit: dict = {}, vae: dict = {}, snapshots: bool = True):
     async def go():
         b, log = _fakes(calls, logged, dit, vae)
         metrics = SimpleNamespace(count_materialised=counted.append)
-        reuse = PrefixReuse(None, "fp", "global", b, Lane("dit"), Lane("vae"), SNAPSHOTS, SimpleNamespace(fps=16), log,
-                            metrics)
+        reuse = PrefixReuse(ReplicaLanes(b, Lane("dit"), Lane("vae"), SNAPSHOTS, log), None, "fp", "global",
+                            SimpleNamespace(fps=16), metrics)
         stream = _source()
-        stream.materialised = False
+        stream.served_from_store()
         if snapshots:
-            stream.inherited_snapshots = {1: ("S~1#1", "V~1#1"), 2: ("S~1#2", "V~1#2")}  # the stored chunks'
+            stream.journal.inherit_snapshots({1: ("S~1#1", "V~1#1"), 2: ("S~1#2", "V~1#2")})  # the stored chunks'
         reuse.computing(stream, None, open_new=lambda s: calls.append(("open_new",)))
         await asyncio.gather(stream.vae_open, stream.dit_open)
         await asyncio.sleep(0)  # the "leaves the prefix store" callback

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.wire import NoiseSnapshot
 
 IMAGE = np.zeros((8, 8, 3), np.uint8)

@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 from starlette.websockets import WebSocketState
 
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.ingress.outbox import Outbox
 from deployments.ingress.stream import Stream
 from deployments.wire import SessionOptions

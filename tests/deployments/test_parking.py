@@ -8,7 +8,7 @@ import pytest
 
 from deployments.ingress import parking
 from deployments.errors import SessionLost, Unauthorized
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.ingress.parking import ParkedSession, ParkingBook, UnknownClip, UnknownToken, new_token, token_digest
 from deployments.wire import SessionOptions
 from protocol.messages import FrameReply
@@ -28,7 +28,7 @@ def record(token: str, sid: str = "s", principal=None, clip=False, video_bytes: 
     reply = FrameReply(session_id=sid, chunk_id=0, video=b"v" * video_bytes, num_frames=9, resolution=(32, 48))
     return ParkedSession(spec=spec, journal=SessionJournal(np.zeros((4, 4, 3), np.uint8), 1 << 20),
                          image=None, key=f"{sid}~k", dit_key=f"{sid}~d", vae_key=f"{sid}~v", next_chunk=1, sent=1,
-                         prompt="p", recoveries=0, text_encode_s=0.0, replies=[reply], token_digest=token_digest(token),
+                         prompt="p", replies=[reply], token_digest=token_digest(token),
                          principal=principal, clip=clip)
 
 

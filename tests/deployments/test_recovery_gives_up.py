@@ -9,7 +9,7 @@ import pytest
 
 from deployments.config import SessionArgs
 from deployments.errors import Busy, SessionLost
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.log import KeyValueLog
 from deployments.ingress.history.recovery import Recovery
 from deployments.ingress.stream import Stream, StreamState
@@ -38,7 +38,7 @@ def test_a_rebuild_waiting_for_room_gives_up_once_its_stream_is_closed():
     async def restore() -> str:
         calls.append(1)
         if len(calls) == 2:
-            stream.state = StreamState.CLOSED  # the socket ended while the rebuild waited
+            stream.close()  # the socket ended while the rebuild waited
         raise Busy("full", 0.01)
 
     async def go():

@@ -8,9 +8,8 @@ import numpy as np
 from connection_fakes import FakeDeployment, FakeMetrics
 from deployments.config import AppArgs
 from deployments.ingress.guards.quotas import KeyQuota
-from deployments.ingress.history.journal import SessionJournal
-from deployments.ingress.lane_jobs import Backends
-from deployments.ingress.lanes import Lane
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.lanes import Backends, Lane, ReplicaLanes
 from deployments.ingress.releases import Releases
 from deployments.ingress.stream import Stream, StreamState
 from deployments.wire import SessionOptions
@@ -28,7 +27,7 @@ def stream() -> Stream:
 def releases(log: list[str], quota: KeyQuota) -> Releases:
     backends = Backends(text=FakeDeployment("text", log, 0.0), vae=FakeDeployment("vae", log, 0.0),
                         dit=FakeDeployment("dit", log, 0.0))
-    return Releases(backends, Lane("dit"), Lane("vae"), AppArgs(), quota, FakeMetrics(), get_log("test"))
+    return Releases(ReplicaLanes(backends, Lane("dit"), Lane("vae"), AppArgs(), get_log("test")), quota, FakeMetrics())
 
 
 def test_a_session_replaced_is_closed_on_both_deployments_and_the_connection_end_closes_the_rest():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployments.ingress.history.journal import SessionJournal
+from deployments.ingress.journal import SessionJournal
 from deployments.ingress.stream import Stream, StreamClosed, StreamState, image_digest
 from deployments.wire import NoiseSnapshot, SessionOptions
 

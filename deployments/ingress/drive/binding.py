@@ -19,15 +19,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Optional
 
 from deployments.errors import Preempted
 from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
-from deployments.ingress.lane_jobs import Backends, LaneJobs
-from deployments.ingress.stream import BoundChunk, Stream, StreamState
+from deployments.ingress.lanes import Backends
+from deployments.ingress.lane_jobs import LaneJobs
+from deployments.ingress.stream import Stream, StreamState
 
 
-async def late_bound_step(jobs: LaneJobs, controls: ControlBook, stream: Stream, chunk_id: int,
+@dataclass(slots=True)
+class BoundChunk:
+    """A driven chunk on the DiT, bound to the keys held when it started."""
+
+    chunk_id: int
+    keys: tuple[str, ...]
+    preemptible: bool  # it may be given up for newer keys (once: a chunk made again is not)
+    asked: bool = False  # its preempt was sent
+
+
+@dataclass(slots=True)
+class Binding:
+    """A driven session's chunk that the DiT runs now (one at a time: its lane is serial); the
+    driver's (driver.py), written only here."""
+
+    running: Optional[BoundChunk] = None
+
+
+async def late_bound_step(jobs: LaneJobs, controls: ControlBook, stream: Stream, binding: Binding, chunk_id: int,
                           y: asyncio.Future, bound: asyncio.Future[ChunkCameras], dit_started: Callable[[], None],
                           preempt: bool = False):
     """DiT lane job of a driven chunk: tell the driver the DiT took it, wait for its y, bind its
@@ -41,7 +62,7 @@ async def late_bound_step(jobs: LaneJobs, controls: ControlBook, stream: Stream,
     while True:
         cams = controls.keyed(stream, chunk_id)
         controls.commit(stream, cams, chunk_id)
-        mine = stream.bound = BoundChunk(chunk_id, controls.keys_for(sid), preemptible)
+        mine = binding.running = BoundChunk(chunk_id, controls.keys_for(sid), preemptible)
         try:
             out = await jobs.step(stream, y, cams.poses, cams.intrinsics)
         except Preempted:
@@ -49,16 +70,17 @@ async def late_bound_step(jobs: LaneJobs, controls: ControlBook, stream: Stream,
             preemptible = False
             continue
         finally:
-            if stream.bound is mine:
-                stream.bound = None
+            if binding.running is mine:
+                binding.running = None
         bound.set_result(cams)
         return out
 
 
-def preempt_running(backends: Backends, stream: Stream, keys: tuple[str, ...]) -> bool:
-    """A control set `keys` for `stream`: ask the DiT to give its running driven chunk up when
-    that chunk was bound to other keys and may be (see the module doc). True when asked."""
-    b = stream.bound
+def preempt_running(backends: Backends, stream: Stream, binding: Binding, keys: tuple[str, ...]) -> bool:
+    """A control set `keys` for `stream`: ask the DiT to give its running driven chunk (in
+    `binding`) up when that chunk was bound to other keys and may be (see the module doc). True
+    when asked."""
+    b = binding.running
     if b is None or not b.preemptible or b.asked or b.keys == tuple(keys) or stream.state is not StreamState.OPEN:
         return False
     b.asked = True

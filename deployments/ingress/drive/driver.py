@@ -31,28 +31,32 @@ from typing import Optional
 
 from camera import CHUNK_LATENT_FRAMES
 from deployments.errors import Busy
-from deployments.ingress.history.recovery import needs_recovery
+from deployments.ingress.lane_jobs import needs_recovery
+from deployments.ingress.drive.binding import Binding
 from deployments.ingress.stream import Stream, StreamState
 from deployments.log import KeyValueLog
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import AckRequest, Paused
 
-# start(stream, dit_started) queues the stream's next chunk and returns its reply task;
-# `dit_started` is called when the chunk's DiT job starts. May raise Busy (the key's chunk quota).
-StartChunk = Callable[[Stream, Callable[[], None]], asyncio.Task]
+# start(stream, dit_started, binding) queues the stream's next chunk and returns its reply task;
+# `dit_started` is called when the chunk's DiT job starts, which binds it in `binding`. May raise
+# Busy (the key's chunk quota).
+StartChunk = Callable[[Stream, Callable[[], None], Binding], asyncio.Task]
 
 
 class Driver:
     """Starts a driven session's chunks (see the module doc)."""
 
     def __init__(self, stream: Stream, keys_held: Callable[[], bool], start: StartChunk,
-                 put_paused: Callable[[Paused], None], *, max_unacked: int, max_chunks: int,
-                 log: KeyValueLog, opened: Optional[asyncio.Future] = None) -> None:
+                 put_paused: Callable[[Paused], None], *, sent_chunks: Callable[[], int], max_unacked: int,
+                 max_chunks: int, log: KeyValueLog, opened: Optional[asyncio.Future] = None) -> None:
         """`keys_held()`: some key is held for the session now; `put_paused`: queue a `paused`
-        reply in the outbox; `opened`: the session's open on the replicas (None: open already).
-        The ack window starts at the chunks the client has (`stream.sent_chunks`: 0 for a new
-        session, what a resume says for a resumed one)."""
+        reply in the outbox; `sent_chunks()`: the chunk replies its client was sent (resume.py);
+        `opened`: the session's open on the replicas (None: open already). The ack window starts
+        at the chunks the client has (0 for a new session, what a resume says for a resumed one)."""
         self._stream = stream
+        self._sent_chunks = sent_chunks
+        self.binding = Binding()  # its chunk the DiT runs now (binding.py)
         self._opened = opened
         self._keys_held = keys_held
         self._start = start
@@ -60,7 +64,7 @@ class Driver:
         self._max_unacked = max_unacked
         self._max_chunks = max_chunks
         self._log = log
-        self._acked = stream.sent_chunks  # chunk ids below it are acked
+        self._acked = sent_chunks()  # chunk ids below it are acked
         self._ahead = 0  # chunks queued whose DiT job has not started
         self._paused = False  # the `paused` of the current pause was put
         self.started = 0  # chunks this driver started
@@ -88,7 +92,7 @@ class Driver:
     def ack(self, req: AckRequest) -> None:
         """The client has the frame replies up to `req.chunk_id`; ProtocolError (nothing
         changed) for a chunk not sent yet. Acks are cumulative; an older one changes nothing."""
-        sent = self._stream.sent_chunks
+        sent = self._sent_chunks()
         if req.chunk_id >= sent:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"chunk {req.chunk_id} of this session was not sent yet "
                                                        f"({sent} were); ack the chunk_id of a frame reply received")
@@ -154,7 +158,7 @@ class Driver:
                     continue
                 self._ahead += 1
                 try:
-                    task = self._start(self._stream, self._dit_started)
+                    task = self._start(self._stream, self._dit_started, self.binding)
                 except Busy as e:  # the API key's chunks per minute: the driver waits for its quota
                     self._ahead -= 1
                     await asyncio.sleep(e.retry_after_s)

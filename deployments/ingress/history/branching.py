@@ -28,7 +28,7 @@ with the same first k chunks produces. rebuild.py makes it per lane; the "sessio
 * Fork: a new stream with its own keys from a prefix copy of the journal (arrays shared),
   admitted like a new session (quota at once; a clone's admission, or the DiT's `reserve`, then
   the VAE's and the DiT's `restore`: `busy` / `too_large` when they refuse, the new session then
-  released). Its snapshots of the first k chunks are its source's (`Stream.inherited_snapshots`).
+  released). Its snapshots of the first k chunks are its source's (`SessionJournal.snapshots`).
   The connection then holds it beside its current session (`Branches`); an infer or reset that
   names it makes it the current one. At most `sessions.max_branches` such held sessions.
 
@@ -45,41 +45,46 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import deque
-from typing import Optional
+from typing import Optional, Protocol
 
 from pydantic import BaseModel
 
-from deployments.config import AppArgs
 from deployments.errors import Busy, ReplicaError
-from deployments.ingress.lane_jobs import Backends
-from deployments.ingress.lanes import Lane
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.history.rebuild import Rebuild
 from deployments.ingress.releases import Releases
 from deployments.ingress.replies import Replies
-from deployments.ingress.stream import Stream, StreamState, new_routing_key
-from deployments.log import KeyValueLog
+from deployments.ingress.stream import Stream, StreamState
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import ForkRequest, Forked, FrameReply, Rewound, RewindRequest
+from protocol.messages import ForkRequest, Forked, Rewound, RewindRequest
 
 IN_FLIGHT_RETRY_S = 0.5  # retry hint of a fork / rewind of a session with a chunk in flight
 PLACE_RETRY_S = 0.25  # a rewind's rebuild retries a full replica this often, up to recovery_timeout_s
 
 
+class Follower(Protocol):
+    """A part that keeps its own record per session (resume.py, prefix/reuse.py): told when a
+    fork or a rewind makes a session from another's first k chunks, so that its record follows."""
+
+    def forked(self, new: Stream, source: Stream, k: int) -> None: ...
+
+    def rewound(self, stream: Stream, k: int) -> None: ...
+
+
 class Branches:
     """One connection's forks and rewinds, and the forked sessions it holds besides its current one."""
 
-    def __init__(self, backends: Backends, dit_lane: Lane, vae_lane: Lane, releases: Releases, replies: Replies,
-                 args: AppArgs, log: KeyValueLog) -> None:
-        self._b = backends
-        self._dit_lane = dit_lane
-        self._vae_lane = vae_lane
+    def __init__(self, replicas: ReplicaLanes, releases: Releases, replies: Replies,
+                 followers: tuple[Follower, ...] = ()) -> None:
+        self._dit_lane = replicas.dit_lane
+        self._vae_lane = replicas.vae_lane
         self._releases = releases
         self._replies = replies
-        self._sessions = args.sessions
-        self._log = log
+        self._sessions = replicas.args.sessions
+        self._log = replicas.log
         self._held: dict[str, Stream] = {}  # session_id -> an open session that is not the current one
-        self._rebuild = Rebuild(backends, args, log)
+        self._rebuild = Rebuild(replicas)
+        self._followers = followers
 
     def switch(self, session_id: str, current: Optional[Stream]) -> Optional[Stream]:
         """The connection's current stream for a request that names `session_id`: a held one of
@@ -113,18 +118,17 @@ class Branches:
                                                      "its current one, the most it may (sessions.max_branches); "
                                                      "reset one before forking again")
         journal = source.journal.prefix(k)
-        stream = Stream(dataclasses.replace(source.spec, session_id=new), journal, source.image)
-        stream.next_chunk = stream.sent_chunks = k
-        stream.prompt = source.prompt if head else journal.prompt_after(k, source.spec.prompt)
-        stream.prefix = None if source.prefix is None else source.prefix.truncated(k)  # writes its chunks
-        stream.text_encode_s = 0.0
+        stream = Stream(dataclasses.replace(source.spec, session_id=new), journal, source.image, next_chunk=k,
+                        prompt=source.prompt if head else journal.prompt_after(k, source.spec.prompt))
         self._releases.adopt(stream, replacing=None)  # the key's session quota: Busy, nothing changed
+        for follower in self._followers:  # its prefix cursor (it writes its chunks), what its client has
+            follower.forked(stream, source, k)
         self._held[new] = stream
         paths: dict[str, str] = {}
         dit_source, vae_source = (source.dit_key, source.vae_key) if head else self._rebuild.sources(source, k)
         self._rebuild.inherit(stream, source, k)
-        stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths, k))
-        stream.dit_open = self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths))
+        stream.opening(vae=self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths, k)),
+                       dit=self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths)))
         return asyncio.ensure_future(self._forked(stream, source, paths))
 
     async def _forked(self, stream: Stream, source: Stream, paths: dict[str, str]) -> BaseModel:
@@ -154,27 +158,17 @@ class Branches:
         the journal's replay."""
         dit_source, vae_source = self._rebuild.sources(stream, k)
         self._rebuild.inherit(stream, stream, k)
-        j = stream.journal
-        j.truncate(k)
-        if stream.prefix is not None:
-            stream.prefix = stream.prefix.truncated(k)
-        stream.next_chunk = k
-        stream.sent_chunks = min(stream.sent_chunks, k)
-        stream.prompt = j.prompt_after(k, stream.spec.prompt)
-        stream.replay = deque((r for r in stream.replay if r.chunk_id < k), maxlen=stream.replay.maxlen)
-        stream.pending_replays = deque(r for r in stream.pending_replays if r.chunk_id < k)
-        stream.chunk_tasks = [t for t in stream.chunk_tasks  # all done (no chunk in flight)
-                              if isinstance(t.result(), FrameReply) and t.result().chunk_id < k]
-        old_dit, old_vae = stream.dit_key, stream.vae_key
-        stream.dit_key, stream.vae_key = new_routing_key(stream.spec), new_routing_key(stream.spec)
-        if stream.materialised:  # closed behind its calls, and by the socket's end if that comes first
+        was_materialised = stream.materialised
+        old_dit, old_vae = stream.rewind_to(k)  # journal truncated, new keys
+        for follower in self._followers:  # its prefix cursor, what its client has and may be sent again
+            follower.rewound(stream, k)
+        if was_materialised:  # closed behind its calls, and by the socket's end if that comes first
             self._releases.retire(old_dit, old_vae)
-        stream.materialised = True  # restored below, also one the prefix store served so far
-        paths: dict[str, str] = {}
-        stream.vae_open = self._vae_lane.submit(lambda: self._placed(
-            stream, lambda: self._rebuild.vae(stream, vae_source, paths, k)))
-        stream.dit_open = self._dit_lane.submit(lambda: self._placed(
-            stream, lambda: self._rebuild.dit(stream, dit_source, paths)))
+        paths: dict[str, str] = {}  # restored below, also one the prefix store served so far
+        stream.opening(vae=self._vae_lane.submit(lambda: self._placed(
+                           stream, lambda: self._rebuild.vae(stream, vae_source, paths, k))),
+                       dit=self._dit_lane.submit(lambda: self._placed(
+                           stream, lambda: self._rebuild.dit(stream, dit_source, paths))))
         return paths
 
     async def _placed(self, stream: Stream, call) -> str:

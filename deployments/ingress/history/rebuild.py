@@ -10,22 +10,21 @@ from __future__ import annotations
 
 from typing import Optional
 
-from deployments.config import AppArgs
 from deployments.errors import Busy, TooLarge
-from deployments.ingress.lane_jobs import Backends, dit_admission, reserve_dit
-from deployments.ingress.stream import Stream, new_routing_key
-from deployments.log import KeyValueLog
+from deployments.ingress.lanes import ReplicaLanes
+from deployments.ingress.lane_jobs import reserve_dit
+from deployments.ingress.stream import Stream
 from deployments.replicas.snapshots import parse_snapshot_id
 
 
 class Rebuild:
     """Per lane: `clone` on the replica that holds the source, else the journal replayed."""
 
-    def __init__(self, backends: Backends, args: AppArgs, log: KeyValueLog) -> None:
-        self._b = backends
-        self._sessions = args.sessions
-        self._log = log
-        self.snapshots = args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
+    def __init__(self, replicas: ReplicaLanes) -> None:
+        self._b = replicas.backends
+        self._sessions = replicas.args.sessions
+        self._log = replicas.log
+        self.snapshots = replicas.args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
 
     def sources(self, stream: Stream, k: int) -> tuple[Optional[str], Optional[str]]:
         """(DiT, VAE) snapshot ids of the session after k chunks, where the replicas keep
@@ -49,7 +48,7 @@ class Rebuild:
             if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key):
                 paths["vae"] = _copy_path(source_key)
                 return
-            stream.vae_key = new_routing_key(stream.spec)  # the failed clone's key stays pinned there
+            stream.new_key("vae")  # the failed clone's key stays pinned there
         self.replayable(stream)
         paths["vae"] = "replay"
         key, j, (h, w) = stream.vae_key, stream.journal, stream.spec.resolution
@@ -61,7 +60,7 @@ class Rebuild:
         there like a new session), else (or when that replica cannot) admitted like a new
         session (its slot and bytes, before any work), the VAE's admission waited for, then its
         chunks replayed."""
-        admitted = dit_admission(stream)
+        admitted = stream.dit_admission()
         try:
             if source_key is not None:
                 if await self._cloned(self._b.dit, source_key, stream, "dit", stream.dit_key, stream.spec):
@@ -69,7 +68,7 @@ class Rebuild:
                     if not admitted.done():
                         admitted.set_result(None)
                     return
-                stream.dit_key = new_routing_key(stream.spec)  # the failed clone's key stays pinned there
+                stream.new_key("dit")  # the failed clone's key stays pinned there
             self.replayable(stream)
         except BaseException as e:  # busy, too_large: the fork's admission refused
             if not admitted.done():

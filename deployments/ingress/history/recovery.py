@@ -14,24 +14,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import ReplicaUnavailableError
-
 from deployments.config import SessionArgs
 from deployments.errors import Busy, SessionLost
 from deployments.log import KeyValueLog
 from deployments.metrics import IngressMetrics
-from deployments.ingress.stream import Stream, StreamState, new_routing_key
+from deployments.ingress.lane_jobs import REPLICA_GONE
+from deployments.ingress.stream import Stream, StreamState
 
-REPLICA_GONE = (RayActorError, ReplicaUnavailableError)  # the replica died or left mid-call
 RETRY_MIN_S = 0.25
 RETRY_MAX_S = 2.0
-
-
-def needs_recovery(error: BaseException) -> bool:
-    """True for the failures a rebuild can cure: the replica does not hold the session (any
-    more) or it died under the call."""
-    return isinstance(error, (SessionLost, *REPLICA_GONE))
 
 
 class Recovery:
@@ -52,13 +43,13 @@ class Recovery:
         if not (self._enabled and j.recoverable and j.context is not None):
             raise self._lost("dit", cause)
         await self._forget(self._dit, stream.dit_key)
-        key = stream.dit_key = new_routing_key(stream.spec)
+        key = stream.new_key("dit")
         context, past = j.context, list(j.chunks)
         t0 = time.perf_counter()
         dit = self._dit.options(session_id=key)
         replica = await self._until_placed("dit", stream, cause,
                                            lambda: dit.restore.remote(key, stream.spec, context, past, j.noise))
-        stream.recoveries += 1
+        stream.journal.recovered()
         self._metrics.count_recovery("dit", rebuilt=True)
         self._log.warning("session rebuilt on the DiT", fields={
             "session": key, "chunks": len(past), "replica": replica, "seconds": f"{time.perf_counter() - t0:.2f}",
@@ -70,13 +61,13 @@ class Recovery:
         if not (self._enabled and j.recoverable):
             raise self._lost("vae", cause)
         await self._forget(self._vae, stream.vae_key)
-        key = stream.vae_key = new_routing_key(stream.spec)
+        key = stream.new_key("vae")
         decoded = j.decoded_latents()
         t0 = time.perf_counter()
         vae = self._vae.options(session_id=key)
         replica = await self._until_placed("vae", stream, cause, lambda: vae.restore.remote(
             key, j.image, *stream.spec.resolution, j.conditioned, decoded, stream.spec.raw_frames))
-        stream.recoveries += 1
+        stream.journal.recovered()
         self._metrics.count_recovery("vae", rebuilt=True)
         self._log.warning("session rebuilt on the VAE", fields={
             "session": key, "conditioned": j.conditioned, "decoded": len(decoded), "replica": replica,

@@ -22,21 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Optional
 
 from pydantic import BaseModel
 
-from deployments.config import AppArgs
 from deployments.ingress.guards.connection_caps import UNKNOWN_CLIENT
-from deployments.ingress.lane_jobs import Backends
-from deployments.ingress.lanes import Lane
+from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.prefix.keys import PrefixCursor, chunk_key, namespace
 from deployments.ingress.prefix.store import PrefixStore, StoredChunk
 from deployments.ingress.history.rebuild import Rebuild
 from deployments.ingress.stream import Stream
-from deployments.log import KeyValueLog
-from deployments.wire import SessionOptions
 from protocol.messages import CameraServerConfig, FrameReply, InferRequest
 
 STAGES = ("text_encode", "vae_encode", "dit", "vae_decode", "mux")
@@ -45,32 +42,50 @@ STAGES = ("text_encode", "vae_encode", "dit", "vae_decode", "mux")
 class PrefixReuse:
     """Looks chunks up, serves the stored ones, materialises and records the others."""
 
-    def __init__(self, store: Optional[PrefixStore], fingerprint: str, scope: str, backends: Backends,
-                 dit_lane: Lane, vae_lane: Lane, args: AppArgs, handshake: CameraServerConfig,
-                 log: KeyValueLog, metrics=None) -> None:
+    def __init__(self, replicas: ReplicaLanes, store: Optional[PrefixStore], fingerprint: str, scope: str,
+                 handshake: CameraServerConfig, metrics=None,
+                 token: Callable[[Stream], Optional[str]] = lambda stream: None) -> None:
         """`store` None: the server keeps no prefix store. `scope`: whose entries this
-        connection shares (its principal, or "global"). `metrics`: a `PrefixMetrics`."""
+        connection shares (its principal, or "global"). `metrics`: a `PrefixMetrics`. `token`: a
+        stream's resume token, which its chunk-0 reply carries (resume.py)."""
         self._store = store
         self._fingerprint = fingerprint
         self._scope = scope
-        self._b = backends
-        self._dit_lane = dit_lane
-        self._vae_lane = vae_lane
-        self._debug_fields = args.debug_fields
-        self._rebuild = Rebuild(backends, args, log)
+        self._dit_lane = replicas.dit_lane
+        self._vae_lane = replicas.vae_lane
+        self._debug_fields = replicas.args.debug_fields
+        self._rebuild = Rebuild(replicas)
         self._fps = handshake.fps
-        self._log = log
+        self._log = replicas.log
         self._metrics = metrics
+        self._token = token
+        # a session's path through the store (none: it neither reads nor writes it); only this part writes it
+        self._cursors: weakref.WeakKeyDictionary[Stream, PrefixCursor] = weakref.WeakKeyDictionary()
 
-    def attach(self, spec: SessionOptions, req: InferRequest) -> Optional[PrefixCursor]:
-        """The cursor of a new session (None: it neither reads nor writes the store)."""
+    def attach(self, stream: Stream, req: InferRequest) -> bool:
+        """A new session: True when it uses the store (then no replica holds it until its first
+        chunk that is not stored); False: it neither reads nor writes it."""
         if self._store is None or req.prefix_cache is False:
-            return None
-        return PrefixCursor(namespace(self._fingerprint, spec, self._scope))
+            return False
+        self._cursors[stream] = PrefixCursor(namespace(self._fingerprint, stream.spec, self._scope))
+        stream.served_from_store()
+        return True
+
+    def forked(self, new: Stream, source: Stream, k: int) -> None:
+        """`new` is `source` after k chunks (branching.py): it writes its chunks from there."""
+        cursor = self._cursors.get(source)
+        if cursor is not None:
+            self._cursors[new] = cursor.truncated(k)
+
+    def rewound(self, stream: Stream, k: int) -> None:
+        """`stream` was taken back to k chunks (branching.py)."""
+        cursor = self._cursors.get(stream)
+        if cursor is not None:
+            self._cursors[stream] = cursor.truncated(k)
 
     def key(self, stream: Stream, poses, intrinsics, prompt_update: Optional[str]) -> Optional[str]:
         """The key of the stream's next chunk (None: the stream does not use the store)."""
-        if stream.prefix is None:
+        if stream not in self._cursors:
             return None
         return chunk_key(poses, intrinsics, prompt_update)
 
@@ -78,7 +93,7 @@ class PrefixReuse:
         """The stored chunk the stream's next chunk is, while it has been served from the store
         and its journal can take it (a session the journal's replay could not rebuild is never
         served)."""
-        cursor = stream.prefix
+        cursor = self._cursors.get(stream)
         if key is None or cursor is None or not cursor.serving or self._store is None:
             return None
         ns = cursor.namespace
@@ -92,18 +107,17 @@ class PrefixReuse:
     def serve(self, stream: Stream, key: str, hit: StoredChunk, chunk_id: int, prompt_update: Optional[str],
               client_chunk_id: Optional[int], reset: bool, t0: float) -> Awaitable[BaseModel]:
         """Chunk `chunk_id` from the store: journaled as if computed; its reply, ready."""
-        cursor = stream.prefix
+        cursor = self._cursors.get(stream)
         assert cursor is not None and self._store is not None
         j = stream.journal
         if chunk_id == 0:
             j.set_context(self._store.context(cursor.namespace))
         if prompt_update is not None:
-            stream.prompt = prompt_update
-            j.steer(chunk_id, prompt_update)
+            stream.steer(chunk_id, prompt_update)
         p = hit.past
         j.add_chunk(p.poses, p.intrinsics, p.y, p.latents, hit.noise, p.context)
         if hit.snapshots is not None:  # (stored only where the replicas keep snapshots)
-            stream.inherited_snapshots[chunk_id + 1] = hit.snapshots
+            j.inherit_snapshot(chunk_id + 1, hit.snapshots)
         j.conditioned += 1
         j.decoded += 1
         cursor.keys.append(key)
@@ -114,18 +128,18 @@ class PrefixReuse:
         durations["queue_wait"] = 0.0
         debug = None
         if self._debug_fields:
-            debug = {"dit_replica": None, "vae_replica": None, "recoveries": stream.recoveries}
+            debug = {"dit_replica": None, "vae_replica": None, "recoveries": j.recoveries}
         reply = FrameReply(
             session_id=stream.spec.session_id, chunk_id=chunk_id, video=hit.video, num_frames=hit.num_frames,
             resolution=stream.spec.resolution, fps=self._fps, stage_durations=durations,
             client_chunk_id=client_chunk_id, reset=reset, mime_type=hit.mime_type, debug=debug,
-            resume_token=stream.resume_token if chunk_id == 0 else None, cached=True)
+            resume_token=self._token(stream) if chunk_id == 0 else None, cached=True)
         return _ready(reply)
 
     def computing(self, stream: Stream, key: Optional[str], open_new: Callable[[Stream], None]) -> None:
         """The stream's next chunk is computed: the stream is materialised first when the store
         served it so far (`open_new` opens one that has no chunk yet)."""
-        cursor = stream.prefix
+        cursor = self._cursors.get(stream)
         if not stream.materialised:
             self._materialise(stream, open_new)
         if cursor is not None and key is not None:
@@ -142,7 +156,7 @@ class PrefixReuse:
         return out
 
     def _write(self, stream: Stream, chunk_id: int, reply: FrameReply) -> None:
-        cursor, j = stream.prefix, stream.journal
+        cursor, j = self._cursors.get(stream), stream.journal
         if (self._store is None or cursor is None or len(cursor.keys) <= chunk_id or not j.recoverable
                 or j.context is None or len(j.chunks) <= chunk_id):
             return
@@ -155,16 +169,15 @@ class PrefixReuse:
         """Open the stream on the replicas: as a new session without chunks, else from the
         snapshot after its last stored chunk or by the journal's replay of the chunks the store
         served (queued on the lanes now, ahead of the chunk that asked for it)."""
-        stream.materialised = True
         k = len(stream.journal.chunks)
         if k == 0:
             open_new(stream)
             return
         # its own keys hold nothing yet: only the snapshots its stored chunks name
-        dit_source, vae_source = stream.inherited_snapshots.get(k, (None, None))
+        dit_source, vae_source = stream.journal.snapshots.get(k, (None, None))
         paths: dict[str, str] = {}
-        stream.vae_open = self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths, k))
-        stream.dit_open = self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths))
+        stream.opening(vae=self._vae_lane.submit(lambda: self._rebuild.vae(stream, vae_source, paths, k)),
+                       dit=self._dit_lane.submit(lambda: self._rebuild.dit(stream, dit_source, paths)))
         both = asyncio.gather(stream.vae_open, stream.dit_open, return_exceptions=True)
         both.add_done_callback(lambda done: self._materialised(stream, k, paths, done.result()))
 

@@ -39,6 +39,14 @@ class SessionJournal:
         self.steering: dict[int, str] = {}  # chunk -> the prompt update made before it (a prefix's prompt)
         self.conditioned = 0  # condition calls the VAE answered (its encoder position)
         self.decoded = 0  # decode calls the VAE answered (its decoder and muxer position)
+        # Where the replicas may keep the session's state after k chunks (deployments/replicas/
+        # snapshots.py) when that state is not its own keys' (`Stream.snapshot_ids`): k -> (DiT
+        # snapshot id, VAE snapshot id) of the session it was served from (the prefix store) or
+        # copied from (a fork, a rewind). Filled only when the server keeps snapshots; kept
+        # whatever the byte budget (ids, not arrays).
+        self.snapshots: dict[int, tuple[str, str]] = {}
+        self.text_encode_s = 0.0  # the prompt's encode when the session opened (chunk 0's timings)
+        self.recoveries = 0  # times the session was rebuilt on another replica (recovery.py)
         self._max_bytes = max_bytes
         self._enabled = max_bytes is not None
         self.nbytes = image.nbytes
@@ -83,6 +91,22 @@ class SessionJournal:
         steered = [c for c in self.steering if c < chunks]
         return self.steering[max(steered)] if steered else opened
 
+    def opened(self, text_encode_s: float) -> None:
+        """The DiT opened the session; its prompt took this long to encode."""
+        self.text_encode_s = text_encode_s
+
+    def recovered(self) -> None:
+        """A replica lost the session and it was rebuilt on another (recovery.py)."""
+        self.recoveries += 1
+
+    def inherit_snapshots(self, ids: dict[int, tuple[str, str]]) -> None:
+        """The snapshots of the session's first chunks are another session's (see `snapshots`)."""
+        self.snapshots = dict(ids)
+
+    def inherit_snapshot(self, chunks: int, ids: tuple[str, str]) -> None:
+        """The session's state after `chunks` chunks is kept as `ids` (a chunk the store served)."""
+        self.snapshots[chunks] = ids
+
     def truncate(self, chunks: int) -> None:
         """Keep the first `chunks` chunks: the journal of the session as it was after them
         (conditioned and decoded as many; no call of the session may be in flight)."""
@@ -90,6 +114,7 @@ class SessionJournal:
         self.chunks, self.noises = self.chunks[:chunks], self.noises[:chunks]
         self.noise = self.noises[-1] if chunks else None
         self.steering = {c: p for c, p in self.steering.items() if c < chunks}
+        self.snapshots = {c: ids for c, ids in self.snapshots.items() if c <= chunks}
         self.conditioned = self.decoded = chunks
         self.nbytes = self._measure()
 
@@ -97,6 +122,8 @@ class SessionJournal:
         """A new journal of the first `chunks` chunks (its arrays shared with this one: never
         written in place), for a forked session."""
         other = copy.copy(self)
+        other.snapshots = {c: ids for c, ids in self.snapshots.items() if c <= chunks}
+        other.text_encode_s, other.recoveries = 0.0, 0  # a new session: its own open and rebuilds
         if not self._enabled:  # nothing kept (a fork at the head copies the live session: branching.py)
             other.conditioned = other.decoded = chunks
             return other
