@@ -39,13 +39,13 @@ from deployments.config import ModelArgs, SessionArgs
 from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, SessionLimit, SessionLost,
                                 TooLarge, Unsupported)
 from deployments.log import get_log
+from deployments.replicas.engine_options import engine_options
 from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import parse_snapshot_id
 from deployments import wire
 from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
-from model.accel import AccelOptions
 from model.compile_cache import CompileCache
 from model.dit.caches import KVCacheConfig
 from model.engine_api import ChunkPreempted, DiTEngineProtocol, SessionFootprint
@@ -91,11 +91,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         self._compile_cache = CompileCache.open(model.compile_cache_dir, "dit")  # before anything compiles
         cap = cap_process(model.device, sessions.memory_fraction)  # before anything is allocated
         self._engine: DiTEngineProtocol = load_dit_engine(
-            model.preset, model.checkpoint, model.dtype, model.device,
-            local_attn_size=model.local_attn_size, sink_size=model.sink_size,
-            options=AccelOptions.for_serving(model.device, compile=model.compile, fp8=model.fp8,
-                                              fp8_attention=model.fp8_attention, attention=model.attention),
-            random_weights=model.random_weights,
+            **engine_options(model, model.device),
             kv=KVCacheConfig.for_serving(model.device, model.kv_cache, model.fp8_attention),
         )
         self._clock.mark("load")

@@ -43,15 +43,15 @@ import numpy as np
 import ray
 import torch
 from ray import serve
-from ray.serve import Application
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from deployments.config import AppArgs, ModelArgs, ReplicaArgs, SessionArgs
+from deployments.config import ModelArgs, ReplicaArgs, SessionArgs
 from deployments.replicas.dit import DiTDeployment
 from deployments.errors import Busy, SessionLost
 from deployments import wire
 from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
+from deployments.replicas.engine_options import accel_options, engine_options
 from deployments.replicas.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
@@ -82,20 +82,6 @@ def sp_placement(replica: ReplicaArgs, parallel: int) -> dict[str, Any]:
     return options
 
 
-def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
-    """The graph's DiT node: DiTDeployment, or SPDiTDeployment over `args.dit_parallel` GPUs.
-
-    `options` are the deployment options build_app gives DiTDeployment (replicas, actor
-    options, router); the SP replica adds its placement group.
-    """
-    if args.dit_parallel == 1:
-        return DiTDeployment.options(**options).bind(args.model, args.sessions, args.prefix_cache.snapshot_mib)
-    actor = {k: v for k, v in options.get("ray_actor_options", {}).items() if k != "label_selector"}
-    options = {**options, "ray_actor_options": actor}  # the bundles carry the labels
-    return SPDiTDeployment.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(
-        args.model, args.sessions, args.dit_parallel, args.dit_parallel_timeout_s)
-
-
 @ray.remote
 class SPRank:
     """Rank r >= 1 of an SP replica: its shards of sessions by `shard_id` (a uuid rank 0 gives
@@ -106,9 +92,7 @@ class SPRank:
         CompileCache.open(model.compile_cache_dir, f"dit-sp-rank{rank}")  # inductor's and Triton's caches
         device = rank_device(model.device)
         group = init_sp_group(rank, world, init_method, device, timeout_s)
-        self._engine = load_sp_dit_engine(model.preset, model.checkpoint, model.dtype, device, group,
-                                          model.local_attn_size, model.sink_size, options,
-                                          random_weights=model.random_weights)
+        self._engine = load_sp_dit_engine(group=group, **engine_options(model, device, options))
         self._sessions: dict[str, DiTSession] = {}
 
     def ping(self) -> None:
@@ -310,10 +294,9 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
         pg = get_current_placement_group()
         if parallel < 2 or pg is None or len(pg.bundle_specs) != parallel:
             raise ValueError(f"SPDiTDeployment over {parallel} ranks needs a placement group of {parallel} "
-                             "bundles (deploy it through sp_dit.bind_dit)")
+                             "bundles (deploy it through app.bind_dit)")
         device = rank_device(model.device)
-        options = AccelOptions.for_serving(device, compile=model.compile, fp8=model.fp8,
-                                           fp8_attention=model.fp8_attention, attention=model.attention)
+        options = accel_options(model, device)
         init_method = _rendezvous()
         names = [f"{uuid.uuid4().hex[:12]}-rank{r}" for r in range(1, parallel)]
         ranks = [
@@ -326,9 +309,7 @@ class SPDiTDeployment(DiTDeployment.func_or_class):
         ]
         group = await asyncio.to_thread(init_sp_group, 0, parallel, init_method, device, timeout_s)
         cap = cap_process(model.device, sessions.memory_fraction)
-        base = load_dit_engine(model.preset, model.checkpoint, model.dtype, str(device),
-                               local_attn_size=model.local_attn_size, sink_size=model.sink_size,
-                               options=options, random_weights=model.random_weights)  # rank 0's DiT
+        base = load_dit_engine(**engine_options(model, device, options))  # rank 0's DiT
         self._engine = SPReplicaEngine(sp_engine(base, group, options), ranks, timeout_s)
         await self._engine.ping()  # the other ranks have loaded
         self._clock.mark("load")
