@@ -501,8 +501,7 @@ class Connection:
     def _open_replicas(self, stream: Stream) -> None:
         """Open a new session on the VAE and the DiT (admission, prompt, image)."""
         spec, image = stream.spec, stream.image
-        h, w = spec.resolution
         key = stream.vae_key
         stream.vae_open = self._vae_lane.submit(
-            lambda: self._b.vae.options(session_id=key).open.remote(key, image, h, w, spec.raw_frames))
+            lambda: self._b.vae.options(session_id=key).open.remote(key, spec, image))
         stream.dit_open = self._dit_lane.submit(partial(self._jobs.open_dit, stream))

@@ -29,7 +29,7 @@ from deployments.ingress.lanes import Lane
 from deployments.log import KeyValueLog
 from deployments.ingress.history.recovery import Recovery, needs_recovery
 from deployments.ingress.stream import Stream, StreamState
-from deployments.wire import StepResult
+from deployments.wire import ChunkStep, StepResult
 
 T = TypeVar("T")
 
@@ -90,10 +90,7 @@ class LaneJobs:
         context = None if context_fut is None else await context_fut
 
         def step(key: str) -> Awaitable[StepResult]:
-            dit = self._b.dit.options(session_id=key)
-            if context is None:  # the call as before (older replicas, the sharded DiT)
-                return dit.step.remote(key, y, poses, intrinsics)
-            return dit.step.remote(key, y, poses, intrinsics, context)
+            return self._b.dit.options(session_id=key).step.remote(key, ChunkStep(y, poses, intrinsics, context))
 
         try:
             await stream.dit_open  # re-raises the open's failure
