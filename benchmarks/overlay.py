@@ -1,11 +1,18 @@
 """A benchmark's serve config as an overlay of a shipped one: only what differs is written down.
 
-An overlay file names its `base` (a serve config, relative to the repository root) and the
-application `args` it changes, merged key by key into the base's first application:
+An overlay file names its `base` (a serve config, relative to the repository root: a shipped
+one, or another overlay that resolves to one) and the application `args` it changes, merged key
+by key into the base's first application; and, optionally, `config`: changes to the serve
+config outside the args (e.g. `http_options`), merged key by key into the whole config:
 
     base: serve_config.gpu.yaml
+    config:
+      http_options: {host: 127.0.0.1}
     args:
       model: {checkpoint: null, random_weights: true}
+
+A merge replaces lists and scalars and never deletes a key: an overlay that needs a base's
+setting back at its default writes the default.
 
 `python -m benchmarks.overlay OVERLAY [OUT]` writes the resolved config (stdout without OUT);
 `resolve(path)` returns it as a dict, and a plain serve config as it is.
@@ -34,10 +41,12 @@ def resolve(path: str | Path) -> dict:
     doc = yaml.safe_load(Path(path).read_text())
     if "base" not in doc:
         return doc
-    unknown = set(doc) - {"base", "args"}
+    unknown = set(doc) - {"base", "config", "args"}
     if unknown:
-        raise ValueError(f"{path}: an overlay has only `base` and `args`, not {sorted(unknown)}")
-    config = resolve(REPO / doc["base"])
+        raise ValueError(f"{path}: an overlay has only `base`, `config` and `args`, not {sorted(unknown)}")
+    if "applications" in (doc.get("config") or {}):
+        raise ValueError(f"{path}: an overlay changes the application through `args`, not `config`")
+    config = merge(resolve(REPO / doc["base"]), doc.get("config") or {})
     app = config["applications"][0]
     app["args"] = merge(app["args"], doc.get("args") or {})
     return config

@@ -24,7 +24,8 @@ from deployments.config import AppArgs, AutoscalingArgs, ReplicaArgs
 from deployments.ingress.server import WorldIngress
 from deployments.ingress.parking import SessionParking
 from deployments.router import SessionAffinityRouter
-from deployments.replicas.sp_dit import bind_dit
+from deployments.replicas.dit import DiTDeployment
+from deployments.replicas.sp_dit import sp_placement
 from deployments.replicas.text_encoder import TextEncoderDeployment
 from deployments.replicas.vae import VaeDeployment
 
@@ -82,6 +83,21 @@ def session_router(args: AppArgs) -> RequestRouterConfig:
                                + STATS_FRESH_MARGIN_S},
         request_routing_stats_period_s=args.sessions.routing_stats_period_s,
     )
+
+
+def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
+    """The graph's DiT node: DiTDeployment on one GPU, or over `args.dit_parallel` GPUs (its
+    engine then spans the ranks of a placement group: deployments/replicas/sp_dit.py).
+
+    `options` are the deployment options build_app gives the DiT (replicas, actor options,
+    router); a sequence-parallel replica adds its placement group.
+    """
+    if args.dit_parallel == 1:
+        return DiTDeployment.options(**options).bind(args.model, args.sessions, args.prefix_cache.snapshot_mib)
+    actor = {k: v for k, v in options.get("ray_actor_options", {}).items() if k != "label_selector"}
+    options = {**options, "ray_actor_options": actor}  # the bundles carry the labels
+    return DiTDeployment.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(
+        args.model, args.sessions, args.prefix_cache.snapshot_mib, args.dit_parallel, args.dit_parallel_timeout_s)
 
 
 def build_app(args: AppArgs) -> Application:

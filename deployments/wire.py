@@ -85,6 +85,16 @@ class PastChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkStep:
+    """`DiTDeployment.step`'s argument: one chunk's inputs."""
+
+    y: np.ndarray  # float32 [20, 3, lh, lw]: its conditioning (the VAE's `condition`)
+    poses: np.ndarray  # [N, 4, 4]
+    intrinsics: np.ndarray  # [N, 4]
+    context: Optional[np.ndarray] = None  # [L, text_dim]: a prompt update applied before the chunk
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     """`DiTDeployment.step`'s answer: one chunk's latents, with what the ingress journals and reports."""
 

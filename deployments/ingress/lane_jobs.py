@@ -26,7 +26,7 @@ from ray.serve.exceptions import ReplicaUnavailableError
 from deployments.errors import ReplicaError, SessionLost
 from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.stream import Stream, StreamState
-from deployments.wire import StepResult
+from deployments.wire import ChunkStep, StepResult
 
 T = TypeVar("T")
 REPLICA_GONE = (RayActorError, ReplicaUnavailableError)  # the replica died or left mid-call
@@ -60,10 +60,8 @@ class LaneJobs:
     def open(self, stream: Stream) -> None:
         """Open a new session on the VAE and the DiT (admission, prompt, image): queued on the lanes."""
         spec, image = stream.spec, stream.image
-        h, w = spec.resolution
         key = stream.vae_key
-        vae = self._vae_lane.submit(lambda: self._b.vae.options(session_id=key).open.remote(
-            key, image, h, w, spec.raw_frames))
+        vae = self._vae_lane.submit(lambda: self._b.vae.options(session_id=key).open.remote(key, spec, image))
         stream.opening(vae=vae, dit=self._dit_lane.submit(partial(self.open_dit, stream)))
 
     async def open_dit(self, stream: Stream) -> None:
@@ -102,10 +100,7 @@ class LaneJobs:
         context = None if context_fut is None else await context_fut
 
         def step(key: str) -> Awaitable[StepResult]:
-            dit = self._b.dit.options(session_id=key)
-            if context is None:  # the call as before (older replicas, the sharded DiT)
-                return dit.step.remote(key, y, poses, intrinsics)
-            return dit.step.remote(key, y, poses, intrinsics, context)
+            return self._b.dit.options(session_id=key).step.remote(key, ChunkStep(y, poses, intrinsics, context))
 
         try:
             await stream.dit_open  # re-raises the open's failure

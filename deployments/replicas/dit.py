@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -39,23 +39,23 @@ from deployments.config import ModelArgs, SessionArgs
 from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, SessionLimit, SessionLost,
                                 TooLarge, Unsupported)
 from deployments.log import get_log
-from deployments.replicas.memory import cap_process, resident_model_bytes, session_budget
+from deployments.replicas.dit_engine import EngineHealth, start_engine
+from deployments.replicas.memory import resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import parse_snapshot_id
 from deployments import wire
-from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
-from model.accel import AccelOptions
+from deployments.wire import ChunkStep, NoiseSnapshot, SessionOptions, StepResult
 from model.compile_cache import CompileCache
-from model.dit.caches import KVCacheConfig
 from model.engine_api import ChunkPreempted, DiTEngineProtocol, SessionFootprint
-from model.factory import load_dit_engine
+from model.parallel.launch import DEFAULT_TIMEOUT_S
 from model.dit.sampler import NoiseState
 from model.ready import ReadyClock
 from model.session import DiTSession, DiTSessionSpec, PastChunk, SessionStatus, frame_tokens
 from model.warmup import WarmupReport, allow_recompiles, warm_up_dit
 
 GIB = 1024**3
+BROKEN_RETRY_S = 1.0  # `busy` hint of a broken SP replica: the rebuild goes elsewhere, or to its successor
 
 
 @dataclass(slots=True)
@@ -86,20 +86,21 @@ class DiTDeployment(SessionHost[DiTSlot]):
 
     slow_call_s = 6.0  # a chunk step runs 1.1-2.2 s at 464x832 on an H200
 
-    async def __init__(self, model: ModelArgs, sessions: SessionArgs, snapshot_mib: float = 0.0) -> None:
+    async def __init__(self, model: ModelArgs, sessions: SessionArgs, snapshot_mib: float = 0.0,
+                       parallel: int = 1, parallel_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """`parallel` > 1: the engine spans that many GPUs (sequence parallel, sp_dit.py): the
+        replica is rank 0 in bundle 0 of its placement group (deployments/app.py `bind_dit`)."""
         self._clock = ReadyClock()
-        self._compile_cache = CompileCache.open(model.compile_cache_dir, "dit")  # before anything compiles
-        cap = cap_process(model.device, sessions.memory_fraction)  # before anything is allocated
-        self._engine: DiTEngineProtocol = load_dit_engine(
-            model.preset, model.checkpoint, model.dtype, model.device,
-            local_attn_size=model.local_attn_size, sink_size=model.sink_size,
-            options=AccelOptions.for_serving(model.device, compile=model.compile, fp8=model.fp8,
-                                              fp8_attention=model.fp8_attention, attention=model.attention),
-            random_weights=model.random_weights,
-            kv=KVCacheConfig.for_serving(model.device, model.kv_cache, model.fp8_attention),
-        )
+        cache_name = "dit" if parallel == 1 else "dit-sp"
+        self._compile_cache = CompileCache.open(model.compile_cache_dir, cache_name)  # before anything compiles
+        served = await start_engine(model, sessions, parallel, parallel_timeout_s)
+        self._engine: DiTEngineProtocol = served.engine
+        self._health: EngineHealth = served.health
         self._clock.mark("load")
-        await self._ready(model, sessions, cap, snapshot_mib)
+        await self._ready(model, sessions, served.cap, snapshot_mib)
+        self._replica_info.update(served.info)
+        if parallel > 1:
+            self._log.info("sequence-parallel replica ready", fields={"ranks": parallel, "device": model.device})
 
     async def _ready(self, model: ModelArgs, sessions: SessionArgs, cap: int, snapshot_mib: float = 0.0) -> None:
         """Warm up at the serving sizes, then size the session budget and start serving
@@ -141,6 +142,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         """Admit a session before any work is done for it (before its prompt is encoded): its
         slot and bytes are held for the `open` that follows; `Busy` / `TooLarge` at once
         otherwise. Returns the replica id."""
+        self._refuse_if_broken()
         plan = self._plan(options, 0)
         with self._refusals(routing_key, plan.need):
             self._reserve_slot(routing_key, plan.need.held, plan.need.working, reserve_only=True)
@@ -149,6 +151,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
     async def open(self, routing_key: str, options: SessionOptions, context: np.ndarray) -> str:
         """Admit (or take the reservation of) and open a session whose prompt encodes to
         `context` float32 [L, text_dim]; returns the replica id."""
+        self._refuse_if_broken()
         plan = self._plan(options, 0)
         session_spec = self._session_spec(options, context)
         await self._admit(routing_key, session_spec, plan, 0, lambda: self._engine.open(session_spec))
@@ -159,6 +162,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
                       noise: Optional[NoiseSnapshot]) -> str:
         """Admit a session like `open` and rebuild it from its journal: `past` chunks in order,
         `noise` the generator state after the last one. Returns the replica id."""
+        self._refuse_if_broken()
         if not self._engine.capabilities.restore:
             raise SessionLost("this DiT deployment cannot rebuild sessions; start again with image and prompt")
         if len(past) > self._max_chunks:
@@ -306,15 +310,17 @@ class DiTDeployment(SessionHost[DiTSlot]):
                            f"{frame_seqlen}); this server allows {self._max_attention_tokens}: ask for a smaller "
                            "size or fewer frames")
 
-    async def step(self, routing_key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray,
-                   context: Optional[np.ndarray] = None) -> StepResult:
+    async def step(self, routing_key: str, chunk: ChunkStep) -> StepResult:
         """One chunk: y [20, 3, lh, lw], poses [N, 4, 4], intrinsics [N, 4] -> x0 latents [16, 3, lh, lw].
-        `context` [L, text_dim]: a prompt update (prompt steering) applied before the chunk."""
-        if context is not None and not self._engine.capabilities.update_prompt:
+        `chunk.context` [L, text_dim]: a prompt update (prompt steering) applied before the chunk."""
+        if chunk.context is not None and not self._engine.capabilities.update_prompt:
             raise Unsupported("this DiT deployment (sequence parallel) does not support prompt_update")
+        if self._health.broken is not None:  # at once, not behind the lock
+            await self.close(routing_key)
+            raise SessionLost("the server lost this session (a rank of its replica failed); "
+                              "send image and prompt to start again")
         try:
-            out = await self._compute_on_early(routing_key, self._step, routing_key, y, poses, intrinsics, context,
-                                               prepare=self._admit_chunk)
+            out = await self._compute_on_early(routing_key, self._step, routing_key, chunk, prepare=self._admit_chunk)
         except Preempted:
             self._count_call("preempted")  # `stats`: chunks given up
             if self._metrics is not None:
@@ -330,6 +336,20 @@ class DiTDeployment(SessionHost[DiTSlot]):
                               "session; start again with image and prompt") from e
         self._publish()
         return out
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        stats = super().record_routing_stats()
+        if self._health.broken is not None:  # routers place nothing new here
+            stats.update(capacity=0, free_slots=0)
+        return stats
+
+    async def check_health(self) -> None:
+        await self._health.check()
+
+    def _refuse_if_broken(self) -> None:
+        if self._health.broken is not None:
+            self._metrics.rejected.inc()
+            raise Busy("this DiT replica lost a rank and is being replaced; retry", BROKEN_RETRY_S)
 
     async def preempt(self, routing_key: str, chunk_id: int) -> bool:
         """Give the session's chunk `chunk_id` up at its next denoising call, or before it starts
@@ -369,22 +389,22 @@ class DiTDeployment(SessionHost[DiTSlot]):
                        "a local_attn_size window", retry)
         slot.kv_frames = needed
 
-    def _step(self, slot: DiTSlot, publish: Callable[[StepResult], None], routing_key: str, y: np.ndarray,
-              poses: np.ndarray, intrinsics: np.ndarray, context: Optional[np.ndarray] = None) -> StepResult:
+    def _step(self, slot: DiTSlot, publish: Callable[[StepResult], None], routing_key: str,
+              step: ChunkStep) -> StepResult:
         """The chunk's latents are published after its 4 denoising calls (they go to decoding
         at once); its cache-update call runs after, before this replica's next job (where the
         engine can defer it: the sequence-parallel replica steps all at once). Before it, with
         snapshots on, the state after the chunks so far is copied (copy before write)."""
         if self.snapshots.enabled:  # copy before write: the state after the chunks so far
             self._snapshot(routing_key, slot.chunks, self._held_bytes(slot), lambda: self._copy(slot))
-        if context is not None:
-            self._engine.update_prompt(slot.session, torch.tensor(context, dtype=torch.float32))
+        if step.context is not None:
+            self._engine.update_prompt(slot.session, torch.tensor(step.context, dtype=torch.float32))
         defer = self._engine.capabilities.deferred_update
         chunk = slot.chunks
         # (an engine that cannot preempt takes no such argument: the sequence-parallel one)
         preempt = {"should_stop": lambda: slot.preempt_chunk == chunk} if self._engine.capabilities.preempt else {}
         try:
-            out = self._engine.step(slot.session, torch.tensor(y), poses, intrinsics,  # copy: y arrives read-only
+            out = self._engine.step(slot.session, torch.tensor(step.y), step.poses, step.intrinsics,  # copy: read-only y
                                     defer_update=defer, **preempt)
         except ChunkPreempted:
             raise Preempted(f"chunk {chunk} was given up for newer keys; the session is as before it") from None

@@ -1,5 +1,5 @@
-"""SPDiTDeployment: one DiTDeployment replica spread over N GPUs of one node (Ulysses sequence
-parallelism, `model/parallel`, docs/PARALLEL.md).
+"""The sequence-parallel DiT engine: one DiTDeployment replica spread over N GPUs of one node
+(Ulysses sequence parallelism, `model/parallel`, docs/PARALLEL.md).
 
 Layout of one replica:
 
@@ -12,8 +12,8 @@ Layout of one replica:
   options) and holds, per session, the KV caches of its H/N heads, its own copy of the
   sampler state and the text embedding.
 
-Sessions, admission, TTL and routing are DiTDeployment's, unchanged: the replica swaps its engine
-for `SPReplicaEngine`, which forwards every open / step / close to the other ranks in the
+Sessions, admission, TTL and routing are DiTDeployment's, unchanged: the replica holds
+`SPReplicaEngine` (`start_sp_engine`, deployments/replicas/dit_engine.py) as its engine, which forwards every open / step / close to the other ranks in the
 same order (one caller, in-order actors) and runs rank 0's part itself. Steps meet in the
 collectives; every rank ends a chunk with the same latents and rank 0 returns them.
 Admission counts one rank's footprint (its KV heads, its token shard's camera features and
@@ -42,23 +42,17 @@ from typing import Any, Optional
 import numpy as np
 import ray
 import torch
-from ray import serve
-from ray.serve import Application
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from deployments.config import AppArgs, ModelArgs, ReplicaArgs, SessionArgs
-from deployments.replicas.dit import DiTDeployment
-from deployments.errors import Busy, SessionLost
-from deployments import wire
-from deployments.wire import NoiseSnapshot, SessionOptions, StepResult
+from deployments.config import ModelArgs, ReplicaArgs, SessionArgs
+from deployments.replicas.engine_options import accel_options, engine_options
 from deployments.replicas.memory import cap_process
 from model.accel import AccelOptions
 from model.config import DiTConfig
 from model.engine_api import ChunkOutput, DiTEngineProtocol, EngineCapabilities, SessionFootprint
 from model.compile_cache import CompileCache
 from model.factory import load_dit_engine
-from model.ready import ReadyClock
 from model.parallel.launch import DEFAULT_TIMEOUT_S
 from model.parallel import SPDiTEngine, init_sp_group, load_sp_dit_engine, rank_device, sp_engine
 from model.dit.sampler import NoiseState
@@ -66,7 +60,6 @@ from model.session import DiTSession, DiTSessionSpec, PastChunk
 
 PLACEMENT_STRATEGY = "STRICT_PACK"  # all ranks of a replica on one node
 RANK_NAMESPACE = "lwf-sp-ranks"  # the rank actors' names live here (stats()["ranks"] lists them)
-BROKEN_RETRY_S = 1.0  # `busy` hint of a broken replica: the rebuild goes elsewhere, or to its successor
 
 
 def sp_placement(replica: ReplicaArgs, parallel: int) -> dict[str, Any]:
@@ -82,20 +75,6 @@ def sp_placement(replica: ReplicaArgs, parallel: int) -> dict[str, Any]:
     return options
 
 
-def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
-    """The graph's DiT node: DiTDeployment, or SPDiTDeployment over `args.dit_parallel` GPUs.
-
-    `options` are the deployment options build_app gives DiTDeployment (replicas, actor
-    options, router); the SP replica adds its placement group.
-    """
-    if args.dit_parallel == 1:
-        return DiTDeployment.options(**options).bind(args.model, args.sessions, args.prefix_cache.snapshot_mib)
-    actor = {k: v for k, v in options.get("ray_actor_options", {}).items() if k != "label_selector"}
-    options = {**options, "ray_actor_options": actor}  # the bundles carry the labels
-    return SPDiTDeployment.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(
-        args.model, args.sessions, args.dit_parallel, args.dit_parallel_timeout_s)
-
-
 @ray.remote
 class SPRank:
     """Rank r >= 1 of an SP replica: its shards of sessions by `shard_id` (a uuid rank 0 gives
@@ -106,9 +85,7 @@ class SPRank:
         CompileCache.open(model.compile_cache_dir, f"dit-sp-rank{rank}")  # inductor's and Triton's caches
         device = rank_device(model.device)
         group = init_sp_group(rank, world, init_method, device, timeout_s)
-        self._engine = load_sp_dit_engine(model.preset, model.checkpoint, model.dtype, device, group,
-                                          model.local_attn_size, model.sink_size, options,
-                                          random_weights=model.random_weights)
+        self._engine = load_sp_dit_engine(group=group, **engine_options(model, device, options))
         self._sessions: dict[str, DiTSession] = {}
 
     def ping(self) -> None:
@@ -144,9 +121,11 @@ class SPReplicaEngine(DiTEngineProtocol):
     capabilities = EngineCapabilities(restore=True, update_prompt=False, deferred_update=False, preempt=False,
                                       clone=False)
 
-    def __init__(self, local: SPDiTEngine, ranks: list[ray.actor.ActorHandle], timeout_s: float) -> None:
+    def __init__(self, local: SPDiTEngine, ranks: list[ray.actor.ActorHandle], timeout_s: float,
+                 rank_names: Sequence[str] = ()) -> None:
         self._local = local
         self._ranks = ranks
+        self.rank_names = list(rank_names)  # the rank actors' names in RANK_NAMESPACE (stats()["ranks"])
         self._timeout_s = timeout_s
         self._shard_ids: dict[DiTSession, str] = {}  # rank 0's session -> its shard_id on the other ranks
         self._broken: Optional[str] = None
@@ -234,6 +213,12 @@ class SPReplicaEngine(DiTEngineProtocol):
             self._break(f"ping: {type(e).__name__}: {e}")
             raise RankFailure(self._broken) from e
 
+    async def check(self) -> None:
+        """Serve's health check (`EngineHealth`): fails once broken, or when a rank does not answer."""
+        if self._broken is not None:
+            raise RankFailure(f"sequence-parallel replica broken: {self._broken}")
+        await self.ping()
+
     def _together(self, others: list[ray.ObjectRef], local, what: str):
         """Rank 0's part `local()` while the other ranks run theirs (`others`). A watcher breaks
         the engine as soon as another rank fails, which ends rank 0's collectives at once."""
@@ -299,75 +284,30 @@ def _rendezvous() -> str:
     return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
 
-@serve.deployment(name="DiTDeployment")
-class SPDiTDeployment(DiTDeployment.func_or_class):
-    """DiTDeployment over the N GPUs of its placement group (rank 0 here, ranks 1..N-1 actors)."""
-
-    async def __init__(self, model: ModelArgs, sessions: SessionArgs, parallel: int,
-                       timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self._clock = ReadyClock()
-        self._compile_cache = CompileCache.open(model.compile_cache_dir, "dit-sp")  # before anything compiles
-        pg = get_current_placement_group()
-        if parallel < 2 or pg is None or len(pg.bundle_specs) != parallel:
-            raise ValueError(f"SPDiTDeployment over {parallel} ranks needs a placement group of {parallel} "
-                             "bundles (deploy it through sp_dit.bind_dit)")
-        device = rank_device(model.device)
-        options = AccelOptions.for_serving(device, compile=model.compile, fp8=model.fp8,
-                                           fp8_attention=model.fp8_attention, attention=model.attention)
-        init_method = _rendezvous()
-        names = [f"{uuid.uuid4().hex[:12]}-rank{r}" for r in range(1, parallel)]
-        ranks = [
-            SPRank.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
-                num_cpus=pg.bundle_specs[r].get("CPU", 0), num_gpus=pg.bundle_specs[r].get("GPU", 0),
-                name=name, namespace=RANK_NAMESPACE, max_restarts=0,
-            ).remote(r, parallel, init_method, model, options, timeout_s)
-            for r, name in zip(range(1, parallel), names)
-        ]
-        group = await asyncio.to_thread(init_sp_group, 0, parallel, init_method, device, timeout_s)
-        cap = cap_process(model.device, sessions.memory_fraction)
-        base = load_dit_engine(model.preset, model.checkpoint, model.dtype, str(device),
-                               local_attn_size=model.local_attn_size, sink_size=model.sink_size,
-                               options=options, random_weights=model.random_weights)  # rank 0's DiT
-        self._engine = SPReplicaEngine(sp_engine(base, group, options), ranks, timeout_s)
-        await self._engine.ping()  # the other ranks have loaded
-        self._clock.mark("load")
-        await self._ready(model, sessions, cap)  # warm-up over all ranks, budget, session table, host
-        self._replica_info["ranks"] = names
-        self._log.info("sequence-parallel replica ready", fields={"ranks": parallel, "device": str(device)})
-
-    async def reserve(self, routing_key: str, options: SessionOptions) -> str:
-        self._refuse_if_broken()
-        return await super().reserve(routing_key, options)
-
-    async def open(self, routing_key: str, options: SessionOptions, context: np.ndarray) -> str:
-        self._refuse_if_broken()
-        return await super().open(routing_key, options, context)
-
-    async def restore(self, routing_key: str, options: SessionOptions, context: np.ndarray, past: list[wire.PastChunk],
-                      noise: Optional[NoiseSnapshot]) -> str:
-        self._refuse_if_broken()
-        return await super().restore(routing_key, options, context, past, noise)
-
-    async def step(self, routing_key: str, y: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray) -> StepResult:
-        if self._engine.broken is not None:  # at once, not behind the lock
-            await self.close(routing_key)
-            raise SessionLost("the server lost this session (a rank of its replica failed); "
-                              "send image and prompt to start again")
-        return await super().step(routing_key, y, poses, intrinsics)
-
-    def record_routing_stats(self) -> dict[str, Any]:
-        stats = super().record_routing_stats()
-        if self._engine.broken is not None:  # routers place nothing new here
-            stats.update(capacity=0, free_slots=0)
-        return stats
-
-    async def check_health(self) -> None:
-        if self._engine.broken is not None:
-            raise RankFailure(f"sequence-parallel replica broken: {self._engine.broken}")
-        await self._engine.ping()
-
-    def _refuse_if_broken(self) -> None:
-        if self._engine.broken is not None:
-            self._metrics.rejected.inc()
-            raise Busy("this DiT replica lost a rank and is being replaced; retry", BROKEN_RETRY_S)
+async def start_sp_engine(model: ModelArgs, sessions: SessionArgs, parallel: int,
+                          timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[SPReplicaEngine, int]:
+    """Rank 0's engine over the `parallel` ranks of this replica's placement group (ranks
+    1..N-1 started as actors, one per bundle), once every rank has loaded; and the process's
+    memory cap, set before rank 0 loads its DiT."""
+    pg = get_current_placement_group()
+    if parallel < 2 or pg is None or len(pg.bundle_specs) != parallel:
+        raise ValueError(f"a sequence-parallel DiTDeployment over {parallel} ranks needs a placement group of "
+                         f"{parallel} bundles (deploy it through app.bind_dit)")
+    device = rank_device(model.device)
+    options = accel_options(model, device)
+    init_method = _rendezvous()
+    names = [f"{uuid.uuid4().hex[:12]}-rank{r}" for r in range(1, parallel)]
+    ranks = [
+        SPRank.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
+            num_cpus=pg.bundle_specs[r].get("CPU", 0), num_gpus=pg.bundle_specs[r].get("GPU", 0),
+            name=name, namespace=RANK_NAMESPACE, max_restarts=0,
+        ).remote(r, parallel, init_method, model, options, timeout_s)
+        for r, name in zip(range(1, parallel), names)
+    ]
+    group = await asyncio.to_thread(init_sp_group, 0, parallel, init_method, device, timeout_s)
+    cap = cap_process(model.device, sessions.memory_fraction)
+    base = load_dit_engine(**engine_options(model, device, options))  # rank 0's DiT
+    engine = SPReplicaEngine(sp_engine(base, group, options), ranks, timeout_s, names)
+    await engine.ping()  # the other ranks have loaded
+    return engine, cap

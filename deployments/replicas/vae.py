@@ -43,6 +43,7 @@ from deployments.replicas.memory import cap_process, resident_model_bytes, sessi
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import parse_snapshot_id
+from deployments.wire import SessionOptions
 from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.compile_cache import CompileCache
@@ -128,19 +129,22 @@ class VaeDeployment(SessionHost[VaeSlot]):
             self._log.warning("RANDOM WEIGHTS: this VAE is NOT A REAL MODEL (load tests only)")
         self._log.info("ready", fields={"warmed": report.as_dict()["warmed_sizes"], "warmup_s": f"{report.seconds:.1f}"})
 
-    async def open(self, routing_key: str, image: np.ndarray, height: int, width: int, raw_frames: bool = False) -> str:
-        """Start a session from its RGB uint8 image [H0, W0, 3] at output size (height, width);
-        `raw_frames`: its chunks come back as raw RGB uint8 bytes, not fMP4."""
-        await self._admit(routing_key, height, width, lambda: self._new_slot(image, height, width, raw_frames))
+    async def open(self, routing_key: str, options: SessionOptions, image: np.ndarray) -> str:
+        """Start a session from its RGB uint8 image [H0, W0, 3] at its output size
+        (`options.resolution`); `options.raw_frames`: its chunks come back as raw RGB uint8
+        bytes, not fMP4."""
+        height, width = options.resolution
+        await self._admit(routing_key, height, width, lambda: self._new_slot(image, options))
         self._log.info("session opened", fields={"session": routing_key, "resolution": f"{height}x{width}"})
         return self._replica
 
-    async def restore(self, routing_key: str, image: np.ndarray, height: int, width: int, conditioned: int,
-                      decoded: list[np.ndarray], raw_frames: bool = False) -> str:
-        """Rebuild a session: `conditioned` conditions done, then the chunks `decoded` (latents
-        [16, 3, lh, lw] each, in order) decoded and muxed. Opened, then replayed one condition
-        or decode per compute job: other sessions' calls run between them (`_replay_in_turns`)."""
-        await self._admit(routing_key, height, width, lambda: self._new_slot(image, height, width, raw_frames))
+    async def restore(self, routing_key: str, options: SessionOptions, image: np.ndarray, conditioned: int,
+                      decoded: list[np.ndarray]) -> str:
+        """Rebuild a session opened with `options` and `image`: `conditioned` conditions done,
+        then the chunks `decoded` (latents [16, 3, lh, lw] each, in order) decoded and muxed.
+        Opened, then replayed one condition or decode per compute job: other sessions' calls run
+        between them (`_replay_in_turns`)."""
+        await self._admit(routing_key, *options.resolution, lambda: self._new_slot(image, options))
         steps = [(self._replay_condition, ())] * conditioned + [(self._replay_decode, (z,)) for z in decoded]
         await self._replay_in_turns(routing_key, steps)
         self._log.info("session restored", fields={"session": routing_key, "conditioned": conditioned,
@@ -219,9 +223,11 @@ class VaeDeployment(SessionHost[VaeSlot]):
             raise
         self._metrics.admitted.inc()
 
-    def _new_slot(self, image: np.ndarray, height: int, width: int, raw_frames: bool) -> VaeSlot:
+    def _new_slot(self, image: np.ndarray, options: SessionOptions) -> VaeSlot:
         writable = np.array(image)  # Ray hands in read-only arrays; torch wants to own a copy
-        return VaeSlot(self._engine.open(writable, height, width), None if raw_frames else Fmp4Muxer(width, height, FPS))
+        height, width = options.resolution
+        muxer = None if options.raw_frames else Fmp4Muxer(width, height, FPS)
+        return VaeSlot(self._engine.open(writable, height, width), muxer)
 
     async def condition(self, routing_key: str) -> np.ndarray:
         """The next chunk's conditioning y, float32 [20, 3, lh, lw]."""

@@ -122,7 +122,7 @@ def test_a_rewind_rebuilds_what_the_session_had_when_it_was_queued():
         return rig, again
 
     rig, again = asyncio.run(go())
-    _image, _h, _w, conditioned, decoded, _raw = rig.vae.restores[-1]
+    _options, _image, conditioned, decoded = rig.vae.restores[-1]
     assert (conditioned, len(decoded), again.chunk_id) == (1, 1, 1)
 
 

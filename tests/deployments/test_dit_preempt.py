@@ -15,7 +15,7 @@ from deployments.config import ModelArgs, SessionArgs
 from deployments.errors import Preempted
 from deployments.replicas import dit as dit_module
 from deployments.replicas import session_host
-from deployments.wire import SessionOptions
+from deployments.wire import ChunkStep, SessionOptions
 
 MODEL = ModelArgs(preset="tiny", device="cpu", warmup=False, size_buckets=["32*48"], default_size="32*48")
 K = np.array([[40, 40, 24, 16.0]], np.float32)
@@ -49,15 +49,15 @@ def test_a_preempted_chunk_is_given_up_and_made_again_as_if_never_started(replic
         context = np.random.default_rng(0).standard_normal((6, dit._engine.cfg.text_dim)).astype(np.float32)
         await dit.open("a", _options("a"), context)
         await dit.open("b", _options("b"), context)
-        plain = [(await dit.step("b", *_chunk(k))).latents for k in range(3)]
-        ours = [(await dit.step("a", *_chunk(0))).latents]
+        plain = [(await dit.step("b", ChunkStep(*_chunk(k)))).latents for k in range(3)]
+        ours = [(await dit.step("a", ChunkStep(*_chunk(0)))).latents]
         assert await dit.preempt("a", 0) is False  # chunk 0 is done
         assert await dit.preempt("a", 2) is False  # not the chunk to run next
         assert await dit.preempt("nobody", 1) is False
         assert await dit.preempt("a", 1) is True  # before it starts: given up at its first call
         with pytest.raises(Preempted):
-            await dit.step("a", *_chunk(1, turn=0.3))
-        ours.append((await dit.step("a", *_chunk(1))).latents)  # made again, with other poses
+            await dit.step("a", ChunkStep(*_chunk(1, turn=0.3)))
+        ours.append((await dit.step("a", ChunkStep(*_chunk(1)))).latents)  # made again, with other poses
 
         # while it runs: asked while its first denoising call is held in the model thread
         started, go_on = asyncio.Event(), threading.Event()
@@ -70,14 +70,14 @@ def test_a_preempted_chunk_is_given_up_and_made_again_as_if_never_started(replic
             return real(*args, **kwargs)
 
         dit._engine.dit.forward = forward
-        running = asyncio.ensure_future(dit.step("a", *_chunk(2, turn=0.3)))
+        running = asyncio.ensure_future(dit.step("a", ChunkStep(*_chunk(2, turn=0.3))))
         await started.wait()
         assert await dit.preempt("a", 2) is True
         go_on.set()
         with pytest.raises(Preempted):
             await running
         dit._engine.dit.forward = real
-        ours.append((await dit.step("a", *_chunk(2))).latents)
+        ours.append((await dit.step("a", ChunkStep(*_chunk(2)))).latents)
         stats = await dit.stats()
         await dit.close("a")
         await dit.close("b")

@@ -18,7 +18,6 @@ import json
 
 import pytest
 import torch
-import yaml
 
 from deployments.config import AppArgs
 from deployments.errors import Busy
@@ -54,7 +53,9 @@ def card_bytes(measured) -> int:
 
 @pytest.fixture(scope="module")
 def args() -> AppArgs:
-    cfg = yaml.safe_load((REPO / "benchmarks/serve_config.h200.window_fp8.yaml").read_text())
+    from benchmarks.overlay import resolve
+
+    cfg = resolve(REPO / "benchmarks/serve_config.h200.window_fp8.yaml")  # an overlay
     return AppArgs.model_validate(cfg["applications"][0]["args"])
 
 

@@ -17,7 +17,7 @@ from deployments.config import ModelArgs, SessionArgs
 from deployments.replicas import dit as dit_module
 from deployments.replicas import session_host
 from deployments.replicas import vae as vae_module
-from deployments.wire import PastChunk, SessionOptions
+from deployments.wire import ChunkStep, PastChunk, SessionOptions
 
 MODEL = ModelArgs(preset="tiny", device="cpu", warmup=False, size_buckets=["32*48"], default_size="32*48")
 K = np.array([[40, 40, 24, 16.0]], np.float32)
@@ -35,9 +35,10 @@ def _new(cls):
     return cls.__new__(cls)
 
 
-def _options(sid: str) -> SessionOptions:
+def _options(sid: str, raw_frames: bool = False) -> SessionOptions:
     return SessionOptions(session_id=sid, prompt="a cat", image_digest="d", resolution=(32, 48), seed=1,
-                          total_latent_frames=None, translation_scale=None, intrinsics_resolution=(32, 48))
+                          total_latent_frames=None, translation_scale=None, intrinsics_resolution=(32, 48),
+                          raw_frames=raw_frames)
 
 
 def _chunk(k: int):
@@ -83,8 +84,8 @@ def test_a_vae_restore_lets_another_sessions_call_run_between_its_chunks():
     async def go():
         vae = _new(vae_module.VaeDeployment)
         await vae.__init__(MODEL, SessionArgs(), 8)
-        await vae.open("src", image, 32, 48, True)
-        await vae.open("other", image, 32, 48, True)
+        await vae.open("src", _options("src", raw_frames=True), image)
+        await vae.open("other", _options("other", raw_frames=True), image)
         for k in range(CHUNKS):
             await vae.condition("src")
             await vae.decode("src", latents[k])
@@ -103,7 +104,7 @@ def test_a_vae_restore_lets_another_sessions_call_run_between_its_chunks():
             return call
 
         engine.condition, engine.decode = logged(condition), logged(decode)
-        restore = asyncio.ensure_future(vae.restore("r", image, 32, 48, CHUNKS, latents[:CHUNKS], True))
+        restore = asyncio.ensure_future(vae.restore("r", _options("r", raw_frames=True), image, CHUNKS, latents[:CHUNKS]))
         call = await _queue_behind_the_replay(vae, gate, lambda: vae.condition("other"))
         await asyncio.gather(restore, call)
         engine.condition, engine.decode = condition, decode
@@ -128,7 +129,7 @@ def test_a_dit_restore_lets_another_sessions_chunk_run_between_its_chunks():
         past, noise = [], None
         for k in range(CHUNKS):
             y, poses, intrinsics = _chunk(k)
-            out = await dit.step("src", y, poses, intrinsics)
+            out = await dit.step("src", ChunkStep(y, poses, intrinsics))
             past.append(PastChunk(poses, intrinsics, y, out.latents))
             noise = out.noise
         gate = Gate(asyncio.get_running_loop())
@@ -145,10 +146,10 @@ def test_a_dit_restore_lets_another_sessions_chunk_run_between_its_chunks():
 
         engine.replay, engine.step = replayed, stepped
         restore = asyncio.ensure_future(dit.restore("r", _options("src"), context, past, noise))
-        call = await _queue_behind_the_replay(dit, gate, lambda: dit.step("other", *_chunk(0)))
+        call = await _queue_behind_the_replay(dit, gate, lambda: dit.step("other", ChunkStep(*_chunk(0))))
         await asyncio.gather(restore, call)
         engine.replay, engine.step = replay, step
-        nxt = [(await dit.step(k, *_chunk(CHUNKS))).latents for k in ("src", "r")]
+        nxt = [(await dit.step(k, ChunkStep(*_chunk(CHUNKS)))).latents for k in ("src", "r")]
         return gate.log, nxt
 
     log, (src, rebuilt) = asyncio.run(go())

@@ -16,7 +16,13 @@ from deployments.replicas import session_host
 from deployments.replicas import text_encoder as text_module
 from deployments.replicas import vae as vae_module
 from deployments.config import ModelArgs, SessionArgs
-from deployments.wire import SessionOptions
+from deployments.wire import ChunkStep, SessionOptions
+
+
+def _options(resolution: tuple[int, int]) -> SessionOptions:
+    return SessionOptions(session_id="s", prompt="a cat", image_digest="d", resolution=resolution, seed=1,
+                          total_latent_frames=None, translation_scale=None, intrinsics_resolution=resolution)
+
 
 MODEL = ModelArgs(preset="tiny", device="cpu", warmup=True, size_buckets=["32*48"], default_size="32*48")
 
@@ -52,7 +58,7 @@ def test_vae_replica_warms_up_and_serves_on_one_thread(threads):
         for name in ("condition", "decode"):
             real = getattr(engine, name)
             setattr(engine, name, lambda *a, _real=real: (calls.append(threading.get_ident()), _real(*a))[1])
-        await vae.open("s", np.full((40, 60, 3), 100, np.uint8), 32, 48)
+        await vae.open("s", _options((32, 48)), np.full((40, 60, 3), 100, np.uint8))
         y = await vae.condition("s")
         out = await vae.decode("s", np.zeros((16, 3, 4, 6), np.float32))
         stats = await vae.stats()
@@ -78,7 +84,7 @@ def test_dit_and_text_replicas_warm_up_on_their_model_thread(threads):
                                            seed=1, total_latent_frames=6, translation_scale=None,
                                            intrinsics_resolution=(32, 48)), emb)
         poses = np.tile(np.eye(4, dtype=np.float32), (12, 1, 1))
-        await dit.step("s", np.zeros((20, 3, 4, 6), np.float32), poses, np.array([[40, 40, 24, 16.0]], np.float32))
+        await dit.step("s", ChunkStep(np.zeros((20, 3, 4, 6), np.float32), poses, np.array([[40, 40, 24, 16.0]], np.float32)))
         return dit, text, step_thread
 
     dit, text, step_thread = asyncio.run(go())
@@ -126,7 +132,7 @@ def test_warmup_sizes_first_warms_the_first_size_only_and_serves_the_others(thre
         vae = _instance(vae_module.VaeDeployment)
         await vae.__init__(two, SessionArgs(), 4)
         warmed = (await vae.stats())["warmed_sizes"]
-        await vae.open("s", np.full((60, 40, 3), 100, np.uint8), 48, 32)
+        await vae.open("s", _options((48, 32)), np.full((60, 40, 3), 100, np.uint8))
         await vae.condition("s")
         out = await vae.decode("s", np.zeros((16, 3, 6, 4), np.float32))
         await vae.close("s")

@@ -18,7 +18,7 @@ from deployments.replicas import session_host
 from deployments.replicas import vae as vae_module
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import SnapshotShelf, parse_snapshot_id, snapshot_id
-from deployments.wire import SessionOptions, owner_of, owner_tag, routing_key
+from deployments.wire import ChunkStep, SessionOptions, owner_of, owner_tag, routing_key
 
 MODEL = ModelArgs(preset="tiny", device="cpu", warmup=False, size_buckets=["32*48"], default_size="32*48")
 K = np.array([[40, 40, 24, 16.0]], np.float32)
@@ -175,7 +175,7 @@ def test_a_dit_clone_of_a_snapshot_continues_like_a_session_that_took_that_path(
         context = np.random.default_rng(0).standard_normal((6, dit._engine.cfg.text_dim)).astype(np.float32)
         await dit.open("a", _options("a"), context)
         for k in range(3):
-            await dit.step("a", *_chunk(k))
+            await dit.step("a", ChunkStep(*_chunk(k)))
         stats = await dit.stats()
         # copied before chunks 1 and 2 (the state before chunk 0 is an open's; the current one is live)
         assert stats["snapshots"]["held"] == 2 and stats["snapshots"]["bytes"] > 0
@@ -185,11 +185,11 @@ def test_a_dit_clone_of_a_snapshot_continues_like_a_session_that_took_that_path(
         assert sorted(dit.record_routing_stats()["snapshots"]) == ["a#1", "a#2", "a#3"]
         await dit.clone("a#2", "c", _options("c"))
         await dit.clone("a#3", "d", _options("d"))
-        forked = [(await dit.step(sid, *_chunk(OTHER))).latents for sid in ("b", "c", "d")]
+        forked = [(await dit.step(sid, ChunkStep(*_chunk(OTHER)))).latents for sid in ("b", "c", "d")]
         refs = []
         for n in (1, 2, 3):
             await dit.open(f"r{n}", _options(f"r{n}"), context)
-            refs.append([(await dit.step(f"r{n}", *_chunk(k))).latents for k in [*range(n), OTHER]][-1])
+            refs.append([(await dit.step(f"r{n}", ChunkStep(*_chunk(k)))).latents for k in [*range(n), OTHER]][-1])
             await dit.close(f"r{n}")
         with pytest.raises(NoSnapshot):
             await dit.clone("a#9", "d", _options("d"))
@@ -210,11 +210,11 @@ def test_a_dit_keeps_only_what_its_snapshot_budget_holds(replica_context):
         context = np.zeros((6, dit._engine.cfg.text_dim), np.float32)
         await dit.open("a", _options("a", total_latent_frames=12), context)  # its caches do not grow
         for k in (0, 1):
-            await dit.step("a", *_chunk(k))
+            await dit.step("a", ChunkStep(*_chunk(k)))
         one = dit.snapshots.nbytes
         dit.snapshots.max_bytes = one  # room for one: each chunk's copy evicts the one before
         for k in (2, 3):
-            await dit.step("a", *_chunk(k))
+            await dit.step("a", ChunkStep(*_chunk(k)))
         return dit.record_routing_stats()["snapshots"], dit.snapshots.evictions
 
     held, evicted = asyncio.run(go())
@@ -228,7 +228,7 @@ def test_without_a_budget_a_dit_keeps_no_snapshot(replica_context):
         context = np.zeros((6, dit._engine.cfg.text_dim), np.float32)
         await dit.open("a", _options("a"), context)
         for k in (0, 1):
-            await dit.step("a", *_chunk(k))
+            await dit.step("a", ChunkStep(*_chunk(k)))
         await dit.close("a")
         with pytest.raises(NoSnapshot):
             await dit.clone("a#1", "b", _options("b"))
@@ -247,7 +247,7 @@ def test_a_vae_clone_of_a_snapshot_decodes_and_muxes_like_the_session_that_took_
     async def go():
         vae = _new(vae_module.VaeDeployment)
         await vae.__init__(MODEL, SessionArgs(), 8, snapshot_mib=64)
-        await vae.open("a", image, 32, 48)
+        await vae.open("a", _options("a"), image)
         await vae.condition("a")
         for k in range(3):
             await vae.condition("a")  # ahead of the decode of chunk k
@@ -258,7 +258,7 @@ def test_a_vae_clone_of_a_snapshot_decodes_and_muxes_like_the_session_that_took_
         with pytest.raises(NoSnapshot):
             await vae.clone("a#4", "d")  # no decoder part after 4 decodes
         forked = [await vae.condition("b"), (await vae.decode("b", latents[OTHER]))["video"]]
-        await vae.open("r", image, 32, 48)
+        await vae.open("r", _options("r"), image)
         ref = []
         for k in (0, OTHER):
             y = await vae.condition("r")

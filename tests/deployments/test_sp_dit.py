@@ -1,5 +1,6 @@
-"""deployments/replicas/sp_dit.py: the N-GPU DiT replica, its serve config and KubeRay variant, and one
-real 2-rank replica (gloo on CPU, a real Ray cluster) against the single-process engine."""
+"""deployments/replicas/sp_dit.py: the N-GPU DiT replica (DiTDeployment holding the SP engine), its
+serve config and KubeRay variant, and one real 2-rank replica (gloo on CPU, a real Ray cluster)
+against the single-process engine."""
 from __future__ import annotations
 
 import copy
@@ -14,10 +15,11 @@ from ray.serve.deployment import Application
 from ray.serve.schema import ServeDeploySchema
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION
-from deployments.app import build_app, replica_options
+from deployments.app import bind_dit, build_app, replica_options
 from deployments.config import AppArgs, ModelArgs, ReplicaArgs
-from deployments.replicas.sp_dit import SPDiTDeployment, bind_dit, sp_placement
-from deployments.wire import PastChunk, SessionOptions
+from deployments.replicas.dit import DiTDeployment
+from deployments.replicas.sp_dit import sp_placement
+from deployments.wire import ChunkStep, PastChunk, SessionOptions
 from model.config import PRESETS
 from model.factory import load_dit_engine
 from model.session import DiTSessionSpec
@@ -66,17 +68,17 @@ def serve_config_of(rayservice: dict) -> dict:
 def test_bind_dit_gives_an_sp_replica_one_bundle_per_rank_on_one_node():
     args = AppArgs(dit=ReplicaArgs(num_cpus=6, num_gpus=1), dit_parallel=4)
     d = bound(bind_dit(args, replica_options(args.dit)))
-    assert d.name == "DiTDeployment" and d.func_or_class is SPDiTDeployment.func_or_class
+    assert d.name == "DiTDeployment" and d.func_or_class is DiTDeployment.func_or_class
     assert d._replica_config.placement_group_bundles == [{"CPU": 6, "GPU": 1}] * 4
     assert d._replica_config.placement_group_strategy == "STRICT_PACK"
     assert d.ray_actor_options["num_gpus"] == 1 and d.ray_actor_options["num_cpus"] == 6  # rank 0 = bundle 0
-    assert d.init_args == (args.model, args.sessions, 4, args.dit_parallel_timeout_s)
+    assert d.init_args == (args.model, args.sessions, args.prefix_cache.snapshot_mib, 4, args.dit_parallel_timeout_s)
 
 
 def test_bind_dit_keeps_the_one_device_deployment_for_one_rank():
     args = AppArgs()
     d = bound(bind_dit(args, replica_options(args.dit)))
-    assert d.name == "DiTDeployment" and d.func_or_class is not SPDiTDeployment.func_or_class
+    assert d.name == "DiTDeployment" and d.func_or_class is DiTDeployment.func_or_class
     assert d._replica_config.placement_group_bundles is None
     assert d.init_args == (args.model, args.sessions, args.prefix_cache.snapshot_mib)
 
@@ -100,7 +102,7 @@ def test_sp_serve_config_runs_one_4_gpu_dit_replica_on_an_8_gpu_node():
     assert (args.model.preset, args.model.dtype, args.model.device) == ("lingbot-world-fast", "bfloat16", "cuda")
     assert PRESETS[args.model.preset].dit.num_heads % args.dit_parallel == 0
     d = graph_dit(app["args"])
-    assert d.func_or_class is SPDiTDeployment.func_or_class and d.init_args[2] == args.dit_parallel == 4
+    assert d.func_or_class is DiTDeployment.func_or_class and d.init_args[3] == args.dit_parallel == 4
     bundles = d._replica_config.placement_group_bundles
     assert len(bundles) == 4 and all(b["GPU"] == 1 for b in bundles)
     assert d._replica_config.placement_group_strategy == "STRICT_PACK"
@@ -135,7 +137,7 @@ def test_sp4_yaml_restates_the_placement_build_app_sets(sp4):
     app = the_app(serve_config_of(sp4))
     args = AppArgs.model_validate(app["args"])
     code = graph_dit(app["args"])
-    assert code.func_or_class is SPDiTDeployment.func_or_class
+    assert code.func_or_class is DiTDeployment.func_or_class
     over = dit_override(app)
     assert over["placement_group_bundles"] == code._replica_config.placement_group_bundles
     assert over["placement_group_strategy"] == code._replica_config.placement_group_strategy
@@ -208,7 +210,7 @@ def serve_instance():
 
 
 def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
-    """SPDiTDeployment over 2 ranks (rank 0 the replica, rank 1 an actor in its placement group,
+    """DiTDeployment over 2 ranks (rank 0 the replica, rank 1 an actor in its placement group,
     gloo) streams two chunks of a 45-token-per-chunk session (padding) equal to DiTEngine."""
     serve = serve_instance
     args = AppArgs(model=ModelArgs(preset="tiny"), dit=ReplicaArgs(num_cpus=0.1), dit_parallel=2)
@@ -223,7 +225,7 @@ def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
     try:
         options = SessionOptions("s", "p", "d", (height, width), seed, None, None, DEFAULT_INTRINSICS_RESOLUTION)
         handle.open.remote("s", options, context.numpy()).result()
-        outs = [handle.step.remote("s", ys[c].numpy(), *cams[c]).result() for c in range(2)]
+        outs = [handle.step.remote("s", ChunkStep(ys[c].numpy(), *cams[c])).result() for c in range(2)]
         stats = handle.stats.remote().result()
         assert handle.close.remote("s").result() is True
     finally:
@@ -236,6 +238,35 @@ def test_two_rank_replica_matches_the_single_process_engine(serve_instance):
     print("2-rank replica vs single process, rel err per chunk:", errors)
     assert max(errors) <= EXACT
     assert stats["sessions"] == 1
+
+
+def test_two_rank_replica_answers_prompt_update_unsupported_and_keeps_the_session(serve_instance):
+    """docs/SERVING.md: the sequence-parallel DiT refuses `prompt_update` (`bad_message`): a step
+    with a context on a 2-rank replica raises `Unsupported` (not a TypeError), and the session
+    goes on as before."""
+    from deployments.errors import Unsupported
+    from protocol.errors import ErrorCode
+
+    serve = serve_instance
+    args = AppArgs(model=ModelArgs(preset="tiny"), dit=ReplicaArgs(num_cpus=0.1), dit_parallel=2)
+    height, width = 32, 48
+    gen = torch.Generator().manual_seed(3)
+    context = torch.randn(9, PRESETS["tiny"].dit.text_dim, generator=gen).numpy()
+    y = torch.randn(20, 3, height // 8, width // 8, generator=gen).numpy()
+    poses, intrinsics = np.load(EXAMPLES / "00" / "poses.npy")[:12], np.load(EXAMPLES / "00" / "intrinsics.npy")[:12]
+
+    handle = serve.run(bind_dit(args, replica_options(args.dit)), name="sp-dit-steer", route_prefix=None)
+    try:
+        options = SessionOptions("s", "p", "d", (height, width), 1, None, None, DEFAULT_INTRINSICS_RESOLUTION)
+        handle.open.remote("s", options, context).result()
+        with pytest.raises(Unsupported, match="prompt_update") as refused:
+            handle.step.remote("s", ChunkStep(y, poses, intrinsics, context)).result()
+        assert refused.value.code is ErrorCode.BAD_MESSAGE
+        out = handle.step.remote("s", ChunkStep(y, poses, intrinsics)).result()  # the session is intact
+        assert out.latents.shape == (16, 3, height // 8, width // 8)
+        assert handle.close.remote("s").result() is True
+    finally:
+        serve.delete("sp-dit-steer")
 
 
 def test_two_rank_replica_restores_bit_for_bit_and_breaks_at_once_when_a_rank_dies(serve_instance):
@@ -267,9 +298,9 @@ def test_two_rank_replica_restores_bit_for_bit_and_breaks_at_once_when_a_rank_di
     handle = serve.run(bind_dit(args, replica_options(args.dit)), name="sp-dit-restore", route_prefix=None)
     try:
         handle.open.remote("a", *spec).result()
-        ref = [handle.step.remote("a", ys[c], *cams[c]).result() for c in range(4)]
+        ref = [handle.step.remote("a", ChunkStep(ys[c], *cams[c])).result() for c in range(4)]
         handle.restore.remote("b", *spec, past(ref, 2), ref[1].noise).result()
-        rebuilt = handle.step.remote("b", ys[2], *cams[2]).result()
+        rebuilt = handle.step.remote("b", ChunkStep(ys[2], *cams[2])).result()
         assert np.array_equal(rebuilt.latents, ref[2].latents)
         stats = handle.stats.remote().result()
         assert stats["sessions"] == 2
@@ -277,7 +308,7 @@ def test_two_rank_replica_restores_bit_for_bit_and_breaks_at_once_when_a_rank_di
         ray.kill(ray.get_actor(stats["ranks"][0], namespace=RANK_NAMESPACE))
         t0 = time.monotonic()
         with pytest.raises(SessionLost):
-            handle.step.remote("b", ys[3], *cams[3]).result()
+            handle.step.remote("b", ChunkStep(ys[3], *cams[3])).result()
         lost_s = time.monotonic() - t0
         with pytest.raises((Busy, SessionLost)):  # broken: refuses, or already replaced
             handle.restore.remote("c", *spec, past(ref, 3), ref[2].noise).result()
@@ -291,7 +322,7 @@ def test_two_rank_replica_restores_bit_for_bit_and_breaks_at_once_when_a_rank_di
                 assert time.monotonic() < deadline, "the broken replica was not replaced"
                 time.sleep(1)
         replaced_s = time.monotonic() - t0
-        again = handle.step.remote("c", ys[3], *cams[3]).result()
+        again = handle.step.remote("c", ChunkStep(ys[3], *cams[3])).result()
         assert again.replica != ref[0].replica
         assert np.array_equal(again.latents, ref[3].latents)
         print(f"rank killed: session_lost after {lost_s:.2f} s, rebuilt on a new replica after {replaced_s:.1f} s")

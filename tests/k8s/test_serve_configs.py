@@ -213,7 +213,9 @@ GPU_RAYSERVICES = ("k8s/rayservice.yaml", "k8s/variants/rayservice-sp4.yaml")
 def gpu_configs() -> dict[str, dict]:
     import yaml
 
-    out = {name: yaml.safe_load((REPO / name).read_text()) for name in GPU_CONFIG_FILES}
+    from benchmarks.overlay import resolve
+
+    out = {name: resolve(REPO / name) for name in GPU_CONFIG_FILES}
     for name in GPU_RAYSERVICES:
         doc = next(d for d in yaml.safe_load_all((REPO / name).read_text()) if d and d.get("kind") == "RayService")
         out[name] = yaml.safe_load(doc["spec"]["serveConfigV2"])
@@ -376,14 +378,17 @@ def test_cpus_at_most_counts_every_replica_the_app_can_run():
 
 def test_the_h200_fa4_benchmark_is_the_h200_benchmark_with_fa4_attention():
     """serve_config.h200.fa4.yaml serves the opt-in FA4 attention; all else as serve_config.h200.yaml."""
+    from benchmarks.overlay import resolve
     from support import REPO
-    import yaml
 
-    load = lambda n: the_app(yaml.safe_load((REPO / n).read_text()))["args"]  # noqa: E731
+    load = lambda n: the_app(resolve(REPO / n))["args"]  # noqa: E731
     base, fa4 = load("benchmarks/serve_config.h200.yaml"), load("benchmarks/serve_config.h200.fa4.yaml")
     assert AppArgs.model_validate(fa4).model.attention == "fa4"
     assert AppArgs.model_validate(base).model.attention == "cudnn"
-    assert {**fa4, "model": {k: v for k, v in fa4["model"].items() if k != "attention"}} == base
+    def but_attention(args: dict) -> dict:
+        return {**args, "model": {k: v for k, v in args["model"].items() if k != "attention"}}
+
+    assert but_attention(fa4) == but_attention(base)
 
 
 def test_random_weights_are_never_a_default_and_need_no_checkpoint():
@@ -454,3 +459,45 @@ def test_the_h100_fp8_window_fa3_benchmark_is_the_h100_one_with_fa3_attention():
         served = AccelOptions.for_serving(m.device, compile=m.compile, fp8=m.fp8, fp8_attention=m.fp8_attention,
                                           attention=m.attention)
     assert served.attention == "fa3_fp8" and served.qk_bound_scales
+
+
+BENCHMARK_CONFIGS = sorted(p.name for p in (REPO / "benchmarks").glob("serve_config.*.yaml"))
+
+
+@pytest.mark.parametrize("name", BENCHMARK_CONFIGS)
+def test_every_benchmark_config_is_an_overlay_of_a_shipped_one(name):
+    """Issue 45 item 5: a benchmark config names only what differs (benchmarks/overlay.py): its
+    `base:` is a shipped serve config, or a benchmark overlay whose chain ends at one; the
+    resolved config validates like any other."""
+    import yaml
+
+    from benchmarks.overlay import resolve
+
+    path, seen = f"benchmarks/{name}", []
+    while True:
+        doc = yaml.safe_load((REPO / path).read_text())
+        if "base" not in doc:
+            break
+        assert set(doc) <= {"base", "config", "args"} and path not in seen, path
+        seen.append(path)
+        path = doc["base"]
+    assert seen and not path.startswith("benchmarks/"), (name, path)  # a shipped config at the root
+    assert (REPO / path).parent == REPO and path.startswith("serve_config"), path
+    cfg = resolve(REPO / f"benchmarks/{name}")
+    ServeDeploySchema.model_validate(cfg)
+    AppArgs.model_validate(the_app(cfg)["args"])
+
+
+def test_an_overlay_changes_the_config_outside_the_args_through_config(tmp_path):
+    from benchmarks.overlay import resolve
+
+    overlay = tmp_path / "o.yaml"
+    overlay.write_text("base: serve_config.gpu.yaml\nconfig:\n  http_options: {host: 127.0.0.1}\n"
+                       "args:\n  sessions: {max_sessions: 3}\n")
+    cfg, base = resolve(overlay), resolve(REPO / "serve_config.gpu.yaml")
+    assert cfg["http_options"] == {**base["http_options"], "host": "127.0.0.1"}
+    assert the_app(cfg)["args"]["sessions"]["max_sessions"] == 3
+    assert the_app(cfg)["args"]["model"] == the_app(base)["args"]["model"]
+    overlay.write_text("base: serve_config.gpu.yaml\nconfig:\n  applications: []\n")
+    with pytest.raises(ValueError, match="args"):
+        resolve(overlay)

@@ -51,9 +51,8 @@ class Rebuild:
             stream.new_key("vae")  # the failed clone's key stays pinned there
         self.replayable(stream)
         paths["vae"] = "replay"
-        key, j, (h, w) = stream.vae_key, stream.journal, stream.spec.resolution
-        await self._b.vae.options(session_id=key).restore.remote(
-            key, j.image, h, w, chunks, j.decoded_latents(), stream.spec.raw_frames)
+        key, j = stream.vae_key, stream.journal
+        await self._b.vae.options(session_id=key).restore.remote(key, stream.spec, j.image, chunks, j.decoded_latents())
 
     async def dit(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
         """DiT lane: a copy of the source's session on its replica (`source_key` given: admitted

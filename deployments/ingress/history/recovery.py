@@ -66,7 +66,7 @@ class Recovery:
         t0 = time.perf_counter()
         vae = self._vae.options(session_id=key)
         replica = await self._until_placed("vae", stream, cause, lambda: vae.restore.remote(
-            key, j.image, *stream.spec.resolution, j.conditioned, decoded, stream.spec.raw_frames))
+            key, stream.spec, j.image, j.conditioned, decoded))
         stream.journal.recovered()
         self._metrics.count_recovery("vae", rebuilt=True)
         self._log.warning("session rebuilt on the VAE", fields={
