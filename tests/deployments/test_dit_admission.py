@@ -126,6 +126,7 @@ def test_a_step_publishes_its_latents_before_the_cache_update():
     import torch  # noqa: PLC0415
 
     from model.factory import load_dit_engine  # noqa: PLC0415
+    from deployments.wire import ChunkStep  # noqa: PLC0415
     from model.session import DiTSessionSpec  # noqa: PLC0415
 
     host = object.__new__(DiTDeployment.func_or_class)
@@ -140,8 +141,8 @@ def test_a_step_publishes_its_latents_before_the_cache_update():
         seen.append((reply.latents.shape, slot.session.pending_update is not None))
 
     y, poses, k = np.zeros((20, 3, 4, 6), np.float32), np.eye(4, dtype=np.float32)[None], np.array([[24.0, 24, 24, 16]], np.float32)
-    first = host._step(slot, publish, "s", y, poses, k)
-    second = host._step(slot, publish, "s", y, poses, k)
+    first = host._step(slot, publish, "s", ChunkStep(y, poses, k, None))
+    second = host._step(slot, publish, "s", ChunkStep(y, poses, k, None))
     assert seen == [((16, 3, 4, 6), True), ((16, 3, 4, 6), True)]
     assert slot.session.pending_update is None and slot.chunks == 2
     assert first.timings["previous_cache_update"] == 0.0 < second.timings["previous_cache_update"]

@@ -6,7 +6,8 @@ the footprints the code computes (the DiT engine's on the meta device, the VAE's
 from its architecture, the T5's bytes in its configured weights) and what a served run measured
 (benchmarks/results/h200_round3_serve_window_models_start.json: the bf16 DiT's resident bytes after
 warm-up, the VAE's, the T5's encode overhead above its weights). The cards' sizes are what torch
-reports for them (the H100's from the H100 run's cap at its share).
+reports for them (the H100's from the H100 run's cap at its share). The H100 run of
+serve_config.gpu.yaml (h100_round4_gpu_config.json) served one session with these shares.
 """
 from __future__ import annotations
 
@@ -28,15 +29,15 @@ from model.factory import vae_cache_layout
 from model.text_int8 import nbytes, swap_in_int8
 from support import REPO
 
-H100 = REPO / "benchmarks/results/h100_round3_serve_window_fp8_serve_load.json"
+H100 = REPO / "benchmarks/results/h100_round4_gpu_config.json"  # serve_config.gpu.yaml served on an H100
 BF16_RUN = REPO / "benchmarks/results/h200_round3_serve_window_models_start.json"
 H200_SHARES = {"dit": 0.75, "vae": 0.11, "text_encoder": 0.14}  # that run's config (serve_config.h200.yaml's)
 
 
 def card_bytes(kind: str) -> int:
     if kind == "h100":
-        dit = json.loads(H100.read_text())["server_before"]["replicas"]["dit"][0]
-        return int(dit["memory_cap_bytes"] / 0.685)  # serve_config.h100.window_fp8.yaml's DiT share
+        dit = json.loads(H100.read_text())["models_start"]["data"][0]["replicas"]["dit"][0]
+        return int(dit["memory_cap_bytes"] / 0.75)  # serve_config.gpu.yaml's DiT share
     replicas = json.loads(BF16_RUN.read_text())["data"][0]["replicas"]
     return int(replicas["dit"][0]["memory_cap_bytes"] / H200_SHARES["dit"])
 
