@@ -36,6 +36,7 @@ from client.compare import compare
 from client.errors import ServerError
 from client.keydrive import KEYS_TRANSLATION_SCALE, KeyDriveLog, drive_keys, keys_num_frames
 from client.recorder import SessionRecorder
+from client.requests import SessionStart
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import ResumePolicy, StreamResult
@@ -157,10 +158,9 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
                                 resume=resume, into=result)
         else:
             image = args.image.read_bytes() if args.image is not None else default_image()
-            first = {"image": image, "prompt": args.prompt if args.prompt is not None else DEFAULT_PROMPT,
-                     "seed": args.seed, "size": args.size, "num_frames": frames,
-                     "translation_scale": KEYS_TRANSLATION_SCALE}
-            drive_log = await drive_keys(client, sid, args.script, into=result, first_options=first,
+            start = SessionStart(image, args.prompt if args.prompt is not None else DEFAULT_PROMPT, seed=args.seed,
+                                 size=args.size, num_frames=frames, translation_scale=KEYS_TRANSLATION_SCALE)
+            drive_log = await drive_keys(client, sid, args.script, into=result, start=start,
                                          on_chunk=run.on_chunk("main"))
         if spec is not None:
             main = MainSession(sid, run.fragments, chunks,
