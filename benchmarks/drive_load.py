@@ -48,6 +48,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from client.requests import SessionStart
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, default_image
 from protocol.messages import ErrorReply, FrameReply, Paused
@@ -146,7 +147,7 @@ async def drive_session(args: argparse.Namespace) -> dict[str, Any]:
     timeout = args.reply_timeout_s
     rng = np.random.default_rng(args.seed)
     try:
-        await client.drive(sid, default_image(), f"{DEFAULT_PROMPT} (drive)", size=args.size,
+        await client.drive(sid, SessionStart(default_image(), f"{DEFAULT_PROMPT} (drive)", size=args.size),
                            auto_ack=args.ack_delay_s <= 0)
         start_paused = await reader.wait(lambda rs: _paused_since(rs, 0), timeout)  # chunk 0, then paused
         mark = len(reader.replies)

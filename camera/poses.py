@@ -10,10 +10,12 @@ the chunk rule of PROTOCOL.md (`infer.cameras`):
   span and latent frame j uses local frame 4j (`chunk_latent_poses`).
 
 Poses are OpenCV camera-to-world [.., 4, 4]; intrinsics rows are (fx, fy, cx, cy).
-Interpolation runs in float64 (scipy); the relative poses, their normalisation and the
-intrinsics are float32 in the reference, and are reproduced here with its rounding.
-SciPy is imported where it is used, so that `import camera` (and with it `import protocol`)
-loads numpy only.
+Interpolation runs in float64 (SciPy's Slerp and interp1d, as the reference; where SciPy is not
+installed, as in the client package, the same slerp written in numpy, within a few float32
+ulps of it: tests/camera/test_poses.py); the relative poses, their normalisation and the
+intrinsics are float32 in the reference, and are reproduced here with its rounding. SciPy is
+imported where it is used, so that `import camera` (and with it `import protocol`) loads numpy
+only.
 """
 from __future__ import annotations
 
@@ -47,13 +49,10 @@ def rigid_errors(poses: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def interpolate_poses(poses: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Poses at fractional source positions (spec B.5) -> float32 [m, 4, 4].
 
-    Source pose k sits at position k. Translation: linear (scipy interp1d, extrapolating);
-    rotation: quaternions made sign-continuous (q_i flipped when q_i . q_{i-1} < 0), then
-    scipy Slerp; computed in float64.
+    Source pose k sits at position k. Translation: linear (scipy interp1d); rotation:
+    quaternions made sign-continuous (q_i flipped when q_i . q_{i-1} < 0), then scipy Slerp;
+    computed in float64. Without SciPy: `_interpolate_numpy`.
     """
-    from scipy.interpolate import interp1d
-    from scipy.spatial.transform import Rotation, Slerp
-
     poses = check_poses(poses)
     positions = np.asarray(positions, dtype=np.float64)
     n = poses.shape[0]
@@ -61,20 +60,84 @@ def interpolate_poses(poses: np.ndarray, positions: np.ndarray) -> np.ndarray:
         raise ValueError("interpolation needs at least 2 poses")
     if positions.ndim != 1 or positions.min() < 0 or positions.max() > n - 1:
         raise ValueError(f"positions must be 1-D within [0, {n - 1}], got {positions}")
-    src = np.arange(n)
-    trans = interp1d(
-        src, poses[:, :3, 3], axis=0, kind="linear", bounds_error=False, fill_value="extrapolate"
-    )(positions)
-    quats = Rotation.from_matrix(poses[:, :3, :3]).as_quat()  # [n, 4]
-    for i in range(1, n):  # sequential: compares with the already-fixed predecessor
-        if np.dot(quats[i], quats[i - 1]) < 0:
-            quats[i] = -quats[i]
-    rot = Slerp(src, Rotation.from_quat(quats))(positions).as_matrix()  # [m, 3, 3]
+    try:
+        from scipy.interpolate import interp1d
+        from scipy.spatial.transform import Rotation, Slerp
+    except ImportError:  # the client package installs no SciPy
+        trans, rot = _interpolate_numpy(poses.astype(np.float64), positions)
+    else:
+        src = np.arange(n)
+        trans = interp1d(src, poses[:, :3, 3], axis=0, kind="linear", bounds_error=False,
+                         fill_value="extrapolate")(positions)
+        quats = Rotation.from_matrix(poses[:, :3, :3]).as_quat()  # [n, 4]
+        for i in range(1, n):  # sequential: compares with the already-fixed predecessor
+            if np.dot(quats[i], quats[i - 1]) < 0:
+                quats[i] = -quats[i]
+        rot = Slerp(src, Rotation.from_quat(quats))(positions).as_matrix()  # [m, 3, 3]
     out = np.zeros((positions.shape[0], 4, 4), dtype=np.float32)
     out[:, :3, :3] = rot
     out[:, :3, 3] = trans
     out[:, 3, 3] = 1.0
     return out
+
+
+def _interpolate_numpy(src: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """SciPy's linear interpolation and Slerp in numpy: r_k * (r_k^-1 r_k+1)^alpha, the shorter
+    way round (the relative rotation's, whatever the quaternions' signs) -> ([m, 3], [m, 3, 3])."""
+    left = np.clip(np.floor(positions).astype(np.int64), 0, src.shape[0] - 2)  # [m] interval of each position
+    alpha = (positions - left)[:, None]  # [m, 1]
+    trans = src[left, :3, 3] + (src[left + 1, :3, 3] - src[left, :3, 3]) * alpha  # [m, 3] as interp1d
+    quats = _quat_from_matrix(src[:, :3, :3])  # [n, 4] (x, y, z, w)
+    rel = _quat_mul(_quat_conj(quats[left]), quats[left + 1])  # [m, 4]
+    return trans, _quat_to_matrix(_quat_mul(quats[left], _quat_pow(rel, alpha[:, 0])))
+
+
+def _quat_from_matrix(rot: np.ndarray) -> np.ndarray:
+    """Rotation matrices [n, 3, 3] -> unit quaternions [n, 4] (x, y, z, w), Markley's method
+    (scipy's `Rotation.from_matrix`: the largest of the diagonal and the trace decides)."""
+    n = rot.shape[0]
+    decision = np.concatenate([np.diagonal(rot, axis1=1, axis2=2), np.trace(rot, axis1=1, axis2=2)[:, None]], 1)
+    choice = decision.argmax(axis=1)  # [n]
+    quat = np.empty((n, 4))
+    for k in range(n):
+        m, c = rot[k], choice[k]
+        if c != 3:
+            i, j, l = c, (c + 1) % 3, (c + 2) % 3
+            quat[k, i] = 1 - decision[k, 3] + 2 * m[i, i]
+            quat[k, j] = m[j, i] + m[i, j]
+            quat[k, l] = m[l, i] + m[i, l]
+            quat[k, 3] = m[l, j] - m[j, l]
+        else:
+            quat[k] = (m[2, 1] - m[1, 2], m[0, 2] - m[2, 0], m[1, 0] - m[0, 1], 1 + decision[k, 3])
+    return quat / np.linalg.norm(quat, axis=1, keepdims=True)
+
+
+def _quat_conj(q: np.ndarray) -> np.ndarray:
+    return q * np.array([-1.0, -1.0, -1.0, 1.0])
+
+
+def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Hamilton products of [m, 4] (x, y, z, w) quaternions."""
+    av, aw, bv, bw = a[:, :3], a[:, 3:], b[:, :3], b[:, 3:]
+    return np.concatenate([aw * bv + bw * av + np.cross(av, bv), aw * bw - (av * bv).sum(1, keepdims=True)], 1)
+
+
+def _quat_pow(q: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """q^t for unit quaternions [m, 4] and exponents [m], the shorter way round (w >= 0)."""
+    q = np.where(q[:, 3:] < 0, -q, q)
+    half = np.arctan2(np.linalg.norm(q[:, :3], axis=1), q[:, 3])  # [m] half the rotation angle
+    scaled = half * t
+    ratio = np.where(half > 1e-12, np.sin(scaled) / np.where(half > 1e-12, np.sin(half), 1.0), t)
+    return np.concatenate([q[:, :3] * ratio[:, None], np.cos(scaled)[:, None]], 1)
+
+
+def _quat_to_matrix(q: np.ndarray) -> np.ndarray:
+    x, y, z, w = q.T
+    return np.stack([
+        np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
+        np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
+        np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
+    ], 1)
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,8 +1,14 @@
-"""Python client of the realtime camera protocol and the `lwf-client` CLI."""
+"""Python client of the realtime camera protocol and the `lwf-client` CLI.
+
+Installed from clients/python, this package is `lingbot_world_client` (protocol, camera and
+media are its subpackages there): `from lingbot_world_client import SyncWorldClient`."""
 from camera.plan import SessionPlan
 from client.errors import ServerError
+from client.requests import SessionStart, drive_request, infer_request
 from client.session import WorldClient
 from client.streaming import StreamResult, stream_session
+from client.sync import Chunk, SyncWorldClient, Video
 from client.trajectory import Trajectory, plan_session
 
-__all__ = ["ServerError", "SessionPlan", "StreamResult", "Trajectory", "WorldClient", "plan_session", "stream_session"]
+__all__ = ["Chunk", "ServerError", "SessionPlan", "SessionStart", "StreamResult", "SyncWorldClient", "Trajectory",
+           "Video", "WorldClient", "drive_request", "infer_request", "plan_session", "stream_session"]

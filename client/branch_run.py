@@ -22,7 +22,8 @@ from client.keydrive import KeyDriveLog, drive_keys
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import StreamResult
-from protocol.codec import encode_infer
+from client.requests import infer_request
+from protocol.codec import encode
 from protocol.messages import FrameReply
 
 OnChunk = Callable[[ChunkStat, FrameReply], None]
@@ -83,17 +84,16 @@ async def run_branch(client: WorldClient, main: MainSession, spec: BranchSpec, *
     result = StreamResult(started_at=clock())
     for payload in main.fragments[:spec.at]:
         result.video.append(payload)
-    steer = {"prompt_update": spec.prompt} if spec.prompt is not None else {}
     keys = spec.keys if spec.keys is not None else (
         main.chunk_keys[spec.at:] if spec.cameras is None and main.chunk_keys is not None else None)
     log = None
     if keys is not None:
-        log = await drive_keys(client, sid, keys, into=result, first_chunk=spec.at, first_options=steer,
+        log = await drive_keys(client, sid, keys, into=result, first_chunk=spec.at, prompt_update=spec.prompt,
                                on_chunk=on_chunk, clock=clock)
     else:
         cameras = spec.cameras if spec.cameras is not None else main.chunk_cameras
         assert cameras is not None, "a main session has either cameras or keys"
-        messages = [encode_infer(sid, *cameras[k], **(steer if k == spec.at else {}))
+        messages = [encode(infer_request(sid, *cameras[k], prompt_update=spec.prompt if k == spec.at else None))
                     for k in range(spec.at, main.chunks)]
         await client.stream(messages, pipeline=pipeline, on_chunk=on_chunk, into=result, clock=clock)
     if spec.mode == "fork":  # done: free its slot now (the main session ends with the socket, as without a branch)

@@ -34,8 +34,10 @@ from client.branch_run import BranchSpec, MainSession, run_branch
 from client.cli_args import API_KEY_ENV, parser, prompt_at  # noqa: F401 (re-exported: the CLI's names)
 from client.compare import compare
 from client.errors import ServerError
+from client.local_paths import LocalPathError, check_folder, check_input, check_output, write_or_keep
 from client.keydrive import KEYS_TRANSLATION_SCALE, KeyDriveLog, drive_keys, keys_num_frames
 from client.recorder import SessionRecorder
+from client.requests import SessionStart
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import ResumePolicy, StreamResult
@@ -141,7 +143,8 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
     client = await WorldClient.connect(args.url, api_key=args.api_key)
     run = _Run(client, recorder)
     todo = chunks + (0 if spec is None else (len(spec.keys) if spec.keys is not None else chunks - spec.at))
-    run.bar = tqdm(total=todo, unit="chunk", desc=f"{frames} frames", file=sys.stderr)
+    label = f"{frames} frames" if spec is None else f"{frames} frames + {spec.mode} at {spec.at}"
+    run.bar = tqdm(total=todo, unit="chunk", desc=label, file=sys.stderr)
 
     def on_busy(err: ServerError) -> None:
         run.bar.write(f"server busy: {err.message} (retrying in {err.retry_after_s:g} s)", file=sys.stderr)
@@ -157,10 +160,9 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
                                 resume=resume, into=result)
         else:
             image = args.image.read_bytes() if args.image is not None else default_image()
-            first = {"image": image, "prompt": args.prompt if args.prompt is not None else DEFAULT_PROMPT,
-                     "seed": args.seed, "size": args.size, "num_frames": frames,
-                     "translation_scale": KEYS_TRANSLATION_SCALE}
-            drive_log = await drive_keys(client, sid, args.script, into=result, first_options=first,
+            start = SessionStart(image, args.prompt if args.prompt is not None else DEFAULT_PROMPT, seed=args.seed,
+                                 size=args.size, num_frames=frames, translation_scale=KEYS_TRANSLATION_SCALE)
+            drive_log = await drive_keys(client, sid, args.script, into=result, start=start,
                                          on_chunk=run.on_chunk("main"))
         if spec is not None:
             main = MainSession(sid, run.fragments, chunks,
@@ -176,18 +178,19 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
         if len(run.fragments) < chunks:
             _keep_partial(args, result, chunks, sid, grace_s, e)
         else:  # the main session is whole: keep it; the fork or rewind (or its branch) failed
-            result.video.write(args.out)
+            _write_reporting(result.video.data, args.out, sid)
             print(f"wrote {args.out} (the main session, whole); the {spec.mode} at chunk {spec.at} failed",
                   file=sys.stderr)
         raise
     finally:
         run.bar.close()
         await client.close()
-    result.video.write(args.out)
+    write_or_keep(result.video.data, args.out, sid)
     if recorder is not None:
         recorder.video("main", result.video.data)
     summary = result.summary()
-    print(f"wrote {args.out} ({summary.frames} frames at {client.config.fps} fps, session {sid})")
+    replayed = "; replayed from the server's prefix store" if summary.replayed else ""
+    print(f"wrote {args.out} ({summary.frames} frames at {client.config.fps} fps, session {sid}{replayed})")
     if result.resumes:
         print(f"the connection dropped {result.resumes} time(s); resumed, {result.replayed} replies sent again")
     print(summary.format())
@@ -196,12 +199,13 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
     if branch is not None:
         bsid, bresult, blog = branch
         out = branch_out(args)
-        bresult.video.write(out)
+        write_or_keep(bresult.video.data, out, bsid)
         if recorder is not None:
             recorder.video("branch", bresult.video.data)
         done = "forked" if spec.mode == "fork" else "rewound"
+        breplayed = "; replayed from the server's prefix store" if bresult.summary().replayed else ""
         print(f"{done} at chunk {spec.at}: wrote {out} ({len(bresult.stats)} new chunks after "
-              f"{spec.at} kept, session {bsid})")
+              f"{spec.at} kept, session {bsid}{breplayed})")
         if blog is not None:
             _print_lags(blog)
     if recorder is not None:
@@ -221,7 +225,8 @@ def _keep_partial(args: argparse.Namespace, result: StreamResult, chunks: int, s
     be done (the session id and token let any client resume it while the server keeps it)."""
     if not result.stats:
         return
-    result.video.write(args.out)
+    if not _write_reporting(result.video.data, args.out, sid):
+        return
     frames = sum(s.num_frames for s in result.stats)
     print(f"incomplete: wrote {args.out} with the {len(result.stats)} of {chunks} chunks received ({frames} "
           f"frames) before the stream failed", file=sys.stderr)
@@ -235,6 +240,34 @@ def _keep_partial(args: argparse.Namespace, result: StreamResult, chunks: int, s
               "or run the same command again for the whole video", file=sys.stderr)
 
 
+def _write_reporting(data: bytes, path: Path, name: str) -> bool:
+    """Write what was received while another error is being reported; a failed write is said
+    (where the video was kept instead) without hiding that error."""
+    try:
+        write_or_keep(data, path, name)
+        return True
+    except LocalPathError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return False
+
+
+def check_local_paths(args: argparse.Namespace) -> None:
+    """Every local path the command reads or writes, before it connects (LocalPathError)."""
+    if args.command == "compare":
+        for video in args.videos:
+            check_input(video, "VIDEO")
+        check_output(args.out, "-o")
+        return
+    check_output(args.out, "--out")
+    if args.fork_at is not None or args.rewind_to is not None:
+        check_output(branch_out(args), "--branch-out")
+    if getattr(args, "image", None) is not None:
+        check_input(args.image, "--image")
+    for option in ("save_session", "save_trajectory"):
+        if getattr(args, option, None) is not None:
+            check_folder(getattr(args, option), f"--{option.replace('_', '-')}")
+
+
 async def _reset_quietly(client: WorldClient, session_id: str) -> None:
     try:
         await client.reset(session_id)
@@ -246,11 +279,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser().parse_args(argv)
     args.argv = argv  # --save-session keeps the command line
+    try:
+        check_local_paths(args)
+    except LocalPathError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "compare":
         try:
             frames, (h, w) = compare(args.videos, args.out, args.labels)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except OSError as e:  # the folder went away or filled up after the check
+            print(f"error: -o {args.out}: cannot write ({e.strerror or e})", file=sys.stderr)
             return EXIT_USAGE
         print(f"wrote {args.out} ({frames} frames, {w}x{h}: {len(args.videos)} videos side by side)")
         return 0
@@ -261,6 +302,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     try:
         asyncio.run(play(args, traj))
+    except LocalPathError as e:  # a write that failed after the checks (the video was kept elsewhere)
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted: session reset, connection closed", file=sys.stderr)
         return EXIT_INTERRUPTED

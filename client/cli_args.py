@@ -10,6 +10,15 @@ from client.keyscript import chunk_keys, parse_keyscript
 from client.session import DEFAULT_URL
 
 API_KEY_ENV = "LWF_API_KEY"
+EXAMPLES = """examples (a server from `serve run serve_config.yaml` on this machine):
+  lwf-client orbit --out orbit.mp4                          a synthetic orbit, 81 frames
+  lwf-client orbit --frames 33 --url ws://HOST:8000 --out o.mp4
+  lwf-client drive w:3,j+w:2,none:1 --out walk.mp4           keys held per chunk
+  lwf-client orbit --fork-at 3 --branch-keys l:4 --out o.mp4  o.mp4 and o.branch.mp4
+  lwf-client play ../shared/examples/00 --frames 33 --out ex.mp4
+  lwf-client compare o.mp4 o.branch.mp4 -o side_by_side.mp4
+
+exit status: 0 done, 1 server or connection error, 2 bad input or local path, 130 interrupted"""
 
 
 def prompt_at(value: str) -> tuple[int, str]:
@@ -40,7 +49,9 @@ def _base() -> argparse.ArgumentParser:
     base.add_argument("--url", default=DEFAULT_URL,
                       help=f"server WebSocket (or http) address (default {DEFAULT_URL})")
     base.add_argument("--seed", type=int, default=None, help="noise seed (server default 42)")
-    base.add_argument("--size", default=None, help='max output area "H*W" (server default, e.g. "480*832")')
+    base.add_argument("--size", default=None,
+                      help='max output area "H*W" (default: the server\'s, stated in its handshake: "128*224" for '
+                           'serve_config.yaml on a CPU, which accepts up to 256*448; "480*832" on a GPU)')
     base.add_argument("--out", type=Path, default=Path("video.mp4"), help="MP4 to write (default video.mp4)")
     base.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                       help=f"API key when the server requires one (default: ${API_KEY_ENV})")
@@ -81,7 +92,8 @@ def parser() -> argparse.ArgumentParser:
                               "its scene (repeatable)")
 
     p = argparse.ArgumentParser(prog="lwf-client", description="`lwf-client`: stream a camera trajectory through "
-                                                              "the server and write the MP4.")
+                                                              "the server and write the MP4.",
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     play = sub.add_parser("play", parents=[planned], help="play an example folder (image, prompt, poses, intrinsics)")
     play.add_argument("inputs", nargs="+", type=Path, metavar="EXAMPLE_DIR_or_FILES")
@@ -100,9 +112,12 @@ def parser() -> argparse.ArgumentParser:
     drive = sub.add_parser("drive", parents=[base, image],
                            help="drive with keys: a script KEYS:CHUNKS,... (e.g. w:3,j:2,none:1; KEYS joined by "
                                 "+, `none` for no key), sent as `control` + `from_keys` infers")
-    drive.add_argument("script", type=keyscript, metavar="SCRIPT")
+    drive.add_argument("script", type=keyscript, metavar="SCRIPT",
+                       help="keys held per chunk: KEYS:CHUNKS entries joined by commas, KEYS joined by + "
+                            "(w a s d move, q e up/down, i j k l or arrows look, none for no key), e.g. w:3,j+w:2,none:1")
     compare = sub.add_parser("compare", help="play videos side by side (e.g. a session and its branches)")
-    compare.add_argument("videos", nargs="+", type=Path, metavar="VIDEO")
+    compare.add_argument("videos", nargs="+", type=Path, metavar="VIDEO",
+                         help="MP4 files to put side by side, left to right (e.g. OUT.mp4 OUT.branch.mp4)")
     compare.add_argument("-o", "--out", type=Path, default=Path("side_by_side.mp4"),
                          help="MP4 to write (default side_by_side.mp4)")
     compare.add_argument("--labels", type=lambda v: v.split(","), default=None, metavar="A,B,...",

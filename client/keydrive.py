@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from camera.keys import KeySteps
 from client.errors import ServerError
+from client.requests import SessionStart
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import StreamResult
@@ -42,13 +43,13 @@ class KeyDriveLog:
 
 async def drive_keys(client: WorldClient, session_id: str, chunk_keys: Sequence[tuple[str, ...]], *,
                      into: StreamResult, first_chunk: int = 0, first_event_id: int = 1,
-                     first_options: Optional[dict[str, Any]] = None,
+                     start: Optional[SessionStart] = None, prompt_update: Optional[str] = None,
                      on_chunk: Optional[Callable[[ChunkStat, FrameReply], None]] = None,
                      reply_timeout_s: Optional[float] = None,
                      clock: Callable[[], float] = time.perf_counter) -> KeyDriveLog:
     """Chunks `first_chunk`, ... of `session_id`, chunk i with `chunk_keys[i]` held; the video
-    and stats go `into`. `first_options` go with the first infer (image and prompt for a new
-    session, `prompt_update` for a branch). `ServerError` on an error reply or a wrong echo."""
+    and stats go `into`. `start` (a new session) or `prompt_update` (a branch) go with the
+    first infer. `ServerError` on an error reply or a wrong echo."""
     log = KeyDriveLog()
     event_id, held = first_event_id - 1, None
     pending: list[tuple[int, float]] = []  # (event_id, sent at) of controls no frame has shown yet
@@ -58,8 +59,8 @@ async def drive_keys(client: WorldClient, session_id: str, chunk_keys: Sequence[
             pending.append((event_id, clock()))
             await client.control(session_id, keys, event_id)
         sent_at = clock()
-        reply = await client.infer_keys(session_id, timeout_s=reply_timeout_s,
-                                        **((first_options or {}) if i == 0 else {}))
+        reply = await client.infer_keys(session_id, timeout_s=reply_timeout_s, start=start if i == 0 else None,
+                                        prompt_update=prompt_update if i == 0 else None)
         now = clock()
         expected_chunk = first_chunk + i
         if reply.chunk_id != expected_chunk or reply.event_id != event_id:

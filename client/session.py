@@ -17,10 +17,10 @@ import websockets
 
 from client.errors import ServerError
 from client.streaming import StreamResult, stream_session
-from protocol.codec import (decode_reply, encode_ack, encode_control, encode_drive, encode_fork, encode_infer,
-                            encode_reset, encode_rewind)
+from client.requests import SessionStart, drive_request, infer_request
+from protocol.codec import decode_reply, encode, encode_ack, encode_control, encode_fork, encode_reset, encode_rewind
 from protocol.errors import ErrorCode
-from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, Reply, ResetOk, Rewound
+from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, InferRequest, Reply, ResetOk, Rewound
 
 CAMERA_PATH = "/v1/realtime/world/camera"
 DEFAULT_URL = f"ws://127.0.0.1:8000{CAMERA_PATH}"
@@ -116,17 +116,17 @@ class WorldClient:
                 await self.ack(reply.session_id, reply.chunk_id)
             return reply
 
-    async def send_infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, **options) -> None:
-        """Queue one chunk without waiting (pipelining); options as `protocol.encode_infer`."""
-        await self.send(encode_infer(session_id, poses, intrinsics, **options))
+    async def send_infer(self, request: InferRequest) -> None:
+        """Queue one chunk without waiting (pipelining); `client.requests.infer_request` builds it."""
+        await self.send(encode(request))
 
-    async def infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray,
-                    timeout_s: Optional[float] = None, **options) -> FrameReply:
-        """Request the next chunk and wait for it; `ServerError` on an error reply.
-
-        Replies come in request order: call this only when no other request is in flight.
-        """
-        await self.send_infer(session_id, poses, intrinsics, **options)
+    async def infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
+                    start: Optional[SessionStart] = None, prompt_update: Optional[str] = None,
+                    timeout_s: Optional[float] = None) -> FrameReply:
+        """Request the next chunk (`start` on a session's first) and wait for it; `ServerError`
+        on an error reply. Replies come in request order: call this only when no other request
+        is in flight."""
+        await self.send_infer(infer_request(session_id, poses, intrinsics, start=start, prompt_update=prompt_update))
         return _expect(await self.receive(timeout_s), FrameReply)
 
     async def stream(self, messages: Sequence[bytes], *, pipeline: int = 1, **options) -> StreamResult:
@@ -134,13 +134,11 @@ class WorldClient:
         flight; the reassembled video and per-chunk stats. Options as `stream_session`."""
         return await stream_session(self, messages, pipeline=pipeline, **options)
 
-    async def drive(self, session_id: str, image: bytes | np.ndarray, prompt: str, *, auto_ack: bool = True,
-                    **options) -> None:
+    async def drive(self, session_id: str, start: SessionStart, *, auto_ack: bool = True) -> None:
         """Open a session the server runs by itself (`drive`, PROTOCOL.md): its frames come as
         the keys held (`control`) move the camera, `paused` while none is. With `auto_ack`
-        (the default) `receive` acks every frame of it as it reads it; else call `ack`. Options
-        as `protocol.encode_drive` (seed, size, num_frames, ...)."""
-        await self.send(encode_drive(session_id, image, prompt, **options))
+        (the default) `receive` acks every frame of it as it reads it; else call `ack`."""
+        await self.send(encode(drive_request(session_id, start)))
         if auto_ack:
             self._auto_ack.add(session_id)
         else:
@@ -157,10 +155,11 @@ class WorldClient:
         """Tell the server the frames of a driven session up to `chunk_id` arrived."""
         await self.send(encode_ack(session_id, chunk_id))
 
-    async def infer_keys(self, session_id: str, timeout_s: Optional[float] = None, **options) -> FrameReply:
-        """The next chunk with its poses from the keys held (`from_keys`); options as
-        `protocol.encode_infer` (image and prompt on a session's first). Nothing else in flight."""
-        await self.send(encode_infer(session_id, from_keys=True, **options))
+    async def infer_keys(self, session_id: str, *, start: Optional[SessionStart] = None,
+                         prompt_update: Optional[str] = None, timeout_s: Optional[float] = None) -> FrameReply:
+        """The next chunk with its poses from the keys held (`from_keys`; `start` on a session's
+        first). Nothing else in flight."""
+        await self.send_infer(infer_request(session_id, from_keys=True, start=start, prompt_update=prompt_update))
         return _expect(await self.receive(timeout_s), FrameReply)
 
     async def fork(self, session_id: str, new_session_id: str, at_chunk: int,

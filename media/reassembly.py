@@ -39,3 +39,23 @@ class Fmp4Assembler:
         with av.open(io.BytesIO(self.data), format="mp4") as container:
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         return np.stack(frames)
+
+
+def split_init(payload: bytes) -> tuple[bytes, bytes]:
+    """A session's first payload -> (init segment: ftyp + moov, the rest: its first fragment)."""
+    pos = 0
+    while pos + 8 <= len(payload):
+        size = int.from_bytes(payload[pos:pos + 4], "big")
+        if payload[pos + 4:pos + 8] == b"moof":
+            return payload[:pos], payload[pos:]
+        if size < 8:
+            break
+        pos += size
+    raise ValueError("the payload has no fragment (moof) after its init segment")
+
+
+def decode_fragment(init: bytes, fragment: bytes) -> np.ndarray:
+    """One chunk's frames, RGB uint8 [T, H, W, 3]: every chunk starts with an IDR frame
+    (media/fmp4.py), so the init segment and its fragment decode alone, as the whole file would."""
+    with av.open(io.BytesIO(init + fragment), format="mp4") as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])

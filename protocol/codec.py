@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Optional
+from typing import Optional, TypeVar
 
 import msgpack
 import msgpack_numpy
@@ -23,6 +23,7 @@ from protocol.messages import (REQUEST_TYPES, AckRequest, ControlRequest, DriveR
 
 _FIELD_CODES = {"cameras": ErrorCode.BAD_CAMERAS, "image": ErrorCode.BAD_IMAGE}
 _REPLY = TypeAdapter(Reply)
+M = TypeVar("M", bound=BaseModel)
 
 
 class _ElementBudget:
@@ -179,6 +180,15 @@ def encode(message: BaseModel) -> bytes:
                          use_bin_type=True, default=msgpack_numpy.encode)
 
 
+def validated(kind: type[M], fields: dict, limits: Limits = DEFAULT_LIMITS) -> M:
+    """Client side: the request `kind` from its fields, validated as the server validates it
+    (the same limits); ProtocolError with the code the server would answer. `encode` packs it."""
+    try:
+        return kind.model_validate({k: v for k, v in fields.items() if v is not None}, context={"limits": limits})
+    except ValidationError as e:
+        raise _protocol_error(e) from None
+
+
 def encode_infer(session_id: str, poses: Optional[np.ndarray] = None, intrinsics: Optional[np.ndarray] = None, *,
                  from_keys: bool = False,
                  image: Optional[bytes | np.ndarray] = None, prompt: Optional[str] = None,
@@ -188,8 +198,10 @@ def encode_infer(session_id: str, poses: Optional[np.ndarray] = None, intrinsics
                  prompt_update: Optional[str] = None, resume_token: Optional[str] = None,
                  resume_from: Optional[int] = None, prefix_cache: Optional[bool] = None,
                  limits: Limits = DEFAULT_LIMITS) -> bytes:
-    """Client side: validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32), or
-    with `from_keys` and no poses one whose camera the keys held move (`encode_control`).
+    """Validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32), or with
+    `from_keys` and no poses one whose camera the keys held move (`encode_control`). The
+    server's peers mode and the tests pack infers with it; the client builds an `InferRequest`
+    (client/requests.py) and packs it with `encode`.
 
     Raises ProtocolError with the code the server would answer.
     """

@@ -30,7 +30,10 @@ ALLOWED = {
 }
 HEAVY = ("torch", "ray", "av", "scipy")
 # third-party modules a package must not import at all / at module level
-NEVER = {"camera": {"torch", "ray", "av"}, "protocol": set(HEAVY), "media": {"torch", "ray", "scipy"}}
+# client/ with protocol/, camera/ and media/ is the client distribution (clients/python): none of them
+# may need what it does not install (torch, ray, transformers, scipy: camera's is optional)
+NEVER = {"camera": {"torch", "ray", "av"}, "protocol": set(HEAVY), "media": {"torch", "ray", "scipy"},
+         "client": {"torch", "ray", "scipy", "transformers"}}
 NOT_AT_MODULE_LEVEL = {"camera": {"scipy"}}
 
 

@@ -172,3 +172,22 @@ def test_rescale_intrinsics():
     np.testing.assert_allclose(got, [500 * 112 / 832, 400 * 64 / 480, 56, 32], rtol=1e-7)
     with pytest.raises(ValueError):
         rescale_intrinsics(np.array([0.0, 1, 1, 1]), (480, 832), (64, 112))
+
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_numpy_slerp_of_the_client_package_is_scipys(seed):
+    """Without SciPy (the client package installs none) camera interpolates in numpy: the same
+    poses as SciPy's Slerp + interp1d but for float32 rounding (a few ulps)."""
+    from camera.poses import _interpolate_numpy
+
+    rng = np.random.default_rng(seed)
+    poses = random_poses(9, seed=seed)
+    poses[3, :3, :3] = np.diag([-1.0, -1.0, 1.0])  # a half turn: a diagonal branch of Markley's method
+    positions = np.concatenate([rng.uniform(0, 8, 40), np.arange(9.0)])
+    want = interpolate_poses(poses, positions)  # SciPy's, in this venv
+    trans, rot = _interpolate_numpy(poses.astype(np.float64), positions)
+    np.testing.assert_allclose(trans, want[:, :3, 3], rtol=0, atol=1e-7 * np.abs(want).max())  # ~2 ulps
+    np.testing.assert_allclose(rot, want[:, :3, :3], rtol=0, atol=1e-6)
+    flipped = poses.copy()  # quaternion signs do not matter: q and -q are one rotation
+    np.testing.assert_allclose(_interpolate_numpy(flipped.astype(np.float64), positions)[1], rot, atol=1e-12)

@@ -14,6 +14,7 @@ import av
 import numpy as np
 import requests
 
+from client.requests import SessionStart
 from client.session import WorldClient
 from client.synthetic import synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
@@ -81,7 +82,8 @@ async def hold_sessions(url: str, n: int) -> list[WorldClient]:
     for i in range(n):
         c = await WorldClient.connect(url)
         clients.append(c)
-        reply = await c.infer(f"holder-{i}", poses, intrinsics, image=traj.image, prompt=traj.prompt, timeout_s=60)
+        reply = await c.infer(f"holder-{i}", poses, intrinsics, start=SessionStart(traj.image, traj.prompt),
+                                    timeout_s=60)
         assert reply.chunk_id == 0
     return clients
 

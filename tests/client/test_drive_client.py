@@ -8,6 +8,7 @@ import io
 import numpy as np
 from PIL import Image
 
+from client.requests import SessionStart
 from client.session import WorldClient
 from protocol import AckRequest, ControlRequest, DriveRequest, Paused, ResetRequest, decode, encode
 from protocol.messages import CameraServerConfig, FrameReply
@@ -44,14 +45,14 @@ def test_drive_control_and_auto_ack():
 
     async def go():
         c = WorldClient(ws, CameraServerConfig(model="tiny"))
-        await c.drive("d", png(), "a street", seed=3)
+        await c.drive("d", SessionStart(png(), "a street", seed=3))
         first = await c.control("d", ["W"])
         second = await c.control("d", [], event_id=41)
         third = await c.control("d", ["l"])
         got = [await c.receive() for _ in range(3)]
         await c.send_reset("d")
         got.append(await c.receive())  # after the reset: no ack
-        await c.drive("m", png(), "manual", auto_ack=False)
+        await c.drive("m", SessionStart(png(), "manual"), auto_ack=False)
         return first, second, third, got
 
     first, second, third, got = asyncio.run(go())

@@ -1,0 +1,202 @@
+"""A synchronous client beside the async `WorldClient`: for a robot's loop, a game or a notebook.
+
+    with SyncWorldClient("ws://127.0.0.1:8000") as c:
+        chunk = c.infer("s1", poses, intrinsics, start=SessionStart(image, "a street"))
+        chunk.frames          # uint8 [T, H, W, 3], decoded with PyAV
+        chunk.video           # the chunk's fMP4 bytes (the session's first holds the init segment)
+
+Each method sends one request and waits for its answer, on an event loop of its own thread
+(so it works where a loop already runs, as in Jupyter). Frames are decoded chunk by chunk:
+every chunk starts with an IDR frame, so a chunk decodes with the session's init segment
+alone, and equals what PyAV decodes from the whole file (`Video.data`).
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, TypeVar
+
+import numpy as np
+
+from camera.plan import plan_session
+from client.errors import ServerError
+from client.requests import SessionStart
+from client.session import DEFAULT_URL, WorldClient
+from media.reassembly import decode_fragment, split_init
+from protocol.codec import encode_plan, encode_resume
+from protocol.errors import ErrorCode
+from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, Paused, ResetOk, ResumeOk, Rewound
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One frame reply, decoded."""
+
+    frames: np.ndarray  # uint8 [T, H, W, 3]
+    video: bytes  # this reply's fMP4 payload
+    reply: FrameReply  # chunk_id, cached, event_id, poses, stage_durations, ...
+
+    @property
+    def chunk_id(self) -> int:
+        return self.reply.chunk_id
+
+
+@dataclass
+class Video:
+    """A session's chunks so far: `frames` [T, H, W, 3] and `data`, the MP4 of their payloads."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+
+    @property
+    def frames(self) -> np.ndarray:
+        return np.concatenate([c.frames for c in self.chunks])
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(c.video for c in self.chunks)
+
+
+class SyncWorldClient:
+    """One connection; `close()` (or `with`) ends it. `ServerError` for an error reply,
+    `ProtocolError` for a request the server would refuse, `OSError` when it cannot connect."""
+
+    def __init__(self, url: str = DEFAULT_URL, api_key: Optional[str] = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lwf-client-loop", daemon=True)
+        self._thread.start()
+        self._inits: dict[str, bytes] = {}  # session -> its init segment (ftyp + moov)
+        try:
+            self._client: WorldClient = self._run(WorldClient.connect(url, api_key=api_key))
+        except BaseException:
+            self._stop()
+            raise
+
+    @property
+    def config(self) -> CameraServerConfig:
+        """The server's handshake (model, sizes, limits)."""
+        return self._client.config
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: Optional[float] = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def _chunk(self, reply: FrameReply) -> Chunk:
+        video = bytes(reply.video)
+        if video[4:8] == b"ftyp":
+            init, fragment = split_init(video)
+            self._inits[reply.session_id] = init
+        elif reply.session_id in self._inits:
+            init, fragment = self._inits[reply.session_id], video
+        else:
+            raise ServerError(ErrorCode.BAD_MESSAGE, f"chunk {reply.chunk_id} of {reply.session_id!r} came before "
+                                                     "the session's init segment (its chunk 0)")
+        return Chunk(decode_fragment(init, fragment), video, reply)
+
+    def infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
+              start: Optional[SessionStart] = None, prompt_update: Optional[str] = None,
+              timeout_s: Optional[float] = None) -> Chunk:
+        """The session's next chunk from its cameras (poses [12, 4, 4], intrinsics [12, 4]; the
+        first chunk 9 frames' worth, see `camera.plan_session`); `start` on its first."""
+        return self._chunk(self._run(self._client.infer(session_id, poses, intrinsics, start=start,
+                                                        prompt_update=prompt_update, timeout_s=timeout_s)))
+
+    def step(self, session_id: str, keys: Iterable[str], *, start: Optional[SessionStart] = None,
+             timeout_s: Optional[float] = None) -> Chunk:
+        """The session's next chunk with `keys` held (`control`, then a `from_keys` infer: the
+        server moves the camera); `start` on its first. `chunk.reply.poses`: the poses used."""
+        async def go() -> FrameReply:
+            await self._client.control(session_id, list(keys))
+            return await self._client.infer_keys(session_id, start=start, timeout_s=timeout_s)
+        return self._chunk(self._run(go()))
+
+    def stream(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, start: SessionStart, *,
+               frames: Optional[int] = None, pipeline: int = 2) -> Video:
+        """A whole trajectory (poses [N, 4, 4], intrinsics [N, 4]) as one session, planned as the
+        offline run (`camera.plan_session`: `frames` rounded down to whole chunks), up to
+        `pipeline` requests in flight. `start.num_frames` and `translation_scale` come from the plan."""
+        plan = plan_session(np.asarray(poses), np.asarray(intrinsics), frames if frames is not None else len(poses))
+        messages = encode_plan(plan, session_id, start.image, start.prompt, seed=start.seed, size=start.size,
+                               intrinsics_resolution=start.intrinsics_resolution)
+        video = Video()
+        self._run(self._client.stream(messages, pipeline=pipeline,
+                                      on_chunk=lambda _stat, reply: video.chunks.append(self._chunk(reply))))
+        return video
+
+    def fork(self, session_id: str, new_session_id: str, at_chunk: int) -> Forked:
+        """A second session from `session_id`'s first `at_chunk` chunks (between chunks)."""
+        forked = self._run(self._client.fork(session_id, new_session_id, at_chunk))
+        if session_id in self._inits:
+            self._inits[new_session_id] = self._inits[session_id]
+        return forked
+
+    def rewind(self, session_id: str, to_chunk: int) -> Rewound:
+        """Take the session back: its next infer produces `to_chunk` again."""
+        return self._run(self._client.rewind(session_id, to_chunk))
+
+    def reset(self, session_id: str) -> ResetOk:
+        """End the session on the server."""
+        self._inits.pop(session_id, None)
+        return self._run(self._client.reset(session_id))
+
+    def resume(self, session_id: str, resume_token: str, resume_from: Optional[int] = None, *,
+               init: Optional[bytes] = None, timeout_s: Optional[float] = 60.0) -> tuple[ResumeOk, list[Chunk]]:
+        """Continue a session whose socket dropped (its chunk 0 reply's `resume_token`, the frame
+        replies already had): the `resumed` answer and the chunks the server sent again first.
+        `init`: the session's init segment, when this client did not receive its chunk 0."""
+        if init is not None:
+            self._inits[session_id] = init
+
+        async def go() -> tuple[ResumeOk, list[FrameReply]]:
+            await self._client.send(encode_resume(session_id, resume_token, resume_from))
+            replayed = []
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    reply = await self._client.receive()
+                    if isinstance(reply, ErrorReply):
+                        raise ServerError.from_reply(reply)
+                    if isinstance(reply, ResumeOk):
+                        return reply, replayed
+                    if isinstance(reply, FrameReply):
+                        replayed.append(reply)
+        ok, replies = self._run(go())
+        return ok, [self._chunk(r) for r in replies]
+
+    def drive(self, session_id: str, start: SessionStart) -> None:
+        """Open a session the server runs by itself from the keys held (`control`); read its
+        chunks with `next_chunk` (acked as they are read)."""
+        self._run(self._client.drive(session_id, start))
+
+    def control(self, session_id: str, keys: Sequence[str]) -> int:
+        """Set the keys held (the whole state; `[]` releases all); the event id sent."""
+        return self._run(self._client.control(session_id, list(keys)))
+
+    def next_chunk(self, timeout_s: Optional[float] = None) -> Chunk | Paused:
+        """The next reply of a driven session: a chunk, or `Paused` when no key is held."""
+        reply = self._run(self._client.receive(timeout_s))
+        if isinstance(reply, ErrorReply):
+            raise ServerError.from_reply(reply)
+        if isinstance(reply, Paused):
+            return reply
+        if not isinstance(reply, FrameReply):
+            raise ServerError(ErrorCode.BAD_MESSAGE, f"expected a frame or `paused`, got `{reply.type}`")
+        return self._chunk(reply)
+
+    def close(self) -> None:
+        try:
+            self._run(self._client.close(), timeout_s=10)
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> SyncWorldClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
