@@ -1,0 +1,120 @@
+"""Server replies (PROTOCOL.md): frames, acknowledgements of resume / fork / rewind / reset,
+pauses of a driven session, errors; each tagged by `type`."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import numpy as np
+from pydantic import Field, JsonValue, field_validator, model_validator
+
+from camera.frames import FPS
+from protocol.arrays import wire_array
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.fields import Bin, PosesArray, _Message
+
+
+class FrameReply(_Message):
+    """One chunk of video: fMP4 bytes (chunk 0 starts with the init segment)."""
+
+    type: Literal["frame"] = "frame"
+    session_id: str
+    chunk_id: int = Field(ge=0, description="monotonic within the session, from 0")
+    video: Bin
+    num_frames: int = Field(ge=1, description="9 for chunk 0, then 12")
+    resolution: tuple[int, int] = Field(description="[H, W]")
+    fps: int = FPS
+    stage_durations: dict[str, float] = Field(
+        default_factory=dict, description="seconds: text_encode, vae_encode, dit, vae_decode, mux, total")
+    client_chunk_id: Optional[int] = None
+    reset: bool = Field(False, description="true when a changed image/prompt started a fresh session")
+    mime_type: Optional[str] = Field(None, description='MSE type, e.g. video/mp4; codecs="avc1.42C01E"')
+    debug: Optional[dict[str, JsonValue]] = Field(None, description="server-side debug fields (replica ids, ...)")
+    event_id: Optional[int] = Field(None, description="with `from_keys`: the `event_id` of the last `control` "
+                                                      "applied to this chunk (absent: none had come)")
+    poses: Optional[PosesArray] = Field(None, description="the chunk's poses as the server used them: the 12 "
+                                                         "integrated from the keys, or the infer's `cameras.poses`")
+    resume_token: Optional[str] = Field(
+        None, description="on a session's first frame reply (chunk 0), where the server keeps sessions across "
+                          "connections: send it with `session_id` on a new connection to continue the session "
+                          "(`resume`, or an infer with it). Keep it secret: it is the session's key")
+    cached: Optional[bool] = Field(None, description="true when the chunk was served from the server's prefix "
+                                                     "store: an earlier session with the same inputs made it (the "
+                                                     "same video bytes); absent on a chunk computed for this session")
+
+
+    @field_validator("poses", mode="before")
+    @classmethod
+    def _poses(cls, v: object) -> Optional[np.ndarray]:
+        if v is None:
+            return None
+        arr = wire_array(v, field="poses", code=ErrorCode.BAD_MESSAGE, kinds="iuf")
+        if arr.ndim != 3 or arr.shape[1:] != (4, 4):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`poses` must be [N, 4, 4], got {list(arr.shape)}")
+        return arr.astype(np.float32, copy=False)
+
+
+class ResumeOk(_Message):
+    """The answer to `resume` (after the replies it sent again)."""
+
+    type: Literal["resumed"] = "resumed"
+    session_id: str
+    next_chunk_id: int = Field(ge=0, description="the chunk_id the next infer of the session produces")
+    replayed: int = Field(ge=0, description="frame replies sent again before this message")
+
+
+class Forked(_Message):
+    """The answer to `fork`: the new session is held and its next infer produces `next_chunk_id`."""
+
+    type: Literal["forked"] = "forked"
+    session_id: str = Field(description="the new session (the fork's `new_session_id`)")
+    parent_session_id: str = Field(description="the session it was forked from (unaffected)")
+    next_chunk_id: int = Field(ge=1, description="the chunk_id the new session's next infer produces (`at_chunk`)")
+
+
+class Rewound(_Message):
+    """The answer to `rewind`: the session's next infer produces `next_chunk_id`."""
+
+    type: Literal["rewound"] = "rewound"
+    session_id: str
+    next_chunk_id: int = Field(ge=0, description="the chunk_id the session's next infer produces (`to_chunk`)")
+
+
+class Paused(_Message):
+    """A driven session stopped making chunks: no key is held (or, resumed on a new socket, none
+    was sent yet). The next `control` with keys resumes it; frames before this one were all sent."""
+
+    type: Literal["paused"] = "paused"
+    session_id: str
+    next_chunk_id: int = Field(ge=0, description="the chunk_id the session produces when it goes on")
+
+
+class ResetOk(_Message):
+    type: Literal["reset_ok"] = "reset_ok"
+    session_id: str
+
+
+class ErrorReply(_Message):
+    """Non-fatal error; the connection stays open."""
+
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str = Field(description="human-readable; says what to fix")
+    session_id: Optional[str] = None
+    retry_after_s: Optional[float] = Field(None, ge=0, description="with code busy only")
+    chunks_left: Optional[int] = Field(
+        None, ge=0, description="with code session_limit only: chunks the session may still produce; 1 on the "
+                                "notice that follows the frame before the last one (no request failed), 0 when an "
+                                "infer past the limit was refused")
+
+    @model_validator(mode="after")
+    def _retry_only_when_busy(self) -> ErrorReply:
+        if (self.code is ErrorCode.BUSY) != (self.retry_after_s is not None):
+            raise ValueError("retry_after_s is required with code busy and only with it")
+        if self.chunks_left is not None and self.code is not ErrorCode.SESSION_LIMIT:
+            raise ValueError("chunks_left comes with code session_limit only")
+        return self
+
+    @property
+    def is_notice(self) -> bool:
+        """A notice (the session nears its limit), not the answer to a request."""
+        return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
