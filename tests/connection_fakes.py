@@ -174,3 +174,20 @@ class SessionReplica(FakeDeployment):
         elif method not in ("encode",) and key not in self.held:
             raise SessionLost(f"{self.name} does not hold session {key}")
         return await super().call(method, args)
+
+
+class ReplicaHandle:
+    """A deployment handle's call shape (`.method.remote(...)`) over a replica object."""
+
+    def __init__(self, replica) -> None:
+        self._replica = replica
+
+    def __getattr__(self, method: str):
+        target = getattr(self._replica, method)
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                return target(*args)
+
+        return Method

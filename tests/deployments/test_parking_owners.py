@@ -15,26 +15,9 @@ from deployments.ingress.parking import SessionParking
 from protocol import encode_infer
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
-from connection_fakes import FakeDeployment, FakeMetrics, ScriptedSocket
+from connection_fakes import FakeDeployment, FakeMetrics, ReplicaHandle, ScriptedSocket
 
 A, B = "10.0.0.1", "10.0.0.2"
-
-
-class ReplicaHandle:
-    """A deployment handle's call shape (`.method.remote(...)`) over a replica object."""
-
-    def __init__(self, replica) -> None:
-        self._replica = replica
-
-    def __getattr__(self, method: str):
-        target = getattr(self._replica, method)
-
-        class Method:
-            @staticmethod
-            def remote(*args):
-                return target(*args)
-
-        return Method
 
 
 class Client:

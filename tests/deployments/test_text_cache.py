@@ -18,7 +18,7 @@ from deployments.replicas.text_encoder import TextEncoderDeployment
 from protocol import encode_infer
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, FrameReply
-from connection_fakes import FakeDeployment, FakeMetrics, ScriptedSocket
+from connection_fakes import FakeDeployment, FakeMetrics, ReplicaHandle, ScriptedSocket
 
 PROMPT = "a prompt only tenant A has used"
 
@@ -45,23 +45,6 @@ def _text_replica(engine: CountingEngine) -> TextEncoderDeployment:
     replica._cache, replica._cache_size = OrderedDict(), 64
     replica._lock, replica._thread = asyncio.Lock(), ComputeThread("test-text")
     return replica
-
-
-class ReplicaHandle:
-    """A deployment handle's call shape (`.encode.remote(...)`) over a replica object."""
-
-    def __init__(self, replica) -> None:
-        self._replica = replica
-
-    def __getattr__(self, method: str):
-        target = getattr(self._replica, method)
-
-        class Method:
-            @staticmethod
-            def remote(*args):
-                return target(*args)
-
-        return Method
 
 
 async def _session(backends: Backends, example, sid: str, key_id: Optional[str], client: Optional[str],
