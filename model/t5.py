@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 from model.checkpoint import CheckpointError, CheckpointLayout, assign_state_dict, load_pth, shape_of
 from model.config import T5Config
-from model.text_int8 import Int8Embedding, Int8Linear, quantize_rows, quantized_tensors, swap_in_int8
+from model.text_int8 import BLOCK_ROWS, Int8Embedding, Int8Linear, quantize_rows, quantized_tensors, swap_in_int8
 
 TEXT_LEN = 512  # tokens after padding / truncation (`</s>` included)
 PAD_ID = 0
@@ -295,7 +295,7 @@ def init_t5_random_on_device(
     for module in model.modules():
         if isinstance(module, (Int8Linear, Int8Embedding)):
             rows, cols = module.weight.shape
-            for lo in range(0, rows, 4096):
-                block = torch.empty(min(4096, rows - lo), cols, device=device).normal_(0.0, cols ** -0.5, generator=gen)
+            for lo in range(0, rows, BLOCK_ROWS):  # a block of float32 draws at a time, never the whole matrix
+                block = torch.empty(min(BLOCK_ROWS, rows - lo), cols, device=device).normal_(0.0, cols ** -0.5, generator=gen)
                 module.weight[lo:lo + len(block)], module.scale[lo:lo + len(block)] = quantize_rows(block)
     return TextEncoder(model.eval().requires_grad_(False), tokenizer)

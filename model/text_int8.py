@@ -51,27 +51,34 @@ def dequantize(codes: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
     return (codes.float().view(*shape[:-1], g, -1) * scales[..., None]).view(shape).to(dtype)
 
 
-class Int8Linear(nn.Module):
+class _Int8Rows(nn.Module):
+    """Rows of int8 codes (`weight`, [rows, cols]) with float32 scales per row group (`scale`),
+    computed in `dtype`: the storage both int8 modules share."""
+
+    def __init__(self, rows: int, cols: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.register_buffer("weight", torch.empty(rows, cols, dtype=torch.int8))
+        self.register_buffer("scale", torch.empty(rows, groups(cols), dtype=torch.float32))
+
+
+class Int8Linear(_Int8Rows):
     """y = x dequantize(codes)^T in `dtype`; bias-free, as UMT5's projections are."""
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
-        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
-        self.register_buffer("scale", torch.empty(out_features, groups(in_features), dtype=torch.float32))
+        super().__init__(out_features, in_features, dtype)
+        self.in_features, self.out_features = in_features, out_features
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x.to(self.dtype), dequantize(self.weight, self.scale, self.dtype))
 
 
-class Int8Embedding(nn.Module):
+class Int8Embedding(_Int8Rows):
     """Token rows as int8 with scales per row group; only the looked-up rows are dequantized."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.num_embeddings, self.embedding_dim, self.dtype = num_embeddings, embedding_dim, dtype
-        self.register_buffer("weight", torch.empty(num_embeddings, embedding_dim, dtype=torch.int8))
-        self.register_buffer("scale", torch.empty(num_embeddings, groups(embedding_dim), dtype=torch.float32))
+        super().__init__(num_embeddings, embedding_dim, dtype)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
 
     def forward(self, ids: Tensor) -> Tensor:
         return dequantize(F.embedding(ids, self.weight), F.embedding(ids, self.scale), self.dtype)
