@@ -204,6 +204,14 @@ class SessionArgs(_Strict):
     # session, and briefly a second incarnation of each, fits one VAE replica). Set it, with
     # `vae.autoscaling`, to scale the VAE by the sessions its replicas hold.
     vae_max_sessions: Optional[int] = Field(None, ge=1)
+    # People, not slots (docs/SERVING.md "Waiting room"): a live session is admitted only while
+    # every live session of the DiT replica keeps min_fps frames/s (0: slots and bytes only); one
+    # that cannot be admitted waits in the application's one line (at most max_waiting; 0: `busy`
+    # at once, as before). `/v1/videos` jobs hold at most max_offline_sessions sessions per DiT
+    # replica, beside max_sessions live ones, and run in the live sessions' gaps.
+    min_fps: float = Field(0.0, ge=0)
+    max_waiting: int = Field(16, ge=0)
+    max_offline_sessions: int = Field(1, ge=1)
 
 
 class AutoscalingArgs(_Strict):
