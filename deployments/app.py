@@ -3,7 +3,8 @@
     WorldIngress ──► TextEncoderDeployment  (stateless, any replica)
          ├─────────► VaeDeployment  ┐ SessionAffinityRouter: every call of a session goes to the
          ├─────────► DiTDeployment  ┘ replica that holds it (one GPU, or N with `dit_parallel`)
-         └─────────► SessionParking   sessions between a dropped socket and their resume (one replica)
+         ├─────────► SessionParking   sessions between a dropped socket and their resume (one replica)
+         └─────────► WaitingRoom      the line of new sessions waiting for a place (one replica)
 
 No `from __future__ import annotations` here: Serve validates the YAML `args` against the
 builder's parameter annotation only when it is the class itself, not a string.
@@ -22,6 +23,7 @@ from ray.serve.config import RequestRouterConfig
 from deployments.autoscaling_policy import HeldSessionsPolicy
 from deployments.config import AppArgs, AutoscalingArgs, ReplicaArgs
 from deployments.ingress.server import WorldIngress
+from deployments.ingress.line.room import WaitingRoom
 from deployments.ingress.parking import SessionParking
 from deployments.router import SessionAffinityRouter
 from deployments.replicas.dit import DiTDeployment
@@ -114,4 +116,7 @@ def build_app(args: AppArgs) -> Application:
     if args.sessions.resume_grace_s > 0:  # one replica, placed like the ingress (CPU, head node)
         parking = SessionParking.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(
             vae, dit, args.sessions)
-    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, parking, args)
+    room = None
+    if args.sessions.max_waiting > 0:  # one replica for the application's one line (CPU, head node)
+        room = WaitingRoom.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(args.sessions)
+    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, parking, args, room)

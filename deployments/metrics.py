@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
+FPS_BOUNDARIES = [0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0]
 LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
 
 
@@ -44,6 +45,14 @@ class IngressMetrics:
             description="WebSockets refused at the handshake (tag reason: connection caps, auth, origin).",
             tag_keys=("reason",),
         )
+
+        self.session_fps = Histogram(
+            "lwf_session_frames_per_second", description="Video frames per second a live session admitted "
+            "through the waiting room received over its life (the frames of its chunks after the first / time "
+            "from its first chunk to its last).", boundaries=FPS_BOUNDARIES)
+
+    def observe_session_fps(self, fps: float) -> None:
+        self.session_fps.observe(fps)
 
     def connection_released(self) -> None:
         self.releases.inc()
@@ -146,3 +155,26 @@ class SessionMetrics:
     def observe_call(self, call: str, waited_s: float, ran_s: float) -> None:
         self.call_wait_seconds.observe(waited_s, tags={"call": call})
         self.call_seconds.observe(ran_s, tags={"call": call})
+
+
+WAIT_BOUNDARIES_S = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0]
+
+
+class LineMetrics:
+    """The waiting room's line (recorded by its one replica, deployments/ingress/line/room.py)."""
+
+    def __init__(self) -> None:
+        self.waiting = Gauge("lwf_waiting_sessions", description="Sessions waiting in line for a place.")
+        self.seated = Gauge("lwf_seated_sessions",
+                            description="Live sessions admitted through the line and not ended yet.")
+        self.wait_seconds = Histogram(
+            "lwf_wait_seconds", description="Seconds a session waited in line before its admission "
+            "(0 for one admitted at once).", boundaries=WAIT_BOUNDARIES_S)
+        self.refused = Counter("lwf_line_refusals", description="Sessions refused because the line was full.")
+
+    def update(self, waiting: int, seated: int, waits_s: list[float]) -> None:
+        self.waiting.set(waiting)
+        self.seated.set(seated)
+        for w in waits_s:
+            self.wait_seconds.observe(w)
+

@@ -24,7 +24,7 @@ from protocol.handshake import CameraServerConfig
 from protocol.image import probe_image, raw_image
 from protocol.limits import Limits
 # the replies live in protocol/replies.py; this stays the wire's one module of messages
-from protocol.replies import ErrorReply, Forked, FrameReply, Paused, ResetOk, ResumeOk, Rewound
+from protocol.replies import ErrorReply, Forked, FrameReply, Paused, Queued, ResetOk, ResumeOk, Rewound
 
 
 class _Request(_Message):
@@ -121,6 +121,8 @@ class _Opening(_Request):
         None, description="[H, W] that `intrinsics` are expressed in")
     num_frames: Optional[StrictInt] = Field(None, description="planned total length, 4n+1")
     translation_scale: Optional[Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]] = None
+    queue_token: Optional[ResumeToken] = Field(None, description="the `queue_token` of a `queued` notice: after a "
+                                                                "dropped socket, takes that place in line again")
 
     @field_validator("image", mode="before")
     @classmethod
@@ -330,7 +332,8 @@ class AckRequest(_Request):
 
 Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
                 AckRequest]
-Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, ErrorReply],
+Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Queued,
+                        ErrorReply],
                   Field(discriminator="type")]
 REQUEST_TYPES: dict[str, type[Request]] = {
     "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest, "fork": ForkRequest,

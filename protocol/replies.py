@@ -88,6 +88,22 @@ class Paused(_Message):
     next_chunk_id: int = Field(ge=0, description="the chunk_id the session produces when it goes on")
 
 
+class Queued(_Message):
+    """A new session waits in the server's line for a place (no chunk is computed for it yet);
+    sent when its place changes and every few seconds. It starts by itself when its turn comes
+    (its first frame reply follows); a client whose socket dropped while waiting sends its
+    first infer (or `drive`) again with `queue_token` within the handshake's `resume_grace_s`
+    and takes its place again."""
+
+    type: Literal["queued"] = "queued"
+    session_id: str
+    position: int = Field(ge=1, description="1: next to start")
+    eta_s: Optional[float] = Field(None, ge=0, description="expected seconds until it starts (null: no estimate "
+                                                           "yet)")
+    queue_token: str = Field(description="the place's token: `queue_token` of a first infer or `drive` takes this "
+                                         "place again after a dropped socket")
+
+
 class ResetOk(_Message):
     type: Literal["reset_ok"] = "reset_ok"
     session_id: str

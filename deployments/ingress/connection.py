@@ -14,10 +14,9 @@ Serve session id (`handle.options(session_id=key)`), which the affinity router p
 
 Each session keeps a journal (journal.py). A call that finds its replica dead or the session
 gone rebuilds the session from it on a healthy replica (recovery.py), inside the same lane
-job (lane_jobs.py), and is made again: the client sees a slower chunk, not an error.
-
-Abuse limits (`ClientPolicy`, AppArgs.connection) close the socket with 1008 (policy) and a
-reason; per-key quotas (quotas.py) answer `busy`.
+job (lane_jobs.py), and is made again: the client sees a slower chunk, not an error. A new
+live session waits its turn in the application's line first (line/). Abuse limits
+(`ClientPolicy`) close the socket with 1008 and a reason; per-key quotas answer `busy`.
 """
 from __future__ import annotations
 
@@ -44,6 +43,7 @@ from deployments.ingress.image_intake import FrameImage
 from deployments.ingress.journal import SessionJournal
 from deployments.ingress.lanes import Backends, Lane, ReplicaLanes
 from deployments.ingress.lane_jobs import LaneJobs
+from deployments.ingress.line.seat import LineSeats
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from deployments.ingress.guards.quotas import KeyQuota
@@ -104,8 +104,10 @@ class Connection:
         self._sizes = SizeRule(tuple(args.model.bucket_sizes()), args.model.max_output_area)
         replicas = ReplicaLanes(backends, Lane("dit"), Lane("vae"), args, self._log)
         self._dit_lane, self._vae_lane = replicas.dit_lane, replicas.vae_lane
-        self._jobs = LaneJobs(replicas, Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics))
-        self._releases = Releases(replicas, quota, metrics)
+        seats = LineSeats(backends.room, lambda notice: self._outbox.notice(notice), self._log,
+                          metrics.observe_session_fps)  # the waiting room (line/seat.py)
+        self._jobs = LaneJobs(replicas, Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics), seats)
+        self._releases = Releases(replicas, quota, metrics, ended=seats.end)
         self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable,
                                   clip_mode=lambda: self._raw_frames, key_id=key_id, client=client)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
@@ -227,8 +229,9 @@ class Connection:
                 return False, False
             if isinstance(req, ResumeRequest):
                 return False, False
+        cur = self._stream
         if isinstance(req, (InferRequest, DriveRequest)) and req.image is not None and (
-                isinstance(req, DriveRequest) or not self._holds_image(req)):
+                isinstance(req, DriveRequest) or cur is None or not cur.holds(req.session_id, req.image)):
             try:  # the pixels decode off the event loop (image_intake.py); dispatch takes them
                 await self._image.decode(req.image)
             except ProtocolError as e:
@@ -238,12 +241,6 @@ class Connection:
             return self._dispatch(req, t0)
         finally:
             self._image.clear()
-
-    def _holds_image(self, req: InferRequest) -> bool:
-        """`req` continues the open session with its own image (nothing to decode)."""
-        cur = self._stream
-        return (cur is not None and cur.state is StreamState.OPEN and cur.spec.session_id == req.session_id
-                and cur.same_image(req.image))
 
     def _dispatch(self, req: Request, t0: float) -> tuple[bool, bool]:
         """Handle one decoded request: (refused: answered with an error, infer: an accepted infer)."""
@@ -442,6 +439,7 @@ class Connection:
         self._releases.adopt(stream, replacing=self._stream)
         self._driving.stop()  # a driven session is replaced
         self._stream = stream
+        self._jobs.seats.expect(stream, req.queue_token)  # a new live session waits its turn in line
         if not self._prefix.attach(stream, req):  # else opened (or restored) when its first chunk that is not
             self._jobs.open(stream)              # stored comes (prefix/reuse.py)
         h, w = spec.resolution

@@ -25,6 +25,7 @@ from ray.serve.exceptions import ReplicaUnavailableError
 
 from deployments.errors import ReplicaError, SessionLost
 from deployments.ingress.lanes import ReplicaLanes
+from deployments.ingress.line.seat import LineSeats
 from deployments.ingress.stream import Stream, StreamState
 from deployments.wire import ChunkStep, StepResult
 
@@ -50,25 +51,37 @@ class Rebuilds(Protocol):
 class LaneJobs:
     """The VAE and DiT lane jobs of one connection's sessions."""
 
-    def __init__(self, replicas: ReplicaLanes, recovery: Rebuilds) -> None:
+    def __init__(self, replicas: ReplicaLanes, recovery: Rebuilds, seats: LineSeats) -> None:
         self._b = replicas.backends
         self._dit_lane = replicas.dit_lane
         self._vae_lane = replicas.vae_lane
         self._recovery = recovery
         self._log = replicas.log
+        self.seats = seats  # the waiting room's seats of the connection's new live sessions (line/seat.py)
 
     def open(self, stream: Stream) -> None:
-        """Open a new session on the VAE and the DiT (admission, prompt, image): queued on the lanes."""
+        """Open a new session on the VAE and the DiT (admission, prompt, image): queued on the
+        lanes. A session that waits in line opens on the VAE once the DiT admitted it (a session
+        in line holds nothing on any replica)."""
         spec, image = stream.spec, stream.image
         key = stream.vae_key
-        vae = self._vae_lane.submit(lambda: self._b.vae.options(session_id=key).open.remote(key, spec, image))
+        queued = self.seats.queues(stream)
+
+        async def open_vae() -> Any:
+            if queued:
+                await _dit_admitted(stream)
+            return await self._b.vae.options(session_id=key).open.remote(key, spec, image)
+        vae = self._vae_lane.submit(open_vae)
+        if queued:
+            vae.add_done_callback(_retrieved)  # a refusal in line is the DiT's, answered through it
         stream.opening(vae=vae, dit=self._dit_lane.submit(partial(self.open_dit, stream)))
 
     async def open_dit(self, stream: Stream) -> None:
-        """DiT lane: admit the session on a DiT replica (busy, too_large), wait for the VAE's
-        admission, encode the prompt, then open the session where it was admitted."""
+        """DiT lane: admit the session on a DiT replica (busy, too_large; a new live session
+        first waits its turn in line), wait for the VAE's admission, encode the prompt, then
+        open the session where it was admitted."""
+        await reserve_dit(self._b.dit, stream, self.seats)  # no text encode for a refused session
         key = stream.dit_key
-        await reserve_dit(self._b.dit.options(session_id=key), stream)  # no text encode for a refused session
         t = time.perf_counter()
         context = await self._b.text.encode.remote(stream.spec.prompt, stream.spec.owner)  # cached per owner
         stream.journal.opened(time.perf_counter() - t)
@@ -112,6 +125,7 @@ class LaneJobs:
             stream.reopened("dit")
             out = await step(stream.dit_key)
         stream.journal.add_chunk(poses, intrinsics, y, out.latents, out.noise, context)
+        self.seats.chunk_done(stream)
         decoded = self._vae_lane.submit(partial(self.decode, stream, out.latents))
         return out, decoded
 
@@ -134,14 +148,24 @@ class LaneJobs:
             return await call(stream.vae_key)
 
 
-async def reserve_dit(dit: Any, stream: Stream) -> None:
-    """Admit `stream` on its DiT replica (`dit`: the handle routed by its key) before any work:
-    its admission future settled either way (busy, too_large re-raised), then wait for the
-    VAE's admission (its refusal re-raised). A new session, a fork and a session leaving the
-    prefix store all start this way."""
+async def reserve_dit(dit: Any, stream: Stream, seats: Optional[LineSeats] = None) -> None:
+    """Admit `stream` on a DiT replica (`dit`: the deployment's handle) before any work: its
+    admission future settled either way (busy, too_large re-raised), then wait for the VAE's
+    admission (its refusal re-raised). A new session, a fork and a session leaving the prefix
+    store all start this way; a new live session waits its turn in line first (`seats`). Each
+    try after a `busy` goes under a new DiT key: the router pinned the refused one to the
+    replica that refused it."""
     admitted = stream.dit_admission()
+    tries = 0
+
+    async def reserve() -> None:
+        nonlocal tries
+        tries += 1
+        key = stream.dit_key if tries == 1 else stream.new_key("dit")
+        await dit.options(session_id=key).reserve.remote(key, stream.spec)
+
     try:
-        await dit.reserve.remote(stream.dit_key, stream.spec)
+        await (reserve() if seats is None else seats.admit(stream, reserve))
     except Exception as e:
         if not admitted.done():
             admitted.set_exception(e)

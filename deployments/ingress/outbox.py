@@ -3,7 +3,9 @@
 Every reply, whatever finishes first, goes out in request order: the outbox holds a future per
 reply, with the stream whose chunk it answers; once a frame reply of a stream is sent,
 `on_sent` is told (resume.py counts what was sent), and `on_reply` after every reply (the
-client policy counts the replies it owes).
+client policy counts the replies it owes). Notices that answer no request (`queued`: the
+place in line of a session whose first chunk waits) go out at once, ahead of the replies
+still being made (`notice`).
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class Outbox:
         self._on_sent = on_sent
         self._on_reply = on_reply
         self._queue: asyncio.Queue[tuple[asyncio.Future[BaseModel], Optional[Stream]]] = asyncio.Queue()
+        self._sending = asyncio.Lock()  # one frame at a time on the socket: the loop's and the notices'
+        self._notices: set[asyncio.Task] = set()
 
     def __len__(self) -> int:
         """Replies queued and not yet sent."""
@@ -44,11 +48,27 @@ class Outbox:
         fut.set_result(reply)
         self._queue.put_nowait((fut, stream))
 
+    def notice(self, reply: BaseModel) -> None:
+        """Send `reply` now, out of the replies' order (it answers no request)."""
+        async def send() -> None:
+            async with self._sending:
+                if self._ws.application_state is WebSocketState.CONNECTED:
+                    await self._ws.send_bytes(encode(reply))
+        task = asyncio.get_running_loop().create_task(send())
+        self._notices.add(task)
+        task.add_done_callback(self._sent_notice)
+
+    def _sent_notice(self, task: asyncio.Task) -> None:
+        self._notices.discard(task)
+        if not task.cancelled():
+            task.exception()  # a send that failed: the client is gone (the receive loop sees it)
+
     async def send_loop(self) -> None:
         while True:
             fut, stream = await self._queue.get()
             reply = await asyncio.shield(fut)  # the sender's cancel (socket end) must not cancel a chunk (resume)
-            await self._ws.send_bytes(encode(reply))
+            async with self._sending:
+                await self._ws.send_bytes(encode(reply))
             if stream is not None and isinstance(reply, FrameReply):
                 self._on_sent(stream, reply)
             self._queue.task_done()

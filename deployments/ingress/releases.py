@@ -32,13 +32,16 @@ PARKING_CLOSE_MARGIN_S = 1.0  # after its grace, a parked session's close: the p
 class Releases:
     """Frees streams on the replicas."""
 
-    def __init__(self, replicas: ReplicaLanes, quota: Optional[KeyQuota], metrics: IngressMetrics) -> None:
+    def __init__(self, replicas: ReplicaLanes, quota: Optional[KeyQuota], metrics: IngressMetrics,
+                 ended: Callable[[Stream], None] = lambda stream: None) -> None:
+        """`ended(stream)`: told when a stream ends here (its seat in the waiting room is freed)."""
         self._b = replicas.backends
         self._dit_lane = replicas.dit_lane
         self._vae_lane = replicas.vae_lane
         self._args = replicas.args
         self._quota = quota
         self._metrics = metrics
+        self._on_end = ended
         self._log = replicas.log
         self._held: dict[str, Stream] = {}  # every stream whose replicas may still hold state
         # keys of past incarnations of live streams (a rewind's old keys), tagged "dit:<key>" /
@@ -82,6 +85,7 @@ class Releases:
                                      if not f.cancelled() and f.exception() is None else None)
 
     def _ended(self, stream: Stream) -> None:
+        self._on_end(stream)
         if self._quota is not None:
             self._quota.end_session(stream.key)
 

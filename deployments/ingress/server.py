@@ -26,6 +26,7 @@ from deployments.config import AppArgs
 from deployments.ingress.connection import POLICY_VIOLATION, Backends, Connection
 from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 from deployments.ingress.detached import running as detached_running
+from deployments.ingress.detached import settle
 from deployments.ingress.health import PathProbe
 from deployments.ingress.ready import announce_when_ready
 from deployments.log import get_log, log_routine_access_at_debug
@@ -48,6 +49,7 @@ from deployments.ingress.sizes import SizeRule
 
 OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
 HEALTH_TIMEOUT_S = 10.0
+LINE_STATS_TIMEOUT_S = 2.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at a connection cap
 INGRESS_HTTP_HEADROOM = 8  # ongoing requests of an ingress replica kept free of WebSockets (health, HTTP)
@@ -85,10 +87,11 @@ class WorldIngress:
     """Holds the handles of the graph; one `Connection` per WebSocket."""
 
     def __init__(self, text: DeploymentHandle, vae: DeploymentHandle, dit: DeploymentHandle,
-                 parking: Optional[DeploymentHandle], args: AppArgs) -> None:
-        """`parking`: SessionParking (sessions resumable after a dropped socket), or None."""
+                 parking: Optional[DeploymentHandle], args: AppArgs, room: Optional[DeploymentHandle] = None) -> None:
+        """`parking`: SessionParking (sessions resumable after a dropped socket), or None;
+        `room`: the WaitingRoom (new sessions wait in line for a place), or None."""
         log_routine_access_at_debug()
-        self._backends = Backends(text=text, vae=vae, dit=dit, parking=parking)
+        self._backends = Backends(text=text, vae=vae, dit=dit, parking=parking, room=room)
         self._args = args
         m = args.model
         self._limits = Limits(max_message_bytes=args.max_message_bytes, max_num_frames=args.sessions.max_frames,
@@ -218,7 +221,7 @@ class WorldIngress:
         sessions, connections) only for a valid key."""
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_S + 1.0):
-                stats, probe = await asyncio.gather(self._replica_stats(), self._probe.run())
+                stats, probe, line = await asyncio.gather(self._replica_stats(), self._probe.run(), self._line())
         except Exception as e:  # noqa: BLE001 - any failure means unhealthy
             return JSONResponse({"status": "unavailable", "error": f"{type(e).__name__}: {e}"}, status_code=503)
         body: dict[str, Any] = {"status": "ok"}
@@ -229,6 +232,7 @@ class WorldIngress:
                 "connections": self._open_connections,  # sockets (and offline videos) open on this replica
                 "releasing": detached_running(),  # connection teardowns (and closes) still running
                 "probe_s": probe,
+                "line": line,  # the application's waiting room (null: none)
             })
             if self._prefix is not None:  # this ingress replica's store (deployments/ingress/prefix/)
                 store = self._prefix[0]
@@ -252,7 +256,7 @@ class WorldIngress:
     async def models(self, request: Request) -> dict[str, Any]:
         """What is served: model, precision, video geometry, limits and session capacity."""
         self._require_key(request)
-        stats = await self._replica_stats()
+        stats, line = await asyncio.gather(self._replica_stats(), self._line())
         dit = stats["dit"]
         m = self._args.model
         return {"object": "list", "data": [{
@@ -283,6 +287,8 @@ class WorldIngress:
                 "held": sum(s["sessions"] for s in dit),
                 "max_chunks": self._args.sessions.max_chunks,
                 "idle_ttl_s": self._args.sessions.idle_ttl_s,
+                "min_fps": self._args.sessions.min_fps,
+                "line": line,  # {waiting, max_waiting}: sessions waiting for a place (null: no waiting room)
             },
             "replicas": stats,  # per deployment, each replica's stats (memory, warm-up, sessions)
         }]}
@@ -297,6 +303,16 @@ class WorldIngress:
         handles = (self._backends.text, self._backends.vae, self._backends.dit)
         results = await asyncio.gather(*(h.broadcast("stats").results_async() for h in handles))
         return dict(zip(names, results))
+
+    async def _line(self) -> Optional[dict[str, Any]]:
+        """The waiting room's length (None without one); a room that does not answer in time
+        says so: sessions are then admitted without a line (line/seat.py)."""
+        if self._backends.room is None:
+            return None
+        ended, result = await settle(self._backends.room.stats.remote(), LINE_STATS_TIMEOUT_S)
+        if not ended or isinstance(result, BaseException):
+            return {"error": "the waiting room did not answer" if not ended else f"{type(result).__name__}: {result}"}
+        return result
 
     @app.websocket("/{path:path}")  # the last route: a WebSocket to any other path (signposts.py)
     async def wrong_socket(self, ws: WebSocket) -> None:

@@ -104,6 +104,10 @@ class Stream:
         """`image` (as sent) is the session's."""
         return image_digest(image) == self.spec.image_digest
 
+    def holds(self, session_id: str, image: bytes | np.ndarray) -> bool:
+        """An infer of `session_id` with `image` continues this open session with its own image."""
+        return self.state is StreamState.OPEN and self.spec.session_id == session_id and self.same_image(image)
+
     # ---- the replicas' side ----
 
     @property

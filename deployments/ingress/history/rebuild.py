@@ -74,10 +74,9 @@ class Rebuild:
                 admitted.set_exception(e)
             raise
         paths["dit"] = "replay"
+        await reserve_dit(self._b.dit, stream)
         key, j = stream.dit_key, stream.journal
-        dit = self._b.dit.options(session_id=key)
-        await reserve_dit(dit, stream)
-        await dit.restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
+        await self._b.dit.options(session_id=key).restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
 
     def replayable(self, stream: Stream) -> None:
         """A session that must replay (a replica could not copy) needs its journal: TooLarge without."""

@@ -1,0 +1,260 @@
+"""LineBook: the waiting room's bookkeeping, first come first served (no Ray, no asyncio).
+
+A new live session joins the line before its admission (`join`); only the first in line tries
+the DiT's admission, so a place that frees goes to whoever waited longest, whichever ingress
+replica holds its socket. Positions count from 1 (the first in line).
+
+A place in line is a *ticket* (one join of one socket) of a *token* (what the client is told in
+its `queued` notices). A ticket that leaves the line frees its place at once (everyone behind
+moves up); when it left without being admitted (its socket dropped), its token is remembered
+for `grace_s`, and a join with that token within it takes the token's old place again (its
+order in the line: a client that reconnects is not sent to the back).
+
+ETAs come from the sessions the room saw admitted (`seat`, and the places freed while sessions
+wait, which the first in line is about to take): each one's expected end, from its
+progress (`progress`: chunks done of chunks planned, time since its first chunk), and each
+waiting session's expected length (its chunks at the chunk interval measured so far; an
+open-ended one at the mean length of the open-ended sessions that ended). The line is then
+played forward: the first in line starts when the first running session ends, and ends after
+its own length; the second starts at the next end, and so on.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Optional
+
+TOKEN_BYTES = 18  # 144 bits, url-safe base64: 24 characters
+DEFAULT_CHUNK_S = 2.0  # the chunk interval assumed before any session reported one
+DEFAULT_OPEN_ENDED_S = 120.0  # an open-ended session's length before one ended
+EWMA = 0.3  # weight of the newest sample in the interval and length estimates
+MIN_REMAINING_S = 0.5  # a running session past its expected end is expected to end soon, not in the past
+FORGOTTEN_TOKENS = 4096  # tokens of tickets that left, kept for their grace period (FIFO beyond this)
+
+
+class LineFull(Exception):
+    """The line holds `max_waiting` sessions already."""
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a ticket stands: `position` 1 is first in line (0: not in line any more)."""
+
+    ticket: int
+    token: str
+    position: int
+    eta_s: Optional[float]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    order: float  # the token's order in the line (its first join)
+    token_digest: str
+    owner: str
+    chunks: Optional[int]  # planned chunks (None: open-ended)
+    joined: float
+
+
+@dataclass(slots=True)
+class _Seat:
+    """A session the room saw admitted, until it ends."""
+
+    chunks: Optional[int]
+    started: float
+    expected_end: float
+    last_seen: float
+
+
+@dataclass(slots=True)
+class _Left:
+    order: float
+    owner: str
+    until: float
+
+
+@dataclass
+class LineStats:
+    waiting: int
+    seated: int
+    admitted_total: int
+    chunk_s: float
+    waits_s: list[float] = field(default_factory=list)  # waits of the admissions since the last call
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class LineBook:
+    """One line, its seats and the estimates behind its ETAs."""
+
+    def __init__(self, max_waiting: int, grace_s: float, seat_ttl_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`max_waiting`: the line's length; `grace_s`: how long a ticket that left keeps its
+        token's place; `seat_ttl_s`: a seat not heard of this long is dropped (its connection's
+        end was not told)."""
+        self._max = max_waiting
+        self._grace_s = grace_s
+        self._seat_ttl_s = seat_ttl_s
+        self._clock = clock
+        self._tickets = itertools.count(1)
+        self._order = itertools.count(1)
+        self._waiting: dict[int, _Waiting] = {}  # ticket -> entry
+        self._seats: dict[int, _Seat] = {}  # ticket -> admitted session
+        self._left: OrderedDict[str, _Left] = OrderedDict()  # token digest -> its place, for grace_s
+        self._chunk_s: Optional[float] = None
+        self._open_ended_s: Optional[float] = None
+        self._admitted_total = 0
+        self._waits: list[float] = []
+        # places freed while sessions waited, not taken yet (the first in line is about to): free now
+        self._vacant = 0
+
+    # ---- the line ----
+
+    def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None) -> Place:
+        """A new ticket in line (`LineFull` beyond max_waiting). `token` of a ticket that left
+        within its grace period (and of the same `owner`) takes that ticket's place again; of a
+        ticket still waiting, replaces it (the same client on a new socket)."""
+        now = self._clock()
+        self._forget_expired(now)
+        order = None
+        if token is not None:
+            digest = _digest(token)
+            left = self._left.get(digest)
+            if left is not None and left.owner == owner:
+                del self._left[digest]
+                order = left.order
+            for ticket, w in list(self._waiting.items()):
+                if w.token_digest == digest and w.owner == owner:
+                    order = w.order
+                    del self._waiting[ticket]
+        if order is None:
+            if len(self._waiting) >= self._max:
+                raise LineFull(f"the waiting room is full ({self._max} sessions wait)")
+            token, order = secrets.token_urlsafe(TOKEN_BYTES), float(next(self._order))
+        ticket = next(self._tickets)
+        self._waiting[ticket] = _Waiting(order, _digest(token), owner, chunks, now)
+        return self.place(ticket, token)
+
+    def place(self, ticket: int, token: str = "") -> Place:
+        """Where `ticket` stands now (position 0: no longer waiting)."""
+        line = self._line()
+        if ticket not in self._waiting:
+            return Place(ticket, token, 0, None)
+        position = line.index(ticket) + 1
+        return Place(ticket, token, position, self._etas(line)[position - 1])
+
+    def position(self, ticket: int) -> int:
+        return self.place(ticket).position
+
+    def leave(self, ticket: int) -> None:
+        """The ticket leaves the line without a place (its socket ended, its session was
+        closed or refused): its token keeps its order for the grace period."""
+        w = self._waiting.pop(ticket, None)
+        if w is None:
+            return
+        now = self._clock()
+        self._left[w.token_digest] = _Left(w.order, w.owner, now + self._grace_s)
+        self._left.move_to_end(w.token_digest)
+        while len(self._left) > FORGOTTEN_TOKENS:
+            self._left.popitem(last=False)
+
+    def seat(self, ticket: int) -> float:
+        """The first in line was admitted: it leaves the line and holds a seat; its wait (s)."""
+        now = self._clock()
+        w = self._waiting.pop(ticket, None)  # None: it left meanwhile (admitted all the same)
+        chunks, joined = (None, now) if w is None else (w.chunks, w.joined)
+        self._seats[ticket] = _Seat(chunks, now, now + self._length(chunks), now)
+        self._vacant = max(self._vacant - 1, 0) if self._waiting else 0
+        self._admitted_total += 1
+        waited = now - joined
+        self._waits.append(waited)
+        return waited
+
+    # ---- the seats ----
+
+    def progress(self, ticket: int, chunks_done: int) -> None:
+        """A seated session computed `chunks_done` chunks: its expected end, and the interval."""
+        s = self._seats.get(ticket)
+        if s is None or chunks_done < 1:
+            return
+        now = self._clock()
+        s.last_seen = now
+        interval = (now - s.started) / chunks_done
+        self._chunk_s = interval if self._chunk_s is None else (1 - EWMA) * self._chunk_s + EWMA * interval
+        if s.chunks is not None:
+            s.expected_end = now + max(s.chunks - chunks_done, 0) * interval
+        else:
+            s.expected_end = max(s.started + self._length(None), now + interval)
+
+    def end(self, ticket: int) -> bool:
+        """A seated session ended (True) — or a waiting ticket left (`leave`, False)."""
+        s = self._seats.pop(ticket, None)
+        if s is None:
+            self.leave(ticket)
+            return False
+        self._vacant = self._vacant + 1 if self._waiting else 0
+        if s.chunks is None:
+            length = self._clock() - s.started
+            self._open_ended_s = length if self._open_ended_s is None else (
+                (1 - EWMA) * self._open_ended_s + EWMA * length)
+        return True
+
+    def sweep(self) -> list[int]:
+        """Drop the seats not heard of for seat_ttl_s and the expired tokens; the dropped seats."""
+        now = self._clock()
+        self._forget_expired(now)
+        stale = [t for t, s in self._seats.items() if now - s.last_seen > self._seat_ttl_s]
+        for t in stale:
+            del self._seats[t]
+        if not self._waiting:
+            self._vacant = 0
+        return stale
+
+    def stats(self) -> LineStats:
+        waits, self._waits = self._waits, []
+        return LineStats(len(self._waiting), len(self._seats), self._admitted_total,
+                         self._chunk_s or DEFAULT_CHUNK_S, waits)
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def max_waiting(self) -> int:
+        return self._max
+
+    # ---- estimates ----
+
+    def _line(self) -> list[int]:
+        return sorted(self._waiting, key=lambda t: self._waiting[t].order)
+
+    def _length(self, chunks: Optional[int]) -> float:
+        if chunks is not None:
+            return chunks * (self._chunk_s or DEFAULT_CHUNK_S)
+        return self._open_ended_s or DEFAULT_OPEN_ENDED_S
+
+    def _etas(self, line: list[int]) -> list[Optional[float]]:
+        """Each waiting ticket's expected wait, the line played forward over the seats' ends;
+        None for all when no seat is known (nothing to predict from)."""
+        now = self._clock()
+        ends = [max(s.expected_end, now + MIN_REMAINING_S) for s in self._seats.values()]
+        ends += [now + MIN_REMAINING_S] * self._vacant
+        if not ends:
+            return [None] * len(line)
+        heapq.heapify(ends)
+        etas: list[Optional[float]] = []
+        for ticket in line:
+            start = heapq.heappop(ends)
+            etas.append(start - now)
+            heapq.heappush(ends, start + self._length(self._waiting[ticket].chunks))
+        return etas
+
+    def _forget_expired(self, now: float) -> None:
+        while self._left and next(iter(self._left.values())).until <= now:
+            self._left.popitem(last=False)

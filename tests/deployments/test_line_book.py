@@ -1,0 +1,106 @@
+"""The waiting room's bookkeeping (deployments/ingress/line/book.py), on a fake clock: first
+come first served, a bounded line, places kept for a dropped client's token, ETAs played
+forward from the running sessions' progress."""
+from __future__ import annotations
+
+import pytest
+
+from deployments.ingress.line.book import DEFAULT_OPEN_ENDED_S, LineBook, LineFull
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def book(max_waiting: int = 4, grace_s: float = 60.0, seat_ttl_s: float = 300.0) -> tuple[LineBook, Clock]:
+    clock = Clock()
+    return LineBook(max_waiting, grace_s, seat_ttl_s, clock), clock
+
+
+def test_first_come_first_served_and_a_leaver_moves_everyone_behind_up():
+    b, _ = book()
+    x, y, z = (b.join("o", 5) for _ in range(3))
+    assert [b.position(p.ticket) for p in (x, y, z)] == [1, 2, 3]
+    b.leave(y.ticket)
+    assert [b.position(p.ticket) for p in (x, y, z)] == [1, 0, 2]
+    b.seat(x.ticket)
+    assert b.position(z.ticket) == 1 and len(b) == 1
+
+
+def test_the_line_is_bounded():
+    b, _ = book(max_waiting=2)
+    b.join("o", 5)
+    b.join("o", 5)
+    with pytest.raises(LineFull):
+        b.join("o", 5)
+
+
+def test_a_token_takes_its_old_place_again_within_the_grace_period_only_for_its_owner():
+    b, clock = book(grace_s=60.0)
+    first = b.join("alice", 5)
+    second = b.join("bob", 5)
+    b.leave(first.ticket)  # alice's socket dropped
+    assert b.position(second.ticket) == 1
+    assert b.join("mallory", 5, token=first.token).token != first.token  # not alice: a new place, at the back
+    back = b.join("alice", 5, token=first.token)
+    assert back.token == first.token and back.position == 1 and b.position(second.ticket) == 2
+    b.leave(back.ticket)
+    clock.t += 61.0
+    late = b.join("alice", 5, token=first.token)
+    assert late.position == 3 and late.token != first.token  # the grace period is over: the back of the line
+
+
+def test_a_token_still_in_line_moves_to_the_new_socket():
+    """The client reconnected before its old socket's leave reached the room: one place, not two."""
+    b, _ = book()
+    first = b.join("alice", 5)
+    b.join("bob", 5)
+    again = b.join("alice", 5, token=first.token)
+    assert again.position == 1 and len(b) == 2 and b.position(first.ticket) == 0
+    b.leave(first.ticket)  # the old socket's late leave changes nothing
+    assert b.position(again.ticket) == 1 and len(b) == 2
+
+
+def test_etas_play_the_line_forward_over_the_running_sessions_ends():
+    b, clock = book()
+    a, c = b.join("o", 10), b.join("o", 20)
+    b.seat(a.ticket)
+    b.seat(c.ticket)
+    clock.t += 8.0
+    b.progress(a.ticket, 4)  # 2 s a chunk: 6 chunks left, ends in 12 s
+    b.progress(c.ticket, 4)  # 2 s a chunk: 16 left, ends in 32 s
+    w1, w2, w3 = b.join("o", 5), b.join("o", 5), b.join("o", None)
+    assert b.place(w1.ticket).eta_s == pytest.approx(12.0)  # a's end
+    assert b.place(w2.ticket).eta_s == pytest.approx(22.0)  # w1 runs 5 chunks x 2 s after a's end
+    assert b.place(w3.ticket).eta_s == pytest.approx(32.0)  # c's end comes before w2's (32 s)
+    b.end(a.ticket)
+    assert b.place(w1.ticket).eta_s == pytest.approx(0.5)  # a place is free: now (the least wait)
+
+
+def test_no_eta_before_any_session_ran_and_open_ended_lengths_are_learned():
+    b, clock = book()
+    w = b.join("o", None)
+    assert w.eta_s is None
+    b.seat(w.ticket)
+    clock.t += 30.0
+    b.end(w.ticket)
+    x = b.join("o", None)
+    b.seat(x.ticket)
+    y = b.join("o", None)
+    assert b.place(y.ticket).eta_s == pytest.approx(30.0) != DEFAULT_OPEN_ENDED_S  # the one that ended: 30 s
+
+
+def test_a_seat_not_heard_of_is_dropped_and_the_stats_count_the_waits():
+    b, clock = book(seat_ttl_s=100.0)
+    w = b.join("o", 3)
+    clock.t += 7.0
+    assert b.seat(w.ticket) == pytest.approx(7.0)
+    stats = b.stats()
+    assert (stats.waiting, stats.seated, stats.admitted_total, stats.waits_s) == (0, 1, 1, [pytest.approx(7.0)])
+    assert b.stats().waits_s == []  # reported once
+    clock.t += 101.0
+    assert b.sweep() == [w.ticket] and b.stats().seated == 0
