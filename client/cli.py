@@ -44,7 +44,7 @@ from client.streaming import ResumePolicy, StreamResult
 from client.synthetic import DEFAULT_PROMPT, default_image, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import FrameReply
+from protocol.messages import FrameReply, Queued
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -103,9 +103,13 @@ class _Run:
     recorder: Optional[SessionRecorder]
     fragments: list[bytes] = field(default_factory=list)  # the main session's payloads, in order
     bar: Optional[tqdm] = None
+    waiting_at: Optional[float] = None  # the first `queued` notice (the session waited in line)
+    position: Optional[int] = None  # in line, as last told
+    first_frame_at: Optional[float] = None
 
     def on_chunk(self, branch: str):
         def take(stat: ChunkStat, reply: FrameReply) -> None:
+            self.first_frame_at = self.first_frame_at or time.perf_counter()
             if branch == "main":
                 self.fragments.append(bytes(reply.video))
             if self.recorder is not None:
@@ -145,6 +149,14 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
     todo = chunks + (0 if spec is None else (len(spec.keys) if spec.keys is not None else chunks - spec.at))
     label = f"{frames} frames" if spec is None else f"{frames} frames + {spec.mode} at {spec.at}"
     run.bar = tqdm(total=todo, unit="chunk", desc=label, file=sys.stderr)
+
+    def on_queued(q: Queued) -> None:  # the session waits in the server's line (PROTOCOL.md, the waiting room)
+        if run.waiting_at is None or q.position != run.position:
+            eta = "" if q.eta_s is None else f", starts in about {q.eta_s:.0f} s"
+            run.bar.write(f"waiting in the server's line: position {q.position}{eta}", file=sys.stderr)
+        run.waiting_at = run.waiting_at or time.perf_counter()
+        run.position = q.position
+    client.on_queued = on_queued
 
     def on_busy(err: ServerError) -> None:
         run.bar.write(f"server busy: {err.message} (retrying in {err.retry_after_s:g} s)", file=sys.stderr)
@@ -191,6 +203,9 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
     summary = result.summary()
     replayed = "; replayed from the server's prefix store" if summary.replayed else ""
     print(f"wrote {args.out} ({summary.frames} frames at {client.config.fps} fps, session {sid}{replayed})")
+    if run.waiting_at is not None and run.first_frame_at is not None:
+        print(f"waited {run.first_frame_at - run.waiting_at:.1f} s in the server's line for a place (the time to "
+              "first chunk below includes it)")
     if result.resumes:
         print(f"the connection dropped {result.resumes} time(s); resumed, {result.replayed} replies sent again")
     print(summary.format())

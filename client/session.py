@@ -20,7 +20,8 @@ from client.streaming import StreamResult, stream_session
 from client.requests import SessionStart, drive_request, infer_request
 from protocol.codec import decode_reply, encode, encode_ack, encode_control, encode_fork, encode_reset, encode_rewind
 from protocol.errors import ErrorCode
-from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, InferRequest, Reply, ResetOk, Rewound
+from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, InferRequest, Queued, Reply, ResetOk,
+                               Rewound)
 
 CAMERA_PATH = "/v1/realtime/world/camera"
 DEFAULT_URL = f"ws://127.0.0.1:8000{CAMERA_PATH}"
@@ -49,6 +50,8 @@ class WorldClient:
         self._reopen = reopen
         self.config = config  # the server's handshake
         self.notices: list[ErrorReply] = []  # session_limit notices received (see `receive`)
+        self.queued: Optional[Queued] = None  # the last `queued` notice: the session waits in the server's line
+        self.on_queued: Optional[Callable[[Queued], None]] = None  # told of each `queued` notice
         self._auto_ack: set[str] = set()  # driven sessions whose frames `receive` acks (see `drive`)
         self._event_ids = itertools.count(1)  # `control` event ids when the caller gives none
 
@@ -99,8 +102,11 @@ class WorldClient:
     async def receive(self, timeout_s: Optional[float] = None) -> Reply:
         """The next reply in order: FrameReply, ResetOk or ErrorReply (errors are not raised).
 
-        Notices (`session_limit` with `chunks_left` > 0: the next chunk is the session's last)
-        answer no request: they are kept in `self.notices` and skipped."""
+        Notices answer no request and are skipped: `session_limit` with `chunks_left` > 0 (the
+        next chunk is the session's last) is kept in `self.notices`; `queued` (the session
+        waits in the server's line for a place: its position and ETA) in `self.queued`, and
+        `self.on_queued` is told. `timeout_s` applies to each frame: a waiting session's notices
+        come every few seconds."""
         while True:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result and drops a
             # cancellation (Ctrl-C) that comes as the frame arrives
@@ -111,6 +117,11 @@ class WorldClient:
             reply = decode_reply(data)
             if isinstance(reply, ErrorReply) and reply.is_notice:
                 self.notices.append(reply)
+                continue
+            if isinstance(reply, Queued):
+                self.queued = reply
+                if self.on_queued is not None:
+                    self.on_queued(reply)
                 continue
             if isinstance(reply, FrameReply) and reply.session_id in self._auto_ack:
                 await self.ack(reply.session_id, reply.chunk_id)

@@ -9,7 +9,9 @@ out of order; that is reported, never silently played.
 With a `ResumePolicy` a dropped socket does not end the session: the channel reconnects, sends
 `resume` with the session's token (its first frame reply's) and the count of replies it has,
 takes the replies it missed, and sends again from the chunk the server's `resumed` names
-(docs/SERVING.md, Resume). The video is the one an uninterrupted session would have given.
+(docs/SERVING.md, Resume). The video is the one an uninterrupted session would have given. A
+socket that drops while the session waits in the server's line (`queued`, no chunk yet) is
+reopened and the session sent again with the line's `queue_token`: it takes its old place.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
+
+import msgpack
 
 from client.errors import ServerError
 from client.stats import ChunkStat, StreamSummary
@@ -92,10 +96,21 @@ async def stream_session(channel: Channel, messages: Sequence[bytes], *, pipelin
         try:
             await stream.turn()
         except ConnectionClosed:
+            queued = getattr(channel, "queued", None)  # the session waited in the server's line
+            if resume is not None and stream.token is None and queued is not None and not stream.result.stats:
+                await stream.rejoin(resume, queued.queue_token)  # its place back, with its token
+                continue
             if resume is None or stream.token is None:  # not resumable (before chunk 0, or not asked)
                 raise
             await stream.resume(resume)
     return stream.result
+
+
+def with_queue_token(frame: bytes, queue_token: str) -> bytes:
+    """A packed first infer (or `drive`) with `queue_token` set: it takes that place in line."""
+    fields = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    fields["queue_token"] = queue_token
+    return msgpack.packb(fields, use_bin_type=True)
 
 
 @dataclass
@@ -159,6 +174,30 @@ class _Stream:
             self.on_busy(err)
         await asyncio.sleep(err.retry_after_s)
         self.next_k = k
+
+    async def rejoin(self, policy: ResumePolicy, queue_token: str) -> None:
+        """The socket dropped while the session waited in the server's line (no chunk yet):
+        reconnect and start it again with the line's token, which takes its old place (within
+        the server's grace period)."""
+        reconnect = getattr(self.channel, "reconnect", None)
+        if reconnect is None:
+            raise ServerError(ErrorCode.SESSION_LOST, "the socket dropped and this channel cannot reconnect")
+        last: Exception | None = None
+        for attempt in range(policy.attempts):
+            if attempt:
+                await asyncio.sleep(policy.backoff_s * 2 ** (attempt - 1))
+            try:
+                await reconnect()
+            except (ConnectionClosed, OSError) as e:
+                last = e
+                continue
+            self.messages = [with_queue_token(self.messages[0], queue_token), *self.messages[1:]]
+            self.next_k = 0
+            self.inflight.clear()
+            self.result.resumes += 1
+            return
+        raise ServerError(ErrorCode.SESSION_LOST, f"the socket dropped while in line and {policy.attempts} "
+                                                  f"reconnects failed: {last}")
 
     async def resume(self, policy: ResumePolicy) -> None:
         """Reconnect and resume the session: take the replies the server sends again, then send

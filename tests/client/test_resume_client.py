@@ -124,3 +124,47 @@ def test_a_refused_resume_is_the_servers_error():
         asyncio.run(stream_session(server, messages(4), pipeline=1, resume=ResumePolicy("s", attempts=3,
                                                                                          backoff_s=0.0)))
     assert e.value.code is ErrorCode.UNAUTHORIZED and server.connections == 4
+
+
+class LineServer(DroppingServer):
+    """A server whose line the session waits in: the first socket drops while it waits (the
+    client saw a `queued` notice); on the next, a first infer with the notice's token starts it."""
+
+    QUEUE_TOKEN = "q" * 24
+
+    def __init__(self) -> None:
+        super().__init__(drop_after_accepted=10**6)
+        self.queued = None  # what WorldClient.receive keeps of the last `queued` notice
+        self.first_infers: list[Optional[str]] = []  # the queue_token of each first infer
+
+    async def send(self, data: bytes) -> None:
+        from protocol.messages import Queued  # noqa: PLC0415
+        if self.dropped:
+            self.received.append("lost")
+            raise ConnectionClosedError(None, None)
+        req = decode(data)
+        if req.image is not None:
+            self.first_infers.append(req.queue_token)
+        if self.connections == 1:  # in line, then gone
+            self.queued = Queued(session_id="s", position=2, eta_s=30.0, queue_token=self.QUEUE_TOKEN)
+            self.dropped = True
+            return
+        await super().send(data)
+
+
+def test_a_socket_dropped_while_in_line_rejoins_with_the_queue_token():
+    server = LineServer()
+    result = asyncio.run(stream_session(server, messages(3), pipeline=2, resume=ResumePolicy("s", backoff_s=0.0)))
+    assert result.video.data == _video(3) and result.resumes == 1
+    assert server.first_infers == [None, LineServer.QUEUE_TOKEN]  # sent again, with its place's token
+    assert [r for r in server.received if isinstance(r, int)] == [0, 1, 2]
+
+
+def test_with_queue_token_sets_only_that_field():
+    from client.streaming import with_queue_token  # noqa: PLC0415
+    first = messages(1)[0]
+    again = decode(with_queue_token(first, "q" * 24))
+    assert again.queue_token == "q" * 24
+    import msgpack  # noqa: PLC0415
+    fields = msgpack.unpackb(with_queue_token(first, "q" * 24), raw=False)
+    assert fields.pop("queue_token") == "q" * 24 and msgpack.packb(fields, use_bin_type=True) == first
