@@ -101,24 +101,28 @@ def read_until(proc: subprocess.Popen, text: str, timeout: float) -> str:
     return seen.decode(errors="replace")
 
 
-def test_busy_server_is_retried_after_retry_after(served, tmp_path):
+def test_a_full_server_puts_the_cli_in_line_and_it_starts_when_a_place_frees(served, tmp_path):
+    """Issue 46: the app's waiting room is on (the default): with both DiT slots held, the CLI's
+    session waits in line (its position shown), and starts once a holder leaves. The busy
+    retries of a server without a line are tested against a scripted server (test_streaming)."""
     async def scenario() -> None:
         holders = await hold_sessions(served.ws, 2)  # the DiT replica's 2 slots
-        out = tmp_path / "busy.mp4"
+        out = tmp_path / "line.mp4"
         proc = subprocess.Popen(cli("pan", "--url", served.ws, "--frames", 9, "--out", out),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             try:
-                seen = await asyncio.to_thread(read_until, proc, "server busy", 60)
-                assert "retrying in 1 s" in seen
+                seen = await asyncio.to_thread(read_until, proc, "waiting in the server's line: position 1", 60)
+                assert "server busy" not in seen
             finally:
                 for c in holders:
                     await c.close()  # frees the slots
-            _, stderr = await asyncio.to_thread(proc.communicate, timeout=120)
+            stdout, stderr = await asyncio.to_thread(proc.communicate, timeout=120)
         finally:
             proc.kill()
         assert proc.returncode == 0, stderr
         assert decode_frames(out).shape[0] == 9
+        assert "s in the server's line for a place" in stdout.decode()
 
     asyncio.run(scenario())
 

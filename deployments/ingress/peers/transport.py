@@ -31,7 +31,7 @@ from deployments.ingress.transport import NORMAL_CLOSURE, oversize
 from protocol.codec import decode_reply, encode_reset, unpack
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, ResetOk
+from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Queued, ResetOk
 
 CLIP_MODE, CHUNK_MODE = "clip", "chunk"  # values of the `mode` query parameter
 _UNDECODABLE = b"\xc1"  # never valid msgpack: the Connection refuses it with bad_message
@@ -172,7 +172,7 @@ class PeerTransport:
             await self._ws.send_bytes(data)
             return
         reply = decode_reply(data)
-        if isinstance(reply, CameraServerConfig) or (isinstance(reply, ErrorReply) and reply.is_notice):
+        if isinstance(reply, (CameraServerConfig, Queued)) or (isinstance(reply, ErrorReply) and reply.is_notice):
             if isinstance(reply, CameraServerConfig):
                 await self._ws.send_bytes(data)
             return

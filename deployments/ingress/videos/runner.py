@@ -23,7 +23,7 @@ from deployments.ingress.transport import LocalTransport, Transport, TransportCl
 from deployments.ingress.videos.errors import HttpError
 from protocol.codec import decode_reply
 from protocol.errors import ErrorCode
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Reply
+from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Queued, Reply
 
 # Serves one accepted transport for an API key id (None: auth off) until the client leaves.
 ServeConnection = Callable[[Transport, Optional[str]], Awaitable[None]]
@@ -96,8 +96,8 @@ class SessionRunner:
 
     @staticmethod
     async def _reply(transport: LocalTransport) -> Reply:
-        """The next reply; `session_limit` notices (no request failed) are skipped."""
+        """The next reply; notices (`session_limit`, `queued`: no request failed) are skipped."""
         while True:
             reply = decode_reply(await transport.reply())
-            if not (isinstance(reply, ErrorReply) and reply.is_notice):
+            if not (isinstance(reply, ErrorReply) and reply.is_notice) and not isinstance(reply, Queued):
                 return reply
