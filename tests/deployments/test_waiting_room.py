@@ -46,11 +46,11 @@ class Rig:
 
 
 class Client:
-    def __init__(self, rig: Rig, address: str) -> None:
+    def __init__(self, rig: Rig, address: str, quota=None) -> None:
         self.ws = ScriptedSocket()
         args = AppArgs(sessions=rig.sessions)
         conn = Connection(self.ws, rig.backends, args, Limits(), CameraServerConfig(model="tiny"), FakeMetrics(),
-                          client=address, resumable=True)
+                          quota=quota, key_id=None if quota is None else "k", client=address, resumable=True)
         self.run = asyncio.ensure_future(conn.run())
 
     def start(self, example, sid: str, token: str | None = None, num_frames: int = 33) -> None:
@@ -155,4 +155,24 @@ def test_without_a_room_a_full_server_answers_busy_at_once(example):
         assert isinstance(answer, ErrorReply) and answer.code is ErrorCode.BUSY
         assert not [r for r in a.ws.sent if isinstance(r, Queued)]
         await a.leave()
+    asyncio.run(go())
+
+
+def test_a_waiting_session_counts_against_its_keys_session_quota(example):
+    """Issue 46: the quotas per key apply to the line too: a key allowed one session cannot
+    put a second one in line (on another socket) while its first waits."""
+    from deployments.ingress.guards.quotas import KeyQuota  # noqa: PLC0415
+
+    async def go():
+        rig = Rig()
+        quota = KeyQuota(None, 1)
+        a, b = Client(rig, "10.0.0.1", quota), Client(rig, "10.0.0.2", quota)
+        a.start(example, "a")
+        await a.notice(1)
+        b.start(example, "b")
+        refused = await b.answer()
+        assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.BUSY, refused
+        assert len(rig.room._book) == 1  # only a waits
+        await a.leave()
+        await b.leave()
     asyncio.run(go())
