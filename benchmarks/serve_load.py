@@ -4,6 +4,8 @@
         --sessions 1 2 4 --frames 81 --out serve_load.json
     python -m benchmarks.serve_load --drive --presses 8 --hold-chunks 3 --pause-s 3 --out drive.json
         (a driven session's control lag instead: benchmarks/drive_load.py)
+    python -m benchmarks.serve_load --arrival-rate 6 --duration-s 600 --out arrivals.json
+        (sessions arriving at random, waiting in the server's line: benchmarks/arrivals.py)
 
 For each N of --sessions (one "run" after the other) it opens N sockets at once and streams one
 session on each (`WorldClient` + `stream_session`, a synthetic trajectory, the session's
@@ -42,7 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from benchmarks import drive_load
+from benchmarks import arrivals, drive_load
 from client.errors import ServerError
 from client.session import CAMERA_PATH, WorldClient, camera_url
 from client.streaming import stream_session
@@ -296,6 +298,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     p.add_argument("--plot-from", default=None, help="only draw the plot of an existing JSON")
     drive_load.add_arguments(p)
+    arrivals.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -308,6 +311,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         return results
     if args.drive:  # a driven session's control lag (benchmarks/drive_load.py)
         return drive_load.main(args, http_base(args.url), replica_report)
+    if args.arrival_rate is not None:  # sessions arriving at random (benchmarks/arrivals.py)
+        args.tag = invocation_tag()
+        return arrivals.main(args, http_base(args.url), get_json, model_card)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     base = http_base(args.url)
