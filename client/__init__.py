@@ -9,6 +9,7 @@ from client.session import WorldClient
 from client.streaming import StreamResult, stream_session
 from client.sync import Chunk, SyncWorldClient, Video
 from client.trajectory import Trajectory, plan_session
+from media.pyav import MissingPyAV
 
-__all__ = ["Chunk", "ServerError", "SessionPlan", "SessionStart", "StreamResult", "SyncWorldClient", "Trajectory",
-           "Video", "WorldClient", "drive_request", "infer_request", "plan_session", "stream_session"]
+__all__ = ["Chunk", "MissingPyAV", "ServerError", "SessionPlan", "SessionStart", "StreamResult", "SyncWorldClient",
+           "Trajectory", "Video", "WorldClient", "drive_request", "infer_request", "plan_session", "stream_session"]

@@ -43,6 +43,7 @@ from client.stats import ChunkStat
 from client.streaming import ResumePolicy, StreamResult
 from client.synthetic import DEFAULT_PROMPT, default_image, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
+from media.pyav import MissingPyAV
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply, Queued
 
@@ -302,7 +303,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "compare":
         try:
             frames, (h, w) = compare(args.videos, args.out, args.labels)
-        except ValueError as e:
+        except (ValueError, MissingPyAV) as e:  # MissingPyAV: the core install, without the `video` extra
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
         except OSError as e:  # the folder went away or filled up after the check

@@ -5,18 +5,19 @@ them, top-aligned on a black canvas as tall as the tallest, under a band that na
 (its file name, or `--labels`) in text drawn into the frames (PIL). The output has as many frames as the
 longest input; a shorter one holds its last frame. It is encoded by the project's fMP4 muxer
 (media/fmp4.py, H.264 baseline, one fragment per CHUNK_VIDEO_FRAMES frames) at the inputs' rate.
+PyAV is imported when a comparison runs: without it (the client's core install) `compare` fails
+in one line naming the `video` extra (media/pyav.py), before reading anything.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
-import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from camera.frames import CHUNK_VIDEO_FRAMES, FPS
-from media.fmp4 import Fmp4Muxer
+from media.pyav import require_av
 from media.reassembly import Fmp4Assembler
 
 GAP_PX = 4
@@ -25,6 +26,7 @@ LABEL_MIN_PX = 16  # the label band's height: at least this, else 8 % of the vid
 
 def read_frames(path: Path) -> tuple[np.ndarray, int]:
     """RGB uint8 [T, H, W, 3] of a video file and its frame rate (FPS when it says none)."""
+    av = require_av("compare")
     try:
         with av.open(str(path)) as c:
             stream = c.streams.video[0]
@@ -82,6 +84,9 @@ def labelled(frames: np.ndarray, videos: Sequence[np.ndarray], labels: Sequence[
 def compare(inputs: Sequence[Path], out: Path, labels: Sequence[str] | None = None) -> tuple[int, tuple[int, int]]:
     """Write the side-by-side MP4 of `inputs` to `out`, each named by its label (default: its
     file name); (frames, (H, W)) written."""
+    require_av("compare")  # MissingPyAV before any file is read
+    from media.fmp4 import Fmp4Muxer  # encodes with PyAV
+
     if len(inputs) < 2:
         raise ValueError("compare needs at least two videos")
     if labels is not None and len(labels) != len(inputs):

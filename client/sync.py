@@ -2,13 +2,15 @@
 
     with SyncWorldClient("ws://127.0.0.1:8000") as c:
         chunk = c.infer("s1", poses, intrinsics, start=SessionStart(image, "a street"))
-        chunk.frames          # uint8 [T, H, W, 3], decoded with PyAV
         chunk.video           # the chunk's fMP4 bytes (the session's first holds the init segment)
+        chunk.frames          # uint8 [T, H, W, 3], decoded with PyAV when first read
 
 Each method sends one request and waits for its answer, on an event loop of its own thread
 (so it works where a loop already runs, as in Jupyter). Frames are decoded chunk by chunk:
 every chunk starts with an IDR frame, so a chunk decodes with the session's init segment
-alone, and equals what PyAV decodes from the whole file (`Video.data`).
+alone, and equals what PyAV decodes from the whole file (`Video.data`). The decode needs PyAV,
+the client's `video` extra: without it `chunk.frames` raises `MissingPyAV` (an ImportError
+naming the extra) and the bytes are all there is.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Optional, TypeVar
 
 import numpy as np
@@ -34,11 +37,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Chunk:
-    """One frame reply, decoded."""
+    """One frame reply: its fMP4 bytes, and its frames decoded when first read."""
 
-    frames: np.ndarray  # uint8 [T, H, W, 3]
     video: bytes  # this reply's fMP4 payload
     reply: FrameReply  # chunk_id, cached, event_id, poses, stage_durations, ...
+    init: bytes = field(default=b"", repr=False)  # the session's init segment, when `video` has none
+
+    @cached_property
+    def frames(self) -> np.ndarray:
+        """uint8 [T, H, W, 3], decoded with PyAV (MissingPyAV without the `video` extra)."""
+        return decode_fragment(self.init, self.video)
 
     @property
     def chunk_id(self) -> int:
@@ -86,14 +94,12 @@ class SyncWorldClient:
     def _chunk(self, reply: FrameReply) -> Chunk:
         video = bytes(reply.video)
         if video[4:8] == b"ftyp":
-            init, fragment = split_init(video)
-            self._inits[reply.session_id] = init
-        elif reply.session_id in self._inits:
-            init, fragment = self._inits[reply.session_id], video
-        else:
+            self._inits[reply.session_id] = split_init(video)[0]
+            return Chunk(video, reply)
+        if reply.session_id not in self._inits:
             raise ServerError(ErrorCode.BAD_MESSAGE, f"chunk {reply.chunk_id} of {reply.session_id!r} came before "
                                                      "the session's init segment (its chunk 0)")
-        return Chunk(decode_fragment(init, fragment), video, reply)
+        return Chunk(video, reply, self._inits[reply.session_id])
 
     def infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
               start: Optional[SessionStart] = None, prompt_update: Optional[str] = None,

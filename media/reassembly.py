@@ -1,11 +1,13 @@
-"""Client side: concatenate a session's fMP4 payloads into one MP4 and decode it."""
+"""Client side: concatenate a session's fMP4 payloads into one MP4 and decode it (decoding
+needs PyAV, imported when a decode is asked for: the client's core install has none)."""
 from __future__ import annotations
 
 import io
 from pathlib import Path
 
-import av
 import numpy as np
+
+from media.pyav import require_av
 
 
 class Fmp4Assembler:
@@ -36,6 +38,7 @@ class Fmp4Assembler:
         """All frames so far as RGB uint8 [T, H, W, 3] (decoded with PyAV)."""
         if not self._parts:
             raise ValueError("no payloads appended yet")
+        av = require_av("decoding frames")
         with av.open(io.BytesIO(self.data), format="mp4") as container:
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         return np.stack(frames)
@@ -57,5 +60,6 @@ def split_init(payload: bytes) -> tuple[bytes, bytes]:
 def decode_fragment(init: bytes, fragment: bytes) -> np.ndarray:
     """One chunk's frames, RGB uint8 [T, H, W, 3]: every chunk starts with an IDR frame
     (media/fmp4.py), so the init segment and its fragment decode alone, as the whole file would."""
+    av = require_av("decoding frames")
     with av.open(io.BytesIO(init + fragment), format="mp4") as container:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])

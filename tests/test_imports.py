@@ -34,7 +34,8 @@ HEAVY = ("torch", "ray", "av", "scipy")
 # may need what it does not install (torch, ray, transformers, scipy: camera's is optional)
 NEVER = {"camera": {"torch", "ray", "av"}, "protocol": set(HEAVY), "media": {"torch", "ray", "scipy"},
          "client": {"torch", "ray", "scipy", "transformers"}}
-NOT_AT_MODULE_LEVEL = {"camera": {"scipy"}}
+# PyAV is the client distribution's `video` extra: the client imports it only where it decodes
+NOT_AT_MODULE_LEVEL = {"camera": {"scipy"}, "client": {"av"}}
 
 
 def imports(tree: ast.Module) -> list[tuple[str, int, bool]]:

@@ -21,9 +21,12 @@ def test_every_package_of_the_tree_is_installed():
 
 def test_the_web_page_files_are_package_data():
     patterns = SETUPTOOLS["package-data"]["web"]
-    files = [p.name for p in (REPO / "web").iterdir() if p.is_file() and p.suffix != ".py"]
-    assert "index.html" in files
-    left_out = [f for f in files if not any(fnmatch.fnmatchcase(f, pat) for pat in patterns)]
+    web = REPO / "web"  # its subfolders too (examples/): a pattern's folder is part of it
+    files = [p.relative_to(web).as_posix() for p in web.rglob("*")
+             if p.is_file() and p.suffix not in (".py", ".pyc")]
+    assert "index.html" in files and "examples/embed.html" in files
+    left_out = [f for f in files if not any(fnmatch.fnmatchcase(f, pat) and f.count("/") == pat.count("/")
+                                            for pat in patterns)]
     assert not left_out, f"package-data of `web` leaves out {left_out}"
 
 

@@ -1,4 +1,10 @@
 // One WebSocket to /v1/realtime/world/camera and the live session on it (PROTOCOL.md).
+// An ES module another page can import to show a session in its own <video> (web/README.md:
+// the API, the server URL, CORS and the origin check; web/examples/embed.html):
+//
+//   import { LiveStream } from "http://127.0.0.1:8000/static/stream.js";
+//   const stream = new LiveStream(document.querySelector("video"));   // server: where this file came from
+//   await stream.start({ image: pngBytes, prompt: "a street" });       // then stream.keys.keyDown("KeyW")
 //
 // Camera: the keys held go to the server as `control` messages (camera.js) and every chunk is
 // an infer with `from_keys`: the server integrates the keys into the chunk's poses, and each
@@ -8,8 +14,6 @@
 // Pacing: the next chunk is requested while the current one plays, so that about one chunk of
 // video is always waiting (one request in flight at most). When chunks come slower than 16 fps
 // the video plays at the rate they arrive (playback.js), without freezing and jumping.
-// Events (EventTarget): "status" {text, level}, "stats", "error" {code, message} and
-// "state" (this.state changed).
 //
 // Undo: `rewind` to the last chunk received (once no chunk is in flight): the server's next
 // infer produces that chunk again, and the player drops it (and any chunk in flight then).
@@ -23,8 +27,13 @@ import { KeyControl, CHUNK_FRAMES, TRANSLATION_SCALE } from "./camera.js";
 import { MsePlayer, codecFromInit } from "./player.js";
 import { RatePacer } from "./playback.js";
 import { nextStep } from "./sizes.js";
+import { MODULE_SERVER, cameraUrl } from "./server.js";
+import { statsDetail } from "./stats.js";
 
-export const CAMERA_PATH = "v1/realtime/world/camera";
+export { CAMERA_PATH, MODULE_SERVER, cameraUrl } from "./server.js";
+export { CONTROL_CODES } from "./camera.js"; // the KeyboardEvent.code values `stream.keys` takes
+export { MsePlayer } from "./player.js"; // MsePlayer.supported(): can this browser play the stream
+
 const FPS = 16;
 const FIRST_CHUNK_FRAMES = 9;
 const AHEAD_S = CHUNK_FRAMES / FPS; // request the next chunk once less than this is left to play
@@ -34,24 +43,30 @@ const RESUME_BACKOFF_MS = 500; // doubling; an `unauthorized` while the server p
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-/** ws(s):// URL of the camera endpoint next to this page (keeps a route prefix). */
-export function cameraUrl(apiKey) {
-  const url = new URL(CAMERA_PATH, window.location.href);
-  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  if (apiKey) url.searchParams.set("api_key", apiKey);
-  return url.toString();
-}
-
-function percentile(values, q) {
-  if (!values.length) return null;
-  const s = [...values].sort((a, b) => a - b);
-  const pos = (s.length - 1) * q, lo = Math.floor(pos), hi = Math.ceil(pos);
-  return s[lo] + (s[hi] - s[lo]) * (pos - lo);
-}
-
+/**
+ * A live session shown in a `<video>` (Media Source Extensions), driven by the keys held.
+ *
+ * Events (it is an EventTarget; each a CustomEvent, the fields in `detail`):
+ * - "state" {state}: "disconnected" | "connecting" | "idle" | "starting" | "streaming" | "resuming" | "stopped"
+ * - "status" {text, level}: a sentence for the user; level "info" | "warn" | "error"
+ * - "stats" {chunks, frames, inFlight, ttfc, fps, p50, p95, controlLag, resolution, cached, canUndo, ...}
+ * - "error" {code, message}: the server's error code (PROTOCOL.md) or "connection" | "player" | "client"
+ *
+ * Input: `stream.keys` (camera.js KeyControl): `keyDown(code)` / `keyUp(code)` with
+ * KeyboardEvent.code values (`CONTROL_CODES`: WASD, Q/E, IJKL, arrows), `drag(dx, dy)` in
+ * pixels, `releaseAll()`. Read-only: `state`, `config` (the server's handshake), `stats`.
+ */
 export class LiveStream extends EventTarget {
-  constructor(video) {
+  /**
+   * @param {HTMLVideoElement} video where the session plays
+   * @param {{server?: string, apiKey?: string}} [options] `server`: the server's base URL
+   *   (http(s):// or ws(s)://; default: the server this module was loaded from); `apiKey`:
+   *   the key `connect` and `start` send when given none
+   */
+  constructor(video, { server = MODULE_SERVER, apiKey = "" } = {}) {
     super();
+    this.server = server;
+    this.apiKey = apiKey;
     this.player = new MsePlayer(video);
     this.player.onerror = (e) => this.fail("player", e.message);
     this.keys = new KeyControl((eventId, keys) => this.sendControl(eventId, keys));
@@ -84,15 +99,20 @@ export class LiveStream extends EventTarget {
     this.dispatchEvent(new CustomEvent("status", { detail: { text, level } }));
   }
 
-  /** Open the socket and wait for the handshake (`resuming`: keep the session's state). */
-  connect(apiKey, resuming = false) {
+  /**
+   * Open the socket and wait for the handshake (`resuming`: keep the session's state).
+   * @param {string} [apiKey] default: the constructor's
+   * @returns {Promise<object>} the handshake (`config`: model, sizes, limits); rejects with an
+   *   Error whose `code` is the server's (e.g. "unauthorized") or "connection"
+   */
+  connect(apiKey = this.apiKey, resuming = false) {
     this.apiKey = apiKey;
     if (!resuming) {
       this.setState("connecting");
       this.status("Connecting…");
     }
     return new Promise((resolve, reject) => {
-      const ws = new WebSocket(cameraUrl(apiKey));
+      const ws = new WebSocket(cameraUrl(this.server, apiKey));
       ws.binaryType = "arraybuffer";
       this.ws = ws;
       let opened = false;
@@ -190,8 +210,14 @@ export class LiveStream extends EventTarget {
     if (this.resumeWaiter) this.resumeWaiter.resolve(true);
   }
 
-  /** Start a new session: {image: Uint8Array, prompt, seed?, size?}. */
-  async start(options, apiKey) {
+  /**
+   * Start a new session (connecting first when no socket is open); it streams until `reset`.
+   * @param {{image: Uint8Array, prompt: string, seed?: number, size?: string}} options the start
+   *   image's PNG or JPEG bytes, the prompt, and optionally a seed and a size ("H*W", one the
+   *   handshake's `config.sizes` lists)
+   * @param {string} [apiKey] default: the constructor's
+   */
+  async start(options, apiKey = this.apiKey) {
     if (this.ws === null || this.ws.readyState !== WebSocket.OPEN) await this.connect(apiKey);
     this.options = options;
     this.resumeToken = null;
@@ -395,23 +421,21 @@ export class LiveStream extends EventTarget {
     this.emitStats();
   }
 
+  /** Reset the session, if one runs, and close the socket (state "disconnected"). */
+  close() {
+    if (this.state === "starting" || this.state === "streaming" || this.state === "resuming") this.reset();
+    const ws = this.ws;
+    this.setState("disconnected");
+    if (ws !== null) ws.close(1000, "closed by the page");
+  }
+
   stopTimer() {
     if (this.timer !== null) clearInterval(this.timer);
     this.timer = null;
   }
 
   emitStats() {
-    const s = this.stats;
-    this.dispatchEvent(new CustomEvent("stats", { detail: {
-      chunks: s.chunks, frames: s.frames, inFlight: s.inFlight, ttfc: s.ttfc,
-      lastInterval: s.intervals.length ? s.intervals[s.intervals.length - 1] : null,
-      p50: percentile(s.intervals, 0.5), p95: percentile(s.intervals, 0.95), fps: s.lastFps,
-      bufferedS: this.player.bufferedAhead(), resolution: s.resolution, stages: s.lastStages || null,
-      cached: s.cached, lastCached: s.lastCached,
-      controlLag: s.lags.length ? s.lags[s.lags.length - 1] : null, controlLagP50: percentile(s.lags, 0.5),
-      eventId: s.lastEventId, playback: this.pacer.describe(), playbackRate: this.pacer.rate,
-      canUndo: this.state === "streaming" && this.undoTo === null && s.chunks >= 2,
-      state: this.state, startedAt: s.startedAt, generating: s.inFlight > 0 ? this.nextChunk - 1 : null,
-    } }));
+    this.dispatchEvent(new CustomEvent("stats", { detail: statsDetail(this) }));
   }
+
 }

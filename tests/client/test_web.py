@@ -13,6 +13,9 @@ refused, and says which chunks came from the prefix store. Screenshots go to art
 from __future__ import annotations
 
 import re
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
 import numpy as np
@@ -548,3 +551,58 @@ def test_on_a_phone_start_is_in_view_and_the_pad_moves_the_camera(browser, serve
     assert walked and all(np.diff(f.poses[:, 2, 3]).min() > 0.04 for f in walked)  # forward along +z
     assert errors == []
     page.context.close()
+
+
+class _QuietFiles(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_page_of_another_origin_embeds_a_session_with_the_module(browser, served):
+    """web/examples/embed.html, served by a second HTTP server (another port: another origin),
+    imports stream.js from the app (CORS), streams a session into its own <video> over the app's
+    camera WebSocket, and the key it holds moves the camera."""
+    other = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietFiles, directory=str(REPO / "web" / "examples")))
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{other.server_address[1]}"
+    sockets: list[str] = []
+    sent: list[bytes] = []
+    modules: dict[str, str | None] = {}
+    errors: list[str] = []
+
+    def on_socket(ws) -> None:
+        sockets.append(ws.url)
+        ws.on("framesent", lambda payload: sent.append(payload))
+
+    page = browser.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("websocket", on_socket)
+    page.on("response", lambda r: modules.update({r.url: r.headers.get("access-control-allow-origin")})
+            if "/static/" in r.url else None)
+    try:
+        page.goto(f"{origin}/embed.html?server={served.http}/")
+        page.wait_for_selector("#state[data-state=idle]", timeout=TIMEOUT_MS)
+        assert page.evaluate("location.origin") == origin != served.http
+        page.click("#start")
+        page.wait_for_function("Number(document.querySelector('#chunks').dataset.chunks) >= 1", timeout=TIMEOUT_MS)
+        page.keyboard.down("KeyW")
+        page.wait_for_function("Number(document.querySelector('#chunks').dataset.chunks) >= 3", timeout=TIMEOUT_MS)
+        page.keyboard.up("KeyW")
+        page.wait_for_function("document.querySelector('#world').currentTime > 20 / 16", timeout=TIMEOUT_MS)
+        assert page.evaluate("document.querySelector('#world').getVideoPlaybackQuality().totalVideoFrames") > 20
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "web_embed.png"))
+        page.click("#stop")
+        page.wait_for_selector("#state[data-state=stopped]", timeout=TIMEOUT_MS)
+    finally:
+        page.close()
+        other.shutdown()
+        other.server_close()
+    assert errors == []
+    assert set(sockets) == {served.ws}  # the app's camera socket, not one at the page's origin
+    assert modules[f"{served.http}/static/stream.js"] == "*" and modules[f"{served.http}/static/server.js"] == "*"
+    requests_ = [decode(m) for m in sent]
+    infers = [r for r in requests_ if isinstance(r, InferRequest)]
+    assert infers[0].image[:8] == b"\x89PNG\r\n\x1a\n" and infers[0].prompt == "a green field under a blue sky"
+    assert all(r.from_keys for r in infers) and isinstance(requests_[-1], ResetRequest)
+    assert ("w",) in [r.keys for r in requests_ if isinstance(r, ControlRequest)]
