@@ -29,6 +29,7 @@ import { RatePacer } from "./playback.js";
 import { nextStep } from "./sizes.js";
 import { MODULE_SERVER, cameraUrl } from "./server.js";
 import { statsDetail } from "./stats.js";
+import { resumeAfterDrop } from "./reconnect.js";
 
 export { CAMERA_PATH, MODULE_SERVER, cameraUrl } from "./server.js";
 export { CONTROL_CODES } from "./camera.js"; // the KeyboardEvent.code values `stream.keys` takes
@@ -38,10 +39,6 @@ const FPS = 16;
 const FIRST_CHUNK_FRAMES = 9;
 const AHEAD_S = CHUNK_FRAMES / FPS; // request the next chunk once less than this is left to play
 const TICK_MS = 100;
-const RESUME_ATTEMPTS = 5;
-const RESUME_BACKOFF_MS = 500; // doubling; an `unauthorized` while the server parks is retried too
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /**
  * A live session shown in a `<video>` (Media Source Extensions), driven by the keys held.
@@ -169,34 +166,9 @@ export class LiveStream extends EventTarget {
     return Boolean(this.resumeToken && this.config && this.config.resume_grace_s > 0);
   }
 
-  /** The socket dropped mid-session: reconnect and resume (RESUME_ATTEMPTS tries), else fail. */
-  async resumeAfterDrop(why) {
-    this.setState("resuming");
-    this.resumes = (this.resumes || 0) + 1;
-    for (let attempt = 0; attempt < RESUME_ATTEMPTS; attempt++) {
-      this.status(`Connection lost (${why}); resuming the session…`, "warn");
-      if (attempt) await sleep(RESUME_BACKOFF_MS * 2 ** (attempt - 1));
-      if (this.state !== "resuming") return; // reset or a new session meanwhile
-      try {
-        await this.connect(this.apiKey, true);
-        if (await this.sendResume()) return;
-      } catch (e) {
-        why = e.message;
-        if (e.final) break; // the server refused the resume (e.g. its grace period ended)
-      }
-    }
-    this.setState("stopped");
-    this.fail("connection", `connection lost (${why}); the session could not be resumed. Press Start to begin again`);
-  }
-
-  /** Send `resume`; true once `resumed` came (the frames before it are played as they come),
-   *  false on `unauthorized` (not parked yet: try again), rejects on another error or a close. */
-  sendResume() {
-    return new Promise((resolve, reject) => {
-      this.resumeWaiter = { resolve, reject };
-      this.ws.send(encode({ endpoint: "resume", session_id: this.sessionId, resume_token: this.resumeToken,
-                            resume_from: this.stats.chunks }));
-    }).finally(() => { this.resumeWaiter = null; });
+  /** The socket dropped mid-session: reconnect and resume (reconnect.js), else fail. */
+  resumeAfterDrop(why) {
+    return resumeAfterDrop(this, why);
   }
 
   onResumed(msg) {

@@ -1,0 +1,41 @@
+// Resume after a dropped socket (PROTOCOL.md, resume): a new socket to the same server sends
+// `resume` with the session's token and the count of frames the page has; the missed frames
+// come again, then `resumed` says which chunk to request next (LiveStream.onResumed).
+
+import { encode } from "./msgpack.js";
+
+const RESUME_ATTEMPTS = 5;
+const RESUME_BACKOFF_MS = 500; // doubling; an `unauthorized` while the server parks is retried too
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** The socket dropped mid-session: reconnect and resume (RESUME_ATTEMPTS tries), else fail. */
+export async function resumeAfterDrop(stream, why) {
+  stream.setState("resuming");
+  stream.resumes = (stream.resumes || 0) + 1;
+  for (let attempt = 0; attempt < RESUME_ATTEMPTS; attempt++) {
+    stream.status(`Connection lost (${why}); resuming the session…`, "warn");
+    if (attempt) await sleep(RESUME_BACKOFF_MS * 2 ** (attempt - 1));
+    if (stream.state !== "resuming") return; // reset or a new session meanwhile
+    try {
+      await stream.connect(stream.apiKey, true);
+      if (await sendResume(stream)) return;
+    } catch (e) {
+      why = e.message;
+      if (e.final) break; // the server refused the resume (e.g. its grace period ended)
+    }
+  }
+  stream.setState("stopped");
+  stream.fail("connection", `connection lost (${why}); the session could not be resumed. Press Start to begin again`);
+}
+
+/** Send `resume`; true once `resumed` came (the frames before it are played as they come),
+ *  false on `unauthorized` (not parked yet: try again), rejects on another error or a close. */
+function sendResume(stream) {
+  return new Promise((resolve, reject) => {
+    stream.resumeWaiter = { resolve, reject };
+    stream.ws.send(encode({ endpoint: "resume", session_id: stream.sessionId, resume_token: stream.resumeToken,
+                          resume_from: stream.stats.chunks }));
+  }).finally(() => { stream.resumeWaiter = null; });
+}
+
