@@ -1,6 +1,7 @@
 // Resume after a dropped socket (PROTOCOL.md, resume): a new socket to the same server sends
 // `resume` with the session's token and the count of frames the page has; the missed frames
-// come again, then `resumed` says which chunk to request next (LiveStream.onResumed).
+// come again, then `resumed` says which chunk to request next (LiveStream.onResumed). A socket
+// that drops while the session waits in the server's line takes its place again (rejoinLine).
 
 import { encode } from "./msgpack.js";
 
@@ -39,3 +40,27 @@ function sendResume(stream) {
   }).finally(() => { stream.resumeWaiter = null; });
 }
 
+
+/** The socket dropped while the session waited in the server's line (no frame yet): a new
+ *  socket sends the first infer again with the line's `queue_token`, which takes its old place
+ *  (within the server's grace period). */
+export async function rejoinLine(stream, why) {
+  for (let attempt = 0; attempt < RESUME_ATTEMPTS; attempt++) {
+    stream.status(`Connection lost while waiting in line (${why}); taking the place again…`, "warn");
+    if (attempt) await sleep(RESUME_BACKOFF_MS * 2 ** (attempt - 1));
+    try {
+      await stream.connect(stream.apiKey, true);
+    } catch (e) {
+      why = e.message;
+      continue;
+    }
+    stream.setState("starting");
+    stream.nextChunk = 0;
+    stream.stats.inFlight = 0;
+    stream.sendChunk(); // with queue_token
+    stream.timer = stream.timer || setInterval(() => stream.tick(), 100);
+    return;
+  }
+  stream.setState("stopped");
+  stream.fail("connection", `connection lost (${why}) while waiting in line. Press Start to try again`);
+}

@@ -29,7 +29,7 @@ import { RatePacer } from "./playback.js";
 import { nextStep } from "./sizes.js";
 import { MODULE_SERVER, cameraUrl } from "./server.js";
 import { statsDetail } from "./stats.js";
-import { resumeAfterDrop } from "./reconnect.js";
+import { rejoinLine, resumeAfterDrop } from "./reconnect.js";
 
 export { CAMERA_PATH, MODULE_SERVER, cameraUrl } from "./server.js";
 export { CONTROL_CODES } from "./camera.js"; // the KeyboardEvent.code values `stream.keys` takes
@@ -48,6 +48,7 @@ const TICK_MS = 100;
  * - "status" {text, level}: a sentence for the user; level "info" | "warn" | "error"
  * - "stats" {chunks, frames, inFlight, ttfc, fps, p50, p95, controlLag, resolution, cached, canUndo, ...}
  * - "error" {code, message}: the server's error code (PROTOCOL.md) or "connection" | "player" | "client"
+ * - "queued" {position, eta_s}: the server is full and the session waits in its line (1: next)
  *
  * Input: `stream.keys` (camera.js KeyControl): `keyDown(code)` / `keyUp(code)` with
  * KeyboardEvent.code values (`CONTROL_CODES`: WASD, Q/E, IJKL, arrows), `drag(dx, dy)` in
@@ -155,6 +156,10 @@ export class LiveStream extends EventTarget {
           this.resumeAfterDrop(why);
           return;
         }
+        if (opened && was === "starting" && this.queueToken) { // dropped while in line: its place again
+          rejoinLine(this, why);
+          return;
+        }
         this.setState("disconnected");
         if (!opened) reject(Object.assign(new Error(`cannot connect to the server (${why})`), { code: "connection" }));
         else if (was !== "disconnected") this.fail("connection", `connection lost (${why}); press Start to reconnect`);
@@ -193,6 +198,7 @@ export class LiveStream extends EventTarget {
     if (this.ws === null || this.ws.readyState !== WebSocket.OPEN) await this.connect(apiKey);
     this.options = options;
     this.resumeToken = null;
+    this.queueToken = this.queued = null;
     this.sessionId = `web-${Math.random().toString(36).slice(2, 10)}`;
     this.keys.reset();
     this.undoTo = null;
@@ -229,7 +235,7 @@ export class LiveStream extends EventTarget {
     if (this.nextChunk === 0) {
       const o = this.options;
       Object.assign(msg, { image: o.image, prompt: o.prompt, seed: o.seed, size: o.size,
-                           translation_scale: TRANSLATION_SCALE });
+                           translation_scale: TRANSLATION_SCALE, queue_token: this.queueToken || undefined });
       this.pendingPrompt = null;
     } else if (this.pendingPrompt) {
       msg.prompt_update = this.pendingPrompt;
@@ -292,6 +298,17 @@ export class LiveStream extends EventTarget {
     if (msg.type === "resumed") return this.onResumed(msg);
     if (msg.type === "rewound") return this.onRewound(msg);
     if (msg.type === "error") return this.onError(msg);
+    if (msg.type === "queued") return this.onQueued(msg);
+  }
+
+  /** The session waits in the server's line for a place (PROTOCOL.md, the waiting room). */
+  onQueued(msg) {
+    if (msg.session_id !== this.sessionId || this.state !== "starting") return;
+    this.queueToken = msg.queue_token; // a dropped socket takes its place again with it (reconnect.js)
+    this.queued = { position: msg.position, eta_s: msg.eta_s };
+    const eta = msg.eta_s == null ? "" : `; it should start in about ${Math.round(msg.eta_s)} s`;
+    this.status(`The server is full: your session waits in line, position ${msg.position}${eta}…`, "warn");
+    this.dispatchEvent(new CustomEvent("queued", { detail: this.queued }));
   }
 
   async onFrame(msg) {

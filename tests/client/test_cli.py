@@ -14,10 +14,8 @@ import av
 import numpy as np
 import requests
 
-from client.requests import SessionStart
-from client.session import WorldClient
 from client.synthetic import synthetic_trajectory
-from client.trajectory import Trajectory, plan_session
+from session_holders import hold_sessions
 from support import EXAMPLES
 
 LWF_CLIENT = Path(sys.executable).parent / "lwf-client"  # the console script (pyproject [project.scripts])
@@ -71,21 +69,6 @@ def test_input_errors_are_reported_with_their_code(served, tmp_path):
     assert r.returncode == 2 and "missing image, poses.npy, intrinsics.npy, prompt.txt" in r.stderr
     r = run_cli("dolly", "--url", "ws://127.0.0.1:9/v1/realtime/world/camera", "--out", tmp_path / "x.mp4")
     assert r.returncode == 1 and "cannot reach the server" in r.stderr
-
-
-async def hold_sessions(url: str, n: int) -> list[WorldClient]:
-    """Open n sessions (each on its own connection) and keep them."""
-    traj = Trajectory.load([EXAMPLES / "00"])
-    poses = plan_session(traj, 9).chunk_poses[0]
-    intrinsics = np.repeat(traj.intrinsics[:1], len(poses), axis=0)
-    clients = []
-    for i in range(n):
-        c = await WorldClient.connect(url)
-        clients.append(c)
-        reply = await c.infer(f"holder-{i}", poses, intrinsics, start=SessionStart(traj.image, traj.prompt),
-                                    timeout_s=60)
-        assert reply.chunk_id == 0
-    return clients
 
 
 def read_until(proc: subprocess.Popen, text: str, timeout: float) -> str:

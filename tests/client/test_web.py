@@ -606,3 +606,29 @@ def test_a_page_of_another_origin_embeds_a_session_with_the_module(browser, serv
     assert infers[0].image[:8] == b"\x89PNG\r\n\x1a\n" and infers[0].prompt == "a green field under a blue sky"
     assert all(r.from_keys for r in infers) and isinstance(requests_[-1], ResetRequest)
     assert ("w",) in [r.keys for r in requests_ if isinstance(r, ControlRequest)]
+
+
+def test_a_full_server_shows_the_place_in_line_then_streams(browser, served):
+    """Issue 46: both DiT slots held (the app's waiting room on, its default): Start puts the
+    session in the server's line and the page says its position; it streams once a slot frees."""
+    import asyncio  # noqa: PLC0415
+
+    from session_holders import hold_sessions  # noqa: PLC0415
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    holders = asyncio.run_coroutine_threadsafe(hold_sessions(served.ws, 2), loop).result(120)
+    try:
+        page, errors = open_page(browser, served.http)
+        page.click("#start")
+        page.wait_for_function("document.querySelector('#status').textContent.includes('waits in line, position 1')",
+                               timeout=TIMEOUT_MS)
+        assert page.get_attribute("#connection", "data-state") == "starting"
+    finally:
+        async def close_all() -> None:
+            await asyncio.gather(*(c.close() for c in holders))
+        asyncio.run_coroutine_threadsafe(close_all(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+    chunks_shown(page, 2)  # its turn came: it streams
+    assert errors == []
+    page.close()
