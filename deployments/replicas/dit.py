@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -40,6 +39,7 @@ from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, Ses
                                 TooLarge, Unsupported)
 from deployments.log import get_log
 from deployments.replicas.dit_engine import EngineHealth, start_engine
+from deployments.replicas.dit_slot import AdmissionPlan, DiTSlot
 from deployments.replicas.memory import resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
@@ -56,28 +56,6 @@ from model.warmup import WarmupReport, allow_recompiles, warm_up_dit
 
 GIB = 1024**3
 BROKEN_RETRY_S = 1.0  # `busy` hint of a broken SP replica: the rebuild goes elsewhere, or to its successor
-
-
-@dataclass(slots=True)
-class DiTSlot:
-    session: DiTSession
-    height: int
-    width: int
-    kv_frames: int  # latent frames the reservation covers
-    chunks: int = 0
-    windowed: bool = False  # the session runs with the rolling window: its memory never grows
-    update_s: float = 0.0  # its last chunk's deferred cache update (reported with the next chunk)
-    preempt_chunk: Optional[int] = None  # `preempt`: give this chunk up at its next denoising call
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionPlan:
-    """What admitting one session takes, from its size and length alone (not its prompt)."""
-
-    full_attention: bool
-    kv_frames: int  # latent frames the reservation covers
-    windowed: bool
-    need: SessionFootprint
 
 
 @serve.deployment
