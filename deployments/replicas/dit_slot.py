@@ -28,3 +28,5 @@ class AdmissionPlan:
     kv_frames: int  # latent frames the reservation covers
     windowed: bool
     need: SessionFootprint
+    offline: bool  # a `/v1/videos` job's: counted against max_offline_sessions, not the floor
+    bucket: tuple[int, int, bool]  # (height, width, windowed): its step times' (frame_floor.py)
