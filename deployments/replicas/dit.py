@@ -9,7 +9,10 @@ cannot fit an empty replica or exceeds `sessions.max_attention_tokens`. The cons
 up every serving size (`model/warmup.py`) before Serve routes to the replica.
 The ingress admits a session with `reserve` before any replica works for it (the footprint does
 not depend on the prompt): a session that cannot fit is refused before its text and VAE
-encodes, and its `open` then claims the reservation.
+encodes, and its `open` then claims the reservation. Offline sessions (`/v1/videos` jobs) count
+against `sessions.max_offline_sessions` apart from the live slots; a new live session must
+leave every live session `sessions.min_fps` (replicas/frame_floor.py; a `restore` without a
+reservation, a rebuild after a replica's loss, is not held to it). SERVING.md, Admission.
 The replica is authoritative: a step for a session it does not hold raises `SessionLost`.
 `restore` admits a session like `open` and rebuilds it from the ingress's journal (one
 cache-update call per past chunk), so that it continues bit for bit where it stopped.
@@ -334,8 +337,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
     def _record_call(self, routing_key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
                      counters_moved: Callable[[], dict[str, int]] = dict) -> None:
         super()._record_call(routing_key, fn, waited_s, ran_s, counters_moved)
-        if self._floor is not None and getattr(fn, "__name__", "") == "_step":  # the floor's measure: a chunk's time holding the lock
-            self._floor.observe(self._table.bucket(routing_key), ran_s)
+        if self._floor is not None and getattr(fn, "__name__", "") == "_step":  # the floor's measure: the lock
+            self._floor.observe(self._table.bucket(routing_key), ran_s)  # held (a given-up chunk's too)
 
     def record_routing_stats(self) -> dict[str, Any]:
         stats = super().record_routing_stats()
