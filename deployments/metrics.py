@@ -112,6 +112,15 @@ class SessionMetrics:
 
     def __init__(self) -> None:
         self.active = Gauge("lwf_sessions_active", description="Sessions held by this replica.")
+        self.held = Gauge(
+            "lwf_sessions_held", tag_keys=("class",),
+            description="Sessions held by this replica by class (issue 46): live (a person watching) or offline "
+                        "(a /v1/videos job); reservations and opens in progress included.",
+        )
+        self.chunks = Counter(
+            "lwf_chunks_computed", tag_keys=("class",),
+            description="Chunks the DiT computed, by the class of their session: live or offline (a /v1/videos job).",
+        )
         self.admitted = Counter("lwf_sessions_admitted", description="Sessions admitted.")
         self.rejected = Counter(
             "lwf_sessions_rejected", description="New sessions refused with busy (no capacity)."
@@ -147,10 +156,17 @@ class SessionMetrics:
             tag_keys=("call",),
         )
 
-    def update(self, sessions: int, cache_bytes: int, snapshot_bytes: int = 0) -> None:
+    def update(self, sessions: int, cache_bytes: int, snapshot_bytes: int = 0,
+               by_class: tuple[int, int] = (0, 0)) -> None:
+        """`by_class`: (live, offline) sessions held."""
         self.active.set(sessions)
+        self.held.set(by_class[0], tags={"class": "live"})
+        self.held.set(by_class[1], tags={"class": "offline"})
         self.cache_bytes.set(cache_bytes)
         self.snapshot_bytes.set(snapshot_bytes)
+
+    def count_chunk(self, offline: bool) -> None:
+        self.chunks.inc(tags={"class": "offline" if offline else "live"})
 
     def observe_call(self, call: str, waited_s: float, ran_s: float) -> None:
         self.call_wait_seconds.observe(waited_s, tags={"call": call})

@@ -55,6 +55,9 @@ class SessionOptions:
     intrinsics_resolution: tuple[int, int]  # [H, W] the intrinsics are given in
     raw_frames: bool = False  # the VAE answers raw RGB frames, not fMP4 (the transport's choice: clip mode)
     owner: str = ""  # `owner_tag` of its principal: in its routing keys; the text encoder's cache scope
+    # A `/v1/videos` job's (the transport's choice, videos/runner.py): nobody watches it live, so the
+    # replicas run its calls after the live sessions' and count it apart (replicas/priority_lock.py)
+    offline: bool = False
 
     @property
     def height(self) -> int:

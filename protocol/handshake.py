@@ -58,5 +58,8 @@ class CameraServerConfig(BaseModel):
     resume_grace_s: Optional[float] = Field(
         None, description="seconds a session stays resumable after its socket dropped (`resume_token`); "
                           "absent: sessions end with their socket")
+    min_fps: float = Field(0.0, description="the frame-rate floor per live session: a new session is refused "
+                                            "`busy` while admitting it would leave a session on its replica below "
+                                            "this many frames/s (the replica's measured chunk times); 0: no floor")
     debug: Optional[dict[str, JsonValue]] = Field(None, description="server-side debug fields (replica ids, ...)")
     protocol_version: Literal[1] = 1

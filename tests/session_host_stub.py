@@ -15,7 +15,7 @@ class _Metrics:
     def observe_call(self, call: str, waited_s: float, ran_s: float) -> None:
         self.calls.append((call, waited_s, ran_s))
 
-    def update(self, sessions: int, cache_bytes: int, snapshot_bytes: int = 0) -> None:
+    def update(self, sessions: int, cache_bytes: int, snapshot_bytes: int = 0, by_class=(0, 0)) -> None:
         pass
 
 

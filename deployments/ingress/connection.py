@@ -56,7 +56,7 @@ from deployments.ingress.replies import Replies
 from deployments.ingress.resume import ClaimsThrottled, ResumeBook
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
-from deployments.ingress.transport import Transport, frame_size, oversize
+from deployments.ingress.transport import Transport, frame_size, oversize, session_traits
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
@@ -429,7 +429,7 @@ class Connection:
             prompt, image, digest = req.prompt, self._image.pixels(req.image), image_digest(req.image)
         max_area = req.max_area or parse_size(self._args.model.default_size)
         resolution = self._sizes.output(max_area, *image.shape[:2])  # buckets, bounds (ProtocolError)
-        spec = session_options(req, resolution, prompt, digest, raw_frames=self._raw_frames, principal=self._principal)
+        spec = session_options(req, resolution, prompt, digest, principal=self._principal, **session_traits(self._ws))
         sessions = self._args.sessions
         stream = Stream(spec, SessionJournal(image, int(sessions.journal_max_mib * MIB) if sessions.recovery else None),
                         image)

@@ -108,6 +108,7 @@ class WorldIngress:
             max_chunks=args.sessions.max_chunks,
             window=None if m.local_attn_size == -1 else (m.local_attn_size, m.sink_size),
             resume_grace_s=args.sessions.resume_grace_s if parking is not None else None,  # bound when > 0
+            min_fps=args.sessions.min_fps,  # the DiT replicas' floor (replicas/frame_floor.py)
             debug={"ingress_replica": _replica_id()} if args.debug_fields else None,
         )
         self._auth = Auth(args.auth)

@@ -239,11 +239,12 @@ def _done() -> asyncio.Future:
 
 
 def session_options(req: InferRequest, resolution: tuple[int, int], prompt: str, digest: str,
-                    raw_frames: bool = False, principal: str = "") -> SessionOptions:
+                    raw_frames: bool = False, principal: str = "", offline: bool = False) -> SessionOptions:
     """The session options of a first infer at output `resolution`; ProtocolError for
     unusable values. `prompt` and `digest` (of the image) are the request's, or on an implicit
     reset that changes one of them, the replaced session's other one; `principal`: the
-    connection's (prefix/reuse.py `scope_of`), whose tag is the session's owner (wire.py)."""
+    connection's (prefix/reuse.py `scope_of`), whose tag is the session's owner (wire.py);
+    `raw_frames`, `offline`: the transport's (transport.py `session_traits`)."""
     try:
         total = planned_latent_frames(req.num_frames)
     except ValueError as e:
@@ -253,5 +254,5 @@ def session_options(req: InferRequest, resolution: tuple[int, int], prompt: str,
         resolution=resolution, seed=DEFAULT_SEED if req.seed is None else req.seed,
         total_latent_frames=total, translation_scale=req.translation_scale,
         intrinsics_resolution=tuple(req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION),
-        raw_frames=raw_frames, owner=owner_tag(principal) if principal else "",
+        raw_frames=raw_frames, owner=owner_tag(principal) if principal else "", offline=offline,
     )

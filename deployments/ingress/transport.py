@@ -40,12 +40,21 @@ class Transport(Protocol):
     application_state: WebSocketState
     # Optional `raw_frames: bool` (read with getattr, default False): sessions opened on this
     # transport get raw RGB uint8 frames in `FrameReply.video` instead of fMP4 (deployments/clip).
+    # Optional `offline: bool` (likewise): its sessions are offline (`SessionOptions.offline`: a
+    # `/v1/videos` job, nobody watching live; the replicas serve the live sessions first).
 
     async def receive(self) -> dict[str, Any]: ...
 
     async def send_bytes(self, data: bytes) -> None: ...
 
     async def close(self, code: int = NORMAL_CLOSURE, reason: Optional[str] = None) -> None: ...
+
+
+def session_traits(transport: Transport) -> dict[str, bool]:
+    """What the sessions opened on `transport` are (`session_options`' keywords): its optional
+    `raw_frames` and `offline` attributes, False when it has none."""
+    return {"raw_frames": bool(getattr(transport, "raw_frames", False)),
+            "offline": bool(getattr(transport, "offline", False))}
 
 
 class TransportClosed(Exception):
@@ -58,10 +67,12 @@ class TransportClosed(Exception):
 
 class LocalTransport:
     """An accepted in-process socket: `push` frames in, `reply()` reads what the Connection
-    sent, `hang_up` is the client leaving."""
+    sent, `hang_up` is the client leaving. `offline`: its sessions are offline ones (a
+    `/v1/videos` job's, videos/runner.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, offline: bool = False) -> None:
         self.application_state = WebSocketState.CONNECTED
+        self.offline = offline
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._outbox: asyncio.Queue[bytes | TransportClosed] = asyncio.Queue()
 

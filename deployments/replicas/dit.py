@@ -9,7 +9,10 @@ cannot fit an empty replica or exceeds `sessions.max_attention_tokens`. The cons
 up every serving size (`model/warmup.py`) before Serve routes to the replica.
 The ingress admits a session with `reserve` before any replica works for it (the footprint does
 not depend on the prompt): a session that cannot fit is refused before its text and VAE
-encodes, and its `open` then claims the reservation.
+encodes, and its `open` then claims the reservation. Offline sessions (`/v1/videos` jobs) count
+against `sessions.max_offline_sessions` apart from the live slots; a new live session must
+leave every live session `sessions.min_fps` (replicas/frame_floor.py; a `restore` without a
+reservation, a rebuild after a replica's loss, is not held to it). SERVING.md, Admission.
 The replica is authoritative: a step for a session it does not hold raises `SessionLost`.
 `restore` admits a session like `open` and rebuilds it from the ingress's journal (one
 cache-update call per past chunk), so that it continues bit for bit where it stopped.
@@ -27,7 +30,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -40,6 +42,8 @@ from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, Ses
                                 TooLarge, Unsupported)
 from deployments.log import get_log
 from deployments.replicas.dit_engine import EngineHealth, start_engine
+from deployments.replicas.dit_slot import AdmissionPlan, DiTSlot
+from deployments.replicas.frame_floor import FrameFloor
 from deployments.replicas.memory import resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
@@ -58,33 +62,12 @@ GIB = 1024**3
 BROKEN_RETRY_S = 1.0  # `busy` hint of a broken SP replica: the rebuild goes elsewhere, or to its successor
 
 
-@dataclass(slots=True)
-class DiTSlot:
-    session: DiTSession
-    height: int
-    width: int
-    kv_frames: int  # latent frames the reservation covers
-    chunks: int = 0
-    windowed: bool = False  # the session runs with the rolling window: its memory never grows
-    update_s: float = 0.0  # its last chunk's deferred cache update (reported with the next chunk)
-    preempt_chunk: Optional[int] = None  # `preempt`: give this chunk up at its next denoising call
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionPlan:
-    """What admitting one session takes, from its size and length alone (not its prompt)."""
-
-    full_attention: bool
-    kv_frames: int  # latent frames the reservation covers
-    windowed: bool
-    need: SessionFootprint
-
-
 @serve.deployment
 class DiTDeployment(SessionHost[DiTSlot]):
     """Chunk steps (4 denoising steps + cache update) of many sessions, serialised per replica."""
 
     slow_call_s = 6.0  # a chunk step runs 1.1-2.2 s at 464x832 on an H200
+    _floor: Optional[FrameFloor] = None  # the frame-rate floor (`_ready`; none: a replica's parts in tests)
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, snapshot_mib: float = 0.0,
                        parallel: int = 1, parallel_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -121,8 +104,10 @@ class DiTDeployment(SessionHost[DiTSlot]):
         resident = resident_model_bytes(model.device, self._engine.dit)
         budget = session_budget(sessions.kv_budget_gib, cap, resident)
         table: SessionTable[DiTSlot] = SessionTable(
-            sessions.max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s
+            sessions.max_sessions, budget, sessions.idle_ttl_s, sessions.retry_after_s,
+            max_offline_sessions=sessions.max_offline_sessions,
         )
+        self._floor = FrameFloor(sessions.min_fps)
         snapshot_bytes = int(snapshot_mib * 2**20) if self._engine.capabilities.clone else 0
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"), model.device,
                          snapshot_bytes)
@@ -145,7 +130,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         self._refuse_if_broken()
         plan = self._plan(options, 0)
         with self._refusals(routing_key, plan.need):
-            self._reserve_slot(routing_key, plan.need.held, plan.need.working, reserve_only=True)
+            self._reserve_slot(routing_key, plan.need.held, plan.need.working, reserve_only=True,
+                               offline=plan.offline, bucket=plan.bucket)
         return self._replica
 
     async def open(self, routing_key: str, options: SessionOptions, context: np.ndarray) -> str:
@@ -183,7 +169,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
                   for c in past]
         state = None if noise is None else NoiseState(torch.from_numpy(noise.rng.copy()), noise.whole_drawn)
         # Opened, then replayed one chunk per compute job: other sessions' chunks run between them.
-        await self._admit(routing_key, session_spec, plan, 0, lambda: self._engine.open(session_spec))
+        # Without a reservation a restore is a rebuild after a replica's loss: not refused by the floor.
+        await self._admit(routing_key, session_spec, plan, 0, lambda: self._engine.open(session_spec), gated=False)
         steps = [(self._replay_chunk, (session_spec, c)) for c in chunks]
         await self._replay_in_turns(routing_key, steps + [(self._replay_noise, (session_spec, state))])
         self._log.info("session restored", fields={"session": routing_key, "chunks": len(past)})
@@ -234,7 +221,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
 
         started = time.perf_counter()
         with self._refusals(routing_key, need):
-            await self._open_slot(routing_key, need.held, clone, working=need.working)
+            await self._open_slot(routing_key, need.held, clone, working=need.working, offline=options.offline,
+                                  bucket=(src.height, src.width, src.windowed))
         self._record_call(routing_key, clone, 0.0, time.perf_counter() - started)
         self._metrics.admitted.inc()
         self._log.info("session cloned", fields={"session": routing_key, "from": source_key, "chunks": src.chunks})
@@ -269,7 +257,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
             kv_frames = max(kv_frames, chunks * CHUNK_LATENT_FRAMES)  # a rebuilt session holds its past
         self._check_attention(frame_tokens(options.height, options.width), kv_frames)
         need = self._engine.footprint(options.height, options.width, kv_frames, options.total_latent_frames)
-        return AdmissionPlan(full_attention, kv_frames, windowed, need)
+        return AdmissionPlan(full_attention, kv_frames, windowed, need, options.offline,
+                             (options.height, options.width, windowed))
 
     def _session_spec(self, options: SessionOptions, context: np.ndarray) -> DiTSessionSpec:
         """The model's spec of a session: its options, with its text context as a tensor."""
@@ -281,13 +270,13 @@ class DiTDeployment(SessionHost[DiTSlot]):
         )
 
     async def _admit(self, routing_key: str, spec: DiTSessionSpec, plan: AdmissionPlan, chunks: int,
-                     build: Callable[[], DiTSession]) -> None:
+                     build: Callable[[], DiTSession], gated: bool = True) -> None:
         """Reserve the session's whole footprint, or take its reservation (`Busy` when it does
-        not fit now, `TooLarge` when it never can), then build it."""
+        not fit now, `TooLarge` when it never can), then build it (`gated`: `_admission_gate`'s)."""
         with self._refusals(routing_key, plan.need):
             await self._open_slot(routing_key, plan.need.held,
                                   lambda: DiTSlot(build(), spec.height, spec.width, plan.kv_frames, chunks, plan.windowed),
-                                  working=plan.need.working)
+                                  working=plan.need.working, offline=plan.offline, bucket=plan.bucket, gated=gated)
         self._metrics.admitted.inc()
 
     @contextmanager
@@ -319,6 +308,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
             await self.close(routing_key)
             raise SessionLost("the server lost this session (a rank of its replica failed); "
                               "send image and prompt to start again")
+        offline = self._table.is_offline(routing_key)
         try:
             out = await self._compute_on_early(routing_key, self._step, routing_key, chunk, prepare=self._admit_chunk)
         except Preempted:
@@ -334,8 +324,21 @@ class DiTDeployment(SessionHost[DiTSlot]):
             await self.close(routing_key)
             raise SessionLost(f"the server failed this chunk ({type(e).__name__}) and dropped the "
                               "session; start again with image and prompt") from e
+        self._metrics.count_chunk(offline)
         self._publish()
         return out
+
+    def _admission_gate(self, offline: bool, bucket: Any) -> None:
+        """The frame-rate floor (`sessions.min_fps`, frame_floor.py): a new live session only while
+        every live session keeps it; offline sessions are not held to it."""
+        if not offline and self._floor is not None:
+            self._floor.check(self._table.live_buckets(), bucket, self._table.retry_hint)
+
+    def _record_call(self, routing_key: str, fn: Callable[..., Any], waited_s: float, ran_s: float,
+                     counters_moved: Callable[[], dict[str, int]] = dict) -> None:
+        super()._record_call(routing_key, fn, waited_s, ran_s, counters_moved)
+        if self._floor is not None and getattr(fn, "__name__", "") == "_step":  # the floor's measure: the lock
+            self._floor.observe(self._table.bucket(routing_key), ran_s)  # held (a given-up chunk's too)
 
     def record_routing_stats(self) -> dict[str, Any]:
         stats = super().record_routing_stats()

@@ -4,7 +4,9 @@ A replica holds many sessions in a `SessionTable`. Model work runs in a worker t
 one per-replica lock (`_compute`), so the replica's event loop stays free for health checks,
 routing stats and calls of other sessions. Closes take that lock ahead of queued chunks
 (deployments/replicas/priority_lock.py): a reset is answered after the job running, not after every
-session's queued work. A background task expires idle sessions.
+session's queued work. A session's calls take it as its class: a live session's before an
+offline one's (a `/v1/videos` job's), round robin per call among the sessions of a class
+(issue 46). A background task expires idle sessions.
 `check_health` (Serve's health check) runs a tiny op on the serving device: a replica whose
 GPU is unusable fails it and Serve replaces the replica (its sessions are then rebuilt
 elsewhere by the ingress, see journal.py).
@@ -15,7 +17,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, Optional, TypeVar
 
 import torch
@@ -28,7 +30,7 @@ from deployments.errors import Busy, NoSnapshot, SessionLost
 from deployments.log import KeyValueLog, log_routine_access_at_debug, log_typed_errors_as_info
 from deployments.replicas.memory import memory_report
 from deployments.metrics import SessionMetrics
-from deployments.replicas.priority_lock import PriorityLock
+from deployments.replicas.priority_lock import LIVE, OFFLINE, PriorityLock
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import SnapshotShelf
 from deployments.replicas.call_summary import CallSummary
@@ -95,7 +97,7 @@ class SessionHost(Generic[S]):
         """
         with self._table.hold(routing_key):  # a call queued behind other sessions' work never expires
             queued = time.perf_counter()
-            async with self._lock:
+            async with self._turn(routing_key):
                 state = self._table.get(routing_key)  # closed while queued -> SessionLost
                 if prepare is not None:
                     prepare(routing_key, state)
@@ -107,6 +109,11 @@ class SessionHost(Generic[S]):
                     ran_s = time.perf_counter() - started
                     self._record_call(routing_key, fn, started - queued, ran_s,
                                       lambda: stall_counters.moved(counters, stall_counters.snapshot(self._device)))
+
+    def _turn(self, routing_key: str):
+        """`async with self._turn(key):` the compute lock for a call of session `key`: in its
+        class (live before offline), round robin among the sessions of that class."""
+        return self._lock.hold(OFFLINE if self._table.is_offline(routing_key) else LIVE, routing_key)
 
     def _count_call(self, name: str) -> None:
         """One more of `name` in `stats()["calls"]` (model calls run, by name)."""
@@ -168,21 +175,32 @@ class SessionHost(Generic[S]):
         self._jobs.add(closing)
         closing.add_done_callback(self._jobs.discard)
 
-    def _reserve_slot(self, routing_key: str, nbytes: int, working: int = 0, reserve_only: bool = False) -> None:
+    def _reserve_slot(self, routing_key: str, nbytes: int, working: int = 0, reserve_only: bool = False,
+                      offline: bool = False, bucket: Optional[Hashable] = None, gated: bool = True) -> None:
         """Admit `routing_key` (`Busy` when full, `TooLarge` when it never fits); `reserve_only`: ahead
-        of its open, before any work is done for it (the open claims it)."""
+        of its open, before any work is done for it (the open claims it). `offline`, `bucket`: its
+        class and step-time bucket (session_table.py); `gated`: `_admission_gate` has its say (a
+        session new to the server; not one rebuilt after its replica's loss)."""
         try:
-            self._table.admit(routing_key, nbytes, working, reserve_only=reserve_only)
+            if gated:
+                self._admission_gate(offline, bucket)
+            self._table.admit(routing_key, nbytes, working, reserve_only=reserve_only, offline=offline, bucket=bucket)
         except Busy:
             self._refused_total += 1
             raise
 
-    async def _open_slot(self, routing_key: str, nbytes: int, build: Callable[[], S], working: int = 0) -> S:
-        """Admit `routing_key` (or take its reservation), build its state in the worker thread, hold it."""
+    def _admission_gate(self, offline: bool, bucket: Optional[Hashable]) -> None:
+        """Raise `Busy` to refuse a new session beyond the slots and bytes (none here; the DiT's
+        frame-rate floor)."""
+
+    async def _open_slot(self, routing_key: str, nbytes: int, build: Callable[[], S], working: int = 0,
+                         offline: bool = False, bucket: Optional[Hashable] = None, gated: bool = True) -> S:
+        """Admit `routing_key` (or take its reservation), build its state in the worker thread, hold it
+        (`offline`, `bucket`, `gated`: as `_reserve_slot`'s)."""
         if not self._table.claim(routing_key):
-            self._reserve_slot(routing_key, nbytes, working)
+            self._reserve_slot(routing_key, nbytes, working, offline=offline, bucket=bucket, gated=gated)
         try:
-            async with self._lock:
+            async with self._turn(routing_key):
                 if not self._table.start_building(routing_key):  # closed while it waited for its turn
                     raise SessionLost("the session was closed before it was opened; start a new one")
                 state = await self._run(build)
@@ -351,7 +369,8 @@ class SessionHost(Generic[S]):
         await asyncio.to_thread(device_probe, self._device)
 
     def _publish(self) -> None:
-        self._metrics.update(len(self._table), self._table.bytes_in_use, self.snapshots.nbytes)
+        self._metrics.update(len(self._table), self._table.bytes_in_use, self.snapshots.nbytes,
+                             self._table.held_by_class())
 
     async def _expire_forever(self, period_s: float) -> None:
         while True:

@@ -11,12 +11,18 @@ grace end, `expect_release`) frees then; one whose end is unknown (in use, idle 
 client's chunks, an open on its way) counts as the configured `retry_after_s` (the poll
 interval), or its idle TTL's end when sooner. So a replica full of parked sessions answers
 with the end of the soonest grace period, not a poll interval that would find it still full.
+
+Each session has a class (issue 46): live (a person watching) or offline (a `/v1/videos` job).
+With `max_offline_sessions` set (the DiT's), offline sessions count against it and live ones
+against `max_sessions`, apart; without (the VAE's), all count against `max_sessions`. Bytes
+count all together. Its class and its `bucket` (what the DiT's frame-rate floor groups step
+times by, replicas/frame_floor.py) are kept for the host's compute lock and admission.
 """
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, Optional, TypeVar
@@ -42,6 +48,8 @@ class _Entry(Generic[S]):
     working: int = 0  # needed on top while one of its calls runs (one call at a time per replica)
     reserved: bool = False  # admitted before any work, its open not yet arrived (`claim`)
     release_at: Optional[float] = None  # when its holder said it will be closed (a parked session's grace end)
+    offline: bool = False  # a `/v1/videos` job's session (`SessionOptions.offline`)
+    bucket: Optional[Hashable] = None  # its step-time bucket (the DiT's frame-rate floor)
 
 
 class SessionTable(Generic[S]):
@@ -60,10 +68,12 @@ class SessionTable(Generic[S]):
         idle_ttl_s: float,
         retry_after_s: float,
         clock: Callable[[], float] = time.monotonic,
+        max_offline_sessions: Optional[int] = None,
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.max_sessions = max_sessions
+        self.max_offline_sessions = max_offline_sessions  # None: offline sessions take live slots
         self.budget_bytes = budget_bytes
         self.idle_ttl_s = idle_ttl_s
         self.retry_after_s = retry_after_s
@@ -104,16 +114,45 @@ class SessionTable(Generic[S]):
 
     @property
     def free_slots(self) -> int:
-        return self.max_sessions - len(self._entries)
+        """Slots of `max_sessions` free (offline sessions counted apart take none)."""
+        return self.max_sessions - self._count(offline=False)
 
-    def admit(self, key: str, nbytes: int, working: int = 0, reserve_only: bool = False) -> None:
+    def _apart(self, entry: _Entry) -> bool:
+        """`entry` counts against `max_offline_sessions`, not `max_sessions`."""
+        return entry.offline and self.max_offline_sessions is not None
+
+    def _count(self, offline: bool) -> int:
+        """Sessions counted against `max_offline_sessions` (`offline`), or against `max_sessions`."""
+        return sum(1 for e in self._entries.values() if self._apart(e) == offline)
+
+    def held_by_class(self) -> tuple[int, int]:
+        """(live, offline) sessions held, reservations included (metrics)."""
+        offline = sum(1 for e in self._entries.values() if e.offline)
+        return len(self._entries) - offline, offline
+
+    def is_offline(self, key: str) -> bool:
+        """Whether `key` is an offline session (False when not held)."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.offline
+
+    def bucket(self, key: str) -> Optional[Hashable]:
+        """The step-time bucket `key` was admitted with (None when not held or none)."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.bucket
+
+    def live_buckets(self) -> list[Optional[Hashable]]:
+        """The bucket of every live session held (reservations and opens in progress included)."""
+        return [e.bucket for e in self._entries.values() if not e.offline]
+
+    def admit(self, key: str, nbytes: int, working: int = 0, reserve_only: bool = False, offline: bool = False,
+              bucket: Optional[Hashable] = None) -> None:
         """Reserve a slot and `nbytes` (+ `working` while it computes) for a new session, or
         raise `Busy` (no room now) or `TooLarge` (no room ever).
 
         The reservation counts at once, so concurrent opens cannot overbook the replica;
         `add` fills it in, `pop` gives it back when the open fails. `reserve_only`: admission
         ahead of the open (nothing is built yet): the open `claim`s it; unclaimed, it expires
-        after the idle TTL.
+        after the idle TTL. `offline`, `bucket`: its class and step-time bucket (module doc).
         """
         assert key not in self._entries, f"session {key} is already open"
         self._forget_closed()
@@ -125,7 +164,12 @@ class SessionTable(Generic[S]):
                 f"noise plan, text; {working / 2**30:.2f} while a chunk runs) and the replica's whole session "
                 f"budget is {self.budget_bytes / 2**30:.2f} GiB; ask for a smaller size or fewer frames"
             )
-        if len(self._entries) >= self.max_sessions:
+        if offline and self.max_offline_sessions is not None:
+            if self._count(offline=True) >= self.max_offline_sessions:
+                retry = self.retry_hint()
+                raise Busy(f"all {self.max_offline_sessions} offline (/v1/videos) session slots of this replica "
+                           f"are taken (sessions.max_offline_sessions); retry in {retry:g} s", retry)
+        elif self._count(offline=False) >= self.max_sessions:
             retry = self.retry_hint()
             raise Busy(f"all {self.max_sessions} session slots of this replica are taken; retry in {retry:g} s",
                        retry)
@@ -142,7 +186,7 @@ class SessionTable(Generic[S]):
         self._make_room(nbytes + max(self.working_bytes, working))
         # opening: never expires; reserved ahead of its open: expires unclaimed
         self._entries[key] = _Entry(None, nbytes, self._clock(), active=0 if reserve_only else 1, working=working,
-                                    reserved=reserve_only)
+                                    reserved=reserve_only, offline=offline, bucket=bucket)
 
     def claim(self, key: str) -> bool:
         """The open of `key` takes the reservation `admit(reserve_only=True)` made for it;

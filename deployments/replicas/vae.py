@@ -134,7 +134,7 @@ class VaeDeployment(SessionHost[VaeSlot]):
         (`options.resolution`); `options.raw_frames`: its chunks come back as raw RGB uint8
         bytes, not fMP4."""
         height, width = options.resolution
-        await self._admit(routing_key, height, width, lambda: self._new_slot(image, options))
+        await self._admit(routing_key, height, width, lambda: self._new_slot(image, options), options.offline)
         self._log.info("session opened", fields={"session": routing_key, "resolution": f"{height}x{width}"})
         return self._replica
 
@@ -144,7 +144,7 @@ class VaeDeployment(SessionHost[VaeSlot]):
         then the chunks `decoded` (latents [16, 3, lh, lw] each, in order) decoded and muxed.
         Opened, then replayed one condition or decode per compute job: other sessions' calls run
         between them (`_replay_in_turns`)."""
-        await self._admit(routing_key, *options.resolution, lambda: self._new_slot(image, options))
+        await self._admit(routing_key, *options.resolution, lambda: self._new_slot(image, options), options.offline)
         steps = [(self._replay_condition, ())] * conditioned + [(self._replay_decode, (z,)) for z in decoded]
         await self._replay_in_turns(routing_key, steps)
         self._log.info("session restored", fields={"session": routing_key, "conditioned": conditioned,
@@ -161,20 +161,21 @@ class VaeDeployment(SessionHost[VaeSlot]):
         if slot.muxer is not None:
             slot.muxer.skip_chunk(len(frames))
 
-    async def clone(self, source_key: str, routing_key: str) -> str:
+    async def clone(self, source_key: str, routing_key: str, options: Optional[SessionOptions] = None) -> str:
         """Admit `routing_key` like `open` (`Busy` / `TooLarge`, nothing changed) and make it an
         independent copy of the live session `source_key` (its image and causal caches, on the
         device, and its muxer's counters), or of the snapshot it names (`<key>#<k>`).
         `SessionLost` / `NoSnapshot` when the source is not here. Routed by the source's key;
         the router pins `routing_key` (the second argument) where the call went. Returns the
-        replica id."""
+        replica id. `options`: the new session's (its class; absent: a live source's, else live)."""
+        offline = self._table.is_offline(source_key) if options is None else options.offline
         snapshot = parse_snapshot_id(source_key)
         if snapshot is not None:
             enc, dec = await self._snapshot_parts(*snapshot)
             started = time.perf_counter()
             with self.snapshots.holding(*snapshot, "enc"), self.snapshots.holding(*snapshot, "dec"):
                 await self._admit(routing_key, dec.image.shape[1], dec.image.shape[2],
-                                  lambda: self._from_snapshot(snapshot[1], enc, dec))
+                                  lambda: self._from_snapshot(snapshot[1], enc, dec), offline)
             self._record_call(routing_key, self._from_snapshot, 0.0, time.perf_counter() - started)
             self._log.info("session cloned", fields={"session": routing_key, "from": source_key})
             return self._replica
@@ -187,7 +188,7 @@ class VaeDeployment(SessionHost[VaeSlot]):
                 return VaeSlot(self._engine.clone(src.session), None if src.muxer is None else src.muxer.clone())
 
             started = time.perf_counter()
-            await self._admit(routing_key, src.session.height, src.session.width, clone)
+            await self._admit(routing_key, src.session.height, src.session.width, clone, offline)
             self._record_call(routing_key, clone, 0.0, time.perf_counter() - started)
         self._log.info("session cloned", fields={"session": routing_key, "from": source_key})
         return self._replica
@@ -210,12 +211,12 @@ class VaeDeployment(SessionHost[VaeSlot]):
                                  encoded_chunks=chunks, decoded_chunks=chunks)
         return VaeSlot(session, copy.muxer)
 
-    async def _admit(self, routing_key: str, height: int, width: int, build) -> None:
+    async def _admit(self, routing_key: str, height: int, width: int, build, offline: bool = False) -> None:
         """Reserve the session's footprint at its size (`Busy` when it does not fit now,
-        `TooLarge` when it never can), then build it."""
+        `TooLarge` when it never can), then build it; `offline`: its class (the compute lock's)."""
         need = self._layout.footprint(height, width)
         try:
-            await self._open_slot(routing_key, need.held, build, working=need.working)
+            await self._open_slot(routing_key, need.held, build, working=need.working, offline=offline)
         except (Busy, TooLarge) as e:
             self._metrics.rejected.inc()
             self._log.info(f"session refused ({e.code.value})", fields={

@@ -89,3 +89,91 @@ def test_a_close_overtakes_the_chunks_queued_on_the_replica():
         return order
 
     assert asyncio.run(go()) == ["step a", "release d", "step b", "step c"]
+
+
+async def _turn(lock: PriorityLock, name: str, log: list[str], priority: int, owner, hold_s: float = 0.01) -> None:
+    async with lock.hold(priority, owner):
+        log.append(name)
+        await asyncio.sleep(hold_s)
+
+
+def test_urgent_before_live_before_offline_whatever_the_arrival_order():
+    """Issue 46: a job's chunk (offline) runs only while no live chunk waits; closes first."""
+    from deployments.replicas.priority_lock import LIVE, OFFLINE, URGENT  # noqa: PLC0415
+
+    async def go() -> list[str]:
+        lock, log = PriorityLock(), []
+        running = asyncio.create_task(_turn(lock, "running", log, OFFLINE, "job", hold_s=0.05))
+        await asyncio.sleep(0)
+        order = [("job1", OFFLINE, "job"), ("job2", OFFLINE, "job2"), ("live1", LIVE, "a"), ("close", URGENT, None),
+                 ("live2", LIVE, "b")]
+        tasks = []
+        for name, priority, owner in order:
+            tasks.append(asyncio.create_task(_turn(lock, name, log, priority, owner)))
+            await asyncio.sleep(0)
+        await asyncio.gather(running, *tasks)
+        assert not lock.locked() and lock.waiting == 0
+        return log
+
+    assert asyncio.run(go()) == ["running", "close", "live1", "live2", "job2", "job1"]
+
+
+def test_round_robin_among_the_live_by_the_owner_served_least_recently():
+    """Session a has two chunks queued, b one: b's goes between a's two (a just had a turn),
+    and a session that just ran waits while another of its class has one waiting."""
+    from deployments.replicas.priority_lock import LIVE  # noqa: PLC0415
+
+    async def go() -> list[str]:
+        lock, log = PriorityLock(), []
+        running = asyncio.create_task(_turn(lock, "a0", log, LIVE, "a", hold_s=0.05))
+        await asyncio.sleep(0)
+        tasks = []
+        for name, owner in (("a1", "a"), ("a2", "a"), ("b0", "b")):
+            tasks.append(asyncio.create_task(_turn(lock, name, log, LIVE, owner)))
+            await asyncio.sleep(0)
+        await asyncio.gather(running, *tasks)
+        return log
+
+    assert asyncio.run(go()) == ["a0", "b0", "a1", "a2"]
+
+
+def test_round_robin_is_per_turn_with_three_owners():
+    from deployments.replicas.priority_lock import OFFLINE  # noqa: PLC0415
+
+    async def go() -> list[str]:
+        lock, log = PriorityLock(), []
+        running = asyncio.create_task(_turn(lock, "x", log, OFFLINE, "x", hold_s=0.05))
+        await asyncio.sleep(0)
+        tasks = []
+        for name in ("a1", "a2", "a3", "b1", "b2", "c1"):
+            tasks.append(asyncio.create_task(_turn(lock, name, log, OFFLINE, name[0])))
+            await asyncio.sleep(0)
+        await asyncio.gather(running, *tasks)
+        return log
+
+    assert asyncio.run(go()) == ["x", "a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+def test_a_cancelled_live_waiter_hands_the_lock_to_the_offline_one():
+    """Cancelled while queued, or right as the lock was handed to it: never held, never leaked."""
+    from deployments.replicas.priority_lock import LIVE, OFFLINE  # noqa: PLC0415
+
+    async def go() -> list[str]:
+        lock, log = PriorityLock(), []
+        running = asyncio.create_task(_turn(lock, "running", log, LIVE, "a", hold_s=0.05))
+        await asyncio.sleep(0)
+        gone = asyncio.create_task(_turn(lock, "gone", log, LIVE, "b"))
+        job = asyncio.create_task(_turn(lock, "job", log, OFFLINE, "j"))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await asyncio.gather(running, gone, job, return_exceptions=True)
+        async with lock.hold(LIVE, "a"):
+            late = asyncio.create_task(_turn(lock, "late", log, LIVE, "b"))
+            job2 = asyncio.create_task(_turn(lock, "job2", log, OFFLINE, "j"))
+            await asyncio.sleep(0)
+        late.cancel()  # the release handed it the lock; the cancel lands before it runs
+        await asyncio.gather(late, job2, return_exceptions=True)
+        assert not lock.locked() and lock.waiting == 0 and not lock._waiters
+        return log
+
+    assert asyncio.run(go()) == ["running", "job", "job2"]

@@ -148,3 +148,36 @@ def test_a_session_that_never_fits_is_too_large_not_busy():
     assert e.value.code.value == "too_large" and "whole session budget" in e.value.message
     assert len(t) == 0
     t.admit("a", 90, working=10)  # exactly the budget
+
+
+def test_offline_sessions_count_apart_from_the_live_slots_and_bytes_count_all():
+    """Issue 46: with max_offline_sessions (the DiT's), a job beyond its bound is busy while
+    live slots are free, and jobs never take a live slot; the budget counts both."""
+    clock = Clock()
+    t = SessionTable(2, 100, 10.0, retry_after_s=3.0, clock=clock, max_offline_sessions=1)
+    t.admit("job", 30, offline=True)
+    with pytest.raises(Busy, match="offline .*max_offline_sessions") as e:
+        t.admit("job2", 0, offline=True)
+    assert e.value.retry_after_s == 3.0
+    t.admit("a", 30)
+    t.admit("b", 30)  # both live slots, beside the job
+    assert (len(t), t.free_slots, t.held_by_class()) == (3, 0, (2, 1))
+    with pytest.raises(Busy, match="all 2 session slots"):
+        t.admit("c", 0)
+    t.pop("b")
+    with pytest.raises(Busy, match="budget"):
+        t.admit("c", 41)  # a live slot is free, but 30 + 30 + 41 > 100: the job's bytes count
+    assert t.is_offline("job") and not t.is_offline("a") and not t.is_offline("gone")
+    t.pop("job")
+    t.admit("job2", 0, offline=True)
+
+
+def test_without_an_offline_bound_offline_sessions_take_live_slots():
+    """The VAE's table: every session against max_sessions, its class kept for the lock."""
+    t, _ = table(max_sessions=2)
+    t.admit("job", 0, offline=True, bucket=("b", 1))
+    t.admit("a", 0, bucket=("b", 2))
+    with pytest.raises(Busy, match="all 2 session slots"):
+        t.admit("b", 0)
+    assert t.free_slots == 0 and t.is_offline("job") and t.bucket("a") == ("b", 2)
+    assert t.live_buckets() == [("b", 2)]

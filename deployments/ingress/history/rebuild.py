@@ -45,7 +45,7 @@ class Rebuild:
         chunks replayed (the count the caller had when it queued this: an infer queued behind
         it takes its chunk id before this runs)."""
         if source_key is not None:
-            if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key):
+            if await self._cloned(self._b.vae, source_key, stream, "vae", stream.vae_key, stream.spec):
                 paths["vae"] = _copy_path(source_key)
                 return
             stream.new_key("vae")  # the failed clone's key stays pinned there

@@ -42,6 +42,7 @@ def namespace(fingerprint: str, spec: SessionOptions, scope: str) -> str:
     """The store's namespace of a session opened with `spec` (its `session_id` aside) in `scope`."""
     options = asdict(spec)
     del options["session_id"], options["owner"]  # the scope says whose
+    del options["offline"]  # a `/v1/videos` job's chunks are a live session's: only their turn differs
     return hashlib.sha256(json.dumps({"model": fingerprint, "scope": scope, "session": options},
                                      sort_keys=True, default=list).encode()).hexdigest()
 

@@ -4,7 +4,8 @@ The runner is the client of a Connection served on a `LocalTransport` (no socket
 the session's chunk requests with up to `pipeline` in flight, the way `lwf-client play` does,
 and joins the fMP4 payloads of the replies into one MP4. So `POST /v1/videos` runs the code
 that serves the WebSocket (lanes, admission, recovery, quotas) and its video equals the
-streamed one.
+streamed one. Its sessions are offline ones (`SessionOptions.offline`): the replicas run their
+chunks in the live sessions' gaps and bound them apart (`sessions.max_offline_sessions`).
 
 A `busy` reply (no session slot yet, a per-key quota) rejects a request without starting it:
 the runner reads the replies of the requests sent after it (refused with it), waits
@@ -45,7 +46,7 @@ class SessionRunner:
                   on_chunk: Optional[Callable[[int], None]] = None) -> bytes:
         """The MP4 of the session `messages` (chunk k's reply calls `on_chunk(k)`); `HttpError`
         for an error reply or a connection the server closed."""
-        transport = LocalTransport()
+        transport = LocalTransport(offline=True)  # a job: the replicas serve live sessions first
         handler = asyncio.create_task(self._serve(transport, key_id))
         try:
             hello = await self._reply(transport)
