@@ -65,7 +65,7 @@ class LineSeats:
     def expect(self, stream: Stream, token: Optional[str]) -> None:
         """`stream` is a new live session (its first infer or `drive`, with the client's
         `queue_token` if it sent one): its admission goes through the line."""
-        if self._room is not None and not getattr(stream.spec, "offline", False):
+        if self._room is not None and not stream.spec.offline:
             self._seats[stream] = _Seat(token)
 
     def queues(self, stream: Stream) -> bool:
