@@ -25,6 +25,8 @@
 #    DRIVE=1 benchmarks.serve_load --drive (serve_load_drive.json), AUTOSCALE=1 benchmarks.autoscale_ready
 #    (autoscale.json; an autoscaled CONFIG such as serve_config.h200.autoscale_fp8.yaml), each bounded by the budget left
 #    (BRANCH_CHUNKS: the branch bench's session length, default 20; DRIVE_ARGS: e.g. "--presses 4");
+#    LINE=1 benchmarks.line.scenarios (issue 46: the line, live before jobs, fairness: line_bench.json; LINE_ARGS)
+#    and ARRIVALS="RATE_PER_MIN DURATION_S" serve_load --arrival-rate (arrivals.json; ARRIVAL_ARGS);
 #    SESSIONS="" skips the load runs;
 # 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
 #    matplotlib is there; else `python -m benchmarks.serve_load --plot-from serve_load.json`),
@@ -221,6 +223,25 @@ for app, a in serve.status().applications.items():
         print(app, name, d.status, dict(d.replica_states), d.message or '')" > "$OUT/serve_status.txt" 2>&1
     else
         log "autoscale_ready skipped: no budget left"
+    fi
+fi
+if [ "${LINE:-0}" = 1 ]; then  # issue 46: the waiting room, live before jobs, fairness (benchmarks.line.scenarios.py)
+    if [ "$(left)" -gt 10 ]; then
+        log "line_bench (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.line.scenarios ${LINE_ARGS:-} --out "$OUT/line_bench.json" 2>&1 \
+            | tee -a "$OUT/gpu_serve.log"
+    else
+        log "line_bench skipped: no budget left"
+    fi
+fi
+if [ -n "${ARRIVALS:-}" ]; then  # issue 46: Poisson arrivals ("RATE_PER_MIN DURATION_S"), waits and the line
+    read -r RATE DURATION <<< "$ARRIVALS"
+    if [ "$(left)" -gt 10 ]; then
+        log "serve_load --arrival-rate $RATE --duration-s $DURATION (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.serve_load --arrival-rate "$RATE" --duration-s "$DURATION" \
+            --frames "$FRAMES" ${ARRIVAL_ARGS:-} --out "$OUT/arrivals.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    else
+        log "arrivals skipped: no budget left"
     fi
 fi
 if [ "${DRIVE:-0}" = 1 ]; then  # serve_load's driven sessions

@@ -5,7 +5,7 @@
     python -m benchmarks.serve_load --drive --presses 8 --hold-chunks 3 --pause-s 3 --out drive.json
         (a driven session's control lag instead: benchmarks/drive_load.py)
     python -m benchmarks.serve_load --arrival-rate 6 --duration-s 600 --out arrivals.json
-        (sessions arriving at random, waiting in the server's line: benchmarks/arrivals.py)
+        (sessions arriving at random, waiting in the server's line: benchmarks/line/arrivals.py)
 
 For each N of --sessions (one "run" after the other) it opens N sockets at once and streams one
 session on each (`WorldClient` + `stream_session`, a synthetic trajectory, the session's
@@ -44,7 +44,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from benchmarks import arrivals, drive_load
+from benchmarks import drive_load
+from benchmarks.line import arrivals
 from client.errors import ServerError
 from client.session import CAMERA_PATH, WorldClient, camera_url
 from client.streaming import stream_session
@@ -311,7 +312,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         return results
     if args.drive:  # a driven session's control lag (benchmarks/drive_load.py)
         return drive_load.main(args, http_base(args.url), replica_report)
-    if args.arrival_rate is not None:  # sessions arriving at random (benchmarks/arrivals.py)
+    if args.arrival_rate is not None:  # sessions arriving at random (benchmarks/line/arrivals.py)
         args.tag = invocation_tag()
         return arrivals.main(args, http_base(args.url), get_json, model_card)
     out = Path(args.out)

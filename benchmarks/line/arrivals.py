@@ -221,7 +221,7 @@ def plot(result: dict[str, Any], path: Path) -> Optional[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("--arrival-rate: sessions arriving at random (benchmarks/arrivals.py)")
+    g = p.add_argument_group("--arrival-rate: sessions arriving at random (benchmarks/line/arrivals.py)")
     g.add_argument("--arrival-rate", type=float, default=None, help="sessions a minute (Poisson arrivals)")
     g.add_argument("--duration-s", type=float, default=600.0, help="how long sessions keep arriving")
     g.add_argument("--frames-choices", type=int, nargs="+", default=None,
