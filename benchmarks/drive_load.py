@@ -48,7 +48,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from client.requests import SessionStart
+from protocol.requests import SessionStart
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, default_image
 from protocol.messages import ErrorReply, FrameReply, Paused

@@ -16,7 +16,7 @@ from typing import Optional
 from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from camera.keys import KeySteps
 from client.errors import ServerError
-from client.requests import SessionStart
+from protocol.requests import SessionStart
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import StreamResult

@@ -17,7 +17,7 @@ import websockets
 
 from client.errors import ServerError
 from client.streaming import StreamResult, stream_session
-from client.requests import SessionStart, drive_request, infer_request
+from protocol.requests import SessionStart, drive_request, infer_request
 from protocol.codec import decode_reply, encode, encode_ack, encode_control, encode_fork, encode_reset, encode_rewind
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, InferRequest, Reply, ResetOk, Rewound

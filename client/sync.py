@@ -22,7 +22,7 @@ import numpy as np
 
 from camera.plan import plan_session
 from client.errors import ServerError
-from client.requests import SessionStart
+from protocol.requests import SessionStart
 from client.session import DEFAULT_URL, WorldClient
 from media.reassembly import decode_fragment, split_init
 from protocol.codec import encode_plan, encode_resume

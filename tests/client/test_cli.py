@@ -14,7 +14,7 @@ import av
 import numpy as np
 import requests
 
-from client.requests import SessionStart
+from protocol.requests import SessionStart
 from client.session import WorldClient
 from client.synthetic import synthetic_trajectory
 from client.trajectory import Trajectory, plan_session

@@ -8,7 +8,7 @@ import av
 import numpy as np
 import pytest
 
-from client.requests import SessionStart
+from protocol.requests import SessionStart
 from client.sync import SyncWorldClient
 from client.synthetic import synthetic_trajectory
 from protocol.errors import ProtocolError
