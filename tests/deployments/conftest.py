@@ -29,8 +29,10 @@ from PIL import Image
 
 from camera import chunk_cameras, translation_scale
 from media.reassembly import Fmp4Assembler
-from protocol import decode_reply, encode_infer, encode_reset
+from protocol import decode_reply
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
+from protocol.codec import encode, validated
+from protocol.messages import InferRequest, ResetRequest
 from support import EXAMPLES, wait_healthy
 from deployments.replicas.allocator import MALLOC_ENV
 from deployments.proxy_guard import PROXY_GUARD_ENV
@@ -381,10 +383,11 @@ class Client:
         if first:
             options = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
                        "translation_scale": traj.scale, **options}
-        await self.send(encode_infer(sid, poses, intrinsics, client_chunk_id=k, **options))
+        await self.send(encode(validated(InferRequest, {"session_id": sid, "client_chunk_id": k, **options,
+                                                        "cameras": {"poses": poses, "intrinsics": intrinsics}})))
 
     async def reset(self, sid: str) -> ResetOk:
-        await self.send(encode_reset(sid))
+        await self.send(encode(ResetRequest(session_id=sid)))
         reply = await self.recv()
         assert isinstance(reply, ResetOk), reply
         return reply

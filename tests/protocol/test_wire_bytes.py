@@ -1,5 +1,6 @@
 """The bytes the client side packs, pinned: one SHA-256 per message kind, recorded from the
-codec's encoders before they became models (issue 45). A change of the request builders or of
+codec's loose-value encoders (`encode_infer`, `encode_plan`, ...) before the callers built the
+models and `encode` packed them (issue 45). A change of the request builders or of
 `protocol.codec.encode` that changes a byte on the wire fails here."""
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import numpy as np
 import pytest
 
 from camera.plan import plan_session
-from protocol.codec import (encode_ack, encode_control, encode_drive, encode_fork, encode_infer, encode_plan,
-                            encode_reset, encode_resume, encode_rewind)
+from protocol.codec import encode
+from protocol.messages import AckRequest, ControlRequest, ForkRequest, ResetRequest, ResumeRequest, RewindRequest
+from protocol.requests import SessionStart, drive_request, infer_request, plan_requests
 
 PNG = bytes.fromhex(  # a 16x16 PNG (the image bytes travel as they are)
     "89504e470d0a1a0a0000000d4948445200000010000000100802000000909168360000001949444154789c6394b389"
@@ -30,26 +32,27 @@ def _plan():
 
 def messages() -> dict[str, bytes]:
     plan = _plan()
+    first = SessionStart(PNG, "a castle", seed=np.int64(7), size="480*832", intrinsics_resolution=(480, 832),
+                         num_frames=33, translation_scale=np.float32(1.5), prefix_cache=False)
     return {
-        "infer": encode_infer("s", POSES, K),
-        "infer_first": encode_infer("s", POSES, K, image=PNG, prompt="a castle", seed=np.int64(7), size="480*832",
-                                    intrinsics_resolution=(480, 832), num_frames=33,
-                                    translation_scale=np.float32(1.5), client_chunk_id=0, prefix_cache=False),
-        "infer_rgb": encode_infer("s", POSES, K, image=RGB, prompt="p"),
-        "infer_keys": encode_infer("s", from_keys=True, client_chunk_id=3, prompt_update="now", resume_token="tok",
-                                   resume_from=np.int64(2)),
-        "drive": encode_drive("d", PNG, "p", seed=3, size="480*832", intrinsics_resolution=(480, 832), num_frames=33,
-                              translation_scale=2.0),
-        "reset": encode_reset("s"),
-        "resume": encode_resume("s", "tok", 4),
-        "resume_bare": encode_resume("s", "tok"),
-        "fork": encode_fork("s", "t", 2),
-        "rewind": encode_rewind("s", 0),
-        "control": encode_control("s", 5, ["D", "w"]),
-        "ack": encode_ack("s", 3),
-        "plan": b"".join(encode_plan(plan, "s", PNG, "p", seed=1, size="480*832", intrinsics_resolution=(480, 832),
-                                     prompt_schedule={2: "q"})),
-        "plan_open": b"".join(encode_plan(plan, "s", PNG, "p", open_ended=True)),
+        "infer": encode(infer_request("s", POSES, K)),
+        "infer_first": encode(infer_request("s", POSES, K, start=first, client_chunk_id=0)),
+        "infer_rgb": encode(infer_request("s", POSES, K, start=SessionStart(RGB, "p"))),
+        "infer_keys": encode(infer_request("s", from_keys=True, client_chunk_id=3, prompt_update="now",
+                                           resume_token="tok", resume_from=np.int64(2))),
+        "drive": encode(drive_request("d", SessionStart(PNG, "p", seed=3, size="480*832", intrinsics_resolution=(480, 832),
+                                                        num_frames=33, translation_scale=2.0))),
+        "reset": encode(ResetRequest(session_id="s")),
+        "resume": encode(ResumeRequest(session_id="s", resume_token="tok", resume_from=4)),
+        "resume_bare": encode(ResumeRequest(session_id="s", resume_token="tok")),
+        "fork": encode(ForkRequest(session_id="s", new_session_id="t", at_chunk=2)),
+        "rewind": encode(RewindRequest(session_id="s", to_chunk=0)),
+        "control": encode(ControlRequest(session_id="s", event_id=5, keys=["D", "w"])),
+        "ack": encode(AckRequest(session_id="s", chunk_id=3)),
+        "plan": b"".join(encode(r) for r in plan_requests(
+            plan, "s", SessionStart(PNG, "p", seed=1, size="480*832", intrinsics_resolution=(480, 832)),
+            prompt_schedule={2: "q"})),
+        "plan_open": b"".join(encode(r) for r in plan_requests(plan, "s", SessionStart(PNG, "p"), open_ended=True)),
     }
 
 
