@@ -46,7 +46,7 @@ APP_ARGS = {
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
     # Sessions end with their socket here (the drop and release tests); tests/deployments/test_resume.py
     # serves an app that parks them.
-    "sessions": {"max_sessions": 2, "idle_ttl_s": IDLE_TTL_S, "routing_stats_period_s": 0.5, "resume_grace_s": 0},
+    "sessions": {"max_sessions": 2, "idle_ttl_s": IDLE_TTL_S, "routing_stats_period_s": 0.5, "resume": {"grace_s": 0}},
     "dit": {"num_replicas": 2, "num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},
@@ -82,7 +82,7 @@ STRICT_ARGS = {
     # An explicit 12 MiB session budget and a 4096-token attention bound (admission tests).
     "sessions": {"max_sessions": 4, "idle_ttl_s": 4.0, "routing_stats_period_s": 0.5, "max_chunks": 2,
                  "journal_max_mib": 1.0, "kv_budget_gib": STRICT_BUDGET_MIB / 1024,
-                 "max_attention_tokens": STRICT_ATTENTION_TOKENS, "resume_grace_s": 0},
+                 "max_attention_tokens": STRICT_ATTENTION_TOKENS, "resume": {"grace_s": 0}},
     "dit": {"num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},
@@ -252,7 +252,7 @@ AUTOSCALED_ARGS = {
     # One DiT session slot per replica, 1..2 DiT replicas scaled by the sessions they hold: fast
     # reports (0.5 s), a 1 s look-back and a 2 s downscale delay keep the test short.
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
-    "sessions": {"max_sessions": 1, "routing_stats_period_s": 0.5, "retry_after_s": 0.5, "resume_grace_s": 0},
+    "sessions": {"max_sessions": 1, "routing_stats_period_s": 0.5, "retry_after_s": 0.5, "resume": {"grace_s": 0}},
     "dit": {"num_cpus": 0.1, "graceful_shutdown_timeout_s": 5,
             "autoscaling": {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0, "downscale_delay_s": 2,
                             "look_back_period_s": 1, "metrics_interval_s": 0.5}},
@@ -269,7 +269,7 @@ RESUME_ARGS = {
     # Sessions outlive their socket for RESUME_GRACE_S; two ingress replicas (a resume through
     # the other one), one DiT replica of two slots.
     **APP_ARGS,
-    "sessions": {**APP_ARGS["sessions"], "resume_grace_s": RESUME_GRACE_S},
+    "sessions": {**APP_ARGS["sessions"], "resume": {"grace_s": RESUME_GRACE_S}},
     "dit": {"num_replicas": 1, "num_cpus": 0.1},
     "ingress": {**APP_ARGS["ingress"], "num_replicas": 2},
 }

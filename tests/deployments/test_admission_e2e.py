@@ -16,7 +16,7 @@ from protocol.codec import encode
 from protocol.requests import SessionStart, infer_request
 
 LENIENT = Limits(max_aspect_ratio=1000.0, max_output_area=2**30, max_num_frames=4093)  # the server refuses, not the client
-GRACE_S = 8.0  # resume_grace_s of the parking app
+GRACE_S = 8.0  # sessions.resume.grace_s of the parking app
 POLL_S = 1.0  # its retry_after_s: the hint where a slot's end is unknown
 APP = "retryhint"
 
@@ -66,7 +66,7 @@ def test_a_session_that_cannot_fit_is_refused_before_any_encode(strict_server, s
 @pytest.fixture(scope="module")
 def parking_app(extra_app):
     yield extra_app(APP, dit={"num_replicas": 1},
-                    sessions={"max_sessions": 2, "idle_ttl_s": 30.0, "resume_grace_s": GRACE_S, "retry_after_s": POLL_S})
+                    sessions={"max_sessions": 2, "idle_ttl_s": 30.0, "resume": {"grace_s": GRACE_S}, "retry_after_s": POLL_S})
     from ray import serve
 
     serve.delete(APP)

@@ -38,7 +38,7 @@ def park_app(extra_app):
     app, _ = extra_app(
         APP,
         # Room on the one DiT replica for every session parked here; no idle TTL in the way.
-        sessions={"max_sessions": 8, "idle_ttl_s": 120.0, "resume_grace_s": GRACE_S},
+        sessions={"max_sessions": 8, "idle_ttl_s": 120.0, "resume": {"grace_s": GRACE_S}},
         dit={"num_replicas": 1},
         # Flooding sockets that hammer past their claims' limit are closed (and reconnect).
         connection={"release_timeout_s": 0.1, "trust_forwarded_for": True, "max_connections_per_client": 16,

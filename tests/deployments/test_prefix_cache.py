@@ -300,7 +300,7 @@ RESUME_APP = "prefixresume"
 @pytest.fixture(scope="module")
 def anonymous_resume_app(extra_app):
     """The store without API keys (scope: the client's address) and sessions resumable for 4 s."""
-    app, _ = extra_app(RESUME_APP, sessions={"resume_grace_s": 4.0}, dit={"num_replicas": 1},
+    app, _ = extra_app(RESUME_APP, sessions={"resume": {"grace_s": 4.0}}, dit={"num_replicas": 1},
                        prefix_cache={"max_mib": 1})
     yield app
     from ray import serve
