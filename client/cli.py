@@ -37,7 +37,6 @@ from client.errors import ServerError
 from client.local_paths import LocalPathError, check_folder, check_input, check_output, write_or_keep
 from client.keydrive import KEYS_TRANSLATION_SCALE, KeyDriveLog, drive_keys, keys_num_frames
 from client.recorder import SessionRecorder
-from protocol.requests import SessionStart
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import ResumePolicy, StreamResult
@@ -45,6 +44,7 @@ from client.synthetic import DEFAULT_PROMPT, default_image, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply
+from protocol.requests import SessionStart
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 

@@ -14,10 +14,10 @@ import av
 import numpy as np
 import requests
 
-from protocol.requests import SessionStart
 from client.session import WorldClient
 from client.synthetic import synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
+from protocol.requests import SessionStart
 from support import EXAMPLES
 
 LWF_CLIENT = Path(sys.executable).parent / "lwf-client"  # the console script (pyproject [project.scripts])
