@@ -48,8 +48,8 @@ from benchmarks.serve_load import http_base, model_card, replica_report
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import plan_session
-from protocol.codec import encode_fork, encode_rewind
-from protocol.messages import ErrorReply, Forked, FrameReply, Rewound
+from protocol.codec import encode
+from protocol.messages import ErrorReply, Forked, ForkRequest, FrameReply, Rewound, RewindRequest
 
 SEED = 7
 
@@ -120,7 +120,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         calls_before = _clone_calls(args)
         t_r = time.perf_counter()
-        await a.send(encode_rewind("bb-a", n - 1))
+        await a.send(encode(RewindRequest(session_id="bb-a", to_chunk=n - 1)))
         await _answer(a, Rewound, t)
         rewound_s = time.perf_counter() - t_r
         await a.send(msgs_a[n - 1])
@@ -132,7 +132,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         clones_before = _clone_calls(args)
         t_f = time.perf_counter()
-        await a.send(encode_fork("bb-a", "bb-f", n))
+        await a.send(encode(ForkRequest(session_id="bb-a", new_session_id="bb-f", at_chunk=n)))
         await _answer(a, Forked, t)
         forked_s = time.perf_counter() - t_f
         await a.send(msgs_f[n])
@@ -150,7 +150,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         half = n // 2
         calls_before = _clone_calls(args)
         t_g = time.perf_counter()
-        await a.send(encode_fork("bb-a", "bb-g", half))
+        await a.send(encode(ForkRequest(session_id="bb-a", new_session_id="bb-g", at_chunk=half)))
         await _answer(a, Forked, t)
         forked_s = time.perf_counter() - t_g
         await a.send(msgs_g[n - 1])  # chunk n - 1's cameras as chunk `half` (D's path stays unstored)

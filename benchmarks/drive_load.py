@@ -48,10 +48,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from client.requests import SessionStart
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, default_image
 from protocol.messages import ErrorReply, FrameReply, Paused
+from protocol.requests import SessionStart
 
 KEY_CYCLE = (("w",), ("l",), ("w", "j"), ("s",), ("a", "i"), ("d", "k"), ("q",), ("e",))
 

@@ -24,8 +24,8 @@ import websockets
 
 from client.trajectory import plan_session
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
-from protocol import decode_reply, encode_reset, encode_resume
-from protocol.messages import CameraServerConfig, FrameReply, ResumeOk
+from protocol import decode_reply, encode
+from protocol.messages import CameraServerConfig, FrameReply, ResetRequest, ResumeOk, ResumeRequest
 
 SEED = 77
 
@@ -63,7 +63,7 @@ async def _play(ws, messages: list[bytes], videos: dict[int, bytes], sent: int, 
 
 
 async def _reset_and_close(ws, sid: str, timeout_s: float) -> None:
-    await ws.send(encode_reset(sid))
+    await ws.send(encode(ResetRequest(session_id=sid)))
     await _frame(ws, timeout_s)
     await ws.close()
 
@@ -86,7 +86,7 @@ async def dropped(url: str, messages: list[bytes], sid: str, drop_after: int, ti
     assert token is not None, "the server issued no resume_token (resume_grace_s 0?)"
     ws, _ = await _connect(url)
     t_connect = time.perf_counter()
-    await ws.send(encode_resume(sid, token, resume_from=len(videos)))
+    await ws.send(encode(ResumeRequest(session_id=sid, resume_token=token, resume_from=len(videos))))
     replayed, first_frame_s = 0, None
     while not isinstance(reply := await _frame(ws, timeout_s), ResumeOk):
         assert isinstance(reply, FrameReply), reply

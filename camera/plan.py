@@ -4,7 +4,7 @@
 reference run of the same inputs: the session declares `num_frames` and `translation_scale`,
 and every chunk sends the trajectory's FIRST intrinsics row (the reference uses only that row
 for the whole video). The CLI, the Python client and the server's offline endpoint
-(`POST /v1/videos`) all plan with it; `protocol.codec.encode_plan` packs the requests.
+(`POST /v1/videos`) all plan with it; `protocol.requests.plan_requests` builds the requests.
 """
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ from client.keydrive import KeyDriveLog, drive_keys
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import StreamResult
-from client.requests import infer_request
 from protocol.codec import encode
 from protocol.messages import FrameReply
+from protocol.requests import infer_request
 
 OnChunk = Callable[[ChunkStat, FrameReply], None]
 

@@ -37,7 +37,6 @@ from client.errors import ServerError
 from client.local_paths import LocalPathError, check_folder, check_input, check_output, write_or_keep
 from client.keydrive import KEYS_TRANSLATION_SCALE, KeyDriveLog, drive_keys, keys_num_frames
 from client.recorder import SessionRecorder
-from client.requests import SessionStart
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import ResumePolicy, StreamResult
@@ -46,6 +45,7 @@ from client.trajectory import Trajectory, plan_session
 from media.pyav import MissingPyAV
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply, Queued
+from protocol.requests import SessionStart
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 

@@ -16,12 +16,12 @@ from typing import Optional
 from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from camera.keys import KeySteps
 from client.errors import ServerError
-from client.requests import SessionStart
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import StreamResult
 from protocol.errors import ErrorCode
 from protocol.messages import FrameReply
+from protocol.requests import SessionStart
 
 # A full-speed step between latent frames (4 video frames of the default `controls.move`)
 # becomes 1, as in the reference's normalisation (the web page declares the same).

@@ -17,11 +17,11 @@ import websockets
 
 from client.errors import ServerError
 from client.streaming import StreamResult, stream_session
-from client.requests import SessionStart, drive_request, infer_request
-from protocol.codec import decode_reply, encode, encode_ack, encode_control, encode_fork, encode_reset, encode_rewind
+from protocol.codec import decode_reply, encode, validated
 from protocol.errors import ErrorCode
-from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, InferRequest, Queued, Reply, ResetOk,
-                               Rewound)
+from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, ErrorReply, Forked, ForkRequest, FrameReply,
+                               InferRequest, Queued, Reply, ResetOk, ResetRequest, Rewound, RewindRequest)
+from protocol.requests import SessionStart, drive_request, infer_request
 
 CAMERA_PATH = "/v1/realtime/world/camera"
 DEFAULT_URL = f"ws://127.0.0.1:8000{CAMERA_PATH}"
@@ -128,7 +128,7 @@ class WorldClient:
             return reply
 
     async def send_infer(self, request: InferRequest) -> None:
-        """Queue one chunk without waiting (pipelining); `client.requests.infer_request` builds it."""
+        """Queue one chunk without waiting (pipelining); `protocol.requests.infer_request` builds it."""
         await self.send(encode(request))
 
     async def infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
@@ -159,12 +159,13 @@ class WorldClient:
         """Set the keys held (the whole state; `[]` releases all); the event id sent (the next
         of this client's counter when none is given): frames made with it carry it."""
         event = next(self._event_ids) if event_id is None else int(event_id)
-        await self.send(encode_control(session_id, event, list(keys)))
+        await self.send(encode(validated(ControlRequest, {"session_id": session_id, "event_id": event,
+                                                          "keys": list(keys)})))
         return event
 
     async def ack(self, session_id: str, chunk_id: int) -> None:
         """Tell the server the frames of a driven session up to `chunk_id` arrived."""
-        await self.send(encode_ack(session_id, chunk_id))
+        await self.send(encode(validated(AckRequest, {"session_id": session_id, "chunk_id": int(chunk_id)})))
 
     async def infer_keys(self, session_id: str, *, start: Optional[SessionStart] = None,
                          prompt_update: Optional[str] = None, timeout_s: Optional[float] = None) -> FrameReply:
@@ -178,20 +179,21 @@ class WorldClient:
         """A new session `new_session_id` on this connection from `session_id`'s first `at_chunk`
         chunks (its next infer produces chunk `at_chunk`); `ServerError` when refused (`busy`
         while a chunk is in flight: call this between chunks)."""
-        await self.send(encode_fork(session_id, new_session_id, at_chunk))
+        await self.send(encode(validated(ForkRequest, {"session_id": session_id, "new_session_id": new_session_id,
+                                                       "at_chunk": int(at_chunk)})))
         async with asyncio.timeout(timeout_s):
             return _expect(await self.receive(), Forked)
 
     async def rewind(self, session_id: str, to_chunk: int, timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Rewound:
         """Take `session_id` back to its state after chunk `to_chunk` - 1: its next infer produces
         chunk `to_chunk` again. `ServerError` when refused (nothing changed then)."""
-        await self.send(encode_rewind(session_id, to_chunk))
+        await self.send(encode(validated(RewindRequest, {"session_id": session_id, "to_chunk": int(to_chunk)})))
         async with asyncio.timeout(timeout_s):
             return _expect(await self.receive(), Rewound)
 
     async def send_reset(self, session_id: str) -> None:
         self._auto_ack.discard(session_id)
-        await self.send(encode_reset(session_id))
+        await self.send(encode(validated(ResetRequest, {"session_id": session_id})))
 
     async def reset(self, session_id: str, timeout_s: Optional[float] = RESET_TIMEOUT_S) -> ResetOk:
         """Drop the session on the server. Replies of chunks still in flight are discarded."""

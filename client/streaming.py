@@ -29,9 +29,9 @@ from client.stats import ChunkStat, StreamSummary
 from media.reassembly import Fmp4Assembler
 from websockets.exceptions import ConnectionClosed
 
-from protocol.codec import encode_resume
+from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
-from protocol.messages import ErrorReply, FrameReply, Reply, ResumeOk
+from protocol.messages import ErrorReply, FrameReply, Reply, ResumeOk, ResumeRequest
 
 DEFAULT_BUSY_TIMEOUT_S = 300.0
 
@@ -213,8 +213,9 @@ class _Stream:
                 await asyncio.sleep(policy.backoff_s * 2 ** (attempt - 1))
             try:
                 await reconnect()
-                await self.channel.send(encode_resume(policy.session_id, self.token,
-                                                      resume_from=len(self.result.stats)))
+                await self.channel.send(encode(validated(ResumeRequest, {
+                    "session_id": policy.session_id, "resume_token": self.token,
+                    "resume_from": len(self.result.stats)})))
                 next_k = await self._take_replayed(sent_at)
             except (ConnectionClosed, OSError) as e:
                 last = e

@@ -25,12 +25,13 @@ import numpy as np
 
 from camera.plan import plan_session
 from client.errors import ServerError
-from client.requests import SessionStart
 from client.session import DEFAULT_URL, WorldClient
 from media.reassembly import decode_fragment, split_init
-from protocol.codec import encode_plan, encode_resume
+from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
-from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, Paused, ResetOk, ResumeOk, Rewound
+from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Paused, ResetOk, ResumeOk, ResumeRequest,
+                               Rewound)
+from protocol.requests import SessionStart, plan_requests
 
 T = TypeVar("T")
 
@@ -124,8 +125,7 @@ class SyncWorldClient:
         offline run (`camera.plan_session`: `frames` rounded down to whole chunks), up to
         `pipeline` requests in flight. `start.num_frames` and `translation_scale` come from the plan."""
         plan = plan_session(np.asarray(poses), np.asarray(intrinsics), frames if frames is not None else len(poses))
-        messages = encode_plan(plan, session_id, start.image, start.prompt, seed=start.seed, size=start.size,
-                               intrinsics_resolution=start.intrinsics_resolution)
+        messages = [encode(r) for r in plan_requests(plan, session_id, start)]
         video = Video()
         self._run(self._client.stream(messages, pipeline=pipeline,
                                       on_chunk=lambda _stat, reply: video.chunks.append(self._chunk(reply))))
@@ -156,7 +156,8 @@ class SyncWorldClient:
             self._inits[session_id] = init
 
         async def go() -> tuple[ResumeOk, list[FrameReply]]:
-            await self._client.send(encode_resume(session_id, resume_token, resume_from))
+            await self._client.send(encode(validated(ResumeRequest, {"session_id": session_id, "resume_token": resume_token,
+                                                                      "resume_from": resume_from})))
             replayed = []
             async with asyncio.timeout(timeout_s):
                 while True:

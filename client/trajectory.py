@@ -4,7 +4,7 @@ An example folder holds `image.jpg` (or .png), `prompt.txt`, `poses.npy` (float3
 OpenCV camera-to-world) and `intrinsics.npy` (float32 [N, 4] fx, fy, cx, cy in pixels of a
 480x832 frame). `plan_session` slices it with `camera.plan_session` into chunk payloads that
 reproduce the offline reference run of the same inputs (PROTOCOL.md §2), and
-`Trajectory.messages` packs them (`protocol.encode_plan`).
+`Trajectory.messages` packs them (`protocol.requests.plan_requests`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import numpy as np
 
 import camera
 from camera import DEFAULT_INTRINSICS_RESOLUTION, SessionPlan, check_poses
-from protocol.codec import encode_plan
+from protocol.codec import encode
+from protocol.requests import SessionStart, plan_requests
 
 IMAGE_NAMES = ("image.jpg", "image.jpeg", "image.png")
 IMAGE_SUFFIXES = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
@@ -67,9 +68,10 @@ class Trajectory:
         """The packed infer requests of `plan` for this trajectory, in order (the first carries
         image, prompt and the session options; `prompt_schedule` {chunk: prompt} steers;
         `open_ended` declares no num_frames)."""
-        return encode_plan(plan, session_id, self.image, self.prompt, seed=seed, size=size,
-                           intrinsics_resolution=self.intrinsics_resolution, prompt_schedule=prompt_schedule,
-                           open_ended=open_ended)
+        start = SessionStart(self.image, self.prompt, seed=seed, size=size,
+                             intrinsics_resolution=self.intrinsics_resolution)
+        return [encode(r) for r in plan_requests(plan, session_id, start, prompt_schedule=prompt_schedule,
+                                                 open_ended=open_ended)]
 
     def save(self, folder: str | Path) -> Path:
         """Write the example format (image.png|jpg, prompt.txt, poses.npy, intrinsics.npy)."""

@@ -113,7 +113,7 @@ def build_app(args: AppArgs) -> Application:
         args.model, args.sessions, vae_capacity, args.prefix_cache.snapshot_mib)
     dit = bind_dit(args, {**replica_options(args.dit), "request_router_config": router})  # 1 or N GPUs
     parking = None
-    if args.sessions.resume_grace_s > 0:  # one replica, placed like the ingress (CPU, head node)
+    if args.sessions.resume.grace_s > 0:  # one replica, placed like the ingress (CPU, head node)
         parking = SessionParking.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(
             vae, dit, args.sessions)
     room = None

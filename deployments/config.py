@@ -10,6 +10,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from camera.frames import DEFAULT_SIZE, MAX_CHUNKS, MAX_NUM_FRAMES, output_size
+from deployments.resume_args import ResumeArgs, moved_resume_keys
 
 SIZE_PATTERN = r"^\d+\*\d+$"
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
@@ -185,21 +186,8 @@ class SessionArgs(_Strict):
     recovery: bool = True
     journal_max_mib: float = Field(512.0, gt=0)
     recovery_timeout_s: float = Field(120.0, gt=0)  # how long a rebuild waits for a replica with room
-    # Resume (deployments/ingress/parking.py): a session whose socket dropped stays resumable this long
-    # (its replica state held, its journal parked); 0 ends sessions with their socket. The
-    # parking holds at most resume_max_sessions sessions and resume_max_mib of journals and
-    # replies; a session beyond either ends with its socket. Each parked session keeps its last
-    # resume_replay_chunks sent replies, sent again to a client that missed them. One client (API
-    # key, or address without auth) parks at most resume_max_per_client sessions (its oldest
-    # goes). Failed resume claims cost their client: beyond resume_failed_claims_burst, its
-    # claims wait in the ingress (resume_failed_claims_per_minute), or get `busy` (claim_gate.py).
-    resume_grace_s: float = Field(60.0, ge=0)
-    resume_max_sessions: int = Field(256, ge=1)
-    resume_max_mib: float = Field(2048.0, gt=0)
-    resume_replay_chunks: int = Field(4, ge=0)
-    resume_max_per_client: int = Field(4, ge=1)
-    resume_failed_claims_per_minute: float = Field(12.0, gt=0)
-    resume_failed_claims_burst: int = Field(6, ge=1)
+    # Resume after a dropped socket: grace period, the parking's bounds (deployments/resume_args.py)
+    resume: ResumeArgs = ResumeArgs()
     # Sessions one VAE replica holds. None: 2 x max_sessions x the DiT's most replicas (every
     # session, and briefly a second incarnation of each, fits one VAE replica). Set it, with
     # `vae.autoscaling`, to scale the VAE by the sessions its replicas hold.
@@ -212,6 +200,12 @@ class SessionArgs(_Strict):
     min_fps: float = Field(0.0, ge=0)
     max_waiting: int = Field(16, ge=0)
     max_offline_sessions: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resume_keys_moved(cls, data: object) -> object:
+        moved_resume_keys(data)
+        return data
 
 
 class AutoscalingArgs(_Strict):
@@ -411,7 +405,7 @@ class AppArgs(_Strict):
         session parking, one replica placed like the ingress, when resumes are on). A box with
         fewer leaves a replica pending: on the H200 a second autoscaled DiT replica never started
         (4 + 4 + VAE 4 + T5 2 + ingress 2 + parking 2 = 18 of 16 cores)."""
-        parking = self.ingress.num_cpus if self.sessions.resume_grace_s > 0 else 0.0
+        parking = self.ingress.num_cpus if self.sessions.resume.grace_s > 0 else 0.0
         return (self.dit.num_cpus * self.dit.most_replicas * self.dit_parallel
                 + self.vae.num_cpus * self.vae.most_replicas
                 + self.text_encoder.num_cpus * self.text_encoder.most_replicas

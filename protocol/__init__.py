@@ -3,8 +3,7 @@
 Pure: pydantic, msgpack, numpy, Pillow and the `camera` leaf package; never torch, ray,
 PyAV or SciPy (tests/test_imports.py checks it).
 """
-from protocol.codec import (decode, decode_reply, encode, encode_ack, encode_control, encode_drive, encode_fork,
-                            encode_infer, encode_plan, encode_reset, encode_resume, encode_rewind)
+from protocol.codec import decode, decode_reply, encode, validated
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image, probe_image, raw_image
 from protocol.limits import DEFAULT_LIMITS, Limits
@@ -16,7 +15,5 @@ __all__ = [
     "AckRequest", "CameraServerConfig", "Cameras", "ControlRequest", "DEFAULT_LIMITS", "DriveRequest", "ErrorCode",
     "ErrorReply", "ForkRequest", "Forked", "FrameReply", "InferRequest", "Limits", "Paused", "ProtocolError", "Reply",
     "Request", "ResetOk", "ResetRequest", "ResumeOk", "ResumeRequest", "RewindRequest", "Rewound", "decode",
-    "decode_image", "decode_reply", "encode", "encode_ack", "encode_control", "encode_drive", "encode_fork",
-    "encode_infer", "encode_plan", "encode_reset", "encode_resume", "encode_rewind", "probe_image", "raw_image",
-    "require_session_start",
+    "decode_image", "decode_reply", "encode", "probe_image", "raw_image", "require_session_start", "validated",
 ]

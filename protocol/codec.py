@@ -2,12 +2,12 @@
 
 `decode` is the server's intake: it never raises anything but `ProtocolError(code, message)`.
 `encode` packs any message (replies, and requests on the client side) as one msgpack map,
-numpy arrays as msgpack-numpy maps and bytes as msgpack bin.
+numpy arrays as msgpack-numpy maps and bytes as msgpack bin: it takes models only (the client
+builds them, protocol/requests.py; `validated` checks one as the server would).
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Optional, TypeVar
 
 import msgpack
@@ -15,11 +15,9 @@ import msgpack_numpy
 import numpy as np
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from camera.plan import SessionPlan
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS, Limits
-from protocol.messages import (REQUEST_TYPES, AckRequest, ControlRequest, DriveRequest, ForkRequest, InferRequest, Reply,
-                               Request, ResetRequest, ResumeRequest, RewindRequest)
+from protocol.messages import REQUEST_TYPES, Reply, Request
 
 _FIELD_CODES = {"cameras": ErrorCode.BAD_CAMERAS, "image": ErrorCode.BAD_IMAGE}
 _REPLY = TypeAdapter(Reply)
@@ -185,131 +183,5 @@ def validated(kind: type[M], fields: dict, limits: Limits = DEFAULT_LIMITS) -> M
     (the same limits); ProtocolError with the code the server would answer. `encode` packs it."""
     try:
         return kind.model_validate({k: v for k, v in fields.items() if v is not None}, context={"limits": limits})
-    except ValidationError as e:
-        raise _protocol_error(e) from None
-
-
-def encode_infer(session_id: str, poses: Optional[np.ndarray] = None, intrinsics: Optional[np.ndarray] = None, *,
-                 from_keys: bool = False,
-                 image: Optional[bytes | np.ndarray] = None, prompt: Optional[str] = None,
-                 seed: Optional[int] = None, size: Optional[str] = None,
-                 intrinsics_resolution: Optional[tuple[int, int]] = None, num_frames: Optional[int] = None,
-                 translation_scale: Optional[float] = None, client_chunk_id: Optional[int] = None,
-                 prompt_update: Optional[str] = None, resume_token: Optional[str] = None,
-                 resume_from: Optional[int] = None, prefix_cache: Optional[bool] = None,
-                 limits: Limits = DEFAULT_LIMITS) -> bytes:
-    """Validate and pack one infer (poses [N,4,4], intrinsics [N,4] -> float32), or with
-    `from_keys` and no poses one whose camera the keys held move (`encode_control`). The
-    server's peers mode and the tests pack infers with it; the client builds an `InferRequest`
-    (client/requests.py) and packs it with `encode`.
-
-    Raises ProtocolError with the code the server would answer.
-    """
-    scalars = {"seed": seed, "num_frames": num_frames, "client_chunk_id": client_chunk_id}
-    fields = {
-        "session_id": session_id, "from_keys": from_keys or None,
-        "cameras": None if poses is None and intrinsics is None else {"poses": poses, "intrinsics": intrinsics},
-        "image": image, "prompt": prompt, "prompt_update": prompt_update, "size": size, "resume_token": resume_token,
-        "resume_from": None if resume_from is None else int(resume_from), "prefix_cache": prefix_cache,
-        "intrinsics_resolution": intrinsics_resolution, "translation_scale": None if translation_scale is None else float(translation_scale),
-        **{k: None if v is None else int(v) for k, v in scalars.items()},
-    }
-    try:
-        req = InferRequest.model_validate(fields, context={"limits": limits})
-    except ValidationError as e:
-        raise _protocol_error(e) from None
-    return encode(req)
-
-
-def encode_plan(plan: SessionPlan, session_id: str, image: bytes | np.ndarray, prompt: str, *,
-                seed: Optional[int] = None, size: Optional[str] = None,
-                intrinsics_resolution: Optional[tuple[int, int]] = None,
-                prompt_schedule: Optional[dict[int, str]] = None, open_ended: bool = False,
-                limits: Limits = DEFAULT_LIMITS) -> list[bytes]:
-    """Client side: the packed infers of a planned session (`camera.plan_session`), in order.
-
-    The first carries image, prompt and the session options, with the plan's `num_frames` and
-    `translation_scale`: the session then reproduces the offline run (PROTOCOL.md §2).
-    `prompt_schedule` {chunk: prompt} (chunks >= 1): `prompt_update` on those chunks' infers
-    (prompt steering; the offline equivalent is `WorldPipeline.generate(prompt_schedule=...)`).
-    `open_ended`: declare no `num_frames` (an open-ended session: per-chunk noise, and the
-    server's rolling window where it has one), as an interactive client that does not know
-    its length.
-    """
-    schedule = dict(prompt_schedule or {})
-    if any(not 1 <= c < len(plan.chunk_poses) for c in schedule):
-        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"prompt_schedule chunks must be in 1..{len(plan.chunk_poses) - 1}")
-    out = []
-    for k, poses in enumerate(plan.chunk_poses):
-        first = {"prompt_update": schedule[k]} if k in schedule else {} if k else {
-            "image": image, "prompt": prompt, "seed": seed, "size": size,
-            "intrinsics_resolution": intrinsics_resolution, "num_frames": None if open_ended else plan.num_frames,
-            "translation_scale": plan.translation_scale,
-        }
-        out.append(encode_infer(session_id, poses, plan.chunk_intrinsics(k), client_chunk_id=k, limits=limits,
-                                **first))
-    return out
-
-
-def encode_resume(session_id: str, resume_token: str, resume_from: Optional[int] = None) -> bytes:
-    """Client side: pack one resume request (continue a session on a new connection)."""
-    try:
-        return encode(ResumeRequest(session_id=session_id, resume_token=resume_token, resume_from=resume_from))
-    except ValidationError as e:
-        raise _protocol_error(e) from None
-
-
-def encode_control(session_id: str, event_id: int, keys: Iterable[str]) -> bytes:
-    """Client side: pack one control (the keys held now, the whole state; `[]` releases all)."""
-    try:
-        return encode(ControlRequest.model_validate({"session_id": session_id, "event_id": int(event_id),
-                                                     "keys": list(keys)}))
-    except ValidationError as e:
-        raise _protocol_error(e) from None
-
-
-def encode_reset(session_id: str) -> bytes:
-    """Client side: pack one reset request."""
-    try:
-        return encode(ResetRequest(session_id=session_id))
-    except ValidationError as e:
-        raise _protocol_error(e) from None
-
-
-def encode_fork(session_id: str, new_session_id: str, at_chunk: int) -> bytes:
-    """Client side: pack one fork request (a new session from `session_id`'s first `at_chunk` chunks)."""
-    try:
-        return encode(ForkRequest(session_id=session_id, new_session_id=new_session_id, at_chunk=int(at_chunk)))
-    except ValidationError as e:
-        raise _protocol_error(e) from None
-
-
-def encode_rewind(session_id: str, to_chunk: int) -> bytes:
-    """Client side: pack one rewind request (the session's next infer produces `to_chunk`)."""
-    try:
-        return encode(RewindRequest(session_id=session_id, to_chunk=int(to_chunk)))
-    except ValidationError as e:
-        raise _protocol_error(e) from None
-
-
-def encode_drive(session_id: str, image: bytes | np.ndarray, prompt: str, *, seed: Optional[int] = None,
-                 size: Optional[str] = None, intrinsics_resolution: Optional[tuple[int, int]] = None,
-                 num_frames: Optional[int] = None, translation_scale: Optional[float] = None,
-                 limits: Limits = DEFAULT_LIMITS) -> bytes:
-    """Client side: pack one drive request (a session the server runs from the keys held)."""
-    fields = {"session_id": session_id, "image": image, "prompt": prompt, "seed": None if seed is None else int(seed),
-              "size": size, "intrinsics_resolution": intrinsics_resolution,
-              "num_frames": None if num_frames is None else int(num_frames),
-              "translation_scale": None if translation_scale is None else float(translation_scale)}
-    try:
-        return encode(DriveRequest.model_validate(fields, context={"limits": limits}))
-    except ValidationError as e:
-        raise _protocol_error(e) from None
-
-
-def encode_ack(session_id: str, chunk_id: int) -> bytes:
-    """Client side: pack one ack (the driven session's frame replies received up to `chunk_id`)."""
-    try:
-        return encode(AckRequest.model_validate({"session_id": session_id, "chunk_id": int(chunk_id)}))
     except ValidationError as e:
         raise _protocol_error(e) from None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from client.requests import SessionStart
+from protocol.requests import SessionStart
 from client.session import WorldClient
 from client.trajectory import Trajectory, plan_session
 from support import EXAMPLES

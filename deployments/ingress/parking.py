@@ -7,7 +7,7 @@ counter and the replies the client may have missed) to `SessionParking`, one rep
 application, reachable from every ingress replica. A new socket, through any ingress replica,
 claims it with the session's `resume_token` and carries on: its first calls reach the replicas
 that still hold the session (the router follows the replicas' reported keys), or, when one lost
-it meanwhile, a rebuild from the journal (recovery.py). After `sessions.resume_grace_s` without
+it meanwhile, a rebuild from the journal (recovery.py). After `sessions.resume.grace_s` without
 a claim the parking closes the session on the replicas and forgets it.
 
 `ParkingBook` is the bookkeeping (no Ray): bounded in sessions, bytes and sessions per owner
@@ -280,8 +280,9 @@ class SessionParking:
     def __init__(self, vae: DeploymentHandle, dit: DeploymentHandle, sessions: SessionArgs) -> None:
         self._vae = vae
         self._dit = dit
-        self._book = ParkingBook(sessions.resume_grace_s, sessions.resume_max_sessions,
-                                 int(sessions.resume_max_mib * 1024 * 1024), sessions.resume_max_per_client)
+        resume = sessions.resume
+        self._book = ParkingBook(resume.grace_s, resume.max_sessions, int(resume.max_mib * 1024 * 1024),
+                                 resume.max_per_client)
         self._log = get_log("parking")
         log_routine_access_at_debug()  # a `CALL reserve OK` line per parked session: DEBUG
         self._closing: set[asyncio.Task] = set()

@@ -153,7 +153,7 @@ class Releases:
         timeout = self._args.connection.release_timeout_s
         if parked is not None:  # its replicas hold it for the grace period: their `busy` hints say so
             self._held.pop(parked.key, None)
-            self.expect_release(parked, self._args.sessions.resume_grace_s + PARKING_CLOSE_MARGIN_S)
+            self.expect_release(parked, self._args.sessions.resume.grace_s + PARKING_CLOSE_MARGIN_S)
         for t in [*inflight, *self._background]:
             t.cancel()  # local tasks waiting on lane futures; no Serve call is cancelled
         self._dit_lane.close()

@@ -1,11 +1,11 @@
 """Resume: a `Connection`'s side of sessions that outlive their socket (parking.py).
 
 * A session's first frame reply carries its `resume_token` (`ResumeBook.token`, issued when
-  the stream opens and `sessions.resume_grace_s` > 0).
+  the stream opens and `sessions.resume.grace_s` > 0).
 * When the socket ends, `park` hands the open session to the parking instead of
   closing it: announced at once (a quick reconnect waits for it), then, once the chunks in
   flight are answered (however long they take, within the grace period), its journal, keys,
-  counters, the last `resume_replay_chunks` sent replies and every reply the socket could not
+  counters, the last `sessions.resume.replay_chunks` sent replies and every reply the socket could not
   send (those of the chunks in flight at the drop included). The replica state stays where it is.
 * On a new socket, a `resume` request, or an infer with `resume_token`, claims it
   (`resume`) before anything else of that socket is read: the missed replies go out again in
@@ -137,7 +137,7 @@ class ResumeBook:
 
     @property
     def enabled(self) -> bool:
-        return self._may_park and self._parking is not None and self._sessions.resume_grace_s > 0
+        return self._may_park and self._parking is not None and self._sessions.resume.grace_s > 0
 
     def _principal(self, clip: bool) -> Optional[str]:
         """Who may resume: the API key (auth on), else the client address (issue 43: without
@@ -169,7 +169,7 @@ class ResumeBook:
             return False
         pending = [t for t in s.chunk_tasks if not t.done()]
         if pending:  # their replies are the ones the client missed: parked with the session
-            await asyncio.wait(pending, timeout=self._sessions.resume_grace_s)
+            await asyncio.wait(pending, timeout=self._sessions.resume.grace_s)
         replies = [t.result() for t in s.chunk_tasks if t.done() and not t.cancelled()]
         if s.state is not StreamState.OPEN or len(replies) < len(s.chunk_tasks) or not all(
                 isinstance(r, FrameReply) for r in replies):  # a chunk failed or is still running
@@ -194,7 +194,7 @@ class ResumeBook:
         if s.state is not StreamState.CLOSED:
             s.close()  # the parking holds it now: this connection releases nothing of it
         self._log.info("session parked", fields={"session": s.key, "chunks": s.next_chunk,
-                                                 "unsent": len(unsent), "grace_s": self._sessions.resume_grace_s})
+                                                 "unsent": len(unsent), "grace_s": self._sessions.resume.grace_s})
         return True
 
     def forget_parked_clip(self, session_id: str) -> None:
@@ -258,7 +258,7 @@ class ResumeBook:
         """The parked session, claimed through this client's gate (see the module doc). Raises
         ClaimsThrottled, Unauthorized or SessionLost."""
         sessions, gate, who = self._sessions, self._claims, self._owner
-        rate, burst = sessions.resume_failed_claims_per_minute, sessions.resume_failed_claims_burst
+        rate, burst = sessions.resume.failed_claims_per_minute, sessions.resume.failed_claims_burst
         wait = gate.take(who, rate, burst)
         if wait is None:
             retry = gate.retry_in(who, rate, burst)
@@ -312,7 +312,7 @@ class ResumeBook:
 
     def replay_ring(self, raw_frames: bool) -> deque:
         """The sent replies a stream keeps to send again (none of raw clip frames: too large)."""
-        return deque(maxlen=0 if raw_frames else self._sessions.resume_replay_chunks)
+        return deque(maxlen=0 if raw_frames else self._sessions.resume.replay_chunks)
 
 
 def _open_key(cur: Optional[Stream]) -> Optional[str]:

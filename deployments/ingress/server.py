@@ -107,7 +107,7 @@ class WorldIngress:
             size_buckets=tuple(m.bucket_sizes()) or None,
             max_chunks=args.sessions.max_chunks,
             window=None if m.local_attn_size == -1 else (m.local_attn_size, m.sink_size),
-            resume_grace_s=args.sessions.resume_grace_s if parking is not None else None,  # bound when > 0
+            resume_grace_s=args.sessions.resume.grace_s if parking is not None else None,  # bound when > 0
             min_fps=args.sessions.min_fps,  # the DiT replicas' floor (replicas/frame_floor.py)
             debug={"ingress_replica": _replica_id()} if args.debug_fields else None,
         )

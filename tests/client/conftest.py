@@ -21,7 +21,7 @@ CAMERA_PATH = "/v1/realtime/world/camera"
 APP_ARGS = {
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
     # A page closed without a reset parks its session: for 5 s here, not the default 60 s.
-    "sessions": {"max_sessions": 2, "retry_after_s": 1.0, "routing_stats_period_s": 0.5, "resume_grace_s": 5.0},
+    "sessions": {"max_sessions": 2, "retry_after_s": 1.0, "routing_stats_period_s": 0.5, "resume": {"grace_s": 5.0}},
     "dit": {"num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},

@@ -8,10 +8,10 @@ import io
 import numpy as np
 from PIL import Image
 
-from client.requests import SessionStart
 from client.session import WorldClient
 from protocol import AckRequest, ControlRequest, DriveRequest, Paused, ResetRequest, decode, encode
 from protocol.messages import CameraServerConfig, FrameReply
+from protocol.requests import SessionStart
 
 
 class RecordingSocket:

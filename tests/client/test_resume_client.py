@@ -14,9 +14,11 @@ from websockets.exceptions import ConnectionClosedError
 
 from client.errors import ServerError
 from client.streaming import ResumePolicy, stream_session
-from protocol.codec import decode, encode_infer
+from protocol.codec import decode
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, Reply, ResumeOk, ResumeRequest
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 TOKEN = "t" * 32
 INIT = b"\x00\x00\x00\x08ftyp"
@@ -27,8 +29,8 @@ def messages(n: int) -> list[bytes]:
     buf = io.BytesIO()
     Image.new("RGB", (32, 32)).save(buf, format="PNG")
     eye, k = np.eye(4, dtype=np.float32)[None], np.array([[500, 500, 416, 240]], dtype=np.float32)
-    return [encode_infer("s", eye, k, client_chunk_id=i, **({"image": buf.getvalue(), "prompt": "p"} if i == 0 else {}))
-            for i in range(n)]
+    start = SessionStart(buf.getvalue(), "p")
+    return [encode(infer_request("s", eye, k, start=None if i else start, client_chunk_id=i)) for i in range(n)]
 
 
 class DroppingServer:

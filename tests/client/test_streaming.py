@@ -11,9 +11,11 @@ import pytest
 from client.errors import ServerError
 from client.stats import ChunkStat, StreamSummary
 from client.streaming import stream_session
-from protocol.codec import decode, encode_infer
+from protocol.codec import decode
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, Reply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 INIT = b"\x00\x00\x00\x08ftyp"
 
@@ -65,8 +67,8 @@ def messages(n: int) -> list[bytes]:
     eye = np.eye(4, dtype=np.float32)[None]
     k = np.array([[500, 500, 416, 240]], dtype=np.float32)
     png = _png()
-    return [encode_infer("s", eye, k, client_chunk_id=i, **({"image": png, "prompt": "p"} if i == 0 else {}))
-            for i in range(n)]
+    start = SessionStart(png, "p")
+    return [encode(infer_request("s", eye, k, start=None if i else start, client_chunk_id=i)) for i in range(n)]
 
 
 def _png() -> bytes:

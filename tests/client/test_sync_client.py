@@ -8,10 +8,10 @@ import av
 import numpy as np
 import pytest
 
-from client.requests import SessionStart
 from client.sync import SyncWorldClient
 from client.synthetic import synthetic_trajectory
 from protocol.errors import ProtocolError
+from protocol.requests import SessionStart
 
 
 def decoded(data: bytes) -> np.ndarray:

@@ -29,8 +29,10 @@ from PIL import Image
 
 from camera import chunk_cameras, translation_scale
 from media.reassembly import Fmp4Assembler
-from protocol import decode_reply, encode_infer, encode_reset
+from protocol import decode_reply
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
+from protocol.codec import encode, validated
+from protocol.messages import InferRequest, ResetRequest
 from support import EXAMPLES, wait_healthy
 from deployments.replicas.allocator import MALLOC_ENV
 from deployments.proxy_guard import PROXY_GUARD_ENV
@@ -45,7 +47,7 @@ APP_ARGS = {
     # Sessions end with their socket here (the drop and release tests); tests/deployments/test_resume.py
     # serves an app that parks them.
     # No waiting room: these apps answer `busy` at once when full (tests/deployments/test_line_e2e.py has one).
-    "sessions": {"max_sessions": 2, "idle_ttl_s": IDLE_TTL_S, "routing_stats_period_s": 0.5, "resume_grace_s": 0,
+    "sessions": {"max_sessions": 2, "idle_ttl_s": IDLE_TTL_S, "routing_stats_period_s": 0.5, "resume": {"grace_s": 0},
                  "max_waiting": 0},
     "dit": {"num_replicas": 2, "num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
@@ -82,7 +84,7 @@ STRICT_ARGS = {
     # An explicit 12 MiB session budget and a 4096-token attention bound (admission tests).
     "sessions": {"max_sessions": 4, "idle_ttl_s": 4.0, "routing_stats_period_s": 0.5, "max_chunks": 2,
                  "journal_max_mib": 1.0, "kv_budget_gib": STRICT_BUDGET_MIB / 1024,
-                 "max_attention_tokens": STRICT_ATTENTION_TOKENS, "resume_grace_s": 0, "max_waiting": 0},
+                 "max_attention_tokens": STRICT_ATTENTION_TOKENS, "resume": {"grace_s": 0}, "max_waiting": 0},
     "dit": {"num_cpus": 0.1},
     "vae": {"num_cpus": 0.1},
     "text_encoder": {"num_cpus": 0.1},
@@ -252,7 +254,7 @@ AUTOSCALED_ARGS = {
     # One DiT session slot per replica, 1..2 DiT replicas scaled by the sessions they hold: fast
     # reports (0.5 s), a 1 s look-back and a 2 s downscale delay keep the test short.
     "model": {"preset": "tiny", "default_size": TEST_SIZE},
-    "sessions": {"max_sessions": 1, "routing_stats_period_s": 0.5, "retry_after_s": 0.5, "resume_grace_s": 0,
+    "sessions": {"max_sessions": 1, "routing_stats_period_s": 0.5, "retry_after_s": 0.5, "resume": {"grace_s": 0},
                  "max_waiting": 0},
     "dit": {"num_cpus": 0.1, "graceful_shutdown_timeout_s": 5,
             "autoscaling": {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0, "downscale_delay_s": 2,
@@ -270,7 +272,7 @@ RESUME_ARGS = {
     # Sessions outlive their socket for RESUME_GRACE_S; two ingress replicas (a resume through
     # the other one), one DiT replica of two slots.
     **APP_ARGS,
-    "sessions": {**APP_ARGS["sessions"], "resume_grace_s": RESUME_GRACE_S},
+    "sessions": {**APP_ARGS["sessions"], "resume": {"grace_s": RESUME_GRACE_S}},
     "dit": {"num_replicas": 1, "num_cpus": 0.1},
     "ingress": {**APP_ARGS["ingress"], "num_replicas": 2},
 }
@@ -384,10 +386,11 @@ class Client:
         if first:
             options = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
                        "translation_scale": traj.scale, **options}
-        await self.send(encode_infer(sid, poses, intrinsics, client_chunk_id=k, **options))
+        await self.send(encode(validated(InferRequest, {"session_id": sid, "client_chunk_id": k, **options,
+                                                        "cameras": {"poses": poses, "intrinsics": intrinsics}})))
 
     async def reset(self, sid: str) -> ResetOk:
-        await self.send(encode_reset(sid))
+        await self.send(encode(ResetRequest(session_id=sid)))
         reply = await self.recv()
         assert isinstance(reply, ResetOk), reply
         return reply

@@ -18,12 +18,13 @@ import numpy as np
 import websockets
 from PIL import Image
 
-from protocol import encode_infer, encode_reset
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.image import decode_image
 from protocol.limits import Limits
 from protocol.messages import ErrorReply, FrameReply, ResetRequest
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 FUZZ_FRAMES = 10_000
 FUZZ_CONNECTIONS = 4
@@ -86,9 +87,9 @@ class Corpus:
         self.poses, self.intrinsics = poses.astype(np.float32), intrinsics.astype(np.float32)
         small = _png(32, 32)
         self.valid = [
-            encode_infer("fz", self.poses, self.intrinsics),
-            encode_infer("fz", self.poses, self.intrinsics, image=small, prompt="p", num_frames=33),
-            encode_reset("fz"),
+            encode(infer_request("fz", self.poses, self.intrinsics)),
+            encode(infer_request("fz", self.poses, self.intrinsics, start=SessionStart(small, "p", num_frames=33))),
+            encode(ResetRequest(session_id="fz")),
         ]
         self.images = [_png(1, 1, declared=(100_000, 100_000)),  # a bomb: 10^10 pixels declared, 1 stored
                        _png(8, 8), small[:60], _jpeg(64, 48)[:200], b"\x89PNG\r\n\x1a\n" + b"\0" * 30,
@@ -299,7 +300,7 @@ def test_a_flood_of_tiny_frames_is_closed_by_policy_while_others_stream(strict_s
     """10 000 frames as fast as possible: the connection is closed with 1008 after its burst,
     while a session on another connection streams on unharmed."""
     flood_frames = 10_000
-    reset = encode_reset("nothing-open")
+    reset = encode(ResetRequest(session_id="nothing-open"))
 
     async def go():
         async with strict_connect(api_keys[3]) as good:
@@ -447,8 +448,8 @@ def test_a_client_that_stops_reading_is_disconnected(server, connect, example):
         ws = await websockets.connect(server.ws, max_queue=1, ping_interval=None, max_size=None)
         t0 = time.monotonic()
         for k in range(3):
-            extra = {"image": example.image, "prompt": example.prompt} if k == 0 else {}
-            await ws.send(encode_infer("deaf", *example.chunk(k), client_chunk_id=k, **extra))
+            extra = SessionStart(example.image, example.prompt) if k == 0 else None
+            await ws.send(encode(infer_request("deaf", *example.chunk(k), start=extra, client_chunk_id=k)))
         assert await asyncio.to_thread(connections) == before + 1
         while time.monotonic() - t0 < 60 and await asyncio.to_thread(connections) > before:
             await asyncio.sleep(1.0)

@@ -3,18 +3,20 @@ works for it (the VAE runs no encode), and a `busy` while every DiT slot holds a
 session (a dropped socket's, kept for resume) says when the first grace period ends."""
 from __future__ import annotations
 
+from dataclasses import replace
 import asyncio
 import time
 
 import pytest
 
-from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import ErrorReply, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 LENIENT = Limits(max_aspect_ratio=1000.0, max_output_area=2**30, max_num_frames=4093)  # the server refuses, not the client
-GRACE_S = 8.0  # resume_grace_s of the parking app
+GRACE_S = 8.0  # sessions.resume.grace_s of the parking app
 POLL_S = 1.0  # its retry_after_s: the hint where a slot's end is unknown
 APP = "retryhint"
 
@@ -34,16 +36,17 @@ def test_a_session_that_cannot_fit_is_refused_before_any_encode(strict_server, s
 
     async def go():
         async with strict_connect(key) as a, strict_connect(key) as b:
-            start = {"image": example.image, "prompt": example.prompt, "num_frames": 2041, "limits": LENIENT}
+            start = SessionStart(example.image, example.prompt, num_frames=2041)
             t = time.perf_counter()
-            await b.send(encode_infer("long", *example.chunk(0), **{**start, "num_frames": 4093}))
+            await b.send(encode(infer_request("long", *example.chunk(0), start=replace(start, num_frames=4093),
+                                              limits=LENIENT)))
             long = await b.recv()
             long_s = time.perf_counter() - t
-            await a.send(encode_infer("first", *example.chunk(0), **start))
+            await a.send(encode(infer_request("first", *example.chunk(0), start=start, limits=LENIENT)))
             first = await a.recv()
             after_first = await asyncio.to_thread(conditions, stats_of, "strict")
             t = time.perf_counter()
-            await b.send(encode_infer("second", *example.chunk(0), **start))
+            await b.send(encode(infer_request("second", *example.chunk(0), start=start, limits=LENIENT)))
             second = await b.recv()
             second_s = time.perf_counter() - t
             await a.reset("first")
@@ -63,7 +66,7 @@ def test_a_session_that_cannot_fit_is_refused_before_any_encode(strict_server, s
 @pytest.fixture(scope="module")
 def parking_app(extra_app):
     yield extra_app(APP, dit={"num_replicas": 1},
-                    sessions={"max_sessions": 2, "idle_ttl_s": 30.0, "resume_grace_s": GRACE_S, "retry_after_s": POLL_S})
+                    sessions={"max_sessions": 2, "idle_ttl_s": 30.0, "resume": {"grace_s": GRACE_S}, "retry_after_s": POLL_S})
     from ray import serve
 
     serve.delete(APP)
@@ -74,14 +77,13 @@ def test_busy_while_the_slots_hold_parked_sessions_says_when_their_grace_ends(pa
     `busy` carries the end of the first grace period (before: the constant retry_after_s, so
     that a client retried into `busy` again and again), and a retry then is admitted."""
     _, connect = parking_app
-    start = {"image": example.image, "prompt": example.prompt, "num_frames": example.num_frames,
-             "translation_scale": example.scale}
+    start = SessionStart(example.image, example.prompt, num_frames=example.num_frames, translation_scale=example.scale)
 
     async def go():
         drops = []
         for sid in ("dropped-1", "dropped-2"):
             async with connect() as c:
-                await c.send(encode_infer(sid, *example.chunk(0), **start))
+                await c.send(encode(infer_request(sid, *example.chunk(0), start=start)))
                 assert isinstance(await c.recv(), FrameReply)  # with its resume token: it will be parked
             drops.append(time.monotonic())
         dropped = drops[0]  # the first grace period ends first
@@ -89,7 +91,7 @@ def test_busy_while_the_slots_hold_parked_sessions_says_when_their_grace_ends(pa
             hints = []
             deadline = time.monotonic() + GRACE_S / 2  # the parking and its hint take a moment
             while time.monotonic() < deadline:
-                await c.send(encode_infer("new", *example.chunk(0), **start))
+                await c.send(encode(infer_request("new", *example.chunk(0), start=start)))
                 reply = await c.recv()
                 assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.BUSY, reply
                 hints.append((time.monotonic() - dropped, reply.retry_after_s))  # since the first drop
@@ -97,7 +99,7 @@ def test_busy_while_the_slots_hold_parked_sessions_says_when_their_grace_ends(pa
                     break
                 await asyncio.sleep(0.2)
             await asyncio.sleep(hints[-1][1])
-            await c.send(encode_infer("new", *example.chunk(0), **start))
+            await c.send(encode(infer_request("new", *example.chunk(0), start=start)))
             admitted = await c.recv()
             return hints, time.monotonic() - dropped, admitted
 

@@ -13,9 +13,11 @@ from deployments.ingress.guards.auth import Auth, bearer_subprotocol
 from deployments.config import AuthArgs
 from deployments.errors import Busy
 from deployments.ingress.guards.quotas import KeyQuota, TokenBucket
-from protocol import decode_reply, encode_infer
+from protocol import decode_reply
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
+from protocol.codec import encode
+from protocol.requests import infer_request
 
 
 def conn(headers: dict[str, str] | None = None, query: str = "") -> HTTPConnection:
@@ -191,7 +193,7 @@ def test_per_key_quotas_answer_busy(strict_server, strict_connect, api_keys, exa
     async def chunks():
         async with strict_connect(api_keys[1]) as c:
             for _ in range(7):
-                await c.send(encode_infer("q", poses, intrinsics))  # no image: missing_field, not counted
+                await c.send(encode(infer_request("q", poses, intrinsics)))  # no image: missing_field, not counted
             refused = [await c.recv() for _ in range(7)]
             answers, t0 = [], time.monotonic()
             for s in range(10):  # 2 chunks a session (the strict app's cap), until the quota answers

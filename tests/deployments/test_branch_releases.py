@@ -15,10 +15,12 @@ from PIL import Image
 from connection_fakes import FakeDeployment, FakeMetrics, ScriptedSocket, SessionReplica
 from deployments.config import AppArgs
 from deployments.ingress.connection import Backends, Connection
-from protocol import encode_fork, encode_infer, encode_reset, encode_rewind
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply, Forked, FrameReply, Rewound
+from protocol.codec import encode
+from protocol.messages import ResetRequest, ForkRequest, RewindRequest
+from protocol.requests import SessionStart, infer_request
 
 DIT_S = 0.02  # a fake DiT call; VAE calls take VAE_S
 VAE_S = 0.01
@@ -36,8 +38,7 @@ IMAGE = png()
 
 
 def infer(sid: str, first: bool = False) -> bytes:
-    extra = {"image": IMAGE, "prompt": "a street"} if first else {}
-    return encode_infer(sid, POSES, INTRINSICS, **extra)
+    return encode(infer_request(sid, POSES, INTRINSICS, start=SessionStart(IMAGE, "a street") if first else None))
 
 
 class Rig:
@@ -91,11 +92,11 @@ def test_rewinds_sent_back_to_back_run_one_at_a_time_and_the_socket_end_frees_ev
         async with Rig() as rig:
             await rig.session("s", 9)
             for k in range(8, 0, -1):
-                rig.ws.send(encode_rewind("s", k))
+                rig.ws.send(encode(RewindRequest(session_id="s", to_chunk=k)))
             answers = await rig.ws.wait_for(
                 lambda sent: len([r for r in sent if isinstance(r, (Rewound, ErrorReply))]) >= 8
                 and [r for r in sent if isinstance(r, (Rewound, ErrorReply))])
-            rig.ws.send(encode_rewind("s", 5))  # after `rewound`: taken
+            rig.ws.send(encode(RewindRequest(session_id="s", to_chunk=5)))  # after `rewound`: taken
             await rig.count(Rewound, 2)
             rig.ws.send(infer("s"))
             after = (await rig.count(FrameReply, 10))[-1]
@@ -116,7 +117,7 @@ def test_a_rewind_rebuilds_what_the_session_had_when_it_was_queued():
         async with Rig() as rig:
             await rig.session("s", 3)
             rig.vae.close_s = 0.1  # the rebuild waits behind the close of the old incarnation
-            rig.ws.send(encode_rewind("s", 1))
+            rig.ws.send(encode(RewindRequest(session_id="s", to_chunk=1)))
             rig.ws.send(infer("s"))
             again = (await rig.count(FrameReply, 4))[-1]
         return rig, again
@@ -132,7 +133,7 @@ def test_rewinds_pipelined_then_the_socket_closes_leave_nothing_held():
         async with Rig() as rig:
             await rig.session("s", 9)
             for k in range(8, 0, -1):
-                rig.ws.send(encode_rewind("s", k))
+                rig.ws.send(encode(RewindRequest(session_id="s", to_chunk=k)))
         return rig
 
     rig = asyncio.run(go())
@@ -147,10 +148,10 @@ def test_a_rewind_racing_the_socket_end_closes_the_old_incarnation_too():
     async def go():
         async with Rig() as rig:
             await rig.session("s", 3)
-            rig.ws.send(encode_fork("s", "f", 3))
+            rig.ws.send(encode(ForkRequest(session_id="s", new_session_id="f", at_chunk=3)))
             await rig.count(Forked, 1)
             rig.ws.send(infer("f"))
-            rig.ws.send(encode_rewind("s", 1))
+            rig.ws.send(encode(RewindRequest(session_id="s", to_chunk=1)))
             await asyncio.sleep(0.02)
         return rig
 
@@ -204,15 +205,16 @@ class Moves:
                 self.infer(sid)
         elif move == "fork":
             new = f"{self.name}-f{len(self.log)}"
-            self.send(encode_fork(sid, new, rng.randint(1, max(1, n))), f"fork {sid}->{new}")
+            self.send(encode(ForkRequest(session_id=sid, new_session_id=new, at_chunk=rng.randint(1, max(1, n)))),
+                      f"fork {sid}->{new}")
             self.started.add(new)  # if refused, its first infer sends no image: missing_field, harmless
         elif move in ("rewind", "rewinds"):
             for _ in range(rng.randint(2, 4) if move == "rewinds" else 1):
                 k = rng.randint(0, max(0, n - 1))
-                self.send(encode_rewind(sid, k), f"rewind {sid} to {k}")
+                self.send(encode(RewindRequest(session_id=sid, to_chunk=k)), f"rewind {sid} to {k}")
                 n = k
         else:
-            self.send(encode_reset(sid), f"reset {sid}")
+            self.send(encode(ResetRequest(session_id=sid)), f"reset {sid}")
             self.started.discard(sid)
             self.chunks.pop(sid, None)
 

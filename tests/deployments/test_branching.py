@@ -9,9 +9,11 @@ import dataclasses
 
 import pytest
 
-from protocol import encode_fork, encode_infer, encode_rewind
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, Forked, FrameReply, Rewound
+from protocol.codec import encode, validated
+from protocol.messages import InferRequest, ForkRequest, RewindRequest
+from protocol.requests import infer_request
 
 OTHER = 2  # chunk 1 "takes another path": the poses of chunk 2 instead of its own
 LONG_FRAMES = 57  # 5 chunks, for the rolling window (6 latent frames, sink 3: it rolls from chunk 2 on)
@@ -23,7 +25,9 @@ async def chunk(c, sid: str, traj, k: int, poses_of: int | None = None, **option
         options = {"image": traj.image, "prompt": traj.prompt, "num_frames": traj.num_frames,
                    "translation_scale": traj.scale, **options}
     options.pop("first", None)
-    await c.send(encode_infer(sid, *traj.chunk(k if poses_of is None else poses_of), client_chunk_id=k, **options))
+    poses, intrinsics = traj.chunk(k if poses_of is None else poses_of)
+    await c.send(encode(validated(InferRequest, {"session_id": sid, "client_chunk_id": k, **options,
+                                                 "cameras": {"poses": poses, "intrinsics": intrinsics}})))
     reply = await c.recv()
     assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
     return reply
@@ -50,9 +54,9 @@ def test_rewind_replays_byte_identical(server, connect, example):
             reference = await session(c, "ref", example, [0, OTHER, 2])
             for k in range(3):
                 await chunk(c, "s", example, k)
-            rewound = await ask(c, encode_rewind("s", 1))
+            rewound = await ask(c, encode(RewindRequest(session_id="s", to_chunk=1)))
             again = [(await chunk(c, "s", example, 1, OTHER)).video, (await chunk(c, "s", example, 2)).video]
-            to_start = await ask(c, encode_rewind("s", 0))
+            to_start = await ask(c, encode(RewindRequest(session_id="s", to_chunk=0)))
             start = (await chunk(c, "s", example, 0, first=False)).video
             await c.reset("s")
             return reference, rewound, again, to_start, start
@@ -74,11 +78,12 @@ def test_fork_is_byte_identical_and_leaves_the_parent(server, connect, example):
             plain = await session(c, "plain", example, [0, 1, 2])
             other = await session(c, "other", example, [0, OTHER, 2])
             a = [(await chunk(c, "A", example, 0)).video, (await chunk(c, "A", example, 1)).video]
-            forked = await ask(c, encode_fork("A", "B", 1))
+            forked = await ask(c, encode(ForkRequest(session_id="A", new_session_id="B", at_chunk=1)))
             b1 = (await chunk(c, "B", example, 1, OTHER)).video
             a2 = (await chunk(c, "A", example, 2)).video
             b2 = (await chunk(c, "B", example, 2)).video
-            late = await ask(c, encode_fork("A", "C", 3))  # A's every chunk: C has nothing left to do
+            late = await ask(c, encode(ForkRequest(session_id="A", new_session_id="C",
+                                                   at_chunk=3)))  # A's every chunk: C has nothing left to do
             await c.reset("A")
             await c.reset("B")
             await c.reset("C")
@@ -108,11 +113,12 @@ def test_a_fork_at_the_head_clones_the_live_session(server, connect, example, st
             other = await session(c, "other", example, [0, 1, OTHER])
             a = [(await chunk(c, "A", example, k)).video for k in (0, 1)]
             before = await asyncio.to_thread(clones)  # (a sync Serve call: not on the loop)
-            forked = await ask(c, encode_fork("A", "B", 2))
+            forked = await ask(c, encode(ForkRequest(session_id="A", new_session_id="B", at_chunk=2)))
             at_head = await asyncio.to_thread(clones)
             b2 = (await chunk(c, "B", example, 2, OTHER)).video
             a.append((await chunk(c, "A", example, 2)).video)
-            below = await ask(c, encode_fork("A", "C", 2))  # A has 3 chunks now
+            below = await ask(c, encode(ForkRequest(session_id="A", new_session_id="C",
+                                                    at_chunk=2)))  # A has 3 chunks now
             below_head = await asyncio.to_thread(clones)
             c2 = (await chunk(c, "C", example, 2, OTHER)).video
             for sid in ("A", "B", "C"):
@@ -137,13 +143,17 @@ def test_bad_fork_and_rewind_change_nothing(server, connect, example):
             plain = await session(c, "plain", example, [0, 1, 2])
             await chunk(c, "s", example, 0)
             refused = [await ask(c, m) for m in (
-                encode_rewind("nobody", 0), encode_fork("nobody", "x", 1), encode_rewind("s", 2),
-                encode_fork("s", "x", 2), encode_fork("s", "s", 1))]
-            forked = await ask(c, encode_fork("s", "b", 1))
-            refused.append(await ask(c, encode_fork("s", "b", 1)))  # "b" is held now
-            await c.send(encode_infer("s", *example.chunk(1), client_chunk_id=1))
-            await c.send(encode_rewind("s", 0))  # chunk 1 is in flight
-            await c.send(encode_fork("s", "y", 1))
+                encode(RewindRequest(session_id="nobody", to_chunk=0)),
+                encode(ForkRequest(session_id="nobody", new_session_id="x", at_chunk=1)),
+                encode(RewindRequest(session_id="s", to_chunk=2)),
+                encode(ForkRequest(session_id="s", new_session_id="x", at_chunk=2)),
+                encode(ForkRequest(session_id="s", new_session_id="s", at_chunk=1)))]
+            forked = await ask(c, encode(ForkRequest(session_id="s", new_session_id="b", at_chunk=1)))
+            refused.append(await ask(c, encode(ForkRequest(session_id="s", new_session_id="b",
+                                                           at_chunk=1))))  # "b" is held now
+            await c.send(encode(infer_request("s", *example.chunk(1), client_chunk_id=1)))
+            await c.send(encode(RewindRequest(session_id="s", to_chunk=0)))  # chunk 1 is in flight
+            await c.send(encode(ForkRequest(session_id="s", new_session_id="y", at_chunk=1)))
             one, busy_rewind, busy_fork = [await c.recv() for _ in range(3)]
             two = await chunk(c, "s", example, 2)
             await c.reset("s")
@@ -170,8 +180,9 @@ def test_a_session_without_journal_forks_only_at_its_head(strict_server, strict_
         async with strict_connect() as c:
             await chunk(c, "s", example, 0, size="32*48")
             await chunk(c, "s", example, 1)
-            refusals = [await ask(c, encode_rewind("s", 0)), await ask(c, encode_fork("s", "b", 1))]
-            forked = await ask(c, encode_fork("s", "b", 2))
+            refusals = [await ask(c, encode(RewindRequest(session_id="s", to_chunk=0))),
+                        await ask(c, encode(ForkRequest(session_id="s", new_session_id="b", at_chunk=1)))]
+            forked = await ask(c, encode(ForkRequest(session_id="s", new_session_id="b", at_chunk=2)))
             await c.reset("b")
             await c.reset("s")
             return refusals, forked
@@ -208,10 +219,10 @@ def test_rewind_and_fork_of_a_rolling_window_and_the_quota(window_app, connect_u
         async with connect_url(app.ws, headers) as c:
             reference = await session(c, "ref", traj, [0, 1, 2, 4, 3], **open_ended)
             plain = [(await chunk(c, "s", traj, k, **(open_ended if k == 0 else {}))).video for k in range(5)]
-            rewound = await ask(c, encode_rewind("s", 3))
+            rewound = await ask(c, encode(RewindRequest(session_id="s", to_chunk=3)))
             again = [(await chunk(c, "s", traj, 3, 4)).video, (await chunk(c, "s", traj, 4, 3)).video]
-            forked = await ask(c, encode_fork("s", "b", 4))
-            over_quota = await ask(c, encode_fork("s", "c", 4))
+            forked = await ask(c, encode(ForkRequest(session_id="s", new_session_id="b", at_chunk=4)))
+            over_quota = await ask(c, encode(ForkRequest(session_id="s", new_session_id="c", at_chunk=4)))
             b4 = (await chunk(c, "b", traj, 4, 3)).video
             await c.reset("s")
             await c.reset("b")

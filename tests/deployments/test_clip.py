@@ -11,10 +11,12 @@ import pytest
 from deployments.ingress.peers import CLIP_MODE, PeerTransport
 from deployments.ingress.peers.peer import DEFAULT_SESSION, is_peer_request, read_call
 from deployments.ingress.peers.replies import ClipFrames
-from protocol import encode_infer, encode_reset
 from protocol.codec import unpack
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS
+from protocol.codec import encode
+from protocol.messages import ResetRequest
+from protocol.requests import SessionStart, infer_request
 
 
 def _openpi(a: np.ndarray) -> dict:
@@ -38,10 +40,10 @@ def _png() -> bytes:
 
 def test_our_requests_stay_in_our_protocol():
     poses = np.repeat(np.eye(4, dtype=np.float32)[None], 12, axis=0)
-    ours = encode_infer("s", poses, np.tile(np.array([500, 500, 416, 240], np.float32), (12, 1)),
-                        image=np.zeros((32, 32, 3), np.uint8), prompt="p")
+    ours = encode(infer_request("s", poses, np.tile(np.array([500, 500, 416, 240], np.float32), (12, 1)),
+                                start=SessionStart(np.zeros((32, 32, 3), np.uint8), "p")))
     assert not is_peer_request(unpack(ours))
-    assert not is_peer_request(unpack(encode_reset("s")))
+    assert not is_peer_request(unpack(encode(ResetRequest(session_id="s"))))
 
 
 @pytest.mark.parametrize("request_", [

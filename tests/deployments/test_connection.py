@@ -8,10 +8,11 @@ import msgpack
 
 from deployments.config import AppArgs
 from deployments.ingress.connection import Backends, Connection
-from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 from connection_fakes import FakeDeployment, FakeMetrics, FakeSocket
 
 STAGES = {"text_encode", "vae_encode", "dit", "vae_decode", "mux", "queue_wait", "total"}
@@ -146,7 +147,7 @@ def test_malformed_frames_get_errors_and_the_connection_stays_usable(connect, ex
             await c.send(msgpack.packb({"session_id": "m", "image": b"\x89PNG but not really", "prompt": "x",
                                         "cameras": cameras}))
             replies.append(await c.recv())
-            await c.send(encode_infer("m", poses, intrinsics, prompt="no image"))
+            await c.send(encode(infer_request("m", poses, intrinsics, prompt="no image")))
             replies.append(await c.recv())
             await c.infer("m", example, 0, first=True)
             replies.append(await c.recv())
@@ -166,8 +167,8 @@ def test_pipelined_infers_beyond_the_limit_get_busy_and_replies_stay_in_order(co
         async with connect() as c:
             for k in range(5):  # max_pending_chunks is 4; no num_frames: the session is open-ended
                 poses, intrinsics = example.chunk(min(k, 2))
-                extra = {"image": example.image, "prompt": example.prompt} if k == 0 else {}
-                await c.send(encode_infer("pipe", poses, intrinsics, client_chunk_id=k, **extra))
+                extra = SessionStart(example.image, example.prompt) if k == 0 else None
+                await c.send(encode(infer_request("pipe", poses, intrinsics, start=extra, client_chunk_id=k)))
             replies = [await c.recv() for _ in range(5)]
             await c.reset("pipe")
         return replies
@@ -246,8 +247,8 @@ def test_lanes_overlap_dit_and_vae_and_keep_one_call_in_flight_per_deployment(ex
     frames = []
     for k in range(3):
         poses, intrinsics = example.chunk(k)
-        extra = {"image": example.image, "prompt": "p", "num_frames": 33} if k == 0 else {}
-        frames.append(encode_infer("s", poses, intrinsics, client_chunk_id=k, **extra))
+        extra = SessionStart(example.image, "p", num_frames=33) if k == 0 else None
+        frames.append(encode(infer_request("s", poses, intrinsics, start=extra, client_chunk_id=k)))
     ws = FakeSocket(frames)
     args = AppArgs()
 

@@ -9,9 +9,11 @@ import msgpack
 import numpy as np
 
 from camera.keys import KeySteps, key_chunk_poses
-from protocol import encode_control, encode_fork, encode_infer, encode_rewind
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, Forked, FrameReply, Rewound
+from protocol.codec import encode
+from protocol.messages import ForkRequest, RewindRequest, ControlRequest
+from protocol.requests import SessionStart, infer_request
 
 STEPS = KeySteps()  # the app runs the default `controls`
 
@@ -25,16 +27,17 @@ def test_a_session_driven_by_keys_alone(server, connect, example):
     async def go():
         async with connect() as c:
             # The keys may be set before the session's first infer.
-            await c.send(encode_control("keys", 1, ["w"]))
-            await c.send(encode_infer("keys", from_keys=True, image=example.image, prompt=example.prompt,
-                                      client_chunk_id=0))
-            await c.send(encode_control("keys", 2, ["W", "l"]))  # pipelined: read before the next infer
-            await c.send(encode_infer("keys", from_keys=True, client_chunk_id=1))
+            await c.send(encode(ControlRequest(session_id="keys", event_id=1, keys=["w"])))
+            await c.send(encode(infer_request("keys", start=SessionStart(example.image, example.prompt),
+                                              from_keys=True, client_chunk_id=0)))
+            # pipelined: read before the next infer
+            await c.send(encode(ControlRequest(session_id="keys", event_id=2, keys=["W", "l"])))
+            await c.send(encode(infer_request("keys", from_keys=True, client_chunk_id=1)))
             replies = [frame(await c.recv()), frame(await c.recv())]
-            # An unknown key (encode_control would refuse it client-side): refused, nothing changes.
+            # An unknown key (the ControlRequest model would refuse it client-side): refused, nothing changes.
             await c.send(msgpack.packb({"endpoint": "control", "session_id": "keys", "event_id": 3, "keys": ["w", "x"]}))
             refused = await c.recv()
-            await c.send(encode_infer("keys", from_keys=True, client_chunk_id=2))
+            await c.send(encode(infer_request("keys", from_keys=True, client_chunk_id=2)))
             replies.append(frame(await c.recv()))
             frames = c.videos["keys"].decode_frames()
             await c.reset("keys")
@@ -58,8 +61,8 @@ def test_explicit_cameras_and_keys_mix(server, connect, example):
     async def go():
         async with connect() as c:
             await c.infer("mix", example, 0, first=True)  # explicit cameras, no control yet
-            await c.send(encode_control("mix", 5, ["d", "j"]))
-            await c.send(encode_infer("mix", from_keys=True))
+            await c.send(encode(ControlRequest(session_id="mix", event_id=5, keys=["d", "j"])))
+            await c.send(encode(infer_request("mix", from_keys=True)))
             await c.infer("mix", example, 2, first=False)  # explicit again: cameras win for their chunk
             replies = [frame(await c.recv()) for _ in range(3)]
             await c.reset("mix")
@@ -77,9 +80,9 @@ def test_explicit_cameras_and_keys_mix(server, connect, example):
 def test_reset_releases_the_keys(server, connect, example):
     async def go():
         async with connect() as c:
-            await c.send(encode_control("rk", 9, ["w"]))
+            await c.send(encode(ControlRequest(session_id="rk", event_id=9, keys=["w"])))
             await c.reset("rk")
-            await c.send(encode_infer("rk", from_keys=True, image=example.image, prompt=example.prompt))
+            await c.send(encode(infer_request("rk", start=SessionStart(example.image, example.prompt), from_keys=True)))
             reply = frame(await c.recv())
             await c.reset("rk")
         return reply
@@ -95,22 +98,22 @@ def test_keys_after_a_rewind_or_fork_continue_from_the_kept_chunk(server, connec
 
     async def go():
         async with connect() as c:
-            await c.send(encode_control("rw", 1, ["w"]))
-            await c.send(encode_infer("rw", from_keys=True, image=example.image, prompt=example.prompt))
+            await c.send(encode(ControlRequest(session_id="rw", event_id=1, keys=["w"])))
+            await c.send(encode(infer_request("rw", start=SessionStart(example.image, example.prompt), from_keys=True)))
             first = [frame(await c.recv())]
-            await c.send(encode_control("rw", 2, ["l"]))
+            await c.send(encode(ControlRequest(session_id="rw", event_id=2, keys=["l"])))
             for _ in range(2):
-                await c.send(encode_infer("rw", from_keys=True))
+                await c.send(encode(infer_request("rw", from_keys=True)))
                 first.append(frame(await c.recv()))
-            await c.send(encode_rewind("rw", 1))
+            await c.send(encode(RewindRequest(session_id="rw", to_chunk=1)))
             rewound = await c.recv()
-            await c.send(encode_control("rw", 3, ["a"]))
-            await c.send(encode_infer("rw", from_keys=True))
+            await c.send(encode(ControlRequest(session_id="rw", event_id=3, keys=["a"])))
+            await c.send(encode(infer_request("rw", from_keys=True)))
             again = frame(await c.recv())
-            await c.send(encode_fork("rw", "rw-b", 1))
+            await c.send(encode(ForkRequest(session_id="rw", new_session_id="rw-b", at_chunk=1)))
             forked = await c.recv()
-            await c.send(encode_control("rw-b", 4, ["d"]))
-            await c.send(encode_infer("rw-b", from_keys=True))
+            await c.send(encode(ControlRequest(session_id="rw-b", event_id=4, keys=["d"])))
+            await c.send(encode(infer_request("rw-b", from_keys=True)))
             branch = frame(await c.recv())
             await c.reset("rw-b")
             await c.reset("rw")

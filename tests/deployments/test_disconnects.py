@@ -17,9 +17,12 @@ from collections import Counter
 import httpx
 import websockets
 
-from protocol import decode_reply, encode_fork, encode_infer, encode_reset, encode_rewind
+from protocol import decode_reply
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, Forked, FrameReply, Rewound
+from protocol.codec import encode
+from protocol.messages import ResetRequest, ForkRequest, RewindRequest
+from protocol.requests import SessionStart, infer_request
 
 DROPS = 240
 CONCURRENCY = 4
@@ -40,9 +43,9 @@ async def _drop_one(url: str, example, rng: random.Random, i: int) -> str:
         sid = f"drop-{i}"
 
         async def infer(k: int) -> None:
-            extra = {"image": example.image, "prompt": example.prompt, "num_frames": example.num_frames,
-                     "translation_scale": example.scale} if k == 0 else {}
-            await ws.send(encode_infer(sid, *example.chunk(k), client_chunk_id=k, **extra))
+            extra = SessionStart(example.image, example.prompt, num_frames=example.num_frames,
+                                 translation_scale=example.scale) if k == 0 else None
+            await ws.send(encode(infer_request(sid, *example.chunk(k), start=extra, client_chunk_id=k)))
 
         if moment == "after_first_infer":
             await infer(0)
@@ -59,7 +62,7 @@ async def _drop_one(url: str, example, rng: random.Random, i: int) -> str:
             await asyncio.sleep(rng.uniform(0.0, 0.05))
         elif moment == "after_reset":
             await infer(0)
-            await ws.send(encode_reset(sid))
+            await ws.send(encode(ResetRequest(session_id=sid)))
             await asyncio.sleep(rng.uniform(0.0, 0.05))
     finally:
         if abort:
@@ -122,11 +125,11 @@ def test_sockets_dropped_at_random_moments_release_everything(server, example, s
         async with websockets.connect(server.ws, max_size=None) as ws:
             decode_reply(await ws.recv())
             for k in range(3):
-                extra = {"image": example.image, "prompt": example.prompt, "num_frames": example.num_frames,
-                         "translation_scale": example.scale} if k == 0 else {}
-                await ws.send(encode_infer("after-drops", *example.chunk(k), client_chunk_id=k, **extra))
+                extra = SessionStart(example.image, example.prompt, num_frames=example.num_frames,
+                                     translation_scale=example.scale) if k == 0 else None
+                await ws.send(encode(infer_request("after-drops", *example.chunk(k), start=extra, client_chunk_id=k)))
             replies = [decode_reply(await asyncio.wait_for(ws.recv(), 120)) for _ in range(3)]
-            await ws.send(encode_reset("after-drops"))
+            await ws.send(encode(ResetRequest(session_id="after-drops")))
             decode_reply(await ws.recv())
             return replies
 
@@ -181,9 +184,9 @@ class Brancher:
             return
         self.open.add(sid)
         poses, intrinsics = self.example.chunk(min(k, MAX_CHUNKS))
-        extra = {"image": self.example.image, "prompt": self.example.prompt,
-                 "translation_scale": self.example.scale} if first else {}
-        await self.send(encode_infer(sid, poses, intrinsics, **extra))
+        extra = SessionStart(self.example.image, self.example.prompt,
+                             translation_scale=self.example.scale) if first else None
+        await self.send(encode(infer_request(sid, poses, intrinsics, start=extra)))
 
     async def move(self) -> str:
         rng = self.rng
@@ -194,14 +197,14 @@ class Brancher:
                 await self.infer(sid)
         elif move == "fork":
             new = f"{self.name}-f{self.sent}"
-            await self.send(encode_fork(sid, new, rng.randint(1, max(1, n))))
+            await self.send(encode(ForkRequest(session_id=sid, new_session_id=new, at_chunk=rng.randint(1, max(1, n)))))
             self.open.add(new)
         elif move in ("rewind", "rewinds"):
             for _ in range(rng.randint(2, 4) if move == "rewinds" else 1):
                 n = rng.randint(0, max(0, n - 1))
-                await self.send(encode_rewind(sid, n))
+                await self.send(encode(RewindRequest(session_id=sid, to_chunk=n)))
         else:
-            await self.send(encode_reset(sid))
+            await self.send(encode(ResetRequest(session_id=sid)))
             self.open.discard(sid)
             self.chunks.pop(sid, None)
         return move
@@ -223,16 +226,16 @@ async def _branch_socket(url: str, example, rng: random.Random, i: int, script: 
                 await b.infer(b.name)
                 await b.settle()
             for k in range(3, -1, -1):
-                await b.send(encode_rewind(b.name, k))
-                await b.send(encode_rewind(b.name, k))
+                await b.send(encode(RewindRequest(session_id=b.name, to_chunk=k)))
+                await b.send(encode(RewindRequest(session_id=b.name, to_chunk=k)))
         elif script == "rewind_then_drop":  # item 2: fork at the head, infer the fork, rewind, abort
             for _ in range(3):
                 await b.infer(b.name)
             await b.settle()
-            await b.send(encode_fork(b.name, "f", 3))
+            await b.send(encode(ForkRequest(session_id=b.name, new_session_id="f", at_chunk=3)))
             await b.settle()
             await b.infer("f")
-            await b.send(encode_rewind(b.name, 1))
+            await b.send(encode(RewindRequest(session_id=b.name, to_chunk=1)))
             await asyncio.sleep(0.02)
         else:
             await b.infer(b.name)

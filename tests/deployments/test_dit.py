@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from deployments.replicas.session_host import device_probe
-from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 RETRY_AFTER_S = 5.0  # SessionArgs.retry_after_s default
 
@@ -55,8 +56,8 @@ def test_a_session_is_capped_at_max_chunks(strict_server, strict_connect, api_ke
         async with strict_connect(api_keys[4]) as c:
             replies = []
             for k in range(3):  # open-ended session (no num_frames): only the cap stops it
-                extra = {"image": example.image, "prompt": example.prompt} if k == 0 else {}
-                await c.send(encode_infer("capped", *example.chunk(k), client_chunk_id=k, **extra))
+                extra = SessionStart(example.image, example.prompt) if k == 0 else None
+                await c.send(encode(infer_request("capped", *example.chunk(k), start=extra, client_chunk_id=k)))
                 replies.append(await c.recv())
         return c.config, c.notices, replies
 

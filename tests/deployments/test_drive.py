@@ -12,9 +12,11 @@ import msgpack
 import numpy as np
 
 from camera.keys import KeySteps, key_chunk_poses
-from protocol import encode_ack, encode_control, encode_drive, encode_infer, encode_reset, encode_resume
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, Paused, ResetOk, ResumeOk
+from protocol.codec import encode
+from protocol.messages import ResetRequest, ResumeRequest, ControlRequest, AckRequest
+from protocol.requests import SessionStart, infer_request, drive_request
 
 STEPS = KeySteps()
 QUIET_S = 4.0  # longer than a tiny chunk on a loaded 2-core machine: nothing may come meanwhile
@@ -24,13 +26,13 @@ async def recv_frame(c, ack: bool = True) -> FrameReply:
     reply = await c.recv()
     assert isinstance(reply, FrameReply), reply
     if ack:
-        await c.send(encode_ack(reply.session_id, reply.chunk_id))
+        await c.send(encode(AckRequest(session_id=reply.session_id, chunk_id=reply.chunk_id)))
     return reply
 
 
 async def reset(c, sid: str) -> None:
     """Reset a driven session: the frames of the chunks in flight may come before `reset_ok`."""
-    await c.send(encode_reset(sid))
+    await c.send(encode(ResetRequest(session_id=sid)))
     while not isinstance(reply := await c.recv(), ResetOk):
         assert isinstance(reply, (FrameReply, Paused)), reply
 
@@ -59,25 +61,25 @@ def test_drive_echoes_controls_pauses_and_goes_on(server, connect, example):
 
     async def go():
         async with connect() as c:
-            await c.send(encode_control("drv", 1, ["w"]))
-            await c.send(encode_drive("drv", example.image, example.prompt, seed=3))
+            await c.send(encode(ControlRequest(session_id="drv", event_id=1, keys=["w"])))
+            await c.send(encode(drive_request("drv", SessionStart(example.image, example.prompt, seed=3))))
             replies = [await recv_frame(c) for _ in range(2)]
-            await c.send(encode_control("drv", 2, ["w", "l"]))
+            await c.send(encode(ControlRequest(session_id="drv", event_id=2, keys=["w", "l"])))
             sent_at = replies[-1].chunk_id
             while (r := await recv_frame(c)).event_id != 2:
                 replies.append(r)
             replies.append(r)
             replies.append(await recv_frame(c))
-            await c.send(encode_control("drv", 3, []))
+            await c.send(encode(ControlRequest(session_id="drv", event_id=3, keys=[])))
             while not isinstance(reply := await c.recv(), Paused):
                 assert isinstance(reply, FrameReply), reply
-                await c.send(encode_ack("drv", reply.chunk_id))
+                await c.send(encode(AckRequest(session_id="drv", chunk_id=reply.chunk_id)))
                 replies.append(reply)
             paused = reply
             await nothing_for(c, QUIET_S)  # paused: no chunk made
-            await c.send(encode_control("drv", 4, ["e"]))
+            await c.send(encode(ControlRequest(session_id="drv", event_id=4, keys=["e"])))
             after = [await recv_frame(c) for _ in range(2)]
-            await c.send(encode_control("drv", 5, []))
+            await c.send(encode(ControlRequest(session_id="drv", event_id=5, keys=[])))
             while not isinstance(last := await c.recv(), Paused):
                 after.append(last)
             frames = c.videos["drv"].decode_frames()
@@ -105,14 +107,14 @@ def test_drive_echoes_controls_pauses_and_goes_on(server, connect, example):
 def test_the_session_never_runs_more_than_max_unacked_ahead(server, connect, example):
     async def go():
         async with connect() as c:
-            await c.send(encode_control("win", 1, ["d"]))
-            await c.send(encode_drive("win", example.image, example.prompt))
+            await c.send(encode(ControlRequest(session_id="win", event_id=1, keys=["d"])))
+            await c.send(encode(drive_request("win", SessionStart(example.image, example.prompt))))
             first = [await recv_frame(c, ack=False) for _ in range(2)]  # the default window: 2
             await nothing_for(c, QUIET_S)
-            await c.send(encode_ack("win", 0))
+            await c.send(encode(AckRequest(session_id="win", chunk_id=0)))
             third = await recv_frame(c, ack=False)
             await nothing_for(c, QUIET_S)
-            await c.send(encode_ack("win", 2))
+            await c.send(encode(AckRequest(session_id="win", chunk_id=2)))
             more = [await recv_frame(c, ack=False) for _ in range(2)]
             await nothing_for(c, QUIET_S)
             await reset(c, "win")
@@ -125,20 +127,20 @@ def test_the_session_never_runs_more_than_max_unacked_ahead(server, connect, exa
 def test_bad_controls_acks_and_infers_are_refused_and_the_session_drives_on(server, connect, example):
     async def go():
         async with connect() as c:
-            await c.send(encode_control("bad", 1, ["s"]))
-            await c.send(encode_drive("bad", example.image, example.prompt))
+            await c.send(encode(ControlRequest(session_id="bad", event_id=1, keys=["s"])))
+            await c.send(encode(drive_request("bad", SessionStart(example.image, example.prompt))))
             before = await recv_frame(c)
             await c.send(msgpack.packb({"endpoint": "control", "session_id": "bad", "event_id": 2, "keys": ["s", "x"]}))
             await c.send(msgpack.packb({"endpoint": "control", "session_id": "bad", "event_id": -1, "keys": []}))
             await c.send(msgpack.packb({"endpoint": "ack", "session_id": "bad", "chunk_id": 99}))
             await c.send(msgpack.packb({"endpoint": "ack", "session_id": "bad", "chunk_id": "1"}))
-            await c.send(encode_infer("bad", from_keys=True))
+            await c.send(encode(infer_request("bad", from_keys=True)))
             await c.send(msgpack.packb({"endpoint": "drive", "session_id": "bad", "prompt": "no image"}))
             errors, frames = [], [before]
             while len(errors) < 6:
                 reply = await c.recv()
                 if isinstance(reply, FrameReply):
-                    await c.send(encode_ack("bad", reply.chunk_id))
+                    await c.send(encode(AckRequest(session_id="bad", chunk_id=reply.chunk_id)))
                     frames.append(reply)
                 else:
                     errors.append(reply)
@@ -156,8 +158,8 @@ def test_bad_controls_acks_and_infers_are_refused_and_the_session_drives_on(serv
 def test_a_socket_dropped_mid_chunk_releases_the_driven_session(server, connect, example):
     async def go():
         async with connect() as c:
-            await c.send(encode_control("drop", 1, ["w"]))
-            await c.send(encode_drive("drop", example.image, example.prompt))
+            await c.send(encode(ControlRequest(session_id="drop", event_id=1, keys=["w"])))
+            await c.send(encode(drive_request("drop", SessionStart(example.image, example.prompt))))
             await recv_frame(c)
             await asyncio.sleep(0.3)  # chunk 1 or 2 on the DiT
 
@@ -168,26 +170,27 @@ def test_a_socket_dropped_mid_chunk_releases_the_driven_session(server, connect,
 def test_a_driven_session_resumed_on_a_new_socket_waits_paused_for_keys(resume_server, resume_connect, example):
     async def go():
         async with resume_connect() as a:
-            await a.send(encode_control("res", 1, ["w"]))
-            await a.send(encode_drive("res", example.image, example.prompt))
+            await a.send(encode(ControlRequest(session_id="res", event_id=1, keys=["w"])))
+            await a.send(encode(drive_request("res", SessionStart(example.image, example.prompt))))
             old = [await recv_frame(a) for _ in range(2)]
         token = old[0].resume_token
         async with resume_connect() as b:
-            await b.send(encode_resume("res", token, resume_from=len(old)))
+            await b.send(encode(ResumeRequest(session_id="res", resume_token=token, resume_from=len(old))))
             replayed = []
             while not isinstance(reply := await b.recv(), ResumeOk):
                 assert isinstance(reply, FrameReply), reply
-                await b.send(encode_ack("res", reply.chunk_id))  # the window counts from resume_from
+                await b.send(encode(AckRequest(session_id="res",
+                                               chunk_id=reply.chunk_id)))  # the window counts from resume_from
                 replayed.append(reply)
             resumed = reply
             paused = await b.recv()
             await nothing_for(b, QUIET_S)
-            await b.send(encode_control("res", 2, ["l"]))
+            await b.send(encode(ControlRequest(session_id="res", event_id=2, keys=["l"])))
             new = [await recv_frame(b) for _ in range(2)]
-            await b.send(encode_infer("res", from_keys=True))  # still driven
+            await b.send(encode(infer_request("res", from_keys=True)))  # still driven
             refused = await b.recv()
             while isinstance(refused, FrameReply):
-                await b.send(encode_ack("res", refused.chunk_id))
+                await b.send(encode(AckRequest(session_id="res", chunk_id=refused.chunk_id)))
                 refused = await b.recv()
             await reset(b, "res")
         return old, replayed, resumed, paused, new, refused
@@ -216,16 +219,17 @@ def test_a_driven_session_is_byte_identical_to_infers_from_the_same_keys(server,
 
     async def drive():
         async with connect() as c:
-            await c.send(encode_control("pre", 1, ["w"]))
-            await c.send(encode_drive("pre", example.image, example.prompt, seed=5))
+            await c.send(encode(ControlRequest(session_id="pre", event_id=1, keys=["w"])))
+            await c.send(encode(drive_request("pre", SessionStart(example.image, example.prompt, seed=5))))
             replies = [await recv_frame(c)]
             for i in range(8):
                 replies.append(await recv_frame(c))
-                await c.send(encode_control("pre", i + 2, keys_of[i + 2]))  # while the next chunk runs
-            await c.send(encode_control("pre", 20, []))
+                await c.send(encode(ControlRequest(session_id="pre", event_id=i + 2,
+                                                   keys=keys_of[i + 2])))  # while the next chunk runs
+            await c.send(encode(ControlRequest(session_id="pre", event_id=20, keys=[])))
             while not isinstance(reply := await c.recv(), Paused):
                 assert isinstance(reply, FrameReply), reply
-                await c.send(encode_ack("pre", reply.chunk_id))
+                await c.send(encode(AckRequest(session_id="pre", chunk_id=reply.chunk_id)))
                 replies.append(reply)
             await reset(c, "pre")
         return replies
@@ -234,13 +238,14 @@ def test_a_driven_session_is_byte_identical_to_infers_from_the_same_keys(server,
         async with connect() as c:
             out = []
             for r in replies:
-                await c.send(encode_control("rep", 100 + r.chunk_id, keys_of.get(r.event_id, [])))
-                first = dict(image=example.image, prompt=example.prompt, seed=5, prefix_cache=False) if not out else {}
-                await c.send(encode_infer("rep", from_keys=True, client_chunk_id=r.chunk_id, **first))
+                await c.send(encode(ControlRequest(session_id="rep", event_id=100 + r.chunk_id,
+                                                   keys=keys_of.get(r.event_id, []))))
+                first = SessionStart(example.image, example.prompt, seed=5, prefix_cache=False) if not out else None
+                await c.send(encode(infer_request("rep", from_keys=True, start=first, client_chunk_id=r.chunk_id)))
                 reply = await c.recv()
                 assert isinstance(reply, FrameReply), reply
                 out.append(reply)
-            await c.send(encode_reset("rep"))
+            await c.send(encode(ResetRequest(session_id="rep")))
             assert isinstance(await c.recv(), ResetOk)
         return out
 

@@ -21,10 +21,12 @@ from deployments.ingress.connection import Backends, Connection
 from deployments.ingress.journal import SessionJournal
 from deployments.ingress.parking import ParkedSession, token_digest
 from deployments.wire import SessionOptions
-from protocol import encode_ack, encode_control, encode_drive, encode_infer, encode_resume
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Paused, ResumeOk
+from protocol.codec import encode
+from protocol.messages import ResumeRequest, ControlRequest, AckRequest
+from protocol.requests import SessionStart, infer_request, drive_request
 
 DIT_S = 0.2  # a DiT step of the fakes; VAE calls take VAE_S
 VAE_S = 0.03
@@ -137,13 +139,13 @@ def test_the_keys_bind_when_the_dit_takes_the_chunk():
     queued chunk reads the keys then, not when it was queued), continuing the camera."""
     async def go():
         async with Rig(max_unacked=16) as rig:
-            rig.ws.send(encode_control("d", 1, ["w"]))
-            rig.ws.send(encode_drive("d", png(), "a street"))
+            rig.ws.send(encode(ControlRequest(session_id="d", event_id=1, keys=["w"])))
+            rig.ws.send(encode(drive_request("d", SessionStart(png(), "a street"))))
             await rig.frame(1)  # chunk 2 runs on the DiT now, chunk 3 is queued behind it
             steps_then = rig.steps()
-            rig.ws.send(encode_control("d", 2, ["l"]))
+            rig.ws.send(encode(ControlRequest(session_id="d", event_id=2, keys=["l"])))
             await rig.frame(5)
-            rig.ws.send(encode_control("d", 3, []))
+            rig.ws.send(encode(ControlRequest(session_id="d", event_id=3, keys=[])))
             await rig.paused()
             replies = frames(rig.ws.sent)
         return steps_then, replies
@@ -166,21 +168,21 @@ def test_the_keys_bind_when_the_dit_takes_the_chunk():
 def test_the_ack_window_bounds_the_chunks_started():
     async def go():
         async with Rig(max_unacked=2) as rig:
-            rig.ws.send(encode_control("a", 1, ["w"]))
-            rig.ws.send(encode_drive("a", png(), "a street"))
+            rig.ws.send(encode(ControlRequest(session_id="a", event_id=1, keys=["w"])))
+            rig.ws.send(encode(drive_request("a", SessionStart(png(), "a street"))))
             await rig.frame(1)
             await asyncio.sleep(4 * DIT_S)
             held_back = rig.steps()  # chunks 0 and 1, nothing acked
-            rig.ws.send(encode_ack("a", 0))
+            rig.ws.send(encode(AckRequest(session_id="a", chunk_id=0)))
             await rig.frame(2)
             await asyncio.sleep(4 * DIT_S)
             after_one = rig.steps()
-            rig.ws.send(encode_ack("a", 2))
-            rig.ws.send(encode_ack("a", 1))  # older: changes nothing
+            rig.ws.send(encode(AckRequest(session_id="a", chunk_id=2)))
+            rig.ws.send(encode(AckRequest(session_id="a", chunk_id=1)))  # older: changes nothing
             await rig.frame(4)
             await asyncio.sleep(4 * DIT_S)
             after_three = rig.steps()
-            rig.ws.send(encode_control("a", 2, []))
+            rig.ws.send(encode(ControlRequest(session_id="a", event_id=2, keys=[])))
         return held_back, after_one, after_three
 
     assert asyncio.run(go()) == (2, 3, 5)
@@ -189,13 +191,14 @@ def test_the_ack_window_bounds_the_chunks_started():
 def test_no_key_pauses_and_a_control_with_keys_resumes():
     async def go():
         async with Rig(max_unacked=16) as rig:
-            rig.ws.send(encode_drive("p", png(), "a street"))  # no key held: chunk 0 shows the scene, then a pause
+            # no key held: chunk 0 shows the scene, then a pause
+            rig.ws.send(encode(drive_request("p", SessionStart(png(), "a street"))))
             first = await rig.paused()
             await asyncio.sleep(5 * DIT_S)
             idle_steps = rig.steps()
-            rig.ws.send(encode_control("p", 7, ["s"]))
+            rig.ws.send(encode(ControlRequest(session_id="p", event_id=7, keys=["s"])))
             await rig.frame(3)
-            rig.ws.send(encode_control("p", 8, []))
+            rig.ws.send(encode(ControlRequest(session_id="p", event_id=8, keys=[])))
             second = await rig.paused(2)
             await asyncio.sleep(5 * DIT_S)
             sent = list(rig.ws.sent)
@@ -215,19 +218,19 @@ def test_no_key_pauses_and_a_control_with_keys_resumes():
 def test_refusals_leave_the_session_driving():
     async def go():
         async with Rig(max_unacked=16) as rig:
-            rig.ws.send(encode_control("r", 1, ["w"]))
-            rig.ws.send(encode_drive("r", png(), "a street"))
+            rig.ws.send(encode(ControlRequest(session_id="r", event_id=1, keys=["w"])))
+            rig.ws.send(encode(drive_request("r", SessionStart(png(), "a street"))))
             await rig.frame(0)
-            rig.ws.send(encode_ack("r", 300))  # not sent yet
-            rig.ws.send(encode_ack("other", 0))  # no such driven session
-            rig.ws.send(encode_infer("r", from_keys=True))  # infers do not mix with the driver
+            rig.ws.send(encode(AckRequest(session_id="r", chunk_id=300)))  # not sent yet
+            rig.ws.send(encode(AckRequest(session_id="other", chunk_id=0)))  # no such driven session
+            rig.ws.send(encode(infer_request("r", from_keys=True)))  # infers do not mix with the driver
             # A drive whose image does not decode: refused before it replaces the driven session.
             rig.ws.send(msgpack.packb({"endpoint": "drive", "session_id": "r", "image": b"not an image", "prompt": "p"}))
             errors = await rig.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, ErrorReply)][3:] and
                                            [r for r in sent if isinstance(r, ErrorReply)])
             before = max(r.chunk_id for r in frames(rig.ws.sent))
             await rig.frame(before + 2)
-            rig.ws.send(encode_control("r", 2, []))
+            rig.ws.send(encode(ControlRequest(session_id="r", event_id=2, keys=[])))
             await rig.paused()
         return errors
 
@@ -239,8 +242,8 @@ def test_refusals_leave_the_session_driving():
 def test_the_socket_end_stops_the_driver_and_releases():
     async def go():
         async with Rig(max_unacked=16) as rig:
-            rig.ws.send(encode_control("x", 1, ["w"]))
-            rig.ws.send(encode_drive("x", png(), "a street"))
+            rig.ws.send(encode(ControlRequest(session_id="x", event_id=1, keys=["w"])))
+            rig.ws.send(encode(drive_request("x", SessionStart(png(), "a street"))))
             await rig.frame(0)
             await asyncio.sleep(DIT_S / 2)  # mid-chunk
         steps = rig.steps()
@@ -268,8 +271,8 @@ def test_a_drive_refused_for_capacity_is_answered_busy_once_and_never_paused():
     async def go(keys: list[str]):
         async with Rig(dit=FullDiT) as rig:
             if keys:
-                rig.ws.send(encode_control("full", 1, keys))
-            rig.ws.send(encode_drive("full", png(), "a street"))
+                rig.ws.send(encode(ControlRequest(session_id="full", event_id=1, keys=keys)))
+            rig.ws.send(encode(drive_request("full", SessionStart(png(), "a street"))))
             await rig.ws.wait_for(lambda sent: any(isinstance(r, ErrorReply) for r in sent))
             await asyncio.sleep(6 * DIT_S)  # whatever else would come
             sent = list(rig.ws.sent[1:])
@@ -314,13 +317,13 @@ def test_a_resume_from_beyond_the_chunks_sent_counts_as_the_chunks_sent():
         rig.conn = Connection(rig.ws, backends, rig.args, Limits(), CameraServerConfig(model="tiny"), FakeMetrics(),
                               resumable=True)
         rig.task = asyncio.create_task(rig.conn.run())
-        rig.ws.send(encode_resume("r", "t" * 32, resume_from=341))
+        rig.ws.send(encode(ResumeRequest(session_id="r", resume_token="t" * 32, resume_from=341)))
         resumed = await rig.ws.wait_for(lambda sent: next((r for r in sent if isinstance(r, ResumeOk)), None))
-        rig.ws.send(encode_control("r", 1, ["w"]))
+        rig.ws.send(encode(ControlRequest(session_id="r", event_id=1, keys=["w"])))
         await rig.frame(3)
         await asyncio.sleep(6 * DIT_S)
         held_back = rig.steps()
-        rig.ws.send(encode_ack("r", 2))
+        rig.ws.send(encode(AckRequest(session_id="r", chunk_id=2)))
         await rig.frame(4)
         await rig.__aexit__()
         return resumed, held_back
@@ -343,14 +346,14 @@ def _w_then_l(preempt: bool = True, then=None, until: int = 3, release_id: int =
     bound to W), `await then(rig)`, release once chunk `until` arrived: (frames, the fakes' log)."""
     async def go():
         async with Rig(max_unacked=16, dit=PreemptingDiT, preempt=preempt) as rig:
-            rig.ws.send(encode_control("d", 1, ["w"]))
-            rig.ws.send(encode_drive("d", png(), "a street"))
+            rig.ws.send(encode(ControlRequest(session_id="d", event_id=1, keys=["w"])))
+            rig.ws.send(encode(drive_request("d", SessionStart(png(), "a street"))))
             await rig.frame(1)  # chunk 2 has run on the DiT for about a decode (VAE_S), of DIT_S
-            rig.ws.send(encode_control("d", 2, ["l"]))
+            rig.ws.send(encode(ControlRequest(session_id="d", event_id=2, keys=["l"])))
             if then is not None:
                 await then(rig)
             await rig.frame(until)
-            rig.ws.send(encode_control("d", release_id, []))
+            rig.ws.send(encode(ControlRequest(session_id="d", event_id=release_id, keys=[])))
             await rig.paused()
         return frames(rig.ws.sent), list(rig.log)
 
@@ -375,8 +378,8 @@ def test_a_chunk_is_given_up_once_however_often_the_keys_change():
     async def change_twice_while_it_is_made_again(rig):
         await rig.logged("dit.step preempted 2")
         await asyncio.sleep(DIT_S / 3)  # chunk 2 made again, bound to L, runs
-        rig.ws.send(encode_control("d", 3, ["a"]))
-        rig.ws.send(encode_control("d", 4, ["d"]))
+        rig.ws.send(encode(ControlRequest(session_id="d", event_id=3, keys=["a"])))
+        rig.ws.send(encode(ControlRequest(session_id="d", event_id=4, keys=["d"])))
 
     replies, log = _w_then_l(then=change_twice_while_it_is_made_again, until=4, release_id=5)
     assert log.count("dit.preempt 2") == 1 and log.count("dit.step preempted 2") == 1

@@ -14,10 +14,12 @@ import msgpack
 import pytest
 import websockets
 
-from protocol import decode_reply, encode_infer
+from protocol import decode_reply
 from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
+from protocol.codec import encode, validated
+from protocol.messages import InferRequest
 
 MIB = 1024 * 1024
 FLOOD_SECONDS = 10.0
@@ -296,8 +298,11 @@ def test_a_refused_infer_names_its_session_and_a_prompt_change_alone_resets(serv
             refused = await c.recv()
             await c.infer("p", example, 0, first=True)
             first = await c.recv()
-            await c.send(encode_infer("p", *example.chunk(0), prompt="a different prompt",  # no image
-                                      num_frames=example.num_frames, translation_scale=example.scale))
+            poses, intrinsics = example.chunk(0)
+            await c.send(encode(validated(InferRequest, {  # no image
+                "session_id": "p", "cameras": {"poses": poses,
+                                               "intrinsics": intrinsics}, "prompt": "a different prompt",
+                "num_frames": example.num_frames, "translation_scale": example.scale})))
             changed = await c.recv()
             await c.reset("p")
         async with connect() as c:

@@ -11,9 +11,11 @@ from PIL import Image
 from deployments.config import AppArgs
 from deployments.ingress.connection import Backends, Connection
 from deployments.ingress.image_intake import DECODE_THREADS
-from protocol import decode_reply, encode_infer
+from protocol import decode_reply
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 from connection_fakes import FakeDeployment, FakeMetrics, FakeSocket
 
 
@@ -70,7 +72,7 @@ def test_images_decode_in_worker_threads_a_bounded_number_at_a_time(example, mon
     monkeypatch.setattr(Image.Image, "convert", slow_convert)
     poses, intrinsics = example.chunk(0)
     sockets = 2 * DECODE_THREADS + 1
-    frames = [[encode_infer(f"s{i}", poses, intrinsics, image=example.image, prompt="p", num_frames=9)]
+    frames = [[encode(infer_request(f"s{i}", poses, intrinsics, start=SessionStart(example.image, "p", num_frames=9)))]
               for i in range(sockets)]
 
     real_run = Connection.run

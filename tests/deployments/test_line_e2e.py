@@ -32,7 +32,7 @@ def _first(example, sid: str, token: str | None = None) -> bytes:
 
 
 def test_sessions_wait_in_one_line_start_in_order_and_a_dropped_client_keeps_its_place(extra_app, example):
-    app, connect = extra_app(APP, sessions={"max_sessions": 1, "max_waiting": 4, "resume_grace_s": 20.0,
+    app, connect = extra_app(APP, sessions={"max_sessions": 1, "max_waiting": 4, "resume": {"grace_s": 20.0},
                                             "retry_after_s": 0.5},
                              dit={"num_replicas": 1, "num_cpus": 0.1})
 

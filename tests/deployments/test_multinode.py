@@ -33,8 +33,10 @@ import websockets
 import yaml
 
 from camera import chunk_cameras, translation_scale
-from protocol import decode_reply, encode_infer
+from protocol import decode_reply
 from protocol.messages import CameraServerConfig, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 from support import EXAMPLES, REPO, wait_healthy
 
 BIN = Path(sys.executable).parent
@@ -239,9 +241,9 @@ class Traj:
 
     def infer(self, sid: str, k: int) -> bytes:
         poses, intrinsics = chunk_cameras(self.poses[:NUM_FRAMES], self.intrinsics[:NUM_FRAMES], k)
-        first = {"image": self.image, "prompt": self.prompt, "num_frames": NUM_FRAMES,
-                 "translation_scale": translation_scale(self.poses, NUM_FRAMES)} if k == 0 else {}
-        return encode_infer(sid, poses, intrinsics, client_chunk_id=k, **first)
+        first = SessionStart(self.image, self.prompt, num_frames=NUM_FRAMES,
+                             translation_scale=translation_scale(self.poses, NUM_FRAMES)) if k == 0 else None
+        return encode(infer_request(sid, poses, intrinsics, start=first, client_chunk_id=k))
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from deployments.config import AppArgs
 from deployments.ingress.connection import Backends, Connection
 from deployments.ingress.videos.runner import SessionRunner
 from deployments.wire import SessionOptions
-from protocol import encode_infer
+from protocol.codec import encode, validated
 from protocol.limits import Limits
-from protocol.messages import CameraServerConfig
+from protocol.messages import CameraServerConfig, InferRequest
 from connection_fakes import FakeDeployment, FakeMetrics, FakeSocket
 
 
@@ -32,7 +32,8 @@ def infers(example, chunks: int) -> list[bytes]:
     for k in range(chunks):
         poses, intrinsics = example.chunk(k)
         extra = {"image": example.image, "prompt": "p", "num_frames": 9 + 12 * (chunks - 1)} if k == 0 else {}
-        frames.append(encode_infer("s", poses, intrinsics, client_chunk_id=k, **extra))
+        frames.append(encode(validated(InferRequest, {"session_id": "s", "client_chunk_id": k, **extra,
+                                                      "cameras": {"poses": poses, "intrinsics": intrinsics}})))
     return frames
 
 

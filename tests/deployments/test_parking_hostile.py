@@ -20,9 +20,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from deployments.ingress.parking import MAX_PER_CLIENT, new_token
-from protocol import encode_resume
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, ResumeOk
+from protocol.codec import encode
+from protocol.messages import ResumeRequest
 
 GRACE_S = 20.0
 FLOOD_SOCKETS = 32  # from 4 addresses
@@ -37,7 +38,7 @@ def park_app(extra_app):
     app, _ = extra_app(
         APP,
         # Room on the one DiT replica for every session parked here; no idle TTL in the way.
-        sessions={"max_sessions": 8, "idle_ttl_s": 120.0, "resume_grace_s": GRACE_S},
+        sessions={"max_sessions": 8, "idle_ttl_s": 120.0, "resume": {"grace_s": GRACE_S}},
         dit={"num_replicas": 1},
         # Flooding sockets that hammer past their claims' limit are closed (and reconnect).
         connection={"release_timeout_s": 0.1, "trust_forwarded_for": True, "max_connections_per_client": 16,
@@ -63,7 +64,7 @@ async def _resume(connect_url, app, addr: str, sid: str, token: str, reset: bool
     """`resume` from a new socket of `addr`: (its replies up to `resumed` or an error, seconds taken)."""
     async with connect_url(app.ws, _as(addr)) as c:
         t0 = time.monotonic()
-        await c.send(encode_resume(sid, token))
+        await c.send(encode(ResumeRequest(session_id=sid, resume_token=token)))
         replies = [await c.recv(timeout=90)]
         while isinstance(replies[-1], FrameReply):
             replies.append(await c.recv(timeout=90))
@@ -85,7 +86,7 @@ def test_a_flood_of_bogus_claims_does_not_starve_parking(park_app, connect_url, 
             try:
                 async with connect_url(park_app.ws, _as(addr)) as c:
                     while not stop.is_set():
-                        await c.send(encode_resume("bogus", new_token()))
+                        await c.send(encode(ResumeRequest(session_id="bogus", resume_token=new_token())))
                         reply = await c.recv(timeout=90)
                         counts[reply.code.value if isinstance(reply, ErrorReply) else reply.type] += 1
             except (ConnectionClosed, OSError, TimeoutError):
@@ -146,7 +147,7 @@ def test_chunks_in_flight_at_the_drop_are_parked_once_answered(park_app, connect
             await a.infer("inflight", example, 2, first=False)
             a.ws.transport.abort()  # no close handshake, both chunks in flight
         async with connect_url(park_app.ws, _as("10.3.0.1")) as b:
-            await b.send(encode_resume("inflight", first.resume_token, resume_from=1))
+            await b.send(encode(ResumeRequest(session_id="inflight", resume_token=first.resume_token, resume_from=1)))
             replies = [await b.recv(timeout=90)]
             while isinstance(replies[-1], FrameReply):
                 replies.append(await b.recv(timeout=90))

@@ -12,9 +12,10 @@ import msgpack
 from deployments.config import AppArgs, SessionArgs
 from deployments.ingress.connection import Backends, Connection
 from deployments.ingress.parking import SessionParking
-from protocol import encode_infer
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 from connection_fakes import FakeDeployment, FakeMetrics, ReplicaHandle, ScriptedSocket
 
 A, B = "10.0.0.1", "10.0.0.2"
@@ -44,8 +45,8 @@ class Client:
 
 def _infer(example, sid: str, k: int, first: bool) -> bytes:
     poses, intrinsics = example.chunk(k)
-    extra = {"image": example.image, "prompt": "p", "num_frames": 81} if first else {}
-    return encode_infer(sid, poses, intrinsics, **extra)
+    extra = SessionStart(example.image, "p", num_frames=81) if first else None
+    return encode(infer_request(sid, poses, intrinsics, start=extra))
 
 
 def _fork(sid: str, new: str, at: int) -> bytes:

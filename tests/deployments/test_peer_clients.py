@@ -21,8 +21,10 @@ import websockets.sync.client as ws_sync
 from camera.frames import FPS
 from camera.plan import plan_session
 from media.fmp4 import Fmp4Muxer
-from protocol import decode_reply, encode_infer
+from protocol import decode_reply
 from protocol.messages import CameraServerConfig, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")  # scripts/setup.sh installs it
 
@@ -77,9 +79,9 @@ def our_chunks(server, example, n: int, seed: int) -> list[bytes]:
         assert isinstance(decode_reply(ws.recv()), CameraServerConfig)
         replies = []
         for k, poses in enumerate(plan.chunk_poses):  # one chunk in flight at a time
-            start = dict(image=example.image, prompt=example.prompt, seed=seed, size=f"{HEIGHT}*{WIDTH}",
-                         translation_scale=plan.translation_scale) if k == 0 else {}
-            ws.send(encode_infer("ours", poses, plan.chunk_intrinsics(k), **start))
+            start = SessionStart(example.image, example.prompt, seed=seed, size=f"{HEIGHT}*{WIDTH}",
+                                 translation_scale=plan.translation_scale) if k == 0 else None
+            ws.send(encode(infer_request("ours", poses, plan.chunk_intrinsics(k), start=start)))
             replies.append(decode_reply(ws.recv(timeout=300)))
     assert all(isinstance(r, FrameReply) for r in replies), replies
     return [r.video for r in replies]

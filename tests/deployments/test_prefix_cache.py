@@ -14,8 +14,10 @@ import time
 import httpx
 import pytest
 
-from protocol import encode_control, encode_fork, encode_infer, encode_rewind
 from protocol.messages import Forked, FrameReply, Rewound
+from protocol.codec import encode, validated
+from protocol.messages import InferRequest, ForkRequest, RewindRequest, ControlRequest
+from protocol.requests import SessionStart, infer_request
 
 KEY, OTHER_KEY = "key-prefix", "key-prefix-2"  # conftest's API keys
 OTHER = 2  # chunk 1 "takes another path": the poses of chunk 2 instead of its own
@@ -24,7 +26,9 @@ OTHER = 2  # chunk 1 "takes another path": the poses of chunk 2 instead of its o
 def chunk_sender(traj):
     """`await chunk(c, sid, k, p, **options)`: chunk k of `sid` with the cameras of chunk p, its frame."""
     async def chunk(c, sid: str, k: int, p: int, **options) -> FrameReply:
-        await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
+        poses, intrinsics = traj.chunk(p)
+        await c.send(encode(validated(InferRequest, {"session_id": sid, "client_chunk_id": k, **options,
+                                                     "cameras": {"poses": poses, "intrinsics": intrinsics}})))
         reply = await c.recv()
         assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
         return reply
@@ -60,7 +64,10 @@ class Run:
                            "translation_scale": traj.scale, "seed": seed, **first} if k == 0 else {}
                 if k in updates:
                     options["prompt_update"] = updates[k]
-                await c.send(encode_infer(sid, *traj.chunk(p), client_chunk_id=k, **options))
+                poses_p, intrinsics_p = traj.chunk(p)
+                await c.send(encode(validated(InferRequest, {"session_id": sid, "client_chunk_id": k, **options,
+                                                             "cameras": {"poses": poses_p,
+                                                                         "intrinsics": intrinsics_p}})))
                 reply = await c.recv()
                 assert isinstance(reply, FrameReply) and reply.chunk_id == k and reply.client_chunk_id == k, reply
                 replies.append(reply)
@@ -148,11 +155,11 @@ def test_forks_and_rewinds_below_the_head_copy_the_replicas_snapshots(run, stats
             for k in range(3):
                 await chunk(c, "a", k, k, **(first if k == 0 else {}))
             before = await asyncio.to_thread(clones)
-            await c.send(encode_fork("a", "b", 1))
+            await c.send(encode(ForkRequest(session_id="a", new_session_id="b", at_chunk=1)))
             forked = await c.recv()
             after_fork = [await chunk(c, "b", 1, OTHER), await chunk(c, "b", 2, 2)]
             at_fork = await asyncio.to_thread(clones)
-            await c.send(encode_rewind("a", 1))
+            await c.send(encode(RewindRequest(session_id="a", to_chunk=1)))
             rewound = await c.recv()
             after_rewind = [await chunk(c, "a", 1, OTHER), await chunk(c, "a", 2, 2)]
             at_rewind = await asyncio.to_thread(clones)
@@ -199,11 +206,11 @@ def test_a_session_served_from_the_store_rewinds_and_forks_like_any(run):
     async def go():
         async with run.connect_url(run.app.ws, headers()) as c:
             served = [await chunk(c, "h", 0, 0, **first), await chunk(c, "h", 1, 1)]
-            await c.send(encode_rewind("h", 1))
+            await c.send(encode(RewindRequest(session_id="h", to_chunk=1)))
             rewound = await c.recv()
             after_rewind = [await chunk(c, "h", 1, OTHER), await chunk(c, "h", 2, 2)]
             served += [await chunk(c, "g", 0, 0, **first), await chunk(c, "g", 1, 1), await chunk(c, "g", 2, 2)]
-            await c.send(encode_fork("g", "f", 2))
+            await c.send(encode(ForkRequest(session_id="g", new_session_id="f", at_chunk=2)))
             forked = await c.recv()
             after_fork = await chunk(c, "f", 2, 0)
             for sid in ("h", "g", "f"):
@@ -222,14 +229,15 @@ def test_key_driven_chunks_are_keyed_by_the_poses_the_keys_gave(run):
     """Chunks moved by the keys held (`from_keys`): the same keys again are served from the
     store (the frame's `poses` and `event_id` as a computed one's); other keys leave the prefix."""
     traj = run.traj
-    first = {"image": traj.image, "prompt": traj.prompt, "seed": 108}
+    first = SessionStart(traj.image, traj.prompt, seed=108)
 
     async def keyed(sid: str, keys: list[list[str]]) -> list[FrameReply]:
         async with run.connect_url(run.app.ws, headers()) as c:
             replies = []
             for k, held in enumerate(keys):
-                await c.send(encode_control(sid, k, held))
-                await c.send(encode_infer(sid, from_keys=True, client_chunk_id=k, **(first if k == 0 else {})))
+                await c.send(encode(ControlRequest(session_id=sid, event_id=k, keys=held)))
+                await c.send(encode(infer_request(sid, from_keys=True, start=first if k == 0 else None,
+                                                  client_chunk_id=k)))
                 reply = await c.recv()
                 assert isinstance(reply, FrameReply) and reply.chunk_id == k and reply.event_id == k, reply
                 replies.append(reply)
@@ -292,7 +300,7 @@ RESUME_APP = "prefixresume"
 @pytest.fixture(scope="module")
 def anonymous_resume_app(extra_app):
     """The store without API keys (scope: the client's address) and sessions resumable for 4 s."""
-    app, _ = extra_app(RESUME_APP, sessions={"resume_grace_s": 4.0}, dit={"num_replicas": 1},
+    app, _ = extra_app(RESUME_APP, sessions={"resume": {"grace_s": 4.0}}, dit={"num_replicas": 1},
                        prefix_cache={"max_mib": 1})
     yield app
     from ray import serve

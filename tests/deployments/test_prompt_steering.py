@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 IDLE_TTL_S = 10.0  # the test app's sessions.idle_ttl_s (conftest.py)
-from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 NEW_PROMPT = "a snowy mountain village at night, lanterns glowing"
 
@@ -49,12 +50,13 @@ def test_prompt_update_steers_and_survives_a_rebuild(server, connect, example):
 def test_prompt_update_needs_an_open_session(server, connect, example):
     async def go():
         async with connect() as c:
-            await c.send(encode_infer("nobody", *example.chunk(0), image=example.image, prompt=example.prompt,
-                                      prompt_update=NEW_PROMPT))
+            start = SessionStart(example.image, example.prompt)
+            await c.send(encode(infer_request("nobody", *example.chunk(0), start=start, prompt_update=NEW_PROMPT)))
             first = await c.recv()
             await c.infer("s", example, 0, first=True)
             frame = await c.recv()
-            await c.send(encode_infer("s", *example.chunk(1), prompt="a third prompt", prompt_update=NEW_PROMPT))
+            await c.send(encode(infer_request("s", *example.chunk(1), prompt="a third prompt",
+                                              prompt_update=NEW_PROMPT)))
             clash = await c.recv()
             await c.reset("s")
             return first, frame, clash

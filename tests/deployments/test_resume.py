@@ -9,9 +9,10 @@ import random
 import time
 
 
-from protocol import encode_resume
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, ResumeOk
+from protocol.codec import encode
+from protocol.messages import ResumeRequest
 
 LONG_FRAMES = 57  # 5 chunks
 
@@ -84,7 +85,7 @@ def test_chunks_in_flight_at_the_drop_come_once_on_the_new_socket(resume_server,
                 await a.infer("flight", example, k, first=k == 0, seed=6)
             first = await a.recv()
         async with resume_connect() as b:
-            await b.send(encode_resume("flight", first.resume_token, resume_from=1))
+            await b.send(encode(ResumeRequest(session_id="flight", resume_token=first.resume_token, resume_from=1)))
             replies = [await b.recv() for _ in range(3)]
             await b.reset("flight")
         return reference, first, replies
@@ -105,11 +106,11 @@ def test_a_wrong_or_missing_token_is_refused_and_the_session_stays(resume_server
             await a.infer("mine", example, 0, first=True)
             first = await a.recv()
         async with resume_connect() as b:
-            await b.send(encode_resume("mine", "x" * 43))
+            await b.send(encode(ResumeRequest(session_id="mine", resume_token="x" * 43)))
             wrong = await b.recv()
             await b.infer("mine", example, 1, first=False)  # no token, no image
             missing = await b.recv()
-            await b.send(encode_resume("mine", first.resume_token))
+            await b.send(encode(ResumeRequest(session_id="mine", resume_token=first.resume_token)))
             right = await b.recv()
             await b.reset("mine")
         return wrong, missing, right
@@ -134,7 +135,7 @@ def test_the_grace_period_frees_the_replicas_and_a_late_resume_is_told_so(resume
 
     async def late(token: str):
         async with resume_connect() as b:
-            await b.send(encode_resume("late", token))
+            await b.send(encode(ResumeRequest(session_id="late", resume_token=token)))
             return await b.recv()
 
     resume_server.wait_held(0)
@@ -164,7 +165,7 @@ def test_soak_random_drops_and_resumes_keep_every_video_exact(resume_server, res
         while len(videos) < 5:
             async with resume_connect() as c:
                 if token is not None:
-                    await c.send(encode_resume(sid, token, resume_from=len(videos)))
+                    await c.send(encode(ResumeRequest(session_id=sid, resume_token=token, resume_from=len(videos))))
                     while not isinstance(reply := await c.recv(), ResumeOk):
                         assert isinstance(reply, FrameReply) and reply.chunk_id not in videos, reply
                         videos[reply.chunk_id] = reply.video

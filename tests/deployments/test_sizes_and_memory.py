@@ -4,6 +4,7 @@ buckets, every replica warmed them up in its constructor, sizes map to the neare
 out-of-bound requests get typed errors, and admission counts a session's whole footprint."""
 from __future__ import annotations
 
+from dataclasses import replace
 import asyncio
 import io
 
@@ -12,10 +13,11 @@ import numpy as np
 from PIL import Image
 
 from model.factory import load_dit_engine
-from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
 from protocol.messages import ErrorReply, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 MIB = 1024**2
 STRICT_BUDGET_MIB = 12.0  # conftest.STRICT_ARGS
@@ -47,7 +49,7 @@ def test_buckets_are_announced_warmed_up_and_used(strict_server, strict_connect,
             sizes = c.config.size_buckets
             replies = []
             for sid, image in (("landscape", example.image), ("portrait", png(100, 60))):
-                await c.send(encode_infer(sid, *example.chunk(0), image=image, prompt=example.prompt))
+                await c.send(encode(infer_request(sid, *example.chunk(0), start=SessionStart(image, example.prompt))))
                 replies.append(await c.recv())
                 await c.reset(sid)
         return sizes, replies
@@ -64,7 +66,8 @@ def test_out_of_bound_sizes_and_aspects_are_refused_with_typed_errors(strict_con
             out = []
             for sid, options in (("thin", {"image": png(16, 4000)}),
                                  ("big", {"image": example.image, "size": "64*112"})):
-                await c.send(encode_infer(sid, *example.chunk(0), prompt=example.prompt, limits=LENIENT, **options))
+                start = SessionStart(options.pop("image"), example.prompt, **options)
+                await c.send(encode(infer_request(sid, *example.chunk(0), start=start, limits=LENIENT)))
                 out.append(await c.recv())
         return out
 
@@ -85,16 +88,17 @@ def test_admission_counts_the_whole_footprint(strict_server, strict_connect, api
 
     async def go():
         async with strict_connect(api_keys[8]) as a, strict_connect(api_keys[8]) as b:
-            start = {"image": example.image, "prompt": example.prompt, "num_frames": 2041, "limits": LENIENT}
-            await a.send(encode_infer("first", *example.chunk(0), **start))
+            start = SessionStart(example.image, example.prompt, num_frames=2041)
+            await a.send(encode(infer_request("first", *example.chunk(0), start=start, limits=LENIENT)))
             first = await a.recv()
             (held,) = await asyncio.to_thread(stats_of, "strict", "DiTDeployment")
-            await b.send(encode_infer("second", *example.chunk(0), **start))
+            await b.send(encode(infer_request("second", *example.chunk(0), start=start, limits=LENIENT)))
             second = await b.recv()
-            await b.send(encode_infer("long", *example.chunk(0), **{**start, "num_frames": 4093}))
+            await b.send(encode(infer_request("long", *example.chunk(0), start=replace(start, num_frames=4093),
+                                              limits=LENIENT)))
             long = await b.recv()
             await a.reset("first")
-            await b.send(encode_infer("second", *example.chunk(0), **start))
+            await b.send(encode(infer_request("second", *example.chunk(0), start=start, limits=LENIENT)))
             admitted = await b.recv()
             await b.reset("second")
         return first, held, second, long, admitted

@@ -15,9 +15,10 @@ from deployments.config import AppArgs
 from deployments.ingress.connection import Backends, Connection
 from deployments.replicas.compute_thread import ComputeThread
 from deployments.replicas.text_encoder import TextEncoderDeployment
-from protocol import encode_infer
 from protocol.limits import Limits
 from protocol.messages import CameraServerConfig, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 from connection_fakes import FakeDeployment, FakeMetrics, ReplicaHandle, ScriptedSocket
 
 PROMPT = "a prompt only tenant A has used"
@@ -55,7 +56,7 @@ async def _session(backends: Backends, example, sid: str, key_id: Optional[str],
                       key_id=key_id, client=client)
     run = asyncio.ensure_future(conn.run())
     poses, intrinsics = example.chunk(0)
-    ws.send(encode_infer(sid, poses, intrinsics, image=example.image, prompt=prompt, num_frames=33))
+    ws.send(encode(infer_request(sid, poses, intrinsics, start=SessionStart(example.image, prompt, num_frames=33))))
     replies = await ws.wait_for(lambda sent: [r for r in sent if isinstance(r, FrameReply)])
     ws.leave()
     await asyncio.wait_for(run, 30)

@@ -10,9 +10,10 @@ import pytest
 
 from model.factory import load_vae_engine
 from model.vae.footprint import CacheLayout
-from protocol import encode_infer
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 
 GIB = 1024**3
 APP = "vaebudget"
@@ -41,14 +42,14 @@ def test_a_session_beyond_the_vae_budget_is_busy_not_out_of_memory(vae_budget_ap
 
     async def go():
         async with connect() as a, connect() as b:
-            start = {"image": example.image, "prompt": example.prompt, "num_frames": example.num_frames}
-            await a.send(encode_infer("first", *example.chunk(0), **start))
+            start = SessionStart(example.image, example.prompt, num_frames=example.num_frames)
+            await a.send(encode(infer_request("first", *example.chunk(0), start=start)))
             first = await a.recv()
             (held,) = await asyncio.to_thread(stats_of, APP, "VaeDeployment")
-            await b.send(encode_infer("second", *example.chunk(0), **start))
+            await b.send(encode(infer_request("second", *example.chunk(0), start=start)))
             second = await b.recv()
             await a.reset("first")
-            await b.send(encode_infer("second", *example.chunk(0), **start))
+            await b.send(encode(infer_request("second", *example.chunk(0), start=start)))
             admitted = await b.recv()
             await b.reset("second")
         return first, held, second, admitted

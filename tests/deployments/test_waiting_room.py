@@ -32,7 +32,7 @@ class Slots(SessionReplica):
 class Rig:
     def __init__(self, max_waiting: int = 4) -> None:
         self.log: list[str] = []
-        self.sessions = SessionArgs(max_waiting=max_waiting, resume_grace_s=30.0)
+        self.sessions = SessionArgs(max_waiting=max_waiting, resume={"grace_s": 30.0})
         self.dit = Slots("dit", self.log, 0.0)
         self.vae = SessionReplica("vae", self.log, 0.0)
         self.room = WaitingRoom.func_or_class(self.sessions)

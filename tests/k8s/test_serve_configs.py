@@ -14,6 +14,7 @@ from ray.serve.deployment import Application, Deployment
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import AppArgs
+from deployments.resume_args import ResumeArgs
 from support import REPO
 
 APP_NAME = "lingbot-world"
@@ -122,6 +123,19 @@ def test_app_args_reject_a_misspelled_key(serve_configs):
         AppArgs.model_validate(args)
 
 
+def test_a_former_flat_resume_key_is_refused_naming_its_new_place(serve_configs):
+    """The seven `sessions.resume_*` fields became one group, `sessions.resume` (issue 45): an old
+    config is refused (as any unknown key) with the path each of its keys moved to."""
+    args = copy.deepcopy(the_app(serve_configs["serve_config.yaml"])["args"])
+    args.setdefault("sessions", {}).update(resume_grace_s=30, resume_max_mib=512)
+    with pytest.raises(pydantic.ValidationError) as e:
+        AppArgs.model_validate(args)
+    assert ("sessions.resume_grace_s -> sessions.resume.grace_s" in str(e.value)
+            and "sessions.resume_max_mib -> sessions.resume.max_mib" in str(e.value)), str(e.value)
+    grouped = AppArgs.model_validate({**args, "sessions": {"resume": {"grace_s": 30, "max_mib": 512}}})
+    assert (grouped.sessions.resume.grace_s, grouped.sessions.resume.max_mib) == (30, 512)
+
+
 def test_import_path_resolves_to_a_typed_builder():
     build_app = builder(IMPORT_PATH)
     (param,) = inspect.signature(build_app).parameters.values()
@@ -140,7 +154,7 @@ def test_graph_has_the_four_deployments(serve_config):
     app = the_app(cfg)
     bound = graph(app)
     sessions = AppArgs.model_validate(app.get("args", {})).sessions
-    assert set(bound) == DEPLOYMENTS | ({"SessionParking"} if sessions.resume_grace_s > 0 else set()) | (
+    assert set(bound) == DEPLOYMENTS | ({"SessionParking"} if sessions.resume.grace_s > 0 else set()) | (
         {"WaitingRoom"} if sessions.max_waiting > 0 else set())
     listed = {d["name"] for d in app.get("deployments", [])}
     assert listed <= DEPLOYMENTS, f"{name}: unknown deployments {listed - DEPLOYMENTS}"
@@ -372,9 +386,9 @@ def test_cpus_at_most_counts_every_replica_the_app_can_run():
     args = AppArgs.model_validate({
         "dit": {"num_cpus": 4, "autoscaling": {"min_replicas": 1, "max_replicas": 2}},
         "vae": {"num_cpus": 3, "num_replicas": 2}, "text_encoder": {"num_cpus": 2},
-        "ingress": {"num_cpus": 1, "num_replicas": 2}, "sessions": {"resume_grace_s": 30}})
+        "ingress": {"num_cpus": 1, "num_replicas": 2}, "sessions": {"resume": {"grace_s": 30}}})
     assert args.cpus_at_most() == 4 * 2 + 3 * 2 + 2 + 1 * 2 + 1  # + the parking, placed like the ingress
-    no_resume = args.model_copy(update={"sessions": args.sessions.model_copy(update={"resume_grace_s": 0})})
+    no_resume = args.model_copy(update={"sessions": args.sessions.model_copy(update={"resume": ResumeArgs(grace_s=0)})})
     assert no_resume.cpus_at_most() == args.cpus_at_most() - 1
 
 

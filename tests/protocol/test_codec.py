@@ -16,8 +16,10 @@ from PIL import Image
 from scipy.spatial.transform import Rotation
 
 from camera import chunk_cameras, translation_scale
-from protocol import (ErrorCode, InferRequest, Limits, ProtocolError, ResetRequest, decode, decode_image, encode_infer,
+from protocol import (ErrorCode, InferRequest, Limits, ProtocolError, ResetRequest, decode, decode_image,
                       require_session_start)
+from protocol.codec import encode
+from protocol.requests import SessionStart, infer_request
 from support import EXAMPLES
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -434,12 +436,12 @@ def test_image_fields():
     np.testing.assert_array_equal(decode(pack(fields(image=lists))).image, np.full((20, 20, 3), 7, np.uint8))
 
 
-def test_encode_infer_raises_the_servers_code_on_the_client():
+def test_infer_request_raises_the_servers_code_on_the_client():
     with pytest.raises(ProtocolError) as e:
-        encode_infer("s", POSES[:, ::-1], INTRINSICS)
+        encode(infer_request("s", POSES[:, ::-1], INTRINSICS))
     assert e.value.code is ErrorCode.BAD_CAMERAS
     with pytest.raises(ProtocolError) as e:
-        encode_infer("", POSES, INTRINSICS)
+        encode(infer_request("", POSES, INTRINSICS))
     assert e.value.code is ErrorCode.BAD_MESSAGE
 
 
@@ -459,9 +461,10 @@ def test_reference_examples_travel_intact(shared_dir, example):
     scale = translation_scale(poses, 81)
     for k in range(7):
         chunk_poses, chunk_intrinsics = chunk_cameras(poses, intrinsics, k)
-        first = {"image": image, "prompt": prompt, "seed": 42, "num_frames": 81, "translation_scale": scale,
-                 "intrinsics_resolution": (480, 832)} if k == 0 else {}
-        req = decode(encode_infer(f"ex{example}", chunk_poses, chunk_intrinsics, client_chunk_id=k, **first))
+        first = SessionStart(image, prompt, seed=42, num_frames=81, translation_scale=scale,
+                             intrinsics_resolution=(480, 832)) if k == 0 else None
+        req = decode(encode(infer_request(f"ex{example}", chunk_poses, chunk_intrinsics, start=first,
+                                          client_chunk_id=k)))
         np.testing.assert_array_equal(req.cameras.poses, chunk_poses.astype(np.float32))
         np.testing.assert_array_equal(req.cameras.intrinsics, chunk_intrinsics.astype(np.float32))
         assert req.client_chunk_id == k
@@ -541,18 +544,19 @@ class TestOpenpiScalars:
 
 
 def test_an_open_ended_plan_declares_no_num_frames():
-    """encode_plan(open_ended=True): the same infers, the first without num_frames (the session
+    """plan_requests(open_ended=True): the same infers, the first without num_frames (the session
     is open-ended: per-chunk noise, the server's window); the default declares the plan's length."""
     from camera.plan import plan_session
-    from protocol.codec import encode_plan
+    from protocol.requests import plan_requests
 
     poses = np.tile(np.eye(4, dtype=np.float32), (33, 1, 1))
     poses[:, 2, 3] = np.linspace(0, 1, 33)
     plan = plan_session(poses, np.tile([[500.0, 500, 416, 240]], (33, 1)).astype(np.float32), 33)
     buf = io.BytesIO()
     Image.new("RGB", (64, 36), (90, 120, 150)).save(buf, format="PNG")
-    declared = [decode(m) for m in encode_plan(plan, "s", buf.getvalue(), "p")]
-    open_ended = [decode(m) for m in encode_plan(plan, "s", buf.getvalue(), "p", open_ended=True)]
+    start = SessionStart(buf.getvalue(), "p")
+    declared = [decode(encode(r)) for r in plan_requests(plan, "s", start)]
+    open_ended = [decode(encode(r)) for r in plan_requests(plan, "s", start, open_ended=True)]
     assert declared[0].num_frames == 33 and open_ended[0].num_frames is None
     assert len(declared) == len(open_ended) == 3
     assert open_ended[0].translation_scale == declared[0].translation_scale

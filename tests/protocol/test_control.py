@@ -6,8 +6,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from protocol import (ControlRequest, ErrorCode, FrameReply, InferRequest, ProtocolError, decode, decode_reply,
-                      encode, encode_control, encode_infer)
+from protocol import ControlRequest, ErrorCode, FrameReply, InferRequest, ProtocolError, decode, decode_reply, encode
+from protocol.requests import infer_request
 
 
 def code(data: bytes) -> ErrorCode:
@@ -21,10 +21,10 @@ def pack(obj: dict) -> bytes:
 
 
 def test_control_round_trip_normalises_the_keys():
-    req = decode(encode_control("s", 7, ["W", "ArrowUp", "w", "j"]))
+    req = decode(encode(ControlRequest(session_id="s", event_id=7, keys=["W", "ArrowUp", "w", "j"])))
     assert isinstance(req, ControlRequest) and req.event_id == 7 and req.session_id == "s"
     assert req.keys == ("w", "j", "arrowup")  # lower case, once each, in the table's order
-    assert decode(encode_control("s", 8, [])).keys == ()  # releases all
+    assert decode(encode(ControlRequest(session_id="s", event_id=8, keys=[]))).keys == ()  # releases all
 
 
 @pytest.mark.parametrize("obj, expected", [
@@ -47,7 +47,7 @@ def test_bad_controls_get_typed_errors(obj, expected):
 
 
 def test_infer_takes_cameras_or_from_keys():
-    req = decode(encode_infer("s", from_keys=True))
+    req = decode(encode(infer_request("s", from_keys=True)))
     assert isinstance(req, InferRequest) and req.from_keys and req.cameras is None
     assert code(pack({"session_id": "s"})) is ErrorCode.MISSING_FIELD  # neither: as before
     eye = np.eye(4, dtype=np.float32)[None]

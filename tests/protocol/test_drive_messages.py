@@ -9,8 +9,10 @@ import pytest
 from PIL import Image
 
 from protocol import (AckRequest, DriveRequest, ErrorCode, InferRequest, Paused, ProtocolError, decode, decode_reply,
-                      encode, encode_ack, encode_drive)
+                      encode)
 from protocol.messages import require_session_start
+from protocol.codec import validated
+from protocol.requests import SessionStart, drive_request
 
 
 def png(w: int = 64, h: int = 36) -> bytes:
@@ -26,8 +28,8 @@ def code(obj: dict) -> ErrorCode:
 
 
 def test_drive_round_trip_stands_for_a_first_infer_from_keys():
-    req = decode(encode_drive("d", png(), "a street", seed=7, size="32*64", num_frames=33, translation_scale=2.0,
-                              intrinsics_resolution=(480, 832)))
+    req = decode(encode(drive_request("d", SessionStart(png(), "a street", seed=7, size="32*64", num_frames=33,
+                                                        translation_scale=2.0, intrinsics_resolution=(480, 832)))))
     assert isinstance(req, DriveRequest) and req.endpoint == "drive"
     infer = req.as_infer()
     assert isinstance(infer, InferRequest) and infer.from_keys and infer.cameras is None
@@ -59,13 +61,13 @@ def test_a_drive_without_image_or_prompt_cannot_start():
 
 
 def test_ack_round_trip_and_refusals():
-    req = decode(encode_ack("d", 4))
+    req = decode(encode(AckRequest(session_id="d", chunk_id=4)))
     assert isinstance(req, AckRequest) and (req.session_id, req.chunk_id) == ("d", 4)
     assert code({"endpoint": "ack", "session_id": "d", "chunk_id": -1}) is ErrorCode.BAD_MESSAGE
     assert code({"endpoint": "ack", "session_id": "d", "chunk_id": "4"}) is ErrorCode.BAD_MESSAGE
     assert code({"endpoint": "ack", "session_id": "d"}) is ErrorCode.MISSING_FIELD
     with pytest.raises(ProtocolError):
-        encode_ack("d", -3)
+        validated(AckRequest, {"session_id": "d", "chunk_id": -3})
 
 
 def test_paused_reply_round_trip():

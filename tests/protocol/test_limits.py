@@ -5,7 +5,10 @@ import numpy as np
 import pytest
 
 from camera import CHUNK_VIDEO_FRAMES, DEFAULT_SIZE, MAX_NUM_FRAMES, chunk_cameras, parse_size
-from protocol import DEFAULT_LIMITS, Limits, ProtocolError, decode, decode_image, encode_infer
+from protocol import DEFAULT_LIMITS, Limits, ProtocolError, decode, decode_image
+from protocol.codec import encode, validated
+from protocol.messages import InferRequest
+from protocol.requests import SessionStart, infer_request
 from support import EXAMPLES
 
 EXAMPLE_IDS = sorted(p.name for p in EXAMPLES.iterdir() if (p / "poses.npy").is_file())
@@ -18,8 +21,8 @@ def test_defaults_accept_the_reference_runs(example):
     folder = EXAMPLES / example
     image = next(folder / n for n in ("image.jpg", "image.png") if (folder / n).is_file()).read_bytes()
     poses, intrinsics = chunk_cameras(np.load(folder / "poses.npy"), np.load(folder / "intrinsics.npy"), 0)
-    data = encode_infer("s", poses, intrinsics, image=image, prompt=(folder / "prompt.txt").read_text(encoding="utf-8"),
-                        num_frames=81, size=DEFAULT_SIZE)
+    start = SessionStart(image, (folder / "prompt.txt").read_text(encoding="utf-8"), size=DEFAULT_SIZE, num_frames=81)
+    data = encode(infer_request("s", poses, intrinsics, start=start))
     assert len(data) <= DEFAULT_LIMITS.max_message_bytes
     req = decode(data)
     assert req.max_area == parse_size(DEFAULT_SIZE) and req.cameras.poses.shape == (CHUNK_VIDEO_FRAMES, 4, 4)
@@ -29,9 +32,11 @@ def test_defaults_accept_the_reference_runs(example):
 def test_defaults_accept_the_longest_session_the_model_can_run():
     pose = np.eye(4, dtype=np.float32)[None]
     k = np.array([[500.0, 500.0, 416.0, 240.0]])
-    assert decode(encode_infer("s", pose, k, num_frames=MAX_NUM_FRAMES)).num_frames == MAX_NUM_FRAMES
+    cameras = {"poses": pose, "intrinsics": k}
+    assert decode(encode(validated(InferRequest, {"session_id": "s", "cameras": cameras, "num_frames": MAX_NUM_FRAMES}))
+                  ).num_frames == MAX_NUM_FRAMES
     with pytest.raises(ProtocolError):
-        encode_infer("s", pose, k, num_frames=MAX_NUM_FRAMES + 4)
+        validated(InferRequest, {"session_id": "s", "cameras": cameras, "num_frames": MAX_NUM_FRAMES + 4})
 
 
 @pytest.mark.parametrize("kwargs, match", [({"max_message_bytes": 0}, "max_message_bytes"),

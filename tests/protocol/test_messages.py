@@ -10,7 +10,9 @@ from PIL import Image
 from scipy.spatial.transform import Rotation
 
 from protocol import (CameraServerConfig, ErrorCode, ErrorReply, FrameReply, InferRequest, ProtocolError, ResetOk,
-                      ResetRequest, decode, decode_reply, encode, encode_infer, encode_reset, require_session_start)
+                      ResetRequest, decode, decode_reply, encode, require_session_start)
+from protocol.codec import validated
+from protocol.requests import SessionStart, infer_request
 
 
 def trajectory(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -30,8 +32,9 @@ def png(w: int = 64, h: int = 48) -> bytes:
 
 def test_infer_round_trip_with_every_field():
     poses, intrinsics = trajectory(12)
-    data = encode_infer("sess-1", poses, intrinsics, image=png(), prompt="a castle", seed=7, size="480*832",
-                        intrinsics_resolution=(480, 832), num_frames=81, translation_scale=1.5, client_chunk_id=3)
+    start = SessionStart(png(), "a castle", seed=7, size="480*832", num_frames=81, translation_scale=1.5,
+                         intrinsics_resolution=(480, 832))
+    data = encode(infer_request("sess-1", poses, intrinsics, start=start, client_chunk_id=3))
     req = decode(data)
     assert isinstance(req, InferRequest) and req.endpoint == "infer" and req.session_id == "sess-1"
     assert req.cameras.poses.dtype == np.float32 and req.cameras.intrinsics.dtype == np.float32
@@ -50,7 +53,7 @@ def test_infer_round_trip_with_every_field():
 
 def test_later_infer_has_only_cameras():
     poses, intrinsics = trajectory(3)
-    req = decode(encode_infer("s", poses, intrinsics))
+    req = decode(encode(infer_request("s", poses, intrinsics)))
     assert req.image is None and req.prompt is None and req.seed is None and req.max_area is None
     assert set(msgpack.unpackb(encode(req), raw=False)) == {"endpoint", "session_id", "cameras"}
     with pytest.raises(ProtocolError) as e:
@@ -61,30 +64,33 @@ def test_later_infer_has_only_cameras():
 def test_an_out_of_range_translation_scale_is_refused_naming_the_value_sent():
     poses, intrinsics = trajectory(3)
     with pytest.raises(ProtocolError) as e:
-        decode(encode_infer("s", poses, intrinsics, translation_scale=1e9))
+        validated(InferRequest, {"session_id": "s", "cameras": {"poses": poses, "intrinsics": intrinsics},
+                                 "translation_scale": 1e9})
     assert e.value.code is ErrorCode.BAD_MESSAGE
     assert "got 1e+09" in e.value.message and "{" not in e.value.message, e.value.message
 
 
 def test_require_session_start_accepts_image_and_prompt():
     poses, intrinsics = trajectory(1)
-    require_session_start(decode(encode_infer("s", poses, intrinsics, image=png(), prompt="")))
+    require_session_start(decode(encode(infer_request("s", poses, intrinsics, start=SessionStart(png(), "")))))
     with pytest.raises(ProtocolError, match="`prompt`"):
-        require_session_start(decode(encode_infer("s", poses, intrinsics, image=png())))
+        require_session_start(decode(encode(validated(InferRequest, {"session_id": "s", "image": png(), "cameras": {
+            "poses": poses, "intrinsics": intrinsics}}))))
 
 
 def test_raw_image_round_trip():
     poses, intrinsics = trajectory(1)
     rgb = np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8)
-    req = decode(encode_infer("s", poses, intrinsics, image=rgb, prompt="p"))
+    req = decode(encode(infer_request("s", poses, intrinsics, start=SessionStart(rgb, "p"))))
     assert isinstance(req.image, np.ndarray) and req.image.dtype == np.uint8
     np.testing.assert_array_equal(req.image, rgb)
 
 
 def test_reset_round_trip():
-    req = decode(encode_reset("abc"))
+    req = decode(encode(ResetRequest(session_id="abc")))
     assert isinstance(req, ResetRequest) and req.session_id == "abc" and req.endpoint == "reset"
-    assert msgpack.unpackb(encode_reset("abc"), raw=False) == {"endpoint": "reset", "session_id": "abc"}
+    assert msgpack.unpackb(encode(ResetRequest(session_id="abc")), raw=False) == {"endpoint": "reset",
+                                                                                  "session_id": "abc"}
 
 
 @pytest.mark.parametrize("reply", [

@@ -15,9 +15,10 @@ from typing import Optional
 from camera.frames import CHUNK_VIDEO_FRAMES
 from camera.plan import plan_session
 from deployments.ingress.peers.peer import PeerCall
-from protocol.codec import encode_infer
+from protocol.codec import encode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
+from protocol.requests import SessionStart, infer_request
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,12 @@ def first_clip(call: PeerCall, limits: Limits) -> ClipChunks:
         plan = plan_session(call.poses, call.intrinsics, min(call.num_frames or n, n))
     except ValueError as e:
         raise ProtocolError(ErrorCode.BAD_CAMERAS, f"`camera`: {e}") from None
-    infers = []
-    for k, poses in enumerate(plan.chunk_poses):
-        start = dict(image=call.image, prompt=call.prompt, seed=call.seed, size=call.size,
-                     translation_scale=plan.translation_scale) if k == 0 else {}
-        infers.append(encode_infer(call.session_id, poses, plan.chunk_intrinsics(k), client_chunk_id=k,
-                                   limits=limits, **start))
-    return ClipChunks(tuple(infers), plan.num_frames)
+    start = SessionStart(call.image, call.prompt, seed=call.seed, size=call.size,
+                         translation_scale=plan.translation_scale)
+    infers = tuple(encode(infer_request(call.session_id, poses, plan.chunk_intrinsics(k), start=None if k else start,
+                                        client_chunk_id=k, limits=limits))
+                   for k, poses in enumerate(plan.chunk_poses))
+    return ClipChunks(infers, plan.num_frames)
 
 
 def extension_clip(call: PeerCall, next_chunk: int, limits: Limits, resume_token: Optional[str] = None) -> ClipChunks:
@@ -61,9 +61,9 @@ def extension_clip(call: PeerCall, next_chunk: int, limits: Limits, resume_token
         raise ProtocolError(ErrorCode.BAD_CAMERAS, f"an extension clip needs at least {CHUNK_VIDEO_FRAMES} poses "
                                                    f"(one chunk of {CHUNK_VIDEO_FRAMES} frames), got {len(call.poses)}")
     infers = tuple(
-        encode_infer(call.session_id, call.poses[_span(k)], call.intrinsics[_span(k)],
-                     prompt=call.prompt, client_chunk_id=next_chunk + k, limits=limits,
-                     resume_token=resume_token if k == 0 else None)
+        encode(infer_request(call.session_id, call.poses[_span(k)], call.intrinsics[_span(k)], prompt=call.prompt,
+                             client_chunk_id=next_chunk + k, resume_token=resume_token if k == 0 else None,
+                             limits=limits))
         for k in range(chunks))
     return ClipChunks(infers, chunks * CHUNK_VIDEO_FRAMES)
 

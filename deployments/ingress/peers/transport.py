@@ -28,10 +28,10 @@ from deployments.ingress.peers.replies import (RESET_REPLY, RESET_TEXT, ClipFram
                                       pack)
 from deployments.ingress.resume import CLIP_RESUME
 from deployments.ingress.transport import NORMAL_CLOSURE, oversize
-from protocol.codec import decode_reply, encode_reset, unpack
+from protocol.codec import decode_reply, encode, unpack, validated
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Queued, ResetOk
+from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, Queued, ResetOk, ResetRequest
 
 CLIP_MODE, CHUNK_MODE = "clip", "chunk"  # values of the `mode` query parameter
 _UNDECODABLE = b"\xc1"  # never valid msgpack: the Connection refuses it with bad_message
@@ -148,7 +148,7 @@ class PeerTransport:
         sid = obj.get("session_id") or self._session or DEFAULT_SESSION
         if not isinstance(sid, str):
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "`session_id` must be a string (or left out)")
-        self._queue.append((encode_reset(sid), _Expect(reset=True)))
+        self._queue.append((encode(validated(ResetRequest, {"session_id": sid})), _Expect(reset=True)))
         self._session, self._next_chunk = None, 0
 
     def _clip(self, obj: dict) -> None:

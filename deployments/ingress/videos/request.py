@@ -22,9 +22,10 @@ import msgpack
 from camera import DEFAULT_INTRINSICS_RESOLUTION, plan_session
 from deployments.ingress.videos.errors import HttpError
 from deployments.ingress.videos.json_guard import load_bounded
-from protocol.codec import decode, encode_plan
+from protocol.codec import decode, encode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
+from protocol.requests import SessionStart, plan_requests
 
 DEFAULT_NUM_FRAMES = 81
 REQUIRED = ("image", "prompt", "poses", "intrinsics")
@@ -149,7 +150,7 @@ def _spec(body: Any, limits: Limits, max_frames: int) -> VideoSpec:
         plan = plan_session(req.cameras.poses, req.cameras.intrinsics, req.num_frames)
     except ValueError as e:  # too few frames or poses for one chunk: the WebSocket's bad_message
         raise ProtocolError(ErrorCode.BAD_MESSAGE, str(e)) from None
-    messages = encode_plan(
-        plan, f"video-{uuid.uuid4().hex[:12]}", image_bytes, req.prompt, seed=req.seed, size=req.size,
-        intrinsics_resolution=req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION, limits=limits)
+    start = SessionStart(image_bytes, req.prompt, seed=req.seed, size=req.size,
+                         intrinsics_resolution=req.intrinsics_resolution or DEFAULT_INTRINSICS_RESOLUTION)
+    messages = [encode(r) for r in plan_requests(plan, f"video-{uuid.uuid4().hex[:12]}", start, limits=limits)]
     return VideoSpec(messages, plan.num_frames)
