@@ -128,10 +128,11 @@ async def jobs(args: argparse.Namespace, tag: str) -> dict[str, Any]:
     alone = await session(args.url, "alone", args.frames, 2, t0, tag)
     posted = [await asyncio.to_thread(_post_job, base, args.job_frames, tag, i) for i in range(3)]
     t_jobs = time.perf_counter()
-    while not any((await asyncio.to_thread(_job, base, j))["status"] == "running" for j in posted):
-        await asyncio.sleep(JOB_POLL_S)
-        if time.perf_counter() - t_jobs > 120:
+    while time.perf_counter() - t_jobs < 120:  # until one job runs: the live session then meets them
+        views = [await asyncio.to_thread(_job, base, j) for j in posted]
+        if any(v["status"] == "running" for v in views):
             break
+        await asyncio.sleep(JOB_POLL_S)
     with_jobs = await session(args.url, "with_jobs", args.frames, 2, t0, tag)
     finished: dict[str, float] = {}
     states: dict[str, str] = {}

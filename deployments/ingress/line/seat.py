@@ -32,6 +32,8 @@ from deployments.log import KeyValueLog
 from protocol.messages import Queued
 
 NOTICE_PERIOD_S = 5.0  # a waiting client hears where it stands at least this often
+FIRST_NOTICE_S = 0.3  # ... and first once it waited this long (or its admission was refused): arrivals
+                      # that meet in an empty line are admitted one after the other, in milliseconds
 FIRST_RETRY_S = (0.25, 2.0)  # the first in line tries its admission again within these bounds (busy's hint)
 ROOM_CALL_TIMEOUT_S = 10.0  # a room call not answered by then is given up (the line is bookkeeping)
 
@@ -94,7 +96,8 @@ class LineSeats:
             return
         seat.ticket, seat.token = place.ticket, place.token
         told: Optional[int] = None
-        told_at = 0.0
+        told_at = joined = time.monotonic()
+        refused = False
         retry_s = FIRST_RETRY_S[0]
         try:
             while True:
@@ -105,13 +108,15 @@ class LineSeats:
                         await try_admit()
                         break
                     except Busy as e:
+                        refused = True
                         retry_s = min(max(e.retry_after_s, FIRST_RETRY_S[0]), FIRST_RETRY_S[1])
-                if place.position != told or time.monotonic() - told_at >= NOTICE_PERIOD_S:
+                due = refused or time.monotonic() - joined >= FIRST_NOTICE_S
+                if due and (place.position != told or time.monotonic() - told_at >= NOTICE_PERIOD_S):
                     told, told_at = place.position, time.monotonic()
                     self._notify(Queued(session_id=stream.spec.session_id, position=max(place.position, 1),
                                         eta_s=None if place.eta_s is None else round(place.eta_s, 1),
                                         queue_token=seat.token))
-                timeout = retry_s if place.position == 1 else NOTICE_PERIOD_S
+                timeout = retry_s if place.position == 1 else NOTICE_PERIOD_S if told is not None else FIRST_NOTICE_S
                 place, version = await self._until(seat, self._room.wait.remote(seat.ticket, version, timeout))
                 place = Place(place.ticket, seat.token, place.position, place.eta_s)
         except BaseException:
