@@ -85,6 +85,9 @@ class PastChunk:
     y: np.ndarray  # [20, 3, lh, lw] its conditioning (one array shared by equal consecutive y)
     latents: np.ndarray  # float32 [16, 3, lh, lw] its clean x0
     context: Optional[np.ndarray] = None  # [L, text_dim]: a prompt update applied before this chunk
+    # float32 [layers, calls, pieces, 4]: its FP8 code caches' growth during its denoising calls,
+    # redone by a rebuild before its clean write (model/dit/kv_codes.py); None: other cache formats
+    kv_growth: Optional[np.ndarray] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ class StepResult:
     # previous chunk's (it ran before this one), so that their sum is still the DiT's time per chunk.
     timings: dict[str, float]
     replica: str  # the replica that ran it (debug fields)
+    kv_growth: Optional[np.ndarray] = None  # the FP8 code caches' growth record (PastChunk.kv_growth), journaled
 
     @property
     def dit_s(self) -> float:

@@ -43,6 +43,9 @@ class SessionFootprint:
 class ChunkOutput:
     latents: torch.Tensor  # float32 CPU [16, 3, lh, lw]: the chunk's clean x0
     timings: dict[str, float] = field(default_factory=dict)
+    # float32 CPU [layers, calls, pieces, 4]: the FP8 code caches' growth during its denoising
+    # calls (`DiTCaches.take_growth`), journaled for a rebuild that repeats it; None: other formats
+    kv_growth: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)

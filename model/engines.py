@@ -321,7 +321,11 @@ class DiTEngine:
                 raise ChunkPreempted()
             return call(x_in, t)
 
-        x0 = run_chunk(denoise, x, self.schedule, session.noise, self.timesteps, update=False)
+        session.caches.record_growth()  # what a rebuild cannot redo: the denoising calls' writes (FP8 codes)
+        try:
+            x0 = run_chunk(denoise, x, self.schedule, session.noise, self.timesteps, update=False)
+        finally:
+            growth = session.caches.take_growth()
         if update and not defer_update:
             write_kv(x0)
         latents = x0.float().cpu()  # synchronises
@@ -329,7 +333,7 @@ class DiTEngine:
         session.chunk_index += 1
         if update and defer_update:
             session.pending_update = lambda: write_kv(x0)
-        return ChunkOutput(latents, {"camera": t1 - t0, "dit": t2 - t1})
+        return ChunkOutput(latents, {"camera": t1 - t0, "dit": t2 - t1}, growth)
 
     @torch.inference_mode()
     def clone(self, session: DiTSession) -> DiTSession:
@@ -358,7 +362,9 @@ class DiTEngine:
 
         Replays each past chunk's camera and its cache-update call (t = 0 on the stored clean
         latents, the chunk's y and start token): the very call that wrote the chunk's K/V,
-        rolling-window eviction included (a window rolls on a chunk's first call). Then the
+        rolling-window eviction included (a window rolls on a chunk's first call). An FP8 code
+        cache's chunk first has its growth record redone (`kv_growth`: its denoising calls grew
+        the descales and rescaled the codes before it; model/dit/kv_codes.py). Then the
         noise generator is put where it was after the last chunk: the next `step` continues
         exactly like the uninterrupted session. A past chunk with a `context` replays the
         prompt update made before it (prompt steering).
@@ -381,7 +387,10 @@ class DiTEngine:
             last_planned = planned is not None and (session.chunk_index + 1) * CHUNK_LATENT_FRAMES == planned
             if not (self.skip_final_update and last_planned):
                 start = session.start_token
-                session.caches.ensure_capacity(start + CHUNK_LATENT_FRAMES * spec.frame_seqlen)
+                rows = CHUNK_LATENT_FRAMES * spec.frame_seqlen
+                session.caches.ensure_capacity(start + rows)
+                if chunk.kv_growth is not None:  # the denoising calls' growth of the FP8 codes' descales
+                    session.caches.regrow(chunk.kv_growth, start, rows)
                 cam = self.dit.camera_features(plucker.to(device))
                 y = chunk.y.to(device=device, dtype=torch.float32)
                 x0 = chunk.latents.to(device=device, dtype=torch.float32)

@@ -146,3 +146,4 @@ class PastChunk:
     y: torch.Tensor  # [20, 3, lh, lw] its conditioning
     latents: torch.Tensor  # float32 [16, 3, lh, lw] its clean x0
     context: torch.Tensor | None = None  # [L, text_dim]: a prompt update applied before this chunk
+    kv_growth: torch.Tensor | None = None  # its FP8 code caches' growth record (ChunkOutput.kv_growth)

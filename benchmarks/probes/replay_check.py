@@ -98,7 +98,7 @@ def check(engine: DiTEngine, size: tuple[int, int], chunks: int, following: int)
         y, poses, intrinsics = feed[k]
         out = engine.step(live, y.clone(), poses, intrinsics, defer_update=True)
         engine.finish_chunk(live)  # as the replica: right after the latents are out
-        journal.append(PastChunk(poses, intrinsics, y, out.latents.float().cpu()))
+        journal.append(PastChunk(poses, intrinsics, y, out.latents.float().cpu(), None, out.kv_growth))
     noise = live.noise.state()
     rebuilt = engine.open(spec)
     for chunk in journal:  # one chunk per call, as `restore` replays them

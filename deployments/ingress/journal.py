@@ -63,17 +63,20 @@ class SessionJournal:
             self.context = context
 
     def add_chunk(self, poses: np.ndarray, intrinsics: np.ndarray, y: np.ndarray, latents: np.ndarray,
-                  noise: NoiseSnapshot, context: Optional[np.ndarray] = None) -> None:
+                  noise: NoiseSnapshot, context: Optional[np.ndarray] = None,
+                  kv_growth: Optional[np.ndarray] = None) -> None:
         """Record a finished chunk (in chunk order); `context`: the prompt update (prompt
-        steering) applied before it, replayed at the same point by a rebuild."""
+        steering) applied before it, replayed at the same point by a rebuild; `kv_growth`: its
+        FP8 code caches' growth record (deployments/wire.py PastChunk), redone by a rebuild."""
         previous = self.chunks[-1].y if self.chunks else None
         if previous is not None and previous.shape == y.shape and np.array_equal(previous, y):
             y = previous
         new_bytes = poses.nbytes + intrinsics.nbytes + latents.nbytes + (0 if y is previous else y.nbytes)
         new_bytes += (0 if context is None else context.nbytes) + noise.rng.nbytes
+        new_bytes += 0 if kv_growth is None else kv_growth.nbytes
         self._keep(new_bytes)
         if self._enabled:
-            self.chunks.append(PastChunk(poses, intrinsics, y, latents, context))
+            self.chunks.append(PastChunk(poses, intrinsics, y, latents, context, kv_growth))
             self.noise = noise
             self.noises.append(noise)
 

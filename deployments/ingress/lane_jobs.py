@@ -124,7 +124,7 @@ class LaneJobs:
             await self._recovery.dit(stream, e)
             stream.reopened("dit")
             out = await step(stream.dit_key)
-        stream.journal.add_chunk(poses, intrinsics, y, out.latents, out.noise, context)
+        stream.journal.add_chunk(poses, intrinsics, y, out.latents, out.noise, context, out.kv_growth)
         self.seats.chunk_done(stream)
         decoded = self._vae_lane.submit(partial(self.decode, stream, out.latents))
         return out, decoded

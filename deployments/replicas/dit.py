@@ -165,7 +165,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         if any(c.context is not None for c in past) and not self._engine.capabilities.update_prompt:
             raise SessionLost("this DiT deployment cannot rebuild a steered session; start again with image and prompt")
         chunks = [PastChunk(c.poses, c.intrinsics, tensor(c.y), tensor(c.latents),
-                            None if c.context is None else torch.tensor(c.context, dtype=torch.float32))
+                            None if c.context is None else torch.tensor(c.context, dtype=torch.float32),
+                            None if c.kv_growth is None else torch.tensor(c.kv_growth))
                   for c in past]
         state = None if noise is None else NoiseState(torch.from_numpy(noise.rng.copy()), noise.whole_drawn)
         # Opened, then replayed one chunk per compute job: other sessions' chunks run between them.
@@ -417,6 +418,7 @@ class DiTDeployment(SessionHost[DiTSlot]):
         noise = slot.session.noise.state()
         timings = {**out.timings, "previous_cache_update": slot.update_s} if defer else out.timings
         reply = StepResult(latents=out.latents.numpy(), noise=NoiseSnapshot(noise.rng.numpy(), noise.whole_drawn),
+                           kv_growth=None if out.kv_growth is None else out.kv_growth.numpy(),
                            timings=timings, replica=self._replica)
         publish(reply)
         if defer:

@@ -54,16 +54,15 @@ def quantize_operand(x: Tensor) -> TensorCodes:
 
 
 def append_codes(codes: tuple[Tensor, ...], descale: Tensor, new: tuple[Tensor, ...], start: int,
-                 rescale: int | None = None) -> None:
+                 rescale: int | None = None) -> Tensor:
     """The code cache's writer (`Fp8CodesKVCache(append=...)`, model/dit/kv_codes.py): its
     `append_codes_reference`, on CUDA by three Triton kernels for K and V together (amax of the new
     rows; the rescale, which returns at once when the descale did not grow; the codes)."""
     if codes[0].is_cuda and find_spec("triton") is not None:
         from model.accel.triton_tensor_quant import append_codes as on_device
 
-        on_device(codes, descale, new, start, rescale)
-    else:
-        append_codes_reference(codes, descale, new, start, rescale)
+        return on_device(codes, descale, new, start, rescale)
+    return append_codes_reference(codes, descale, new, start, rescale)
 
 
 def available(device: torch.device | str) -> bool:

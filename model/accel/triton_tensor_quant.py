@@ -131,11 +131,12 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def append_codes(codes: tuple[torch.Tensor, ...], descale: torch.Tensor, new: tuple[torch.Tensor, ...], start: int,
-                 rescale: int | None = None) -> None:
+                 rescale: int | None = None) -> torch.Tensor:
     """model/dit/kv_codes.py append_codes_reference in four launches (a memset and three kernels) for K
     and V together (or one tensor alone: the V of a cache whose K comes coded): the new rows read
     twice (amax, codes), the cached codes [0, rescale) (default: [0, start)) only when the descale
-    grew. `codes` are contiguous [cap, H, D] caches; `new` rows may be strided views."""
+    grew. `codes` are contiguous [cap, H, D] caches; `new` rows may be strided views. Returns the
+    new rows' amax per tensor (float32 [1 or 2], on the device: the code cache's growth record)."""
     assert len(codes) == len(new) == descale.shape[0] in (1, 2) and descale.is_contiguous()
     (k, stride_k), (v, stride_v) = _rows(new[0]), _rows(new[-1])
     ck, cv = codes[0], codes[-1]
@@ -152,3 +153,4 @@ def append_codes(codes: tuple[torch.Tensor, ...], descale: torch.Tensor, new: tu
                                                                  FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, num_warps=8)
     _quantize_rows_by[grid](k, v, ck[start:], cv[start:], descale, amax, L, C, stride_k, stride_v, ROWS=ROWS,
                             COLS=COLS, FLOOR=AMAX_FLOOR, QMAX=E4M3_MAX, num_warps=4)
+    return amax

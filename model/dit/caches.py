@@ -144,6 +144,44 @@ class DiTCaches:
         for c in self.self_attn:
             c.ensure_capacity(tokens)
 
+    # ---- the growth record of FP8 code caches (model/dit/kv_codes.py): rebuilds that repeat ----
+
+    def record_growth(self) -> None:
+        """Record the writes from here on (a chunk's denoising calls) in each code cache; no-op
+        for the other formats (their writes depend on nothing a rebuild leaves out)."""
+        for c in self.self_attn:
+            if isinstance(c, Fp8CodesKVCache):
+                c.recording = []
+
+    def take_growth(self) -> torch.Tensor | None:
+        """The writes recorded since `record_growth`, float32 CPU [layers, calls, pieces,
+        GROWTH_FIELDS] (pieces padded with first row -1), and recording stops; None when no code
+        cache recorded (or a call wrote nothing)."""
+        records = [c.recording for c in self.self_attn if isinstance(c, Fp8CodesKVCache)]
+        for c in self.self_attn:
+            if isinstance(c, Fp8CodesKVCache):
+                c.recording = None
+        if not records or not records[0]:
+            return None
+        pieces = max(len(call) for layer in records for call in layer)
+        pad = torch.zeros(2, device=records[0][0][0][2].device)
+        values = torch.stack([torch.stack([torch.stack([p[2] for p in call] + [pad] * (pieces - len(call)))
+                                           for call in layer]) for layer in records])
+        values = values.cpu()  # one copy to the host (the step synchronises for its latents anyway)
+        head = torch.tensor([[[[float(p[0]), p[1]] for p in call] + [[-1.0, 0.0]] * (pieces - len(call))
+                              for call in layer] for layer in records], dtype=torch.float32)
+        return torch.cat([head, values], dim=-1)
+
+    def regrow(self, growth: torch.Tensor, start: int, rows: int) -> None:
+        """Redo a chunk's recorded growth (`take_growth`'s) before its clean write at token
+        `start` (`rows` tokens): a rebuilt session's code caches then hold exactly the bytes
+        the computed one held (`Fp8CodesKVCache.regrow`)."""
+        layers = [c for c in self.self_attn if isinstance(c, Fp8CodesKVCache)]
+        if len(layers) != growth.shape[0]:
+            raise ValueError(f"a growth record of {growth.shape[0]} layers for {len(layers)} code caches")
+        for cache, calls in zip(layers, growth):
+            cache.regrow(calls, start, rows)
+
     def clone(self) -> "DiTCaches":
         """An independent copy of every layer's caches (a forked session's; device to device)."""
         return DiTCaches([c.clone() for c in self.self_attn], [c.clone() for c in self.cross_attn])

@@ -115,7 +115,7 @@ class PrefixReuse:
         if prompt_update is not None:
             stream.steer(chunk_id, prompt_update)
         p = hit.past
-        j.add_chunk(p.poses, p.intrinsics, p.y, p.latents, hit.noise, p.context)
+        j.add_chunk(p.poses, p.intrinsics, p.y, p.latents, hit.noise, p.context, p.kv_growth)
         if hit.snapshots is not None:  # (stored only where the replicas keep snapshots)
             j.inherit_snapshot(chunk_id + 1, hit.snapshots)
         j.conditioned += 1

@@ -43,7 +43,7 @@ class StoredChunk:
         """Bytes the chunk adds to a session's journal."""
         p = self.past
         return (p.poses.nbytes + p.intrinsics.nbytes + p.y.nbytes + p.latents.nbytes + self.noise.rng.nbytes
-                + (0 if p.context is None else p.context.nbytes))
+                + (0 if p.context is None else p.context.nbytes) + (0 if p.kv_growth is None else p.kv_growth.nbytes))
 
     @property
     def nbytes(self) -> int:
