@@ -176,3 +176,28 @@ def test_a_waiting_session_counts_against_its_keys_session_quota(example):
         await a.leave()
         await b.leave()
     asyncio.run(go())
+
+
+def test_a_job_is_not_admitted_while_live_sessions_wait(example):
+    """Issue 46, item 3: a job never takes the place a waiting live user needs. An offline
+    session (a /v1/videos job's transport) gets `busy` while the line holds a live session, and
+    is admitted once none waits; it never joins the line itself."""
+    async def go():
+        rig = Rig()
+        live = rig.client("10.0.0.1")
+        live.start(example, "live")
+        await live.notice(1)
+        job = rig.client("10.0.0.2")
+        job.ws.offline = True  # what the videos runner's LocalTransport says
+        job.start(example, "job")
+        refused = await job.answer()
+        assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.BUSY and "wait for a place" in \
+            refused.message, refused
+        assert len(rig.room._book) == 1 and not [r for r in job.ws.sent if isinstance(r, Queued)]
+        await live.leave()  # the line is empty: the job's next try gets the place
+        rig.dit.capacity = 1
+        job.start(example, "job")
+        assert isinstance((await job.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, FrameReply)]))[0],
+                          FrameReply)
+        await job.leave()
+    asyncio.run(go())

@@ -12,7 +12,9 @@ again with the notice's `queue_token` within the grace period and takes its old 
 Once admitted, the session holds a seat until it ends: its chunk count goes to the room
 (`chunk_done`, the ETAs' measure), and its frames/s to the metrics when it ends.
 
-Forks, resumed and rebuilt sessions do not queue (they hold or held a place already).
+Forks, resumed and rebuilt sessions do not queue (they hold or held a place already). An
+offline session (a `/v1/videos` job) never queues and is not admitted while live sessions wait:
+the place that frees is theirs (its runner retries `busy`).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ NOTICE_PERIOD_S = 5.0  # a waiting client hears where it stands at least this of
 FIRST_NOTICE_S = 0.3  # ... and first once it waited this long (or its admission was refused): arrivals
                       # that meet in an empty line are admitted one after the other, in milliseconds
 FIRST_RETRY_S = (0.25, 2.0)  # the first in line tries its admission again within these bounds (busy's hint)
+JOB_RETRY_S = 2.0  # a job refused while live sessions wait tries again after this
 ROOM_CALL_TIMEOUT_S = 10.0  # a room call not answered by then is given up (the line is bookkeeping)
 
 
@@ -80,6 +83,8 @@ class LineSeats:
         each `busy` as the line moves; its other errors re-raised. Without a seat: at once."""
         seat = self._seats.get(stream)
         if seat is None or seat.seated:
+            if stream.spec.offline and self._room is not None:
+                await self._after_the_line()
             await try_admit()
             return
         chunks = None if stream.spec.total_latent_frames is None else (
@@ -128,6 +133,19 @@ class LineSeats:
         waited = await self._room.seat.remote(seat.ticket)
         if told is not None:
             self._log.info("session admitted from the line", fields={"session": stream.key, "waited_s": round(waited, 2)})
+
+    async def _after_the_line(self) -> None:
+        """An offline session (a `/v1/videos` job) is not admitted while live sessions wait in
+        line: the place that frees is theirs (`Busy`: its runner tries again). A room that does
+        not answer holds nothing up."""
+        try:
+            stats = await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(self._room.stats.remote())),
+                                           ROOM_CALL_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - bookkeeping only
+            return
+        if stats.get("waiting", 0) > 0:
+            raise Busy(f"{stats['waiting']} live session(s) wait for a place; a video starts once none waits",
+                       JOB_RETRY_S)
 
     async def _until(self, seat: _Seat, call: Awaitable[Any]) -> Any:
         """`call`'s answer, or CancelledError once the seat is gone (the call is not cancelled:
