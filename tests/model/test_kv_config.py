@@ -57,7 +57,7 @@ def test_the_engine_allocates_what_it_was_given_with_the_injected_writer():
 
     def recording(codes, descale, new, start, rescale=None):
         written.append(start)
-        append_codes_reference(codes, descale, new, start, rescale)
+        return append_codes_reference(codes, descale, new, start, rescale)  # the amax: the growth record
 
     dit = init_dit_random(PRESETS["tiny"].dit.with_window(6, 3), torch.float32, "cpu", 0)
     engine = DiTEngine(dit, kv=KVCacheConfig("fp8_codes", ring=True), append_codes=recording)
