@@ -20,7 +20,7 @@ from model.engine_api import ChunkOutput, ChunkPreempted, EngineCapabilities, Se
 from model.conditioning import image_condition_mask, make_y, preprocess_image
 from model.config import DiTConfig
 from model.dit.model import CausalDiT
-from model.dit.caches import DiTCaches, KVCacheConfig
+from model.dit.caches import DiTCaches, KVCacheConfig, join_growth
 from model.dit.kv_codes import AppendCodes, append_codes_reference
 from model.dit.sampler import DENOISE_TIMESTEPS, FlowSchedule, NoisePlan, NoiseState, run_chunk, timestep_tensor
 from model.session import DiTSession, DiTSessionSpec, PastChunk, VaeSession, frame_tokens
@@ -324,8 +324,14 @@ class DiTEngine:
         session.caches.record_growth()  # what a rebuild cannot redo: the denoising calls' writes (FP8 codes)
         try:
             x0 = run_chunk(denoise, x, self.schedule, session.noise, self.timesteps, update=False)
-        finally:
-            growth = session.caches.take_growth()
+        except ChunkPreempted:  # its calls grew the descales all the same: the next chunk's record says so
+            session.carried_growth = join_growth(session.carried_growth, session.caches.take_growth())
+            raise
+        except BaseException:
+            session.caches.take_growth()  # recording stops
+            raise
+        growth = join_growth(session.carried_growth, session.caches.take_growth())
+        session.carried_growth = None
         if update and not defer_update:
             write_kv(x0)
         latents = x0.float().cpu()  # synchronises
@@ -350,7 +356,7 @@ class DiTEngine:
         self.finish_chunk(session)
         return DiTSession(spec=session.spec, caches=session.caches.clone(), text=session.text.clone(),
                           camera=session.camera.clone(), noise=session.noise.clone(),
-                          chunk_index=session.chunk_index)
+                          chunk_index=session.chunk_index, carried_growth=session.carried_growth)
 
     def close(self, session: DiTSession) -> None:
         session.close()

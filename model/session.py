@@ -88,6 +88,9 @@ class DiTSession:
     # The last chunk's cache-update call when its step deferred it (`DiTEngine.step(defer_update=
     # True)`): run by `DiTEngine.finish_chunk`, at the latest before the next chunk.
     pending_update: Callable[[], None] | None = None
+    # An FP8 code cache's growth by chunks given up (preempted) since the last chunk made: their
+    # denoising calls grew the descales too, so the next chunk's growth record starts with it
+    carried_growth: torch.Tensor | None = None
 
     @property
     def start_token(self) -> int:

@@ -59,6 +59,22 @@ class KVCacheConfig:
         return cls(format, ring=torch.device(device).type == "cuda" and format != "fp8_scaled")
 
 
+def join_growth(first: torch.Tensor | None, then: torch.Tensor | None) -> torch.Tensor | None:
+    """Two growth records (`DiTCaches.take_growth`) one after the other: their calls in order,
+    pieces padded to the wider (first row -1)."""
+    if first is None or then is None:
+        return then if first is None else first
+    pieces = max(first.shape[2], then.shape[2])
+
+    def padded(g: torch.Tensor) -> torch.Tensor:
+        if g.shape[2] == pieces:
+            return g
+        pad = torch.zeros(*g.shape[:2], pieces - g.shape[2], g.shape[3])
+        pad[..., 0] = -1.0
+        return torch.cat([g, pad], dim=2)
+    return torch.cat([padded(first), padded(then)], dim=1)
+
+
 class DiTCaches:
     """All caches of one session: a self-attention and a cross-attention cache per layer."""
 

@@ -103,3 +103,36 @@ def test_other_cache_formats_record_nothing(fp8_dit):
     engine = DiTEngine(optimize_dit(fp8_dit(False), AccelOptions(fast=True)), kv=KVCacheConfig())
     journal, _, nexts = _computed_and_rebuilt(engine, regrow=True)
     assert journal[0].kv_growth is None and all(torch.equal(x, y) for x, y in nexts)
+
+
+def test_a_chunk_given_up_carries_its_growth_into_the_next_record(fp8_dit):
+    """A driven chunk given up for newer keys (`should_stop`, preemption) ran denoising calls
+    that grew the descales; the chunk made after it journals that growth first, so the rebuild
+    is still the computed session bit for bit."""
+    from model.engine_api import ChunkPreempted  # noqa: PLC0415
+
+    engine = DiTEngine(optimize_dit(fp8_dit(True), AccelOptions(fast=True, attention="cudnn_fp8")),
+                       kv=KVCacheConfig("fp8_codes"))
+    gen = torch.Generator().manual_seed(11)
+    spec = DiTSessionSpec(context=torch.randn(8, engine.cfg.text_dim, generator=gen), height=32, width=48, seed=5)
+    feed = [_inputs(k, gen) for k in range(CHUNKS + 1)]
+    live, journal = engine.open(spec), []
+    for k in range(CHUNKS):
+        y, poses, intrinsics = feed[k]
+        if k == 2:  # given up after two of its four denoising calls, then made with other poses
+            calls = iter([False, False, True])
+            with pytest.raises(ChunkPreempted):
+                engine.step(live, y.clone(), poses * 1.5, intrinsics, should_stop=lambda: next(calls))
+        out = engine.step(live, y.clone(), poses, intrinsics, defer_update=True)
+        engine.finish_chunk(live)
+        journal.append(PastChunk(poses, intrinsics, y, out.latents, None, out.kv_growth))
+    assert journal[2].kv_growth.shape[1] == 2 + 4  # the given-up chunk's two calls, then its own four
+    rebuilt = engine.open(spec)
+    for chunk in journal:
+        engine.replay(rebuilt, spec, [chunk], None)
+    engine.replay(rebuilt, spec, [], live.noise.state())
+    for a, b in zip(live.caches.self_attn, rebuilt.caches.self_attn):
+        assert _same(a.v, b.v) and torch.equal(a.descale, b.descale)
+    y, poses, intrinsics = feed[CHUNKS]
+    assert torch.equal(engine.step(live, y.clone(), poses, intrinsics).latents,
+                       engine.step(rebuilt, y.clone(), poses, intrinsics).latents)
