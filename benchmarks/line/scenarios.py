@@ -92,7 +92,8 @@ async def line(args: argparse.Namespace, tag: str) -> dict[str, Any]:
     judged = []
     for r in runs[2:]:
         if not r.notices or not r.frames_at:
-            judged.append({"name": r.name, "waited": False})
+            judged.append({"name": r.name, "waited": bool(r.notices), "started": bool(r.frames_at),
+                           "first_position": r.notices[0][1] if r.notices else None})
             continue
         at, position, eta = r.notices[0]
         actual = r.frames_at[0] - ttfc_solo - at

@@ -23,7 +23,8 @@ import numpy as np
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 
-from deployments.errors import ReplicaError, SessionLost
+from deployments.errors import Busy, ReplicaError, SessionLost
+from deployments.ingress.detached import settle
 from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.line.seat import LineSeats
 from deployments.ingress.stream import Stream, StreamState
@@ -31,6 +32,7 @@ from deployments.wire import ChunkStep, StepResult
 
 T = TypeVar("T")
 REPLICA_GONE = (RayActorError, ReplicaUnavailableError)  # the replica died or left mid-call
+RELEASE_RESERVATION_S = 10.0  # a DiT reservation given back (the VAE was full) is waited for this long at most
 
 
 def needs_recovery(error: BaseException) -> bool:
@@ -61,26 +63,28 @@ class LaneJobs:
 
     def open(self, stream: Stream) -> None:
         """Open a new session on the VAE and the DiT (admission, prompt, image): queued on the
-        lanes. A session that waits in line opens on the VAE once the DiT admitted it (a session
-        in line holds nothing on any replica)."""
+        lanes. A session that waits in line holds nothing on any replica: its admission, when
+        its turn comes, is the DiT's reservation and then the VAE's open (a `busy` of either
+        keeps it in line, the reservation given back), which its VAE lane job waits for."""
         spec, image = stream.spec, stream.image
-        key = stream.vae_key
         queued = self.seats.queues(stream)
 
         async def open_vae() -> Any:
-            if queued:
-                await _dit_admitted(stream)
+            key = stream.vae_key
             return await self._b.vae.options(session_id=key).open.remote(key, spec, image)
-        vae = self._vae_lane.submit(open_vae)
-        if queued:
-            vae.add_done_callback(_retrieved)  # a refusal in line is the DiT's, answered through it
-        stream.opening(vae=vae, dit=self._dit_lane.submit(partial(self.open_dit, stream)))
 
-    async def open_dit(self, stream: Stream) -> None:
+        async def opened_in_admission() -> None:
+            await _dit_admitted(stream)
+        vae = self._vae_lane.submit(opened_in_admission if queued else open_vae)
+        if queued:
+            vae.add_done_callback(_retrieved)  # a refusal in line is answered through the DiT's admission
+        stream.opening(vae=vae, dit=self._dit_lane.submit(partial(self.open_dit, stream, open_vae if queued else None)))
+
+    async def open_dit(self, stream: Stream, open_vae: Optional[Callable[[], Awaitable[Any]]] = None) -> None:
         """DiT lane: admit the session on a DiT replica (busy, too_large; a new live session
-        first waits its turn in line), wait for the VAE's admission, encode the prompt, then
-        open the session where it was admitted."""
-        await reserve_dit(self._b.dit, stream, self.seats)  # no text encode for a refused session
+        first waits its turn in line, and `open_vae` is then part of its admission), wait for the
+        VAE's admission, encode the prompt, then open the session where it was admitted."""
+        await reserve_dit(self._b.dit, stream, self.seats, open_vae)  # no text encode for a refused session
         key = stream.dit_key
         t = time.perf_counter()
         context = await self._b.text.encode.remote(stream.spec.prompt, stream.spec.owner)  # cached per owner
@@ -148,13 +152,16 @@ class LaneJobs:
             return await call(stream.vae_key)
 
 
-async def reserve_dit(dit: Any, stream: Stream, seats: Optional[LineSeats] = None) -> None:
+async def reserve_dit(dit: Any, stream: Stream, seats: Optional[LineSeats] = None,
+                      open_vae: Optional[Callable[[], Awaitable[Any]]] = None) -> None:
     """Admit `stream` on a DiT replica (`dit`: the deployment's handle) before any work: its
     admission future settled either way (busy, too_large re-raised), then wait for the VAE's
     admission (its refusal re-raised). A new session, a fork and a session leaving the prefix
     store all start this way; a new live session waits its turn in line first (`seats`). Each
     try after a `busy` goes under a new DiT key: the router pinned the refused one to the
-    replica that refused it."""
+    replica that refused it. `open_vae` (a session in line): its VAE open after the DiT's
+    reservation, in the same try; the VAE's `busy` gives the reservation back and keeps the
+    session in line (a new VAE key next time)."""
     admitted = stream.dit_admission()
     tries = 0
 
@@ -163,6 +170,14 @@ async def reserve_dit(dit: Any, stream: Stream, seats: Optional[LineSeats] = Non
         tries += 1
         key = stream.dit_key if tries == 1 else stream.new_key("dit")
         await dit.options(session_id=key).reserve.remote(key, stream.spec)
+        if open_vae is None:
+            return
+        try:
+            await open_vae()
+        except Busy:
+            await settle(dit.options(session_id=key).close.remote(key), RELEASE_RESERVATION_S)
+            stream.new_key("vae")
+            raise
 
     try:
         await (reserve() if seats is None else seats.admit(stream, reserve))

@@ -19,12 +19,14 @@ from connection_fakes import FakeDeployment, FakeMetrics, ReplicaHandle, Scripte
 
 
 class Slots(SessionReplica):
-    """A DiT replica of `capacity` sessions: a reservation beyond them answers `busy`."""
+    """A replica of `capacity` sessions: an admission (`admits`: the DiT's `reserve`, the VAE's
+    `open`) beyond them answers `busy`."""
 
     capacity = 0  # full until a test makes room
+    admits = "reserve"
 
     async def call(self, method: str, args: tuple):
-        if method == "reserve":
+        if method == self.admits:
             self.refuse = len(self.held) >= self.capacity
         return await super().call(method, args)
 
@@ -200,4 +202,26 @@ def test_a_job_is_not_admitted_while_live_sessions_wait(example):
         assert isinstance((await job.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, FrameReply)]))[0],
                           FrameReply)
         await job.leave()
+    asyncio.run(go())
+
+
+def test_a_full_vae_keeps_the_session_in_line_and_gives_the_dit_reservation_back(example):
+    """The DiT has room but the VAE has none (its byte budget): the first in line is not
+    answered `busy` (as it was on the H100, issue 46's run): its DiT reservation goes back and
+    it waits on; it starts once the VAE has room."""
+    async def go():
+        rig = Rig()
+        rig.vae = Slots("vae", rig.log, 0.0)
+        rig.vae.admits, rig.vae.shared = "open", True
+        rig.backends = Backends(text=rig.backends.text, vae=rig.vae, dit=rig.dit, room=rig.backends.room)
+        rig.dit.capacity = 1
+        a = rig.client()
+        a.start(example, "a")
+        await a.notice(1)
+        await asyncio.sleep(1.0)  # several tries: each reservation given back
+        assert not [r for r in a.ws.sent if isinstance(r, (FrameReply, ErrorReply))]
+        assert rig.dit.reserved == set() and len(rig.dit.closed) >= 1
+        rig.vae.capacity = 1
+        assert isinstance(await a.answer(), FrameReply)
+        await a.leave()
     asyncio.run(go())
