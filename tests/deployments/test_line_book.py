@@ -65,20 +65,28 @@ def test_a_token_still_in_line_moves_to_the_new_socket():
     assert b.position(again.ticket) == 1 and len(b) == 2
 
 
-def test_etas_play_the_line_forward_over_the_running_sessions_ends():
+def test_etas_play_the_line_forward_as_processor_sharing():
+    """Two sessions share the replica: each gets a chunk every 2 s, so the step (one chunk
+    alone) is 1 s. a has 8 chunks left, c 18: a ends after 16 s (both advance at half speed),
+    then w1 (5 chunks) shares with c (10 left): w1 ends 10 s later, w2 takes its place, and
+    so on."""
     b, clock = book()
     a, c = b.join("o", 10), b.join("o", 20)
     b.seat(a.ticket)
     b.seat(c.ticket)
-    clock.t += 8.0
-    b.progress(a.ticket, 4)  # 2 s a chunk: 6 chunks left, ends in 12 s
-    b.progress(c.ticket, 4)  # 2 s a chunk: 16 left, ends in 32 s
-    w1, w2, w3 = b.join("o", 5), b.join("o", 5), b.join("o", None)
-    assert b.place(w1.ticket).eta_s == pytest.approx(12.0)  # a's end
-    assert b.place(w2.ticket).eta_s == pytest.approx(22.0)  # w1 runs 5 chunks x 2 s after a's end
-    assert b.place(w3.ticket).eta_s == pytest.approx(32.0)  # c's end comes before w2's (32 s)
+    for t, chunks in ((2.0, 1), (4.0, 2)):
+        clock.t = 1000.0 + t
+        b.progress(a.ticket, chunks)
+        clock.t = 1000.0 + t + 1.0
+        b.progress(c.ticket, chunks)
+    assert b.stats().chunk_s == pytest.approx(1.0)  # the step, not the interval a session sees (2 s)
+    w1, w2, w3 = b.join("o", 5), b.join("o", 5), b.join("o", 5)
+    assert b.place(w1.ticket).eta_s == pytest.approx(16.0)  # a's 8 steps at half speed
+    assert b.place(w2.ticket).eta_s == pytest.approx(26.0)  # then w1's 5 beside c's 10 left
+    assert b.place(w3.ticket).eta_s == pytest.approx(36.0)  # then w2's 5 beside c's 5 left
     b.end(a.ticket)
-    assert b.place(w1.ticket).eta_s == pytest.approx(0.5)  # a place is free: now (the least wait)
+    assert b.place(w1.ticket).eta_s == pytest.approx(0.0)  # a place is free: now
+    assert b.place(w2.ticket).eta_s == pytest.approx(10.0)  # w1's 5 steps beside c's 18: w1 ends first
 
 
 def test_no_eta_before_any_session_ran_and_open_ended_lengths_are_learned():

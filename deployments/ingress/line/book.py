@@ -11,17 +11,19 @@ for `grace_s`, and a join with that token within it takes the token's old place 
 order in the line: a client that reconnects is not sent to the back).
 
 ETAs come from the sessions the room saw admitted (`seat`, and the places freed while sessions
-wait, which the first in line is about to take): each one's expected end, from its
-progress (`progress`: chunks done of chunks planned, time since its first chunk), and each
-waiting session's expected length (its chunks at the chunk interval measured so far; an
-open-ended one at the mean length of the open-ended sessions that ended). The line is then
-played forward: the first in line starts when the first running session ends, and ends after
-its own length; the second starts at the next end, and so on.
+wait, which the first in line is about to take), as processor sharing: the DiT's work is
+compute-bound and its replica computes its live sessions' chunks in turn, so N running sessions
+each advance at 1/N of the replica's speed. The step (one chunk of one session alone) is
+measured from the seats' progress: the time between two chunks of a session over the sessions
+running then. A seat's remaining work is its chunks left (planned minus done) times the step;
+an open-ended one's, the mean length of the open-ended sessions that ended minus its age. The
+line is played forward: the running sessions share the places; when the one with the least
+work left ends, the first in line takes its place with its own work (its chunks times the
+step), and so on.
 """
 from __future__ import annotations
 
 import hashlib
-import heapq
 import itertools
 import secrets
 import time
@@ -67,8 +69,8 @@ class _Seat:
 
     chunks: Optional[int]
     started: float
-    expected_end: float
     last_seen: float
+    done: int = 0  # chunks computed
 
 
 @dataclass(slots=True)
@@ -108,7 +110,7 @@ class LineBook:
         self._waiting: dict[int, _Waiting] = {}  # ticket -> entry
         self._seats: dict[int, _Seat] = {}  # ticket -> admitted session
         self._left: OrderedDict[str, _Left] = OrderedDict()  # token digest -> its place, for grace_s
-        self._chunk_s: Optional[float] = None
+        self._step_s: Optional[float] = None  # one chunk of one session alone (the DiT's step)
         self._open_ended_s: Optional[float] = None
         self._admitted_total = 0
         self._waits: list[float] = []
@@ -170,7 +172,7 @@ class LineBook:
         now = self._clock()
         w = self._waiting.pop(ticket, None)  # None: it left meanwhile (admitted all the same)
         chunks, joined = (None, now) if w is None else (w.chunks, w.joined)
-        self._seats[ticket] = _Seat(chunks, now, now + self._length(chunks), now)
+        self._seats[ticket] = _Seat(chunks, now, now)
         self._vacant = max(self._vacant - 1, 0) if self._waiting else 0
         self._admitted_total += 1
         waited = now - joined
@@ -182,16 +184,13 @@ class LineBook:
     def progress(self, ticket: int, chunks_done: int) -> None:
         """A seated session computed `chunks_done` chunks: its expected end, and the interval."""
         s = self._seats.get(ticket)
-        if s is None or chunks_done < 1:
+        if s is None or chunks_done <= s.done:
             return
         now = self._clock()
-        s.last_seen = now
-        interval = (now - s.started) / chunks_done
-        self._chunk_s = interval if self._chunk_s is None else (1 - EWMA) * self._chunk_s + EWMA * interval
-        if s.chunks is not None:
-            s.expected_end = now + max(s.chunks - chunks_done, 0) * interval
-        else:
-            s.expected_end = max(s.started + self._length(None), now + interval)
+        if s.done >= 1:  # the first chunk's wait includes the session's start (encodes): not a step
+            step = (now - s.last_seen) / (chunks_done - s.done) / len(self._seats)
+            self._step_s = step if self._step_s is None else (1 - EWMA) * self._step_s + EWMA * step
+        s.done, s.last_seen = chunks_done, now
 
     def end(self, ticket: int) -> bool:
         """A seated session ended (True) — or a waiting ticket left (`leave`, False)."""
@@ -220,7 +219,7 @@ class LineBook:
     def stats(self) -> LineStats:
         waits, self._waits = self._waits, []
         return LineStats(len(self._waiting), len(self._seats), self._admitted_total,
-                         self._chunk_s or DEFAULT_CHUNK_S, waits)
+                         self._step_s or DEFAULT_CHUNK_S, waits)
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -234,25 +233,39 @@ class LineBook:
     def _line(self) -> list[int]:
         return sorted(self._waiting, key=lambda t: self._waiting[t].order)
 
-    def _length(self, chunks: Optional[int]) -> float:
+    def _work(self, chunks: Optional[int]) -> float:
+        """A waiting session's work: seconds of the replica alone."""
+        step = self._step_s or DEFAULT_CHUNK_S
         if chunks is not None:
-            return chunks * (self._chunk_s or DEFAULT_CHUNK_S)
-        return self._open_ended_s or DEFAULT_OPEN_ENDED_S
+            return chunks * step
+        return self._open_ended_s / max(len(self._seats), 1) if self._open_ended_s else DEFAULT_OPEN_ENDED_S
+
+    def _left_work(self, s: _Seat, now: float) -> float:
+        """A running session's work left (seconds of the replica alone), at least a step's
+        worth of MIN_REMAINING_S: one past its expected end is expected to end soon."""
+        step = self._step_s or DEFAULT_CHUNK_S
+        if s.chunks is not None:
+            left = (s.chunks - s.done) * step
+        else:
+            length = self._open_ended_s or DEFAULT_OPEN_ENDED_S
+            left = (s.started + length - now) / max(len(self._seats), 1)
+        return max(left, MIN_REMAINING_S / max(len(self._seats), 1))
 
     def _etas(self, line: list[int]) -> list[Optional[float]]:
-        """Each waiting ticket's expected wait, the line played forward over the seats' ends;
-        None for all when no seat is known (nothing to predict from)."""
+        """Each waiting ticket's expected wait, the line played forward as processor sharing
+        over the seats' work left (see the module doc); None for all when no seat is known."""
         now = self._clock()
-        ends = [max(s.expected_end, now + MIN_REMAINING_S) for s in self._seats.values()]
-        ends += [now + MIN_REMAINING_S] * self._vacant
-        if not ends:
+        active = [self._left_work(s, now) for s in self._seats.values()] + [0.0] * self._vacant
+        if not active:
             return [None] * len(line)
-        heapq.heapify(ends)
-        etas: list[Optional[float]] = []
+        t, etas = 0.0, []
         for ticket in line:
-            start = heapq.heappop(ends)
-            etas.append(start - now)
-            heapq.heappush(ends, start + self._length(self._waiting[ticket].chunks))
+            least = min(active)
+            t += least * len(active)  # every running session advanced by `least` at 1/len(active) speed
+            active = [w - least for w in active]
+            active.remove(min(active))
+            etas.append(t)
+            active.append(self._work(self._waiting[ticket].chunks))
         return etas
 
     def _forget_expired(self, now: float) -> None:
