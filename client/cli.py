@@ -33,6 +33,7 @@ from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from client.branch_run import BranchSpec, MainSession, run_branch
 from client.cli_args import API_KEY_ENV, parser, prompt_at  # noqa: F401 (re-exported: the CLI's names)
 from client.compare import compare
+from client.compare_page import compare_page
 from client.errors import ServerError
 from client.local_paths import LocalPathError, check_folder, check_input, check_output, write_or_keep
 from client.keydrive import KEYS_TRANSLATION_SCALE, KeyDriveLog, drive_keys, keys_num_frames
@@ -301,9 +302,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "compare":
+        if args.out.suffix.lower() in (".html", ".htm"):  # played by the browser: nothing decoded here
+            try:
+                n = compare_page(args.videos, args.out, args.labels)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return EXIT_USAGE
+            except OSError as e:
+                print(f"error: -o {args.out}: cannot write ({e.strerror or e})", file=sys.stderr)
+                return EXIT_USAGE
+            print(f"wrote {args.out} ({n} videos side by side in one page: open it in a browser)")
+            return 0
         try:
             frames, (h, w) = compare(args.videos, args.out, args.labels)
-        except (ValueError, MissingPyAV) as e:  # MissingPyAV: the core install, without the `video` extra
+        except MissingPyAV as e:  # the core install, without the `video` extra
+            print(f"error: {e}; or write a page that plays them side by side: -o {args.out.with_suffix('.html')}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
         except OSError as e:  # the folder went away or filled up after the check

@@ -119,7 +119,8 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("videos", nargs="+", type=Path, metavar="VIDEO",
                          help="MP4 files to put side by side, left to right (e.g. OUT.mp4 OUT.branch.mp4)")
     compare.add_argument("-o", "--out", type=Path, default=Path("side_by_side.mp4"),
-                         help="MP4 to write (default side_by_side.mp4)")
+                         help="MP4 to write (default side_by_side.mp4; needs the `video` extra), or an .html "
+                              "page that plays them side by side in a browser (the core install)")
     compare.add_argument("--labels", type=lambda v: v.split(","), default=None, metavar="A,B,...",
                          help="the names drawn above the videos, comma-separated (default: their file names)")
     return p

@@ -79,8 +79,9 @@ def _install(py: Path, target: str, venv: Path) -> float:
 
 
 def test_a_fresh_venv_with_only_the_client_package_runs_the_readme_commands(served, tmp_path):
-    """The core install (no PyAV) streams, forks and drives within the bound; `compare` and
-    decoded frames name the `video` extra, and work once it is installed."""
+    """The core install (no PyAV) streams, forks, drives and compares (a page the browser plays)
+    within the bound; an MP4 comparison and decoded frames name the `video` extra, and work once
+    it is installed."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py, cli = venv / "bin" / "python", venv / "bin" / "lwf-client"
@@ -103,7 +104,10 @@ def test_a_fresh_venv_with_only_the_client_package_runs_the_readme_commands(serv
     assert "wrote walk.mp4" in lwf("drive", "w:1,j+w:1", *common, "--out", "walk.mp4").stdout
     refused = lwf("compare", "o.mp4", "o.branch.mp4", "-o", "side.mp4", status=2).stderr.strip()
     assert len(refused.splitlines()) == 1 and "lingbot-world-client[video]" in refused, refused
-    assert not (tmp_path / "side.mp4").exists()
+    assert "-o side.html" in refused and not (tmp_path / "side.mp4").exists()
+    assert "wrote side.html" in lwf("compare", "o.mp4", "o.branch.mp4", "-o", "side.html").stdout  # no decoding
+    page = (tmp_path / "side.html").read_text()
+    assert page.count("<video ") == 2 and "o.branch.mp4" in page
     sync = ("import sys\n"
             "from lingbot_world_client import MissingPyAV, SessionStart, SyncWorldClient\n"
             "from lingbot_world_client.synthetic import synthetic_trajectory\n"
