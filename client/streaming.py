@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
@@ -106,6 +106,14 @@ async def stream_session(channel: Channel, messages: Sequence[bytes], *, pipelin
     return stream.result
 
 
+async def _attempts(policy: ResumePolicy) -> AsyncIterator[int]:
+    """The policy's attempts, each after its backoff (doubling from `backoff_s`; none before the first)."""
+    for attempt in range(policy.attempts):
+        if attempt:
+            await asyncio.sleep(policy.backoff_s * 2 ** (attempt - 1))
+        yield attempt
+
+
 def with_queue_token(frame: bytes, queue_token: str) -> bytes:
     """A packed first infer (or `drive`) with `queue_token` set: it takes that place in line."""
     fields = msgpack.unpackb(frame, raw=False, strict_map_key=False)
@@ -175,17 +183,19 @@ class _Stream:
         await asyncio.sleep(err.retry_after_s)
         self.next_k = k
 
+    def _reconnect(self) -> Callable[[], Awaitable[None]]:
+        reconnect = getattr(self.channel, "reconnect", None)
+        if reconnect is None:
+            raise ServerError(ErrorCode.SESSION_LOST, "the socket dropped and this channel cannot reconnect")
+        return reconnect
+
     async def rejoin(self, policy: ResumePolicy, queue_token: str) -> None:
         """The socket dropped while the session waited in the server's line (no chunk yet):
         reconnect and start it again with the line's token, which takes its old place (within
         the server's grace period)."""
-        reconnect = getattr(self.channel, "reconnect", None)
-        if reconnect is None:
-            raise ServerError(ErrorCode.SESSION_LOST, "the socket dropped and this channel cannot reconnect")
+        reconnect = self._reconnect()
         last: Exception | None = None
-        for attempt in range(policy.attempts):
-            if attempt:
-                await asyncio.sleep(policy.backoff_s * 2 ** (attempt - 1))
+        async for _ in _attempts(policy):
             try:
                 await reconnect()
             except (ConnectionClosed, OSError) as e:
@@ -202,15 +212,11 @@ class _Stream:
     async def resume(self, policy: ResumePolicy) -> None:
         """Reconnect and resume the session: take the replies the server sends again, then send
         from the chunk its `resumed` names (the server has every chunk before it)."""
-        reconnect = getattr(self.channel, "reconnect", None)
-        if reconnect is None:
-            raise ServerError(ErrorCode.SESSION_LOST, "the socket dropped and this channel cannot reconnect")
+        reconnect = self._reconnect()
         assert self.token is not None
         sent_at = dict(self.inflight)
         last: Exception | None = None
-        for attempt in range(policy.attempts):
-            if attempt:
-                await asyncio.sleep(policy.backoff_s * 2 ** (attempt - 1))
+        async for _ in _attempts(policy):
             try:
                 await reconnect()
                 await self.channel.send(encode(validated(ResumeRequest, {
