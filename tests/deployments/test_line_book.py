@@ -79,7 +79,7 @@ def test_etas_play_the_line_forward_as_processor_sharing():
         b.progress(a.ticket, chunks)
         clock.t = 1000.0 + t + 1.0
         b.progress(c.ticket, chunks)
-    assert b.stats().chunk_s == pytest.approx(1.0)  # the step, not the interval a session sees (2 s)
+    assert b.stats().step_s == pytest.approx(1.0)  # the step, not the interval a session sees (2 s)
     w1, w2, w3 = b.join("o", 5), b.join("o", 5), b.join("o", 5)
     assert b.place(w1.ticket).eta_s == pytest.approx(16.0)  # a's 8 steps at half speed
     assert b.place(w2.ticket).eta_s == pytest.approx(26.0)  # then w1's 5 beside c's 10 left

@@ -85,7 +85,7 @@ class LineStats:
     waiting: int
     seated: int
     admitted_total: int
-    chunk_s: float
+    step_s: float  # one chunk of one session alone, as measured (DEFAULT_CHUNK_S before any)
     waits_s: list[float] = field(default_factory=list)  # waits of the admissions since the last call
 
 
@@ -182,7 +182,8 @@ class LineBook:
     # ---- the seats ----
 
     def progress(self, ticket: int, chunks_done: int) -> None:
-        """A seated session computed `chunks_done` chunks: its expected end, and the interval."""
+        """A seated session computed `chunks_done` chunks: its work left, and a sample of the
+        step (the time since its previous chunk over the sessions running: they take turns)."""
         s = self._seats.get(ticket)
         if s is None or chunks_done <= s.done:
             return
