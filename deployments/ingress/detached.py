@@ -25,6 +25,13 @@ def detach(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
     return task
 
 
+def retrieved(fut: asyncio.Future) -> None:
+    """Mark a future's exception as seen (asyncio logs unseen ones when they are collected): a
+    done callback of futures whose failure is answered elsewhere."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def running() -> int:
     """Detached tasks not finished yet (e.g. releases of connections that ended)."""
     return len(_RUNNING)

@@ -24,7 +24,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 
 from deployments.errors import Busy, ReplicaError, SessionLost
-from deployments.ingress.detached import settle
+from deployments.ingress.detached import retrieved, settle
 from deployments.ingress.lanes import ReplicaLanes
 from deployments.ingress.line.seat import LineSeats
 from deployments.ingress.stream import Stream, StreamState
@@ -77,7 +77,7 @@ class LaneJobs:
             await _dit_admitted(stream)
         vae = self._vae_lane.submit(opened_in_admission if queued else open_vae)
         if queued:
-            vae.add_done_callback(_retrieved)  # a refusal in line is answered through the DiT's admission
+            vae.add_done_callback(retrieved)  # a refusal in line is answered through the DiT's admission
         stream.opening(vae=vae, dit=self._dit_lane.submit(partial(self.open_dit, stream, open_vae if queued else None)))
 
     async def open_dit(self, stream: Stream, open_vae: Optional[Callable[[], Awaitable[Any]]] = None) -> None:
@@ -196,7 +196,7 @@ async def _dit_admitted(stream: Stream) -> None:
     another kind (a replica died) is left to the step, which rebuilds the session."""
     admitted, opened = stream.dit_admission(), stream.dit_open
     if opened is not None:
-        opened.add_done_callback(_retrieved)  # a refusal reaches the client through the condition
+        opened.add_done_callback(retrieved)  # a refusal reaches the client through the condition
     if not admitted.done() and opened is not None:
         await asyncio.wait({admitted, opened}, return_when=asyncio.FIRST_COMPLETED)
     settled = admitted if admitted.done() else opened
@@ -206,9 +206,3 @@ async def _dit_admitted(stream: Stream) -> None:
         raise asyncio.CancelledError("the session's open was dropped")
     if isinstance(settled.exception(), ReplicaError):
         raise settled.exception()
-
-
-def _retrieved(fut: asyncio.Future) -> None:
-    """Mark a future's exception as seen (asyncio logs unseen ones when they are collected)."""
-    if not fut.cancelled():
-        fut.exception()

@@ -16,6 +16,7 @@ from typing import Optional
 from pydantic import BaseModel
 from starlette.websockets import WebSocketState
 
+from deployments.ingress.detached import retrieved
 from deployments.ingress.stream import Stream
 from deployments.ingress.transport import Transport
 from protocol.codec import encode
@@ -56,12 +57,8 @@ class Outbox:
                     await self._ws.send_bytes(encode(reply))
         task = asyncio.get_running_loop().create_task(send())
         self._notices.add(task)
-        task.add_done_callback(self._sent_notice)
-
-    def _sent_notice(self, task: asyncio.Task) -> None:
-        self._notices.discard(task)
-        if not task.cancelled():
-            task.exception()  # a send that failed: the client is gone (the receive loop sees it)
+        task.add_done_callback(self._notices.discard)
+        task.add_done_callback(retrieved)  # a send that failed: the client is gone (the receive loop sees it)
 
     async def send_loop(self) -> None:
         while True:

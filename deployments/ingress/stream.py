@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from camera import DEFAULT_INTRINSICS_RESOLUTION, planned_latent_frames
+from deployments.ingress.detached import retrieved
 from deployments.ingress.journal import SessionJournal
 from deployments.replicas.snapshots import snapshot_id
 from deployments.wire import SessionOptions, owner_tag, routing_key
@@ -151,7 +152,7 @@ class Stream:
         assert self.opens is not None, "admission of a session no replica holds"
         if self.opens.admitted is None:
             self.opens.admitted = asyncio.get_running_loop().create_future()
-            self.opens.admitted.add_done_callback(_retrieved)
+            self.opens.admitted.add_done_callback(retrieved)
         return self.opens.admitted
 
     def new_key(self, lane: str) -> str:
@@ -223,12 +224,6 @@ class Stream:
         """The task that frees the ended stream on the replicas (releases.py)."""
         self.release = task
         return task
-
-
-def _retrieved(fut: asyncio.Future) -> None:
-    """Mark a future's exception as seen (asyncio logs unseen ones when they are collected)."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 def _done() -> asyncio.Future:

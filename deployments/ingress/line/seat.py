@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES
 from deployments.errors import Busy
-from deployments.ingress.detached import detach
+from deployments.ingress.detached import detach, retrieved, settle
 from deployments.ingress.line.book import Place
 from deployments.ingress.stream import Stream
 from deployments.log import KeyValueLog
@@ -138,10 +138,8 @@ class LineSeats:
         """An offline session (a `/v1/videos` job) is not admitted while live sessions wait in
         line: the place that frees is theirs (`Busy`: its runner tries again). A room that does
         not answer holds nothing up."""
-        try:
-            stats = await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(self._room.stats.remote())),
-                                           ROOM_CALL_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - bookkeeping only
+        answered, stats = await settle(self._room.stats.remote(), ROOM_CALL_TIMEOUT_S)
+        if not answered or isinstance(stats, BaseException):  # bookkeeping only
             return
         if stats.get("waiting", 0) > 0:
             raise Busy(f"{stats['waiting']} live session(s) wait for a place; a video starts once none waits",
@@ -157,7 +155,7 @@ class LineSeats:
         finally:
             gone.cancel()
         if not answer.done():
-            answer.add_done_callback(_retrieved)
+            answer.add_done_callback(retrieved)
             raise asyncio.CancelledError("the session left the line")
         return answer.result()
 
@@ -191,12 +189,6 @@ class LineSeats:
             detach(self._call(self._room.leave.remote(ticket)), name="line-leave")
 
     async def _call(self, call: Awaitable[Any]) -> None:
-        try:
-            await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(call)), ROOM_CALL_TIMEOUT_S)
-        except Exception as e:  # noqa: BLE001 - bookkeeping only: the room's TTL forgets it
-            self._log.info("waiting room not told", fields={"error": repr(e)})
-
-
-def _retrieved(fut: asyncio.Future) -> None:
-    if not fut.cancelled():
-        fut.exception()
+        answered, result = await settle(call, ROOM_CALL_TIMEOUT_S)
+        if not answered or isinstance(result, BaseException):  # bookkeeping only: the room's TTL forgets it
+            self._log.info("waiting room not told", fields={"error": repr(result) if answered else "timeout"})
