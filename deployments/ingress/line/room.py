@@ -62,8 +62,8 @@ class WaitingRoom:
         self._summary = {"joined": 0, "admitted": 0, "left": 0, "refused": 0, "longest_wait_s": 0.0}
         self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())
 
-    async def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None) -> Place:
-        """A place in line (`Busy` when the line is full)."""
+    async def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None) -> tuple[Place, int]:
+        """A place in line (`Busy` when the line is full), and the line's version with it (for `wait`)."""
         try:
             place = self._book.join(owner, chunks, token)
         except LineFull as e:
@@ -72,16 +72,13 @@ class WaitingRoom:
             raise Busy(f"{e}; try again later", self._retry_s) from None
         self._summary["joined"] += 1
         self._changed()
-        return place
+        return place, self._events.version
 
     async def wait(self, ticket: int, version: int, timeout_s: float) -> tuple[Place, int]:
         """The ticket's place once the line changed after `version` (or after `timeout_s`), and
         the line's version then."""
         await self._events.after(version, timeout_s)
         return self._book.place(ticket), self._events.version
-
-    async def version(self) -> int:
-        return self._events.version
 
     async def seat(self, ticket: int) -> float:
         """The ticket was admitted: it leaves the line; how long it waited."""

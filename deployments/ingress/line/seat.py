@@ -28,7 +28,6 @@ from typing import Any, Optional
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES
 from deployments.errors import Busy
 from deployments.ingress.detached import detach, retrieved, settle
-from deployments.ingress.line.book import Place
 from deployments.ingress.stream import Stream
 from deployments.log import KeyValueLog
 from protocol.messages import Queued
@@ -90,8 +89,7 @@ class LineSeats:
         chunks = None if stream.spec.total_latent_frames is None else (
             stream.spec.total_latent_frames // CHUNK_LATENT_FRAMES)
         try:
-            place: Place = await self._room.join.remote(stream.spec.owner, chunks, seat.token)
-            version = await self._room.version.remote()
+            place, version = await self._room.join.remote(stream.spec.owner, chunks, seat.token)
         except Busy:  # the line is full
             raise
         except Exception as e:  # noqa: BLE001 - the room is bookkeeping: without it, admission as before
@@ -123,7 +121,6 @@ class LineSeats:
                                         queue_token=seat.token))
                 timeout = retry_s if place.position == 1 else NOTICE_PERIOD_S if told is not None else FIRST_NOTICE_S
                 place, version = await self._until(seat, self._room.wait.remote(seat.ticket, version, timeout))
-                place = Place(place.ticket, seat.token, place.position, place.eta_s)
         except BaseException:
             self._leave(seat)
             raise
