@@ -58,7 +58,7 @@ export async function rejoinLine(stream, why) {
     stream.nextChunk = 0;
     stream.stats.inFlight = 0;
     stream.sendChunk(); // with queue_token
-    stream.timer = stream.timer || setInterval(() => stream.tick(), 100);
+    stream.startTimer();
     return;
   }
   stream.setState("stopped");

@@ -182,8 +182,7 @@ export class LiveStream extends EventTarget {
     this.stats.inFlight = 0;
     this.setState("streaming");
     this.status(`Resumed the session at chunk ${msg.next_chunk_id} (${msg.replayed} sent again).`);
-    this.stopTimer();
-    this.timer = setInterval(() => this.tick(), TICK_MS);
+    this.startTimer();
     if (this.resumeWaiter) this.resumeWaiter.resolve(true);
   }
 
@@ -209,8 +208,7 @@ export class LiveStream extends EventTarget {
     this.stats.startedAt = performance.now();
     this.status("Starting the session…");
     this.sendChunk();
-    this.stopTimer();
-    this.timer = setInterval(() => this.tick(), TICK_MS);
+    this.startTimer();
   }
 
   /** Prompt steering: the next chunk carries `prompt_update` (the scene is kept). */
@@ -416,6 +414,12 @@ export class LiveStream extends EventTarget {
     const ws = this.ws;
     this.setState("disconnected");
     if (ws !== null) ws.close(1000, "closed by the page");
+  }
+
+  /** Tick every TICK_MS (pump the player, pace the requests), in place of any timer running. */
+  startTimer() {
+    this.stopTimer();
+    this.timer = setInterval(() => this.tick(), TICK_MS);
   }
 
   stopTimer() {
