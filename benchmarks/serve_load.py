@@ -45,10 +45,10 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from benchmarks import drive_load
+from benchmarks.served import stream_synthetic
 from benchmarks.line import arrivals
 from client.errors import ServerError
-from client.session import CAMERA_PATH, WorldClient, camera_url
-from client.streaming import stream_session
+from client.session import CAMERA_PATH, camera_url
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import plan_session
 from protocol.errors import ErrorCode
@@ -151,27 +151,17 @@ async def one_session(args: argparse.Namespace, run: int, index: int, t_run: flo
     def on_busy(err: ServerError) -> None:
         rec.busy_replies += 1
 
-    try:
-        client = await WorldClient.connect(args.url, api_key=args.api_key)
-    except Exception as e:  # noqa: BLE001 - recorded
+    out = await stream_synthetic(args.url, args.api_key, sid, messages, pipeline=args.pipeline, on_chunk=on_chunk,
+                                 on_busy=on_busy, busy_timeout_s=args.busy_timeout_s,
+                                 reply_timeout_s=args.reply_timeout_s)
+    rec.reset_s, e = out.reset_s, out.error
+    if e is not None and not out.connected:
         rec.error = f"connect: {type(e).__name__}: {e}"
-        return rec
-    try:
-        await stream_session(client, messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy,
-                             busy_timeout_s=args.busy_timeout_s, reply_timeout_s=args.reply_timeout_s)
-        t_reset = time.perf_counter()
-        await client.reset(sid)  # frees it now (a session closed without one waits resume_grace_s for a resume)
-        rec.reset_s = time.perf_counter() - t_reset
-    except ServerError as e:
-        if e.code is ErrorCode.BUSY:
-            rec.busy_replies += 1
-            rec.refused = True
-        else:
-            rec.error = f"{e.code.value}: {e.message}"
-    except Exception as e:  # noqa: BLE001 - recorded
-        rec.error = f"{type(e).__name__}: {e}"
-    finally:
-        await client.close()
+    elif isinstance(e, ServerError) and e.code is ErrorCode.BUSY:
+        rec.busy_replies += 1
+        rec.refused = True
+    elif e is not None:
+        rec.error = f"{e.code.value}: {e.message}" if isinstance(e, ServerError) else f"{type(e).__name__}: {e}"
     return rec
 
 

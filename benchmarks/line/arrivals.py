@@ -30,9 +30,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from benchmarks.served import stream_synthetic
 from client.errors import ServerError
-from client.session import WorldClient
-from client.streaming import stream_session
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import plan_session
 from protocol.errors import ErrorCode
@@ -86,25 +85,19 @@ async def one_arrival(args: argparse.Namespace, rec: Arrival, t0: float) -> None
     def on_busy(err: ServerError) -> None:
         rec.busy_replies += 1
 
-    try:
-        client = await WorldClient.connect(args.url, api_key=args.api_key)
-    except Exception as e:  # noqa: BLE001 - recorded
+    out = await stream_synthetic(args.url, args.api_key, sid, messages, on_queued, pipeline=args.pipeline,
+                                 on_chunk=on_chunk, on_busy=on_busy, busy_timeout_s=args.busy_timeout_s,
+                                 reply_timeout_s=args.reply_timeout_s)
+    e = out.error
+    if not out.connected:
         rec.error = f"connect: {type(e).__name__}: {e}"
         return
-    client.on_queued = on_queued
-    try:
-        await stream_session(client, messages, pipeline=args.pipeline, on_chunk=on_chunk, on_busy=on_busy,
-                             busy_timeout_s=args.busy_timeout_s, reply_timeout_s=args.reply_timeout_s)
-        await client.reset(sid)
-    except ServerError as e:
+    rec.ended_s = now()
+    if isinstance(e, ServerError):
         rec.error = f"{e.code.value}: {e.message}"
-        if e.code is ErrorCode.BUSY:
-            rec.busy_replies += 1
-    except Exception as e:  # noqa: BLE001 - recorded
+        rec.busy_replies += e.code is ErrorCode.BUSY
+    elif e is not None:
         rec.error = f"{type(e).__name__}: {e}"
-    finally:
-        rec.ended_s = now()
-        await client.close()
 
 
 async def sample_line(base: str, api_key: Optional[str], t0: float, until: Callable[[], bool],

@@ -31,12 +31,10 @@ from typing import Any, Optional
 import numpy as np
 
 from benchmarks.serve_load import http_base
+from benchmarks.served import stream_synthetic
 from client.errors import ServerError
-from client.session import WorldClient
-from client.streaming import stream_session
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
 from client.trajectory import plan_session
-from protocol.messages import Queued
 
 JOB_POLL_S = 1.0
 
@@ -60,21 +58,18 @@ async def session(url: str, name: str, frames: int, pipeline: int, t0: float, ta
     traj = synthetic_trajectory("dolly", frames, prompt=f"{DEFAULT_PROMPT} (line bench {tag}.{name})")
     sid = f"line-{tag}-{name}"
     messages = traj.messages(plan_session(traj, frames), sid)
-    client = await WorldClient.connect(url)
-    client.on_queued = lambda q: run.notices.append((time.perf_counter() - t0, q.position, q.eta_s))
 
     def on_busy(err: ServerError) -> None:
         run.busy += 1
 
-    try:
-        await stream_session(client, messages, pipeline=pipeline, busy_timeout_s=0.0, reply_timeout_s=300,
-                             on_busy=on_busy, on_chunk=lambda stat, reply: run.frames_at.append(
-                                 time.perf_counter() - t0))
-        await client.reset(sid)
-    except Exception as e:  # noqa: BLE001 - recorded
-        run.error = f"{type(e).__name__}: {e}"
-    finally:
-        await client.close()
+    out = await stream_synthetic(url, None, sid, messages,
+                                 lambda q: run.notices.append((time.perf_counter() - t0, q.position, q.eta_s)),
+                                 pipeline=pipeline, busy_timeout_s=0.0, reply_timeout_s=300, on_busy=on_busy,
+                                 on_chunk=lambda stat, reply: run.frames_at.append(time.perf_counter() - t0))
+    if not out.connected:
+        raise out.error
+    if out.error is not None:
+        run.error = f"{type(out.error).__name__}: {out.error}"
     return run
 
 
