@@ -1,7 +1,8 @@
 """Does a session rebuilt from its journal continue as the computed one on the GPU (issue 44,
-item 3)? One device call:
+item 3)? One device call, after `python3 benchmarks/install_wheels.py .whl $SITE` (carry [".whl"]: the
+image lacks ftfy; $SITE is gpu_serve.sh's SITE, the folder the wheels go to):
 
-    PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.probes.replay_check --out $OUT/replay_check.json
+    PYTHONPATH=$SITE:$PWD python3 -m benchmarks.probes.replay_check --out $OUT/replay_check.json
 
 For each variant (bf16 with cuDNN attention; FP8 GEMMs + the FP8 self-attention over its code
 cache; each eager, and compiled with --compile), a DiT of the released dims with `--layers`
