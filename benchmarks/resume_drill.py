@@ -10,6 +10,13 @@
 Reports the time from the new socket's connect to its first frame, the chunks replayed, and
 whether every chunk's fMP4 bytes equal the reference's (a session continues on its replica's
 state, so on one GPU they should: same kernels, same inputs).
+
+Both ways a session can be served (issue 44, item 3), one after the other (`--stores`):
+`off`: both sessions send `prefix_cache: false`: the dropped one is computed as the reference was;
+`on`: the server's prefix store as configured: the dropped session's chunks are the reference's
+(same image, prompt, seed and cameras), so it is served from the store, then materialised by
+journal replay when it goes past the stored prefix or resumes: the rebuilt state must continue
+with the reference's bytes. With the store off in the config, `on` is the same as `off`.
 """
 from __future__ import annotations
 
@@ -101,15 +108,29 @@ async def dropped(url: str, messages: list[bytes], sid: str, drop_after: int, ti
             "resume_grace_s": config.resume_grace_s}
 
 
-async def drill(args: argparse.Namespace) -> dict:
-    traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (resume drill)")
+STORES = {"off": False, "on": None}  # the sessions' prefix_cache option (None: the server's default)
+
+
+async def drill_one(args: argparse.Namespace, store: str) -> dict:
+    """The reference and the dropped session with the prefix store `store` ("off" or "on")."""
+    traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (resume drill, store {store})")
     plan = plan_session(traj, args.frames)
-    ref = await reference(args.url, traj.messages(plan, "drill-ref", seed=SEED), "drill-ref", args.timeout_s)
-    run = await dropped(args.url, traj.messages(plan, "drill", seed=SEED), "drill", args.drop_after, args.timeout_s)
+    ref_id, sid = f"drill-ref-{store}", f"drill-{store}"
+
+    def messages(session_id: str) -> list[bytes]:
+        return traj.messages(plan, session_id, seed=SEED, prefix_cache=STORES[store])
+
+    ref = await reference(args.url, messages(ref_id), ref_id, args.timeout_s)
+    run = await dropped(args.url, messages(sid), sid, args.drop_after, args.timeout_s)
     videos = run.pop("videos")
-    return {**run, "chunks": len(ref), "drop_after_chunk": args.drop_after,
-            "identical_chunks": sum(a == b for a, b in zip(videos, ref)),
-            "all_identical": videos == ref, "frames": args.frames}
+    return {**run, "chunks": len(ref), "identical_chunks": sum(a == b for a, b in zip(videos, ref)),
+            "all_identical": videos == ref}
+
+
+async def drill(args: argparse.Namespace) -> dict:
+    runs = {f"store_{store}": await drill_one(args, store) for store in args.stores}
+    return {"frames": args.frames, "drop_after_chunk": args.drop_after, **runs,
+            "all_identical": all(r["all_identical"] for r in runs.values())}
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -119,6 +140,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--drop-after", type=int, default=1, help="close the socket once this chunk arrived")
     p.add_argument("--trajectory", default="dolly", choices=["orbit", "dolly", "pan"])
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--stores", nargs="+", choices=list(STORES), default=list(STORES),
+                   help="the prefix store's modes to drill, in order (default: off, then on)")
     p.add_argument("--out", type=Path, default=Path("resume_drill.json"))
     args = p.parse_args(argv)
     result = asyncio.run(drill(args))

@@ -138,8 +138,12 @@ def sp_rows(d: dict) -> list[Row]:
 
 
 def resume_rows(d: dict) -> list[Row]:
-    return [("resume_drill", f"reconnect {fmt(d['reconnect_s'])} s, replayed {d['replayed']}, "
-                             f"first frame after connect {fmt(d['first_frame_after_connect_s'])} s")]
+    runs = {k.removeprefix("store_"): v for k, v in d.items() if k.startswith("store_")} or {"": d}
+    return [(f"resume_drill{f' (store {store})' if store else ''}",
+             f"reconnect {fmt(r['reconnect_s'])} s, replayed {r['replayed']}, "
+             f"first frame after connect {fmt(r['first_frame_after_connect_s'])} s"
+             + (f", identical {r['identical_chunks']} of {r['chunks']}" if "identical_chunks" in r else ""))
+            for store, r in runs.items()]
 
 
 def gaps_rows(d: dict) -> list[Row]:
@@ -190,7 +194,7 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: isinstance(d.get("sessions"), list) and "warmup_s" in d and "load_s" in d, first_chunk_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
-    (lambda d: "reconnect_s" in d, resume_rows),
+    (lambda d: "reconnect_s" in d or "reconnect_s" in d.get("store_off", {}), resume_rows),
     (lambda d: "busy_fraction" in d, gaps_rows),
     (lambda d: isinstance(d.get("attention"), dict) and "kv_1_chunks" in d["attention"], attention_rows),
     (lambda d: d.get("object") == "list", models_rows),

@@ -64,12 +64,13 @@ class Trajectory:
 
     def messages(self, plan: SessionPlan, session_id: str, *, seed: Optional[int] = None,
                  size: Optional[str] = None, prompt_schedule: Optional[dict[int, str]] = None,
-                 open_ended: bool = False) -> list[bytes]:
+                 open_ended: bool = False, prefix_cache: Optional[bool] = None) -> list[bytes]:
         """The packed infer requests of `plan` for this trajectory, in order (the first carries
         image, prompt and the session options; `prompt_schedule` {chunk: prompt} steers;
-        `open_ended` declares no num_frames)."""
+        `open_ended` declares no num_frames; `prefix_cache=False` keeps the session out of the
+        server's prefix store)."""
         start = SessionStart(self.image, self.prompt, seed=seed, size=size,
-                             intrinsics_resolution=self.intrinsics_resolution)
+                             intrinsics_resolution=self.intrinsics_resolution, prefix_cache=prefix_cache)
         return [encode(r) for r in plan_requests(plan, session_id, start, prompt_schedule=prompt_schedule,
                                                  open_ended=open_ended)]
 

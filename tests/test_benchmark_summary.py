@@ -55,3 +55,9 @@ def test_rows_name_the_headline_figures_of_each_kind():
 def test_summary_reads_a_folder_it_is_given(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps({"reconnect_s": 0.02, "replayed": 1, "first_frame_after_connect_s": 1.5}))
     assert "| `a.json` | resume_drill | reconnect 0.02 s, replayed 1, first frame after connect 1.5 s |" in render(tmp_path)
+    one = {"reconnect_s": 0.03, "replayed": 2, "first_frame_after_connect_s": 1.2, "identical_chunks": 3, "chunks": 5}
+    (tmp_path / "b.json").write_text(json.dumps({"store_off": one, "store_on": {**one, "identical_chunks": 5}}))
+    table = render(tmp_path)
+    assert ("| `b.json` | resume_drill (store off) | reconnect 0.03 s, replayed 2, first frame after connect 1.2 s, "
+            "identical 3 of 5 |") in table
+    assert "| `b.json` | resume_drill (store on) | reconnect 0.03 s, replayed 2, first frame after connect 1.2 s, identical 5 of 5 |" in table
