@@ -11,6 +11,12 @@ replica holds it: a session its replica dropped at its idle TTL no longer takes 
 its closes since (ties broken at random). Later calls of the session wait for that replica (`[[pinned]]`
 with backoff); they never spill over.
 
+Slots are counted per class (issue 46): where a replica bounds offline sessions (`/v1/videos`
+jobs, `SessionOptions.offline`) apart (`sessions.max_offline_sessions`: its stats' `offline_capacity`
+and `apart` keys), a live session is placed by the live slots free, a job by the offline ones, and
+neither class's sessions take the other's; without that bound every session takes a live slot, as
+on the replica. The class of a session being placed is its open call's options (`args[1]`).
+
 A call for a session without a pin goes to the replica whose last stats list the session's key
 (a session opened through another router: another ingress replica, a resumed session, the
 parking's expiry close), and is pinned there. Failing that (its replica died or was removed,
@@ -55,6 +61,7 @@ class _Pin:
     replica_id: ReplicaID
     last_used: float
     placed: float = 0.0  # when this router placed it (0: it followed the replicas' stats)
+    offline: bool = False  # an offline session's (a `/v1/videos` job's): see the module doc
 
 
 class SessionAffinityRouter(RequestRouter):
@@ -106,8 +113,10 @@ class SessionAffinityRouter(RequestRouter):
                 return [candidate_replicas]
             self._pins[sid] = _Pin(holder.replica_id, now)
             return [[holder]]
-        best = self._most_free(candidate_replicas)
-        self._pins[sid] = _Pin(best.replica_id, now, placed=now)
+        args = pending_request.args
+        offline = len(args) > 1 and bool(getattr(args[1], "offline", False))  # reserve/open/restore(key, options, ...)
+        best = self._most_free(candidate_replicas, offline)
+        self._pins[sid] = _Pin(best.replica_id, now, placed=now, offline=offline)
         self._log.info("placed session", fields={"session": sid, "replica": best.replica_id.unique_id})
         return [[best]]
 
@@ -130,19 +139,25 @@ class SessionAffinityRouter(RequestRouter):
         super().on_replica_actor_died(replica_id)
         self._drop_pins_not_in(set(self.curr_replicas))
 
-    def _most_free(self, candidates: List[RunningReplica]) -> RunningReplica:
-        """The replica with the most free session slots (ties at random)."""
-        mine: dict[ReplicaID, set[str]] = {}  # placed here recently: the stats may not list them yet
+    def _most_free(self, candidates: List[RunningReplica], offline: bool = False) -> RunningReplica:
+        """The replica with the most free session slots of the class `offline` (ties at random)."""
+        mine: dict[ReplicaID, dict[str, bool]] = {}  # placed here recently: the stats may not list them yet
         fresh_since = time.monotonic() - self._stats_fresh_s
         for sid, pin in self._pins.items():
             if pin.placed > fresh_since:
-                mine.setdefault(pin.replica_id, set()).add(sid)
+                mine.setdefault(pin.replica_id, {})[sid] = pin.offline
 
         def free_slots(r: RunningReplica) -> int:
             stats = r.routing_stats or {}
-            held = (set(stats.get("keys", ())) - self._closed.keys()) | mine.get(r.replica_id, set())
+            recent = mine.get(r.replica_id, {})
+            keys = set(stats.get("keys", ())) - self._closed.keys()
             # Before a replica's first stats report (capacity 0) only the order of others counts.
-            return int(stats.get("capacity", 0)) - len(held)
+            capacity = int(stats.get("capacity", 0))
+            if stats.get("offline_capacity") is None:  # every session takes a live slot
+                return capacity - len(keys | recent.keys())
+            apart = set(stats.get("apart", ()))
+            held = (keys & apart if offline else keys - apart) | {s for s, o in recent.items() if o == offline}
+            return (int(stats["offline_capacity"]) if offline else capacity) - len(held)
 
         return max(candidates, key=lambda r: (free_slots(r), random.random()))
 

@@ -337,6 +337,9 @@ class SessionHost(Generic[S]):
             "free_slots": self._table.free_slots,
             "replica": self._replica,
             "keys": self._table.keys(),  # lets a router correct these stale numbers by its own opens/closes
+            # offline sessions bounded apart (max_offline_sessions; None: they take live slots): router.py
+            "offline_capacity": self._table.max_offline_sessions,
+            "apart": self._table.apart_keys(),
             "snapshots": self.snapshots.ids(),  # where a clone from a snapshot id goes (router.py)
         }
 
@@ -355,7 +358,8 @@ class SessionHost(Generic[S]):
     async def stats(self) -> dict[str, Any]:
         """Health probe and capacity report (/healthz, /v1/models)."""
         stats = self.record_routing_stats()
-        del stats["keys"]
+        for listing in ("keys", "apart"):
+            del stats[listing]
         shelf = self.snapshots
         snapshots = {"held": len(shelf.ids()), "parts": len(shelf), "bytes": shelf.nbytes,
                      "max_bytes": shelf.max_bytes, "taken": shelf.taken, "evicted": shelf.evictions}

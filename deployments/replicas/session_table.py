@@ -125,6 +125,10 @@ class SessionTable(Generic[S]):
         """Sessions counted against `max_offline_sessions` (`offline`), or against `max_sessions`."""
         return sum(1 for e in self._entries.values() if self._apart(e) == offline)
 
+    def apart_keys(self) -> list[str]:
+        """Sessions counted against `max_offline_sessions`, not `max_sessions` (the router's stats)."""
+        return [k for k, e in self._entries.items() if self._apart(e)]
+
     def held_by_class(self) -> tuple[int, int]:
         """(live, offline) sessions held, reservations included (metrics)."""
         offline = sum(1 for e in self._entries.values() if e.offline)

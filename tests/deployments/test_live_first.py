@@ -113,6 +113,9 @@ def test_offline_sessions_have_their_own_bound_beside_the_live_slots():
     with pytest.raises(Busy, match="all 1 session slots"):
         reserve(host, "live2")
     assert host._table.held_by_class() == (1, 1) and host._refused_total == 2
+    stats = host.record_routing_stats()  # the router places live sessions and jobs by their own slots
+    assert (stats["capacity"], stats["offline_capacity"], stats["apart"]) == (1, 1, ["job"])
+    assert sorted(stats["keys"]) == ["job", "live"]
 
 
 def test_the_floor_refuses_a_live_session_from_the_measured_step_times():

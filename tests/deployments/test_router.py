@@ -72,6 +72,41 @@ def test_new_sessions_go_to_the_replica_with_most_free_slots_and_stay():
     asyncio.run(go())
 
 
+def test_live_and_offline_sessions_are_placed_by_their_own_free_slots():
+    """Replicas that bound `/v1/videos` jobs apart (max_offline_sessions) report them apart: a
+    live session is placed by live slots (jobs take none of them), a job by the offline ones,
+    and this router's own recent placements count in their class only."""
+    from types import SimpleNamespace
+
+    live, job = SimpleNamespace(offline=False), SimpleNamespace(offline=True)
+
+    def with_jobs(name: str, keys: tuple[str, ...], jobs: tuple[str, ...]) -> FakeReplica:
+        r = replica(name, keys=keys + jobs)
+        r.routing_stats.update(offline_capacity=2, apart=list(jobs))
+        return r
+
+    async def go():
+        router = make_router([with_jobs("a", (), ("j1", "j2")), with_jobs("b", ("x",), ())])
+        assert await route(router, "s1", "reserve", ("s1", live)) == ["a"]  # a: 2 live slots free (its jobs take none), b: 1
+        assert await route(router, "j3", "reserve", ("j3", job)) == ["b"]  # offline: a's 2 are taken, b has 2
+        assert await route(router, "j4", "open", ("j4", job)) == ["b"]  # b: 1 offline slot left (j3, placed here)
+        assert await route(router, "s2", "open", ("s2", live)) in (["a"], ["b"])  # 1 live each: the jobs count apart
+
+    asyncio.run(go())
+
+
+def test_without_an_offline_bound_every_session_takes_a_live_slot():
+    from types import SimpleNamespace
+
+    async def go():
+        a, b = replica("a", keys=("j1", "j2"), capacity=3), replica("b", keys=("x",), capacity=3)
+        a.routing_stats.update(offline_capacity=None, apart=[])
+        router = make_router([a, b])
+        assert await route(router, "s1", "open", ("s1", SimpleNamespace(offline=False))) == ["b"]  # a: 1 free, b: 2
+
+    asyncio.run(go())
+
+
 def test_concurrent_opens_spread_over_replicas():
     async def go():
         router = make_router([replica("a"), replica("b")])

@@ -168,6 +168,7 @@ def test_offline_sessions_count_apart_from_the_live_slots_and_bytes_count_all():
     with pytest.raises(Busy, match="budget"):
         t.admit("c", 41)  # a live slot is free, but 30 + 30 + 41 > 100: the job's bytes count
     assert t.is_offline("job") and not t.is_offline("a") and not t.is_offline("gone")
+    assert t.apart_keys() == ["job"]  # what the router's stats list apart (router.py)
     t.pop("job")
     t.admit("job2", 0, offline=True)
 
@@ -181,3 +182,4 @@ def test_without_an_offline_bound_offline_sessions_take_live_slots():
         t.admit("b", 0)
     assert t.free_slots == 0 and t.is_offline("job") and t.bucket("a") == ("b", 2)
     assert t.live_buckets() == [("b", 2)]
+    assert t.apart_keys() == []  # no bound apart: the job takes a live slot, as the router counts it
