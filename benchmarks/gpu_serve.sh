@@ -20,7 +20,8 @@
 #    the rest get `busy`), one run after the other, until the time budget is spent;
 #    OPEN_ENDED=1 declares no num_frames (open-ended sessions: the config's rolling window);
 #    SESSIONS_OPEN="3 6" adds a pass of open-ended sessions of FRAMES_OPEN (129) frames after it;
-#    RESUME_DRILL=1 then runs benchmarks/resume_drill.py (a session dropped and resumed);
+#    RESUME_DRILL=1 then runs benchmarks/resume_drill.py (a session dropped and resumed, the prefix store
+#    off and on), RECOVERY_DRILL=1 its --kill-app (the DiT replica killed mid-session; APP_NAME);
 #    BRANCH=1 then benchmarks.branch_bench (prefix hit, fork, rewind: branch_bench.json) and
 #    DRIVE=1 benchmarks.serve_load --drive (serve_load_drive.json), AUTOSCALE=1 benchmarks.autoscale_ready
 #    (autoscale.json; an autoscaled CONFIG such as serve_config.h200.autoscale_fp8.yaml), each bounded by the budget left
@@ -194,10 +195,13 @@ if [ -n "${SESSIONS_OPEN:-}" ]; then  # then open-ended sessions (the config's w
         --sessions $SESSIONS_OPEN --frames "${FRAMES_OPEN:-129}" --deadline-s $(( BUDGET_S - 90 - $(elapsed) )) \
         --reply-timeout-s 120 --out "$OUT/serve_load_open.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
 fi
-if [ "${RESUME_DRILL:-0}" = 1 ]; then  # issue 15.3: drop a socket mid-session, resume it (benchmarks/resume_drill.py)
-    log "resume drill"
+if [ "${RESUME_DRILL:-0}" = 1 ] || [ "${RECOVERY_DRILL:-0}" = 1 ]; then  # issues 15.3, 44.3 (benchmarks/resume_drill.py)
+    STORES=(); KILL=()  # RESUME_DRILL: a socket dropped and resumed, the prefix store off and on;
+    [ "${RESUME_DRILL:-0}" = 1 ] && STORES=(off on)  # RECOVERY_DRILL: then the DiT replica killed mid-session
+    [ "${RECOVERY_DRILL:-0}" = 1 ] && KILL=(--kill-app "${APP_NAME:-lingbot-world}")
+    log "resume drill (stores: ${STORES[*]:-none}; ${KILL[*]:-no kill})"
     $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
-        --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+        --stores "${STORES[@]}" "${KILL[@]}" --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
 fi
 left() { echo $(( BUDGET_S - 30 - $(elapsed) )); }  # seconds a hook may still take
 if [ "${BRANCH:-0}" = 1 ]; then  # issue 33: prefix hit, fork at the last chunk, rewind

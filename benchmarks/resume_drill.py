@@ -17,6 +17,13 @@ Both ways a session can be served (issue 44, item 3), one after the other (`--st
 (same image, prompt, seed and cameras), so it is served from the store, then materialised by
 journal replay when it goes past the stored prefix or resumes: the rebuilt state must continue
 with the reference's bytes. With the store off in the config, `on` is the same as `off`.
+
+`--kill-app APP`: a recovery drill after them: the same session once more (store off), and after
+chunk `--drop-after` arrived, with the next chunk in flight, the DiT replica holding it is killed
+(`ray.kill` of the Serve replica actor of APP, through the local Ray: run it on the server's
+machine; the replica the replies' `debug` names, else the application's only DiT replica). The
+ingress rebuilds the session from its journal on a replica with room (the controller's
+replacement, on one GPU) and the session plays on: each chunk's bytes against the reference's.
 """
 from __future__ import annotations
 
@@ -52,10 +59,11 @@ async def _frame(ws, timeout_s: float):
 
 
 async def _play(ws, messages: list[bytes], videos: dict[int, bytes], sent: int, until: int,
-                timeout_s: float, t0: Optional[float] = None) -> tuple[int, Optional[float], Optional[str]]:
+                timeout_s: float, t0: Optional[float] = None,
+                debug: Optional[list] = None) -> tuple[int, Optional[float], Optional[str]]:
     """Send the session's infers (at most 2 in flight) from chunk `sent` and collect frame
     replies into `videos` until it holds `until`: (chunks sent, seconds from `t0` (default:
-    now) to the first reply, the resume token seen)."""
+    now) to the first reply, the resume token seen); each reply's `debug` appended to `debug`."""
     t0, first_s, token = time.perf_counter() if t0 is None else t0, None, None
     while len(videos) < until:
         while sent < len(messages) and sent - len(videos) < 2:
@@ -66,6 +74,8 @@ async def _play(ws, messages: list[bytes], videos: dict[int, bytes], sent: int, 
         first_s = first_s if first_s is not None else time.perf_counter() - t0
         videos[reply.chunk_id] = reply.video
         token = token or reply.resume_token
+        if debug is not None:
+            debug.append(reply.debug or {})
     return sent, first_s, token
 
 
@@ -108,6 +118,50 @@ async def dropped(url: str, messages: list[bytes], sid: str, drop_after: int, ti
             "resume_grace_s": config.resume_grace_s}
 
 
+def kill_dit_replica(app: str, replica: Optional[str]) -> str:
+    """`ray.kill` APP's DiT replica `replica` (its unique id; None: the application's only one)
+    through the Ray instance of this machine; returns the actor's name."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="auto", logging_level="ERROR")
+    prefix = f"{app}#DiTDeployment#"
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
+              if prefix in a["name"] and (replica is None or a["name"].endswith(f"{prefix}{replica}"))]
+    if len(actors) != 1:
+        raise SystemExit(f"no single DiT replica actor *{prefix}{replica or '*'}: {[a['name'] for a in actors]}")
+    ray.kill(ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"]), no_restart=True)
+    return actors[0]["name"]
+
+
+async def killed(url: str, messages: list[bytes], sid: str, kill_after: int, timeout_s: float, app: str) -> dict:
+    """The session with its DiT replica killed once chunk `kill_after` arrived (the next in flight)."""
+    ws, _ = await _connect(url)
+    videos: dict[int, bytes] = {}
+    debug: list[dict] = []
+    sent, _, _ = await _play(ws, messages, videos, 0, kill_after + 1, timeout_s, debug=debug)
+    in_flight = sent - len(videos)
+    t_kill = time.perf_counter()
+    actor = await asyncio.to_thread(kill_dit_replica, app, debug[-1].get("dit_replica"))
+    _, first_s, _ = await _play(ws, messages, videos, sent, len(messages), timeout_s, t_kill, debug=debug)
+    await _reset_and_close(ws, sid, timeout_s)
+    return {"videos": [videos[k] for k in range(len(messages))], "killed": actor, "in_flight_at_kill": in_flight,
+            "first_frame_after_kill_s": first_s, "recoveries": debug[-1].get("recoveries")}
+
+
+async def drill_kill(args: argparse.Namespace) -> dict:
+    """The reference and the session whose DiT replica is killed (both `prefix_cache: false`)."""
+    traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (recovery drill)")
+    plan = plan_session(traj, args.frames)
+    ref = await reference(args.url, traj.messages(plan, "drill-ref-kill", seed=SEED, prefix_cache=False),
+                          "drill-ref-kill", args.timeout_s)
+    run = await killed(args.url, traj.messages(plan, "drill-kill", seed=SEED, prefix_cache=False), "drill-kill",
+                       args.drop_after, args.timeout_s, args.kill_app)
+    videos = run.pop("videos")
+    return {**run, "chunks": len(ref), "identical_chunks": sum(a == b for a, b in zip(videos, ref)),
+            "all_identical": videos == ref}
+
+
 STORES = {"off": False, "on": None}  # the sessions' prefix_cache option (None: the server's default)
 
 
@@ -129,6 +183,8 @@ async def drill_one(args: argparse.Namespace, store: str) -> dict:
 
 async def drill(args: argparse.Namespace) -> dict:
     runs = {f"store_{store}": await drill_one(args, store) for store in args.stores}
+    if args.kill_app:
+        runs["kill"] = await drill_kill(args)
     return {"frames": args.frames, "drop_after_chunk": args.drop_after, **runs,
             "all_identical": all(r["all_identical"] for r in runs.values())}
 
@@ -140,8 +196,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--drop-after", type=int, default=1, help="close the socket once this chunk arrived")
     p.add_argument("--trajectory", default="dolly", choices=["orbit", "dolly", "pan"])
     p.add_argument("--timeout-s", type=float, default=300.0)
-    p.add_argument("--stores", nargs="+", choices=list(STORES), default=list(STORES),
-                   help="the prefix store's modes to drill, in order (default: off, then on)")
+    p.add_argument("--stores", nargs="*", choices=list(STORES), default=list(STORES),
+                   help="the prefix store's modes to drill, in order (default: off, then on; none: only --kill-app)")
+    p.add_argument("--kill-app", default="", help="then kill the DiT replica of this Serve application mid-session")
     p.add_argument("--out", type=Path, default=Path("resume_drill.json"))
     args = p.parse_args(argv)
     result = asyncio.run(drill(args))

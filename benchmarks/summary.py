@@ -143,7 +143,9 @@ def resume_rows(d: dict) -> list[Row]:
              f"reconnect {fmt(r['reconnect_s'])} s, replayed {r['replayed']}, "
              f"first frame after connect {fmt(r['first_frame_after_connect_s'])} s"
              + (f", identical {r['identical_chunks']} of {r['chunks']}" if "identical_chunks" in r else ""))
-            for store, r in runs.items()]
+            for store, r in runs.items() if "reconnect_s" in r] + (
+        [("recovery_drill", f"DiT replica killed, first frame after the kill {fmt(k['first_frame_after_kill_s'])} s, "
+                            f"identical {k['identical_chunks']} of {k['chunks']}")] if (k := d.get("kill")) else [])
 
 
 def gaps_rows(d: dict) -> list[Row]:
@@ -194,7 +196,7 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: isinstance(d.get("sessions"), list) and "warmup_s" in d and "load_s" in d, first_chunk_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
-    (lambda d: "reconnect_s" in d or "reconnect_s" in d.get("store_off", {}), resume_rows),
+    (lambda d: "reconnect_s" in d or "store_off" in d or "kill" in d, resume_rows),
     (lambda d: "busy_fraction" in d, gaps_rows),
     (lambda d: isinstance(d.get("attention"), dict) and "kv_1_chunks" in d["attention"], attention_rows),
     (lambda d: d.get("object") == "list", models_rows),

@@ -61,3 +61,7 @@ def test_summary_reads_a_folder_it_is_given(tmp_path):
     assert ("| `b.json` | resume_drill (store off) | reconnect 0.03 s, replayed 2, first frame after connect 1.2 s, "
             "identical 3 of 5 |") in table
     assert "| `b.json` | resume_drill (store on) | reconnect 0.03 s, replayed 2, first frame after connect 1.2 s, identical 5 of 5 |" in table
+    kill = {"first_frame_after_kill_s": 41.5, "identical_chunks": 5, "chunks": 5}
+    (tmp_path / "c.json").write_text(json.dumps({"kill": kill}))
+    assert ("| `c.json` | recovery_drill | DiT replica killed, first frame after the kill 41.5 s, identical 5 of 5 |"
+            in render(tmp_path))

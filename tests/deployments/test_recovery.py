@@ -96,6 +96,23 @@ def test_killing_the_dit_replica_mid_session_loses_nothing(server, connect, exam
     server.wait_held(0)
 
 
+def test_the_recovery_drill_benchmark_kills_the_dit_replica_and_compares(server, replica_killer):
+    """benchmarks/resume_drill.py --kill-app (run on the GPU by gpu_serve.sh, RECOVERY_DRILL=1)
+    against the CPU app: it kills the DiT replica holding its session mid-session and the
+    rebuilt session's chunks equal the reference's."""
+    from benchmarks.resume_drill import main
+
+    server.wait_held(0)
+    result = main(["--url", server.ws, "--frames", "33", "--drop-after", "0", "--stores", "--kill-app", "lwf",
+                   "--out", "/dev/null"])
+    kill = result["kill"]
+    assert set(result) >= {"kill"} and "store_off" not in result
+    assert kill["chunks"] == 3 and kill["in_flight_at_kill"] == 1 and "DiTDeployment" in kill["killed"]
+    assert kill["recoveries"] == 1 and kill["all_identical"] and kill["identical_chunks"] == 3, kill
+    _healthy_with(server, dit_replicas=2)
+    server.wait_held(0)
+
+
 def test_killing_the_vae_replica_mid_session_loses_nothing(server, connect, example, replica_killer):
     """The only VAE replica dies: the controller restarts it, the session's encoder and decoder
     caches and its H.264 encoder are rebuilt there by replay, and the fragments are identical."""
