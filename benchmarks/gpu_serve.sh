@@ -20,14 +20,15 @@
 #    the rest get `busy`), one run after the other, until the time budget is spent;
 #    OPEN_ENDED=1 declares no num_frames (open-ended sessions: the config's rolling window);
 #    SESSIONS_OPEN="3 6" adds a pass of open-ended sessions of FRAMES_OPEN (129) frames after it;
-#    RESUME_DRILL=1 then runs benchmarks/resume_drill.py (a session dropped and resumed, the prefix store
-#    off and on), RECOVERY_DRILL=1 its --kill-app (the DiT replica killed mid-session; APP_NAME);
 #    BRANCH=1 then benchmarks.branch_bench (prefix hit, fork, rewind: branch_bench.json) and
 #    DRIVE=1 benchmarks.serve_load --drive (serve_load_drive.json), AUTOSCALE=1 benchmarks.autoscale_ready
 #    (autoscale.json; an autoscaled CONFIG such as serve_config.h200.autoscale_fp8.yaml), each bounded by the budget left
 #    (BRANCH_CHUNKS: the branch bench's session length, default 20; DRIVE_ARGS: e.g. "--presses 4");
 #    LINE=1 benchmarks.line.scenarios (issue 46: the line, live before jobs, fairness: line_bench.json; LINE_ARGS)
 #    and ARRIVALS="RATE_PER_MIN DURATION_S" serve_load --arrival-rate (arrivals.json; ARRIVAL_ARGS);
+#    last, RESUME_DRILL=1 benchmarks/resume_drill.py (a session dropped and resumed, the prefix store
+#    off and on: resume_drill.json) and RECOVERY_DRILL=1 its --kill-app (the DiT replica killed
+#    mid-session and restarted: recovery_drill.json; APP_NAME);
 #    SESSIONS="" skips the load runs;
 # 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
 #    matplotlib is there; else `python -m benchmarks.serve_load --plot-from serve_load.json`),
@@ -195,14 +196,6 @@ if [ -n "${SESSIONS_OPEN:-}" ]; then  # then open-ended sessions (the config's w
         --sessions $SESSIONS_OPEN --frames "${FRAMES_OPEN:-129}" --deadline-s $(( BUDGET_S - 90 - $(elapsed) )) \
         --reply-timeout-s 120 --out "$OUT/serve_load_open.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
 fi
-if [ "${RESUME_DRILL:-0}" = 1 ] || [ "${RECOVERY_DRILL:-0}" = 1 ]; then  # issues 15.3, 44.3 (benchmarks/resume_drill.py)
-    STORES=(); KILL=()  # RESUME_DRILL: a socket dropped and resumed, the prefix store off and on;
-    [ "${RESUME_DRILL:-0}" = 1 ] && STORES=(off on)  # RECOVERY_DRILL: then the DiT replica killed mid-session
-    [ "${RECOVERY_DRILL:-0}" = 1 ] && KILL=(--kill-app "${APP_NAME:-lingbot-world}")
-    log "resume drill (stores: ${STORES[*]:-none}; ${KILL[*]:-no kill})"
-    $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
-        --stores "${STORES[@]}" "${KILL[@]}" --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
-fi
 left() { echo $(( BUDGET_S - 30 - $(elapsed) )); }  # seconds a hook may still take
 if [ "${BRANCH:-0}" = 1 ]; then  # issue 33: prefix hit, fork at the last chunk, rewind
     if [ "$(left)" -gt 10 ]; then
@@ -256,4 +249,14 @@ if [ "${DRIVE:-0}" = 1 ]; then  # serve_load's driven sessions
     else
         log "serve_load --drive skipped: no budget left"
     fi
+fi
+if [ "${RESUME_DRILL:-0}" = 1 ]; then  # issues 15.3, 44.3 (benchmarks/resume_drill.py): dropped and resumed, store off and on
+    log "resume drill (at most $(left) s)"
+    timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
+        --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+fi
+if [ "${RECOVERY_DRILL:-0}" = 1 ]; then  # issue 44.3: the DiT replica killed mid-session; last: its restart
+    log "recovery drill (at most $(left) s)"  # must not touch the other hooks' numbers
+    timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
+        --stores --kill-app "${APP_NAME:-lingbot-world}" --out "$OUT/recovery_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
 fi
