@@ -66,16 +66,19 @@ class TooLarge(ReplicaError):
 
 
 class Busy(ReplicaError):
-    """No capacity for a new session now; `retry_after_s` says when to try again."""
+    """No capacity for a new session now; `retry_after_s` says when to try again; `ends_needed`:
+    how many of the refusing replica's sessions must end before a new one fits there (the
+    waiting room's ETAs: 1 for a slot or bytes, more when the frame-rate floor binds)."""
 
     code = ErrorCode.BUSY
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
+    def __init__(self, message: str, retry_after_s: float, ends_needed: int = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.ends_needed = ends_needed
 
     def __reduce__(self):
-        return (type(self), (self.message, self.retry_after_s))
+        return (type(self), (self.message, self.retry_after_s, self.ends_needed))
 
 
 

@@ -144,6 +144,7 @@ class SessionReplica(FakeDeployment):
         self.restores: list[tuple] = []  # the arguments of each `restore` after its key
         self.errors: list[str] = []
         self.refuse = refuse
+        self.ends_needed = 1  # what its `Busy` says must end first (the frame-rate floor's: more)
 
     async def call(self, method: str, args: tuple):
         from deployments.errors import Busy, SessionLost  # noqa: PLC0415
@@ -172,7 +173,7 @@ class SessionReplica(FakeDeployment):
                 raise AssertionError(f"session {key} is already open")
             else:
                 if self.refuse:
-                    raise Busy(f"all session slots of {self.name} are taken", 1.0)
+                    raise Busy(f"all session slots of {self.name} are taken", 1.0, self.ends_needed)
                 self.held.add(key)
                 self.opened.append(key)
                 if method == "reserve":

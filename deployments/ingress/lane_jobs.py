@@ -129,7 +129,7 @@ class LaneJobs:
             stream.reopened("dit")
             out = await step(stream.dit_key)
         stream.journal.add_chunk(poses, intrinsics, y, out.latents, out.noise, context, out.kv_growth)
-        self.seats.chunk_done(stream)
+        self.seats.chunk_done(stream, out.dit_s)
         decoded = self._vae_lane.submit(partial(self.decode, stream, out.latents))
         return out, decoded
 

@@ -67,4 +67,12 @@ class FrameFloor:
         raise Busy(f"this replica's frame-rate floor is {self.min_fps:g} frames/s per live session "
                    f"(sessions.min_fps): with one more session its {len(live)} live sessions would get "
                    f"{fps:.1f} (a chunk of {CHUNK_VIDEO_FRAMES} frames each every {self.cycle_s([*live, bucket]):.2f} s); "
-                   f"retry in {retry:g} s", retry)
+                   f"retry in {retry:g} s", retry, ends_needed=self.ends_needed(live, bucket))
+
+    def ends_needed(self, live: list[Optional[Hashable]], bucket: Optional[Hashable]) -> int:
+        """How many of the `live` sessions must end before one of `bucket` keeps the floor (at
+        least 1): the sessions that fit, at their mean measured step, against those held."""
+        sessions = [*live, bucket]
+        mean_step = self.cycle_s(sessions) / len(sessions)
+        fit = int(CHUNK_VIDEO_FRAMES / (self.min_fps * mean_step)) if mean_step > 0 else len(sessions)
+        return max(len(sessions) - max(fit, 1), 1)

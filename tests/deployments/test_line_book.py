@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.ingress.line.book import DEFAULT_OPEN_ENDED_S, LineBook, LineFull
+from deployments.ingress.line.book import DEFAULT_OPEN_ENDED_S, EWMA, LineBook, LineFull
 
 
 class Clock:
@@ -66,20 +66,19 @@ def test_a_token_still_in_line_moves_to_the_new_socket():
 
 
 def test_etas_play_the_line_forward_as_processor_sharing():
-    """Two sessions share the replica: each gets a chunk every 2 s, so the step (one chunk
-    alone) is 1 s. a has 8 chunks left, c 18: a ends after 16 s (both advance at half speed),
-    then w1 (5 chunks) shares with c (10 left): w1 ends 10 s later, w2 takes its place, and
-    so on."""
+    """Two sessions share the replica, the DiT's step (one chunk alone) 1 s. a has 8 chunks
+    left, c 18: a ends after 16 s (both advance at half speed), then w1 (5 chunks) shares with
+    c (10 left): w1 ends 10 s later, w2 takes its place, and so on."""
     b, clock = book()
     a, c = b.join("o", 10), b.join("o", 20)
     b.seat(a.ticket)
     b.seat(c.ticket)
     for t, chunks in ((2.0, 1), (4.0, 2)):
         clock.t = 1000.0 + t
-        b.progress(a.ticket, chunks)
+        b.progress(a.ticket, chunks, 1.0)
         clock.t = 1000.0 + t + 1.0
-        b.progress(c.ticket, chunks)
-    assert b.stats().step_s == pytest.approx(1.0)  # the step, not the interval a session sees (2 s)
+        b.progress(c.ticket, chunks, 1.0)
+    assert b.stats().step_s == pytest.approx(1.0)  # the DiT's step, not the interval a session sees (2 s)
     w1, w2, w3 = b.join("o", 5), b.join("o", 5), b.join("o", 5)
     assert b.place(w1.ticket).eta_s == pytest.approx(16.0)  # a's 8 steps at half speed
     assert b.place(w2.ticket).eta_s == pytest.approx(26.0)  # then w1's 5 beside c's 10 left
@@ -87,6 +86,44 @@ def test_etas_play_the_line_forward_as_processor_sharing():
     b.end(a.ticket)
     assert b.place(w1.ticket).eta_s == pytest.approx(0.0)  # a place is free: now
     assert b.place(w2.ticket).eta_s == pytest.approx(10.0)  # w1's 5 steps beside c's 18: w1 ends first
+
+
+def test_the_step_is_the_dits_measure_averaged_and_only_new_chunks_count():
+    b, _ = book()
+    a = b.join("o", 10)
+    b.seat(a.ticket)
+    b.progress(a.ticket, 1, 1.0)
+    b.progress(a.ticket, 2, 2.0)
+    assert b.stats().step_s == pytest.approx(1.0 + EWMA * 1.0)
+    b.progress(a.ticket, 2, 50.0)  # the same chunk again (a late report): no sample
+    b.progress(a.ticket, 3, 0.0)  # no measure (a fake, a failed timing): the count only
+    assert b.stats().step_s == pytest.approx(1.0 + EWMA * 1.0)
+
+
+def test_a_refusal_teaches_the_places_and_the_etas_wait_for_that_many_ends():
+    """Three sessions ran together (a, c, d: 2, 4 and 6 chunks left, step 1 s); the replica
+    then refuses the first in line with two ends needed (the frame-rate floor: its steps were
+    measured slower). w waits for a and c to end: a after 2 x 3 = 6 s, c's 2 left at half speed
+    4 s more; with one end needed it would start after a's 6 s."""
+    b, _ = book()
+    seats = [b.join("o", n) for n in (2, 5, 7)]
+    for s in seats:
+        b.seat(s.ticket)
+        b.progress(s.ticket, 1, 1.0)
+    b._seats[seats[0].ticket].done = 0  # 2 left
+    w = b.join("o", 5)
+    assert b.place(w.ticket).eta_s == pytest.approx(2 * 3)  # three places: one end (a's)
+    b.refused(w.ticket, ends_needed=2)
+    assert b.place(w.ticket).eta_s == pytest.approx(2 * 3 + 2 * 2)
+    b.end(seats[0].ticket)
+    assert b.place(w.ticket).eta_s == pytest.approx(4 * 2)  # two places now: c's 4 beside d's 6
+    x = b.join("o", 5)
+    b.refused(x.ticket, ends_needed=1)  # not the first in line: changes nothing
+    assert b.place(w.ticket).eta_s == pytest.approx(4 * 2)
+    b.seat(w.ticket)
+    b.seat(x.ticket)  # four ran together after all: the places grow again
+    y = b.join("o", 5)
+    assert b.place(y.ticket).eta_s > 0 and b._places == 4
 
 
 def test_no_eta_before_any_session_ran_and_open_ended_lengths_are_learned():

@@ -4,6 +4,7 @@ robin among each class), the offline bound apart from the live slots, and the fr
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from types import SimpleNamespace
 
@@ -130,6 +131,14 @@ def test_the_floor_refuses_a_live_session_from_the_measured_step_times():
     with pytest.raises(Busy, match=r"sessions\.min_fps") as refused:
         reserve(host, "d")  # 4 s: 3 frames/s
     assert refused.value.retry_after_s == 2.0 and "3.0" in refused.value.message
+    assert refused.value.ends_needed == 1  # 3 of 4 fit: one of the live sessions must end
+    host._record_call("a", host._step, 0.0, 2.4)  # slower steps measured (mean 1.42 s): 2 of 4 fit
+    with pytest.raises(Busy) as refused:
+        reserve(host, "d")
+    assert refused.value.ends_needed == 2  # what the waiting room's ETAs take (line/book.py)
+    crossed = pickle.loads(pickle.dumps(refused.value))  # as Ray carries it to the ingress
+    assert (crossed.ends_needed, crossed.retry_after_s, crossed.message) == (2, 2.0, refused.value.message)
+    host._floor._step_s[BUCKET] = 1.0  # back at 1 s for the rest
     reserve(host, "job", offline=True)  # offline: neither in the cycle nor held to the floor
     host._record_call("b", host._step, 0.0, 0.1)  # a faster step measured since (mean 0.73 s): room again
     reserve(host, "d")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from deployments.config import AppArgs, SessionArgs
 from deployments.errors import TooLarge
 from deployments.ingress.connection import Backends, Connection
@@ -96,6 +98,32 @@ def test_a_session_without_a_place_waits_in_line_and_starts_when_one_frees(examp
         assert len(rig.room._book) == 0 and rig.room._book.stats().seated == 1
         await b.leave()
         assert rig.room._book.stats().seated == 0  # both ends reached the room
+    asyncio.run(go())
+
+
+def test_the_first_in_line_refused_tells_the_room_how_many_sessions_must_end(example):
+    """Two sessions run; the DiT refuses the first in line with two ends needed (its frame-rate
+    floor): the room learns one place, and the ETA it sends waits for both ends."""
+    async def go():
+        rig = Rig()
+        rig.dit.capacity = 2
+        a, c = rig.client(), rig.client("10.0.0.3")
+        a.start(example, "a", num_frames=57)
+        c.start(example, "c", num_frames=33)  # ends before a
+        assert isinstance(await a.answer(), FrameReply) and isinstance(await c.answer(), FrameReply)
+        book = rig.room._book
+        assert book.stats().seated == 2 and book._places == 2
+        rig.dit.ends_needed = 2
+        b = rig.client("10.0.0.2")
+        b.start(example, "b")
+        notice = await b.notice(1)
+        assert book._places == 1  # 2 seats + 1 - 2 ends
+        (ticket,) = book._waiting
+        both_ends = book.place(ticket).eta_s
+        book._places = 2  # had the replica needed one end only: the first one
+        assert both_ends > book.place(ticket).eta_s > 0 and notice.eta_s == pytest.approx(both_ends, abs=0.1)
+        for x in (a, c, b):
+            await x.leave()
     asyncio.run(go())
 
 

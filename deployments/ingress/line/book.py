@@ -10,16 +10,19 @@ moves up); when it left without being admitted (its socket dropped), its token i
 for `grace_s`, and a join with that token within it takes the token's old place again (its
 order in the line: a client that reconnects is not sent to the back).
 
-ETAs come from the sessions the room saw admitted (`seat`, and the places freed while sessions
-wait, which the first in line is about to take), as processor sharing: the DiT's work is
-compute-bound and its replica computes its live sessions' chunks in turn, so N running sessions
-each advance at 1/N of the replica's speed. The step (one chunk of one session alone) is
-measured from the seats' progress: the time between two chunks of a session over the sessions
-running then. A seat's remaining work is its chunks left (planned minus done) times the step;
-an open-ended one's, the mean length of the open-ended sessions that ended minus its age. The
-line is played forward: the running sessions share the places; when the one with the least
-work left ends, the first in line takes its place with its own work (its chunks times the
-step), and so on.
+ETAs come from the sessions the room saw admitted (`seat`) and the places they hold, as
+processor sharing: the DiT's work is compute-bound and its replica computes its live sessions'
+chunks in turn, so N running sessions each advance at 1/N of the replica's speed. The step
+(one chunk of one session alone) is the DiT's own measure of the seats' chunks (the replies'
+`dit` stage). A seat's remaining work is its chunks left (planned minus done) times the step;
+an open-ended one's, the mean length of the open-ended sessions that ended minus its age.
+
+The places (how many sessions run at once) are learned: at least as many as were ever seated
+together; when the first in line is refused, as many as the refusing replica says fit
+(`Busy.ends_needed`: with the frame-rate floor, sessions that ran together may no longer fit
+once their steps were measured slower). The line is played forward: while the running sessions
+take every place, the one with the least work left ends; the first in line then takes a free
+place with its own work (its chunks times the step), and so on.
 """
 from __future__ import annotations
 
@@ -114,8 +117,7 @@ class LineBook:
         self._open_ended_s: Optional[float] = None
         self._admitted_total = 0
         self._waits: list[float] = []
-        # places freed while sessions waited, not taken yet (the first in line is about to): free now
-        self._vacant = 0
+        self._places = 0  # sessions running at once, as learned (module doc)
 
     # ---- the line ----
 
@@ -173,7 +175,7 @@ class LineBook:
         w = self._waiting.pop(ticket, None)  # None: it left meanwhile (admitted all the same)
         chunks, joined = (None, now) if w is None else (w.chunks, w.joined)
         self._seats[ticket] = _Seat(chunks, now, now)
-        self._vacant = max(self._vacant - 1, 0) if self._waiting else 0
+        self._places = max(self._places, len(self._seats))
         self._admitted_total += 1
         waited = now - joined
         self._waits.append(waited)
@@ -181,17 +183,22 @@ class LineBook:
 
     # ---- the seats ----
 
-    def progress(self, ticket: int, chunks_done: int) -> None:
-        """A seated session computed `chunks_done` chunks: its work left, and a sample of the
-        step (the time since its previous chunk over the sessions running: they take turns)."""
+    def refused(self, ticket: int, ends_needed: int) -> None:
+        """The first in line was refused: `ends_needed` of the running sessions must end before
+        it fits (its replica's answer), so the places are fewer than the seats plus one."""
+        line = self._line()
+        if line and line[0] == ticket:
+            self._places = max(len(self._seats) + 1 - ends_needed, 1)
+
+    def progress(self, ticket: int, chunks_done: int, step_s: float) -> None:
+        """A seated session computed `chunks_done` chunks, the last one's DiT step `step_s`
+        seconds (its compute, not its wait): its work left, and a sample of the step."""
         s = self._seats.get(ticket)
         if s is None or chunks_done <= s.done:
             return
-        now = self._clock()
-        if s.done >= 1:  # the first chunk's wait includes the session's start (encodes): not a step
-            step = (now - s.last_seen) / (chunks_done - s.done) / len(self._seats)
-            self._step_s = step if self._step_s is None else (1 - EWMA) * self._step_s + EWMA * step
-        s.done, s.last_seen = chunks_done, now
+        if step_s > 0:
+            self._step_s = step_s if self._step_s is None else (1 - EWMA) * self._step_s + EWMA * step_s
+        s.done, s.last_seen = chunks_done, self._clock()
 
     def end(self, ticket: int) -> bool:
         """A seated session ended (True) — or a waiting ticket left (`leave`, False)."""
@@ -199,7 +206,6 @@ class LineBook:
         if s is None:
             self.leave(ticket)
             return False
-        self._vacant = self._vacant + 1 if self._waiting else 0
         if s.chunks is None:
             length = self._clock() - s.started
             self._open_ended_s = length if self._open_ended_s is None else (
@@ -213,8 +219,6 @@ class LineBook:
         stale = [t for t, s in self._seats.items() if now - s.last_seen > self._seat_ttl_s]
         for t in stale:
             del self._seats[t]
-        if not self._waiting:
-            self._vacant = 0
         return stale
 
     def stats(self) -> LineStats:
@@ -254,17 +258,19 @@ class LineBook:
 
     def _etas(self, line: list[int]) -> list[Optional[float]]:
         """Each waiting ticket's expected wait, the line played forward as processor sharing
-        over the seats' work left (see the module doc); None for all when no seat is known."""
-        now = self._clock()
-        active = [self._left_work(s, now) for s in self._seats.values()] + [0.0] * self._vacant
-        if not active:
+        over the seats' work left in the places learned (see the module doc); None for all
+        before any session was seated."""
+        if not self._places:
             return [None] * len(line)
+        now = self._clock()
+        active = [self._left_work(s, now) for s in self._seats.values()]
         t, etas = 0.0, []
         for ticket in line:
-            least = min(active)
-            t += least * len(active)  # every running session advanced by `least` at 1/len(active) speed
-            active = [w - least for w in active]
-            active.remove(min(active))
+            while active and len(active) >= self._places:
+                least = min(active)
+                t += least * len(active)  # every running session advanced by `least` at 1/len(active) speed
+                active = [w - least for w in active]
+                active.remove(min(active))
             etas.append(t)
             active.append(self._work(self._waiting[ticket].chunks))
         return etas

@@ -95,8 +95,13 @@ class WaitingRoom:
         self._summary["left"] += 1
         self._changed()
 
-    async def progress(self, ticket: int, chunks_done: int) -> None:
-        self._book.progress(ticket, chunks_done)
+    async def refused(self, ticket: int, ends_needed: int) -> Place:
+        """The first in line was refused (`Busy.ends_needed`); its place with the ETA that follows."""
+        self._book.refused(ticket, ends_needed)
+        return self._book.place(ticket)
+
+    async def progress(self, ticket: int, chunks_done: int, step_s: float) -> None:
+        self._book.progress(ticket, chunks_done, step_s)
 
     async def stats(self) -> dict[str, Any]:
         """For /healthz and /v1/models: the line's length and the seats it knows."""

@@ -113,6 +113,7 @@ class LineSeats:
                     except Busy as e:
                         refused = True
                         retry_s = min(max(e.retry_after_s, FIRST_RETRY_S[0]), FIRST_RETRY_S[1])
+                        place = await self._until(seat, self._room.refused.remote(seat.ticket, e.ends_needed))
                 due = refused or time.monotonic() - joined >= FIRST_NOTICE_S
                 if due and (place.position != told or time.monotonic() - told_at >= NOTICE_PERIOD_S):
                     told, told_at = place.position, time.monotonic()
@@ -156,8 +157,9 @@ class LineSeats:
             raise asyncio.CancelledError("the session left the line")
         return answer.result()
 
-    def chunk_done(self, stream: Stream) -> None:
-        """A seated session computed one more chunk (the room's ETAs learn from it)."""
+    def chunk_done(self, stream: Stream, step_s: float) -> None:
+        """A seated session computed one more chunk, its DiT step `step_s` seconds (the room's
+        ETAs learn from it)."""
         seat = self._seats.get(stream)
         if seat is None or not seat.seated:
             return
@@ -165,7 +167,7 @@ class LineSeats:
         seat.chunks += 1
         seat.first_chunk_at = seat.first_chunk_at or now
         seat.last_chunk_at = now
-        detach(self._call(self._room.progress.remote(seat.ticket, seat.chunks)), name="line-progress")
+        detach(self._call(self._room.progress.remote(seat.ticket, seat.chunks, step_s)), name="line-progress")
 
     def end(self, stream: Stream) -> None:
         """`stream` ended (reset, replaced, failed, its socket gone): it leaves the line, or
