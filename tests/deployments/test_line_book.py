@@ -88,16 +88,26 @@ def test_etas_play_the_line_forward_as_processor_sharing():
     assert b.place(w2.ticket).eta_s == pytest.approx(10.0)  # w1's 5 steps beside c's 18: w1 ends first
 
 
-def test_the_step_is_the_dits_measure_averaged_and_only_new_chunks_count():
-    b, _ = book()
+def test_the_step_is_the_larger_of_the_dits_measure_and_the_interval_over_the_streaming_seats():
+    b, clock = book()
     a = b.join("o", 10)
     b.seat(a.ticket)
     b.progress(a.ticket, 1, 1.0)
-    b.progress(a.ticket, 2, 2.0)
+    b.progress(a.ticket, 2, 2.0)  # no time passed: the DiT's measure alone
     assert b.stats().step_s == pytest.approx(1.0 + EWMA * 1.0)
     b.progress(a.ticket, 2, 50.0)  # the same chunk again (a late report): no sample
-    b.progress(a.ticket, 3, 0.0)  # no measure (a fake, a failed timing): the count only
-    assert b.stats().step_s == pytest.approx(1.0 + EWMA * 1.0)
+    b.progress(a.ticket, 3, 0.0)  # nothing measured (a fake's timings, the same instant): the count only
+    assert b.stats().step_s == pytest.approx(1.3)
+    c = b.join("o", 10)
+    b.seat(c.ticket)  # starting: not sharing the DiT yet
+    clock.t += 4.0
+    b.progress(a.ticket, 4, 0.1)  # 4 s for a chunk, a alone streaming: another stage bounds the rate
+    assert b.stats().step_s == pytest.approx(1.3 + EWMA * (4.0 - 1.3))
+    b.progress(c.ticket, 1, 2.11)  # c's first chunk: its start is no interval; the DiT's measure alone
+    assert b.stats().step_s == pytest.approx(2.11)
+    clock.t += 3.0
+    b.progress(a.ticket, 5, 0.1)  # 3 s over the two streaming: 1.5 s
+    assert b.stats().step_s == pytest.approx(2.11 + EWMA * (1.5 - 2.11))
 
 
 def test_a_refusal_teaches_the_places_and_the_etas_wait_for_that_many_ends():

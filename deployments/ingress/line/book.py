@@ -13,8 +13,11 @@ order in the line: a client that reconnects is not sent to the back).
 ETAs come from the sessions the room saw admitted (`seat`) and the places they hold, as
 processor sharing: the DiT's work is compute-bound and its replica computes its live sessions'
 chunks in turn, so N running sessions each advance at 1/N of the replica's speed. The step
-(one chunk of one session alone) is the DiT's own measure of the seats' chunks (the replies'
-`dit` stage). A seat's remaining work is its chunks left (planned minus done) times the step;
+(one chunk of one session alone) is measured twice per chunk of a seat, and the larger taken:
+the DiT's own measure (the chunk's `dit` stage: the bound where the DiT is the bottleneck, as
+on a GPU), and the time since the seat's previous chunk over the seats streaming then (those
+with a chunk computed: a session still starting is not sharing the DiT yet), which holds where
+other stages bound the rate (the VAE, the client's pace). A seat's remaining work is its chunks left (planned minus done) times the step;
 an open-ended one's, the mean length of the open-ended sessions that ended minus its age.
 
 The places (how many sessions run at once) are learned: at least as many as were ever seated
@@ -192,13 +195,20 @@ class LineBook:
 
     def progress(self, ticket: int, chunks_done: int, step_s: float) -> None:
         """A seated session computed `chunks_done` chunks, the last one's DiT step `step_s`
-        seconds (its compute, not its wait): its work left, and a sample of the step."""
+        seconds (its compute, not its wait): its work left, and a sample of the step (module doc)."""
         s = self._seats.get(ticket)
         if s is None or chunks_done <= s.done:
             return
-        if step_s > 0:
-            self._step_s = step_s if self._step_s is None else (1 - EWMA) * self._step_s + EWMA * step_s
-        s.done, s.last_seen = chunks_done, self._clock()
+        now = self._clock()
+        samples = [step_s]
+        if s.done >= 1:  # the first chunk's wait includes the session's start (encodes): not a step
+            streaming = sum(1 for x in self._seats.values() if x.done >= 1)
+            samples.append((now - s.last_seen) / (chunks_done - s.done) / streaming)
+        samples = [x for x in samples if x > 0]  # none measured (a fake's timings, the same instant)
+        if samples:
+            step = max(samples)
+            self._step_s = step if self._step_s is None else (1 - EWMA) * self._step_s + EWMA * step
+        s.done, s.last_seen = chunks_done, now
 
     def end(self, ticket: int) -> bool:
         """A seated session ended (True) — or a waiting ticket left (`leave`, False)."""
