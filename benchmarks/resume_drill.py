@@ -63,7 +63,8 @@ async def _play(ws, messages: list[bytes], videos: dict[int, bytes], sent: int, 
                 debug: Optional[list] = None) -> tuple[int, Optional[float], Optional[str]]:
     """Send the session's infers (at most 2 in flight) from chunk `sent` and collect frame
     replies into `videos` until it holds `until`: (chunks sent, seconds from `t0` (default:
-    now) to the first reply, the resume token seen); each reply's `debug` appended to `debug`."""
+    now) to the first reply, the resume token seen); each reply's `debug` (and `at`: when it came)
+    appended to `debug`."""
     t0, first_s, token = time.perf_counter() if t0 is None else t0, None, None
     while len(videos) < until:
         while sent < len(messages) and sent - len(videos) < 2:
@@ -75,7 +76,7 @@ async def _play(ws, messages: list[bytes], videos: dict[int, bytes], sent: int, 
         videos[reply.chunk_id] = reply.video
         token = token or reply.resume_token
         if debug is not None:
-            debug.append(reply.debug or {})
+            debug.append({**(reply.debug or {}), "at": time.perf_counter()})
     return sent, first_s, token
 
 
@@ -145,8 +146,10 @@ async def killed(url: str, messages: list[bytes], sid: str, kill_after: int, tim
     actor = await asyncio.to_thread(kill_dit_replica, app, debug[-1].get("dit_replica"))
     _, first_s, _ = await _play(ws, messages, videos, sent, len(messages), timeout_s, t_kill, debug=debug)
     await _reset_and_close(ws, sid, timeout_s)
+    after = debug[kill_after + 1:]  # the replies after the kill, in order: the rebuild shows as one long gap
     return {"videos": [videos[k] for k in range(len(messages))], "killed": actor, "in_flight_at_kill": in_flight,
-            "first_frame_after_kill_s": first_s, "recoveries": debug[-1].get("recoveries")}
+            "first_frame_after_kill_s": first_s, "frames_after_kill_s": [round(d["at"] - t_kill, 3) for d in after],
+            "recoveries": debug[-1].get("recoveries")}
 
 
 async def drill_kill(args: argparse.Namespace) -> dict:

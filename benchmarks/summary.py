@@ -183,6 +183,29 @@ def other_rows(d: dict) -> list[Row]:
     return [("probe", "keys: " + ", ".join(sorted(k for k in d if k not in ("torch", "device", "cudnn", "triton"))))]
 
 
+def arrivals_rows(d: dict) -> list[Row]:
+    s = d["summary"]
+    return [("serve_load --arrival-rate", f"{s['arrivals']} arrivals, {s['queued']} queued, {s['busy_replies']} busy: "
+                                          f"wait p95 {fmt(s['wait_p95_s'])} s, max {fmt(s['wait_max_s'])} s "
+                                          f"(bound {fmt(s['starvation_bound_s'])} s); ETA within 30 % "
+                                          f"{s['eta_within_30pct']} of {s['eta_judged']}; "
+                                          f"frames/s per session p50 {fmt(s['fps_per_session_p50'])}")]
+
+
+def line_bench_rows(d: dict) -> list[Row]:
+    rows = []
+    if "line" in d:
+        line = d["line"]
+        etas = ", ".join(f"{w['eta_s']} s for {fmt(w['actual_wait_s'])} s" for w in line["waiters"] if w.get("waited"))
+        rows.append(("line_bench line", f"positions 1 and 2 {line['positions_1_and_2']}, ETAs within 30 % "
+                                        f"{line['etas_within_30pct']} ({etas or 'none waited'}), busy {line['busy_replies']}"))
+    if "jobs" in d:
+        rows.append(("line_bench jobs", f"live interval with 3 jobs {fmt(d['jobs']['ratio'])} x alone"))
+    if "fair" in d:
+        rows.append(("line_bench fair", f"pipeline 2 vs 1: {fmt(100 * d['fair']['difference'])} % apart"))
+    return rows
+
+
 KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: "stages" in d, run_rows),
     (lambda d: "runs" in d and isinstance(d["runs"], dict), window_rows),
@@ -201,6 +224,8 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: isinstance(d.get("attention"), dict) and "kv_1_chunks" in d["attention"], attention_rows),
     (lambda d: d.get("object") == "list", models_rows),
     (lambda d: isinstance(d.get("quant"), dict), quant_rows),
+    (lambda d: "line_samples" in d and "summary" in d, arrivals_rows),
+    (lambda d: "config" in d and ("line" in d or "fair" in d), line_bench_rows),
 ]
 
 

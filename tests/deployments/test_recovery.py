@@ -109,6 +109,7 @@ def test_the_recovery_drill_benchmark_kills_the_dit_replica_and_compares(server,
     assert set(result) >= {"kill"} and "store_off" not in result
     assert kill["chunks"] == 3 and kill["in_flight_at_kill"] == 1 and "DiTDeployment" in kill["killed"]
     assert kill["recoveries"] == 1 and kill["all_identical"] and kill["identical_chunks"] == 3, kill
+    assert len(kill["frames_after_kill_s"]) == 2 and kill["frames_after_kill_s"] == sorted(kill["frames_after_kill_s"])
     _healthy_with(server, dit_replicas=2)
     server.wait_held(0)
 
