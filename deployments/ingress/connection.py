@@ -122,7 +122,7 @@ class Connection:
                                                                           self._id),
                                    handshake, prefix_metrics, token=self._resume.token)  # prefix/reuse.py
         self._branches = Branches(replicas, self._releases, self._replies,  # fork, rewind, forks held (branching.py)
-                                  followers=(self._resume, self._prefix))
+                                  followers=(self._resume, self._prefix, self._controls))
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._image = FrameImage(limits)  # the pixels of the frame in hand (image_intake.py)

@@ -10,7 +10,9 @@ and, for a key-driven chunk, the `event_id` of the key state it used.
 
 A cursor holds for its stream and the chunk it was left at: after a rewind to chunk k (the
 stream's `next_chunk` taken back) the camera continues from the journal's last kept chunk,
-chunk k - 1's last pose, not from the chunks taken back; a fork starts from its prefix's.
+chunk k - 1's last pose, not from the chunks taken back; a fork starts from its prefix's: at
+the head, the source's cursor (a branch follower, history/branching.py: a session whose journal
+was dropped over its budget still forks there, and its fork must not start from the identity).
 """
 from __future__ import annotations
 
@@ -123,6 +125,16 @@ class ControlBook:
             self._cursors[sid] = cursor.before
         else:  # the chunk continued the journal's last pose (no cursor before it): so will its next try
             del self._cursors[sid]
+
+    def forked(self, new: Stream, source: Stream, k: int) -> None:
+        """A fork of `source`'s first k chunks: at its head, the fork continues the source's
+        camera (below it, the fork's journal holds chunk k - 1's pose)."""
+        cursor = self._cursor(source, k)
+        if cursor is not None:
+            self._cursors[new.spec.session_id] = _Cursor(new, k, cursor.pose.copy(), cursor.intrinsics.copy())
+
+    def rewound(self, stream: Stream, k: int) -> None:
+        """A rewind voids the cursor by itself (`next_chunk` taken back); nothing to follow."""
 
     @staticmethod
     async def annotate(reply_task: Awaitable[BaseModel], cams: ChunkCameras | Awaitable[ChunkCameras]) -> BaseModel:

@@ -128,3 +128,40 @@ def test_keys_after_a_rewind_or_fork_continue_from_the_kept_chunk(server, connec
     np.testing.assert_allclose(again.poses, key_chunk_poses(start, {"a"}, STEPS), atol=1e-6)
     assert (branch.chunk_id, branch.event_id) == (1, 4)
     np.testing.assert_allclose(branch.poses, key_chunk_poses(start, {"d"}, STEPS), atol=1e-6)
+
+
+def _stream(session_id: str, next_chunk: int) -> "Stream":
+    from deployments.ingress.journal import SessionJournal
+    from deployments.ingress.stream import Stream
+    from deployments.wire import SessionOptions
+
+    journal = SessionJournal(np.zeros((8, 8, 3), np.uint8), 1 << 30)
+    journal._keep(2 << 30)  # dropped over its budget (sessions.journal_max_mib): no pose to read back
+    spec = SessionOptions(session_id, "p", "d", (16, 16), 1, None, None, (480, 832), False)
+    return Stream(spec, journal, journal.image, next_chunk=next_chunk)
+
+
+def test_a_fork_at_the_head_continues_the_sources_camera_without_a_journal():
+    """A session whose journal was dropped forks at its head by copy (history/branching.py): the
+    fork's next key-driven chunk continues from the source's last pose, not from the identity;
+    a fork below the head takes nothing from the cursor (its journal's pose, where it has one)."""
+    from deployments.config import ControlArgs
+    from deployments.ingress.controls import ControlBook
+
+    book = ControlBook(ControlArgs())
+    book.set(ControlRequest(session_id="src", event_id=1, keys=["w", "l"]))
+    source = _stream("src", 0)
+    for k in range(2):  # two key-driven chunks accepted: the camera moved on
+        cams = book.keyed(source, k)
+        book.commit(source, cams, k)
+        source.next_chunk = k + 1
+    head = cams.last_pose
+    assert not np.allclose(head, np.eye(4), atol=1e-3)
+    fork = _stream("fork", 2)
+    book.forked(fork, source, 2)
+    book.set(ControlRequest(session_id="fork", event_id=2, keys=["d"]))
+    np.testing.assert_allclose(book.keyed(fork, 2).poses, key_chunk_poses(head, {"d"}, STEPS), atol=1e-6)
+    below = _stream("below", 1)
+    book.forked(below, source, 1)  # not the source's head: its cursor does not apply
+    book.set(ControlRequest(session_id="below", event_id=3, keys=["d"]))
+    np.testing.assert_allclose(book.keyed(below, 1).poses, key_chunk_poses(None, {"d"}, STEPS), atol=1e-6)
