@@ -140,6 +140,8 @@ def test_no_eta_before_any_session_ran_and_open_ended_lengths_are_learned():
     b, clock = book()
     w = b.join("o", None)
     assert w.eta_s is None
+    b.refused(w.ticket, ends_needed=1)  # the places are held by sessions the room never saw
+    assert b.place(w.ticket).eta_s is None
     b.seat(w.ticket)
     clock.t += 30.0
     b.end(w.ticket)

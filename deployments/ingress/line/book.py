@@ -188,10 +188,12 @@ class LineBook:
 
     def refused(self, ticket: int, ends_needed: int) -> None:
         """The first in line was refused: `ends_needed` of the running sessions must end before
-        it fits (its replica's answer), so the places are fewer than the seats plus one."""
+        it fits (its replica's answer), so the places are fewer than the seats plus one. With no
+        seat known, the sessions holding the places are not the room's (forks, resumes, rebuilds):
+        no ETA then."""
         line = self._line()
         if line and line[0] == ticket:
-            self._places = max(len(self._seats) + 1 - ends_needed, 1)
+            self._places = max(len(self._seats) + 1 - ends_needed, 1) if self._seats else 0
 
     def progress(self, ticket: int, chunks_done: int, step_s: float) -> None:
         """A seated session computed `chunks_done` chunks, the last one's DiT step `step_s`
