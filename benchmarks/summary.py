@@ -198,7 +198,8 @@ def line_bench_rows(d: dict) -> list[Row]:
         line = d["line"]
         etas = ", ".join(f"{w['eta_s']} s for {fmt(w['actual_wait_s'])} s" for w in line["waiters"] if w.get("waited"))
         rows.append(("line_bench line", f"positions 1 and 2 {line['positions_1_and_2']}, ETAs within 30 % "
-                                        f"{line['etas_within_30pct']} ({etas or 'none waited'}), busy {line['busy_replies']}"))
+                                        f"{line['etas_within_30pct']} ({etas or 'none waited'}), "
+                                        f"busy {line['busy_replies']}"))
     if "jobs" in d:
         rows.append(("line_bench jobs", f"live interval with 3 jobs {fmt(d['jobs']['ratio'])} x alone"))
     if "fair" in d:

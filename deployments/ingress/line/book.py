@@ -17,8 +17,9 @@ chunks in turn, so N running sessions each advance at 1/N of the replica's speed
 the DiT's own measure (the chunk's `dit` stage: the bound where the DiT is the bottleneck, as
 on a GPU), and the time since the seat's previous chunk over the seats streaming then (those
 with a chunk computed: a session still starting is not sharing the DiT yet), which holds where
-other stages bound the rate (the VAE, the client's pace). A seat's remaining work is its chunks left (planned minus done) times the step;
-an open-ended one's, the mean length of the open-ended sessions that ended minus its age.
+other stages bound the rate (the VAE, the client's pace). A seat's remaining work is its chunks
+left (planned minus done) times the step; an open-ended one's, the mean length of the
+open-ended sessions that ended minus its age.
 
 The places (how many sessions run at once) are learned: at least as many as were ever seated
 together; when the first in line is refused, as many as the refusing replica says fit
