@@ -429,8 +429,8 @@ def _vae_variants(b: Bench, vae32: torch.nn.Module, latents: list[torch.Tensor],
     variants = {name: options for name, options in VAE_VARIANTS.items() if name in args.vae_variants}
     best_name, best_engine, best_time = None, None, math.inf
     for name, options in variants.items():
-        engine = VaeEngine(optimize_vae(copy.deepcopy(vae32).to(torch.bfloat16), options))
-        try:
+        try:  # building it too: a variant this device cannot run (a Triton kernel on the CPU) is recorded
+            engine = VaeEngine(optimize_vae(copy.deepcopy(vae32).to(torch.bfloat16), options))
             _, t_warm = timed(lambda: run_vae(engine, b.inputs, latents[:3]), dev)  # cuDNN autotuning, compile
             with PeakMemory(dev) as mem:
                 run = run_vae(engine, b.inputs, latents)
@@ -444,6 +444,8 @@ def _vae_variants(b: Bench, vae32: torch.nn.Module, latents: list[torch.Tensor],
                               "mean_decode_s": sum(run.decode_s) / len(latents), **compare(run, ref)}
         if per_chunk < best_time:
             best_name, best_engine, best_time = name, engine, per_chunk
+    if best_engine is None:
+        raise RuntimeError(f"no VAE variant of {sorted(variants)} ran on {dev}: see their errors")
     return best_name, best_engine
 
 

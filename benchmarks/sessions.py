@@ -47,14 +47,14 @@ def run_dit(engine: DiTEngine, inputs: Inputs, chunks: int, seed: int = 42, trac
         session = engine.open(spec)
         session.trace = [] if trace_first else None
         for k in range(chunks):
-            if k == 1 and trace_first:
-                first = next(e["out"] for e in session.trace if e["kind"] == "dit")
-                session.trace = None
             y = inputs.y(k, spec.lat_h, spec.lat_w, Y_SEED)
             poses, intrinsics = inputs.chunk_cameras(k)
             out, dt = timed(lambda: engine.step(session, y, poses, intrinsics), device)
             times.append(dt)
             latents.append(out.latents)
+            if k == 0 and trace_first:  # after the first chunk (a session of one chunk has it too)
+                first = next(e["out"] for e in session.trace if e["kind"] == "dit")
+                session.trace = None
         kv_bytes = session.caches.nbytes
         engine.close(session)
     run = DiTRun(times, latents, first_velocity=first)
