@@ -54,6 +54,7 @@ SLOW_TESTS = frozenset({
     "model/test_vae.py::test_chunked_decode_equals_whole_video_decode",
     "model/test_triton_quant.py::test_triton_quantization_kernels",
     "model/test_precision.py::test_bf16_paths_stay_within_2e_2_of_float32",
+    "test_benchmark_reports.py::test_the_model_benchmark_runs_through_on_the_tiny_model",
 })
 TESTS = Path(__file__).resolve().parent
 
