@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Optional
 
@@ -152,14 +153,19 @@ async def killed(url: str, messages: list[bytes], sid: str, kill_after: int, tim
             "recoveries": debug[-1].get("recoveries")}
 
 
-async def drill_kill(args: argparse.Namespace) -> dict:
-    """The reference and the session whose DiT replica is killed (both `prefix_cache: false`)."""
-    traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (recovery drill)")
+async def _against_reference(args: argparse.Namespace, tag: str, label: str, prefix_cache: Optional[bool],
+                             play: Callable[[list[bytes], str], Awaitable[dict]]) -> dict:
+    """An uninterrupted reference session, then the same session (trajectory, seed) played by
+    `play(messages, session_id)`; its run with each chunk's bytes compared with the reference's."""
+    traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} ({label})")
     plan = plan_session(traj, args.frames)
-    ref = await reference(args.url, traj.messages(plan, "drill-ref-kill", seed=SEED, prefix_cache=False),
-                          "drill-ref-kill", args.timeout_s)
-    run = await killed(args.url, traj.messages(plan, "drill-kill", seed=SEED, prefix_cache=False), "drill-kill",
-                       args.drop_after, args.timeout_s, args.kill_app)
+    ref_id, sid = f"drill-ref-{tag}", f"drill-{tag}"
+
+    def messages(session_id: str) -> list[bytes]:
+        return traj.messages(plan, session_id, seed=SEED, prefix_cache=prefix_cache)
+
+    ref = await reference(args.url, messages(ref_id), ref_id, args.timeout_s)
+    run = await play(messages(sid), sid)
     videos = run.pop("videos")
     return {**run, "chunks": len(ref), "identical_chunks": sum(a == b for a, b in zip(videos, ref)),
             "all_identical": videos == ref}
@@ -168,26 +174,16 @@ async def drill_kill(args: argparse.Namespace) -> dict:
 STORES = {"off": False, "on": None}  # the sessions' prefix_cache option (None: the server's default)
 
 
-async def drill_one(args: argparse.Namespace, store: str) -> dict:
-    """The reference and the dropped session with the prefix store `store` ("off" or "on")."""
-    traj = synthetic_trajectory(args.trajectory, args.frames, prompt=f"{DEFAULT_PROMPT} (resume drill, store {store})")
-    plan = plan_session(traj, args.frames)
-    ref_id, sid = f"drill-ref-{store}", f"drill-{store}"
-
-    def messages(session_id: str) -> list[bytes]:
-        return traj.messages(plan, session_id, seed=SEED, prefix_cache=STORES[store])
-
-    ref = await reference(args.url, messages(ref_id), ref_id, args.timeout_s)
-    run = await dropped(args.url, messages(sid), sid, args.drop_after, args.timeout_s)
-    videos = run.pop("videos")
-    return {**run, "chunks": len(ref), "identical_chunks": sum(a == b for a, b in zip(videos, ref)),
-            "all_identical": videos == ref}
-
-
 async def drill(args: argparse.Namespace) -> dict:
-    runs = {f"store_{store}": await drill_one(args, store) for store in args.stores}
-    if args.kill_app:
-        runs["kill"] = await drill_kill(args)
+    runs = {}
+    for store in args.stores:  # dropped and resumed, the prefix store off or on
+        runs[f"store_{store}"] = await _against_reference(
+            args, store, f"resume drill, store {store}", STORES[store],
+            lambda messages, sid: dropped(args.url, messages, sid, args.drop_after, args.timeout_s))
+    if args.kill_app:  # the DiT replica killed mid-session (both sessions out of the store)
+        runs["kill"] = await _against_reference(
+            args, "kill", "recovery drill", False,
+            lambda messages, sid: killed(args.url, messages, sid, args.drop_after, args.timeout_s, args.kill_app))
     return {"frames": args.frames, "drop_after_chunk": args.drop_after, **runs,
             "all_identical": all(r["all_identical"] for r in runs.values())}
 

@@ -137,15 +137,25 @@ def sp_rows(d: dict) -> list[Row]:
                                                f"all-to-all {fmt(100 * d.get('all_to_all_share', 0.0))} %")]
 
 
+def _is_resume_drill(d: dict) -> bool:
+    """benchmarks/resume_drill.py's output: one run (older files), runs per store, a kill run."""
+    return "reconnect_s" in d or "kill" in d or any(k.startswith("store_") for k in d)
+
+
 def resume_rows(d: dict) -> list[Row]:
-    runs = {k.removeprefix("store_"): v for k, v in d.items() if k.startswith("store_")} or {"": d}
-    return [(f"resume_drill{f' (store {store})' if store else ''}",
-             f"reconnect {fmt(r['reconnect_s'])} s, replayed {r['replayed']}, "
-             f"first frame after connect {fmt(r['first_frame_after_connect_s'])} s"
-             + (f", identical {r['identical_chunks']} of {r['chunks']}" if "identical_chunks" in r else ""))
-            for store, r in runs.items() if "reconnect_s" in r] + (
-        [("recovery_drill", f"DiT replica killed, first frame after the kill {fmt(k['first_frame_after_kill_s'])} s, "
-                            f"identical {k['identical_chunks']} of {k['chunks']}")] if (k := d.get("kill")) else [])
+    runs = {"resume_drill": d} if "reconnect_s" in d else {
+        f"resume_drill (store {k.removeprefix('store_')})": v for k, v in d.items() if k.startswith("store_")}
+    rows = []
+    for kind, r in runs.items():
+        identical = f", identical {r['identical_chunks']} of {r['chunks']}" if "identical_chunks" in r else ""
+        rows.append((kind, f"reconnect {fmt(r['reconnect_s'])} s, replayed {r['replayed']}, "
+                           f"first frame after connect {fmt(r['first_frame_after_connect_s'])} s{identical}"))
+    if "kill" in d:
+        k = d["kill"]
+        rows.append(("recovery_drill", f"DiT replica killed, first frame after the kill "
+                                       f"{fmt(k['first_frame_after_kill_s'])} s, identical {k['identical_chunks']} "
+                                       f"of {k['chunks']}"))
+    return rows
 
 
 def gaps_rows(d: dict) -> list[Row]:
@@ -220,7 +230,7 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: isinstance(d.get("sessions"), list) and "warmup_s" in d and "load_s" in d, first_chunk_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
-    (lambda d: "reconnect_s" in d or "store_off" in d or "kill" in d, resume_rows),
+    (_is_resume_drill, resume_rows),
     (lambda d: "busy_fraction" in d, gaps_rows),
     (lambda d: isinstance(d.get("attention"), dict) and "kv_1_chunks" in d["attention"], attention_rows),
     (lambda d: d.get("object") == "list", models_rows),
