@@ -141,7 +141,7 @@ def test_sockets_dropped_at_random_moments_release_everything(server, example, s
 
 # ---- forks and rewinds among the moves (issue 43, items 1-2) ----
 
-BRANCH_SOCKETS = 24  # random sockets, after the two scripted attacks
+BRANCH_SOCKETS = 24  # random sockets, after the three scripted attacks
 BRANCH_CONCURRENCY = 2
 BRANCH_MOVES = ("infer", "infers", "fork", "rewind", "rewinds", "reset")
 MAX_CHUNKS = 5  # per session of a random socket (open-ended: the example's poses hold 80)
@@ -188,20 +188,40 @@ class Brancher:
                              translation_scale=self.example.scale) if first else None
         await self.send(encode(infer_request(sid, poses, intrinsics, start=extra)))
 
+    async def fork_when_free(self, sid: str, new: str, at_chunk: int, tries: int = 40) -> None:
+        """A fork sent, answered, and sent again while the answer is `busy` (the other sockets may
+        hold every session slot of the app for a while)."""
+        for _ in range(tries):
+            start = len(self.replies)
+            await self.send(encode(ForkRequest(session_id=sid, new_session_id=new, at_chunk=at_chunk)))
+            await self.settle()
+            busy = [r for r in self.replies[start:] if isinstance(r, ErrorReply) and r.code is ErrorCode.BUSY]
+            if not busy:
+                break
+            await asyncio.sleep(busy[-1].retry_after_s or 0.5)
+        self.open.add(new)
+
+    def _pick(self, low: int, high: int) -> int:
+        """An integer in [low, high] from exactly one draw of the socket's generator, whatever the
+        range (`randint` draws more bits for some ranges, and the ranges follow the replies: the
+        sequence of moves would then depend on the machine's pace)."""
+        return low + int(self.rng.random() * (high - low + 1))
+
     async def move(self) -> str:
-        rng = self.rng
-        move, sid = rng.choice(BRANCH_MOVES), rng.choice(sorted(self.open) or [self.name])
+        move = BRANCH_MOVES[self._pick(0, len(BRANCH_MOVES) - 1)]
+        among = sorted(self.open) or [self.name]
+        sid = among[self._pick(0, len(among) - 1)]
         n = self.chunks.get(sid, 0)
         if move in ("infer", "infers"):
-            for _ in range(rng.randint(2, 3) if move == "infers" else 1):
+            for _ in range(self._pick(2, 3) if move == "infers" else 1):
                 await self.infer(sid)
         elif move == "fork":
             new = f"{self.name}-f{self.sent}"
-            await self.send(encode(ForkRequest(session_id=sid, new_session_id=new, at_chunk=rng.randint(1, max(1, n)))))
+            await self.send(encode(ForkRequest(session_id=sid, new_session_id=new, at_chunk=self._pick(1, max(1, n)))))
             self.open.add(new)
         elif move in ("rewind", "rewinds"):
-            for _ in range(rng.randint(2, 4) if move == "rewinds" else 1):
-                n = rng.randint(0, max(0, n - 1))
+            for _ in range(self._pick(2, 4) if move == "rewinds" else 1):
+                n = self._pick(0, max(0, n - 1))
                 await self.send(encode(RewindRequest(session_id=sid, to_chunk=n)))
         else:
             await self.send(encode(ResetRequest(session_id=sid)))
@@ -210,11 +230,14 @@ class Brancher:
         return move
 
 
-async def _branch_socket(url: str, example, rng: random.Random, i: int, script: str = "random") -> Counter:
-    """One socket: the issue's two attacks (`script`), or up to 8 random moves, each followed
-    at random by a wait for every answer, a short pause or nothing; then a clean close or a TCP
-    abort. The replies it got, by kind."""
-    abort = script == "rewind_then_drop" or rng.random() < 0.5
+async def _branch_socket(url: str, example, i: int, script: str = "random") -> Counter:
+    """One socket: a scripted attack (`script`: the issue's two, and forks racing a drop), or up
+    to 8 random moves, each followed at random by a wait for every answer, a short pause or
+    nothing; then a clean close or a TCP abort. The replies it got, by kind. Each socket draws
+    from a generator of its own (seeded by `i`): its moves do not depend on how the concurrent
+    sockets' draws interleave."""
+    rng = random.Random(f"branch-{i}")
+    abort = script in ("rewind_then_drop", "forks_then_drop") or rng.random() < 0.5
     ws = await websockets.connect(url, max_size=None)
     b = Brancher(ws, example, rng, f"br-{i}")
     try:
@@ -237,9 +260,18 @@ async def _branch_socket(url: str, example, rng: random.Random, i: int, script: 
             await b.infer("f")
             await b.send(encode(RewindRequest(session_id=b.name, to_chunk=1)))
             await asyncio.sleep(0.02)
+        elif script == "forks_then_drop":  # a fork at the head (a copy), one below it (a replay), infers, abort
+            for _ in range(2):
+                await b.infer(b.name)
+            await b.settle()
+            for k in (2, 1):
+                await b.fork_when_free(b.name, f"f{k}", k)
+            await b.infer("f2")
+            await b.infer("f1")
+            await asyncio.sleep(0.02)
         else:
             await b.infer(b.name)
-            for _ in range(rng.randint(1, 8)):
+            for _ in range(b._pick(1, 8)):
                 await b.move()
                 wait = rng.random()
                 if wait < 0.35:
@@ -257,33 +289,35 @@ async def _branch_socket(url: str, example, rng: random.Random, i: int, script: 
 
 
 def test_sockets_dropped_amid_forks_and_rewinds_release_everything(server, example, stats_of):
-    """Issue 43 items 1-2 through the app: the eight pipelined rewinds and the rewind racing an
-    abort, then seeded random sockets of infers, forks, rewinds (several back to back) and
-    resets, each dropped at a random moment. Within a few seconds of the last drop (sessions
+    """Issue 43 items 1-2 through the app: the eight pipelined rewinds, the rewind racing an
+    abort and two forks (a copy, a replay) racing one, then seeded random sockets of infers,
+    forks, rewinds (several back to back) and resets, each dropped at a random moment. Within a few seconds of the last drop (sessions
     end with their socket here: no resume grace) every replica holds nothing and none of it
     was freed by the idle TTL."""
     server.wait_held(0, timeout=60)
     expired_before = {name: sum(e for _, _, e in rs) for name, rs in _held(stats_of).items()}
-    rng = random.Random(43)
     traj = dataclasses.replace(example, num_frames=81)
 
-    async def go() -> Counter:
-        seen = await _branch_socket(server.ws, traj, rng, -1, "eight_rewinds")
-        seen += await _branch_socket(server.ws, traj, rng, -2, "rewind_then_drop")
+    async def go() -> tuple[Counter, Counter]:
+        seen = await _branch_socket(server.ws, traj, -1, "eight_rewinds")
+        seen += await _branch_socket(server.ws, traj, -2, "rewind_then_drop")
+        forks = await _branch_socket(server.ws, traj, -3, "forks_then_drop")
+        seen += forks
         queue = list(range(BRANCH_SOCKETS))
 
         async def worker() -> None:
             nonlocal seen
             while queue:
-                seen += await _branch_socket(server.ws, traj, rng, queue.pop())
+                seen += await _branch_socket(server.ws, traj, queue.pop())
 
         await asyncio.gather(*(worker() for _ in range(BRANCH_CONCURRENCY)))
-        return seen
+        return seen, forks
 
     t0 = time.monotonic()
-    seen = asyncio.run(go())
+    seen, forks = asyncio.run(go())
     dropping_s = time.monotonic() - t0
-    assert seen["Rewound"] >= 3 and seen["Forked"] >= 2, seen  # the moves did branch
+    assert forks["Forked"] == 2, forks  # a copy at the head and a replay below it, racing the drop
+    assert seen["Rewound"] >= 3 and seen["Forked"] >= 3, seen  # the other moves did branch too
 
     deadline = time.monotonic() + 8.0
     while True:
@@ -297,5 +331,5 @@ def test_sockets_dropped_amid_forks_and_rewinds_release_everything(server, examp
     released_s = time.monotonic() - t0 - dropping_s
     expired_after = {name: sum(e for _, _, e in rs) for name, rs in held.items()}
     assert expired_after == expired_before, "sessions were freed by the idle TTL, not released"
-    print(f"RELIABILITY branch drops: sockets={BRANCH_SOCKETS + 2} concurrency={BRANCH_CONCURRENCY} "
+    print(f"RELIABILITY branch drops: sockets={BRANCH_SOCKETS + 3} concurrency={BRANCH_CONCURRENCY} "
           f"seconds={dropping_s:.1f} released_after_s={released_s:.1f} replies={dict(seen)}")
