@@ -83,7 +83,7 @@ class Bench:
             "preset": args.preset, "frames": args.frames, "height": self.inputs.height,
             "width": self.inputs.width, "chunks": self.inputs.chunks, "device": self._device_name(),
             "torch": torch.__version__, "numerics_chunks": args.numerics_chunks,
-            "residual_init": args.residual_init,
+            "residual_init": args.residual_init, "memory_cap_gib": self._cap_memory(args.memory_gib),
         }, "stages": {}}
         self.dit: torch.nn.Module | None = None
         self.reference: DiTRun | None = None
@@ -94,6 +94,20 @@ class Bench:
         self.kv = KVCacheConfig()  # the sessions' caches (the FP8 variants' code cache)
         self.text: TextEngine | None = None
         self.vae: VaeEngine | None = None
+
+    def _cap_memory(self, gib: float | None) -> float | None:
+        """Hold this process to `gib` GiB of the card (an 80 GB card's run on a larger one); None: all of it."""
+        if gib is None or self.device.type != "cuda":
+            return None
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, gib * GIB / total), self.device)
+        return gib
+
+    def card_bytes(self) -> int:
+        """The card's memory this process may use: its cap (--memory-gib) or the whole card."""
+        cap = self.results["config"]["memory_cap_gib"]
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return total if cap is None else min(total, int(cap * GIB))
 
     def _device_name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -404,7 +418,7 @@ def stage_pipeline(b: Bench) -> dict:
     dev, args = b.device, b.args
     # On an 80 GB card the bf16 DiT, a bf16 T5 and the VAE's float32 reference do not fit together
     # (the H100 ran out of memory here): the T5 in int8 there, as serve_config.gpu.yaml serves it.
-    int8 = torch.cuda.get_device_properties(dev).total_memory < 100 * GIB if dev.type == "cuda" else False
+    int8 = b.card_bytes() < 100 * GIB if dev.type == "cuda" else False
     (text, t_text) = timed(lambda: random_text_engine(b.cfg.t5, torch.bfloat16, str(dev), SEED + 1, int8), dev)
     vae32, t_vae = timed(lambda: init_vae_random(b.cfg.vae, torch.float32, dev, SEED + 2), dev)
     out: dict = {"build_s": {"t5": t_text, "vae": t_vae}, "dit_variant": b.best_fast, "t5_int8": int8}
@@ -641,6 +655,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DiT output projections at std 0.02/sqrt(2 layers) (docs/PERFORMANCE.md, Numerics)")
     p.add_argument("--e2e-repeats", type=int, default=2)
     p.add_argument("--budget-s", type=float, default=480.0, help="start no stage after this many seconds")
+    p.add_argument("--memory-gib", type=float, default=None,
+                   help="cap the process at this many GiB of the card (78.5: an H100 80GB's, its CUDA context left out, on a larger card)")
     p.add_argument("--skip", nargs="*", default=[], choices=list(STAGES), help="stages to leave out")
     p.add_argument("--vae-only", action="store_true",
                    help="only the VAE variants, on random latents (no DiT, no T5): stage vae_only")
