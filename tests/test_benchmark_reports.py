@@ -130,3 +130,26 @@ def test_the_model_benchmark_runs_through_on_the_tiny_model(tmp_path):
     assert "error" not in pipeline[f"vae_{pipeline['vae_variant']}"]
     assert len(pipeline["e2e"]["chunk_total_s"]) == 3 and pipeline["e2e"]["time_to_first_chunk_s"] > 0
     assert stages["fast_cudnn"]["first_call_rel_err_vs_fp32"] < 1e-2
+
+
+def test_the_model_benchmark_holds_itself_to_an_80_gb_cards_memory_on_a_larger_card(monkeypatch):
+    """`--memory-gib`: the process is capped at that share of the card, and what the benchmark
+    decides from the card's size (the T5 in int8 under 100 GiB) reads the cap, not the card."""
+    import torch
+
+    from benchmarks.measure import GIB
+    from benchmarks.run import Bench, parse_args
+
+    fractions: list[tuple[float, object]] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=140 * GIB))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _: "a 140 GiB card")
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: fractions.append((f, d)))
+    argv = ["--preset", "tiny", "--frames", "33", "--max-area", "32*48"]
+
+    whole = Bench(parse_args(argv))
+    assert fractions == [] and whole.card_bytes() == 140 * GIB
+    assert whole.results["config"]["memory_cap_gib"] is None
+
+    capped = Bench(parse_args(argv + ["--memory-gib", "78.5"]))
+    assert [f for f, _ in fractions] == [78.5 / 140] and capped.card_bytes() == int(78.5 * GIB)
+    assert capped.results["config"]["memory_cap_gib"] == 78.5 and capped.card_bytes() < 100 * GIB
