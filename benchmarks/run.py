@@ -656,7 +656,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--e2e-repeats", type=int, default=2)
     p.add_argument("--budget-s", type=float, default=480.0, help="start no stage after this many seconds")
     p.add_argument("--memory-gib", type=float, default=None,
-                   help="cap the process at this many GiB of the card (78.5: an H100 80GB's, its CUDA context left out, on a larger card)")
+                   help="cap the process at this many GiB of the card (on a larger card, 78.5: an H100 80GB's "
+                        "memory less its CUDA context)")
     p.add_argument("--skip", nargs="*", default=[], choices=list(STAGES), help="stages to leave out")
     p.add_argument("--vae-only", action="store_true",
                    help="only the VAE variants, on random latents (no DiT, no T5): stage vae_only")

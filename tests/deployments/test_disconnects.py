@@ -201,27 +201,27 @@ class Brancher:
             await asyncio.sleep(busy[-1].retry_after_s or 0.5)
         self.open.add(new)
 
-    def _pick(self, low: int, high: int) -> int:
+    def pick(self, low: int, high: int) -> int:
         """An integer in [low, high] from exactly one draw of the socket's generator, whatever the
         range (`randint` draws more bits for some ranges, and the ranges follow the replies: the
         sequence of moves would then depend on the machine's pace)."""
         return low + int(self.rng.random() * (high - low + 1))
 
     async def move(self) -> str:
-        move = BRANCH_MOVES[self._pick(0, len(BRANCH_MOVES) - 1)]
+        move = BRANCH_MOVES[self.pick(0, len(BRANCH_MOVES) - 1)]
         among = sorted(self.open) or [self.name]
-        sid = among[self._pick(0, len(among) - 1)]
+        sid = among[self.pick(0, len(among) - 1)]
         n = self.chunks.get(sid, 0)
         if move in ("infer", "infers"):
-            for _ in range(self._pick(2, 3) if move == "infers" else 1):
+            for _ in range(self.pick(2, 3) if move == "infers" else 1):
                 await self.infer(sid)
         elif move == "fork":
             new = f"{self.name}-f{self.sent}"
-            await self.send(encode(ForkRequest(session_id=sid, new_session_id=new, at_chunk=self._pick(1, max(1, n)))))
+            await self.send(encode(ForkRequest(session_id=sid, new_session_id=new, at_chunk=self.pick(1, max(1, n)))))
             self.open.add(new)
         elif move in ("rewind", "rewinds"):
-            for _ in range(self._pick(2, 4) if move == "rewinds" else 1):
-                n = self._pick(0, max(0, n - 1))
+            for _ in range(self.pick(2, 4) if move == "rewinds" else 1):
+                n = self.pick(0, max(0, n - 1))
                 await self.send(encode(RewindRequest(session_id=sid, to_chunk=n)))
         else:
             await self.send(encode(ResetRequest(session_id=sid)))
@@ -271,7 +271,7 @@ async def _branch_socket(url: str, example, i: int, script: str = "random") -> C
             await asyncio.sleep(0.02)
         else:
             await b.infer(b.name)
-            for _ in range(b._pick(1, 8)):
+            for _ in range(b.pick(1, 8)):
                 await b.move()
                 wait = rng.random()
                 if wait < 0.35:
@@ -291,9 +291,9 @@ async def _branch_socket(url: str, example, i: int, script: str = "random") -> C
 def test_sockets_dropped_amid_forks_and_rewinds_release_everything(server, example, stats_of):
     """Issue 43 items 1-2 through the app: the eight pipelined rewinds, the rewind racing an
     abort and two forks (a copy, a replay) racing one, then seeded random sockets of infers,
-    forks, rewinds (several back to back) and resets, each dropped at a random moment. Within a few seconds of the last drop (sessions
-    end with their socket here: no resume grace) every replica holds nothing and none of it
-    was freed by the idle TTL."""
+    forks, rewinds (several back to back) and resets, each dropped at a random moment. Within a
+    few seconds of the last drop (sessions end with their socket here: no resume grace) every
+    replica holds nothing and none of it was freed by the idle TTL."""
     server.wait_held(0, timeout=60)
     expired_before = {name: sum(e for _, _, e in rs) for name, rs in _held(stats_of).items()}
     traj = dataclasses.replace(example, num_frames=81)
