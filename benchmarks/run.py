@@ -16,6 +16,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from benchmarks.measure import GIB, PeakMemory, chunk_flops, copy_tbps, matmul_t
 from benchmarks.report import print_report
 from benchmarks.sessions import DiTRun, run_dit, run_end_to_end
 from benchmarks.vae_check import compare, norm_rel_err, run_vae
+from deployments.replicas.memory import CARD_BYTES_ENV, cap_process, device_total_bytes
 from model.accel import AccelOptions, enable_fp8, optimize_dit, optimize_vae
 from model.accel.fp8_attention import append_codes
 from model.config import preset as get_preset
@@ -96,18 +98,18 @@ class Bench:
         self.vae: VaeEngine | None = None
 
     def _cap_memory(self, gib: float | None) -> float | None:
-        """Hold this process to `gib` GiB of the card (an 80 GB card's run on a larger one); None: all of it."""
+        """Hold this process to `gib` GiB of the card (an 80 GB card's run on a larger one), as a
+        replica holds itself on a card that size: `LWF_CARD_BYTES` and `cap_process`
+        (deployments/replicas/memory.py). None: all of it."""
         if gib is None or self.device.type != "cuda":
             return None
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, gib * GIB / total), self.device)
+        os.environ[CARD_BYTES_ENV] = str(int(gib * GIB))
+        cap_process("cuda", 1.0)
         return gib
 
     def card_bytes(self) -> int:
         """The card's memory this process may use: its cap (--memory-gib) or the whole card."""
-        cap = self.results["config"]["memory_cap_gib"]
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        return total if cap is None else min(total, int(cap * GIB))
+        return device_total_bytes("cuda")
 
     def _device_name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -139,11 +140,15 @@ def test_the_model_benchmark_holds_itself_to_an_80_gb_cards_memory_on_a_larger_c
 
     from benchmarks.measure import GIB
     from benchmarks.run import Bench, parse_args
+    from deployments.replicas.memory import CARD_BYTES_ENV
 
-    fractions: list[tuple[float, object]] = []
+    fractions: list[float] = []
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the cap's LWF_CARD_BYTES stays in this test
+    os.environ.pop(CARD_BYTES_ENV, None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=140 * GIB))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda _: "a 140 GiB card")
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: fractions.append((f, d)))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, *_: fractions.append(f))
     argv = ["--preset", "tiny", "--frames", "33", "--max-area", "32*48"]
 
     whole = Bench(parse_args(argv))
@@ -151,5 +156,5 @@ def test_the_model_benchmark_holds_itself_to_an_80_gb_cards_memory_on_a_larger_c
     assert whole.results["config"]["memory_cap_gib"] is None
 
     capped = Bench(parse_args(argv + ["--memory-gib", "78.5"]))
-    assert [f for f, _ in fractions] == [78.5 / 140] and capped.card_bytes() == int(78.5 * GIB)
+    assert fractions == [78.5 / 140] and capped.card_bytes() == int(78.5 * GIB)
     assert capped.results["config"]["memory_cap_gib"] == 78.5 and capped.card_bytes() < 100 * GIB
