@@ -174,7 +174,8 @@ def test_sessions_waiting_when_the_room_is_killed_keep_their_order_and_are_admit
             if len(book) == 3:
                 break
             await asyncio.sleep(0.05)
-        assert [book.place(t).position for t in sorted(book._waiting, key=lambda t: book._waiting[t].joined)] == [1, 2, 3]
+        by_join = sorted(book._waiting, key=lambda t: book._waiting[t].joined)  # their first joins, kept
+        assert [book.place(t).position for t in by_join] == [1, 2, 3]
         assert not [c.answers() for c in clients if c.answers()]
         dit.capacity = 1
         assert isinstance(await clients[0].answer(), FrameReply)
