@@ -10,6 +10,11 @@ the deadline is counted as failed and left to finish.
 It answers `/healthz` (load balancers, monitoring) and is deliberately not the ingress's Serve
 health check: a DiT rolling out for minutes would then make Serve replace the ingress and drop
 every socket and journal, which restarting the ingress cannot fix anyway.
+
+Degraded: the path works but the waiting room (line/room.py) does not answer (its replica died
+and is restarting): `/healthz` answers 200 with status `degraded`, not 503: sessions already
+admitted stream, waiting ones keep their places (line/regain.py), and the room is the whole
+application's, so taking this ingress replica out of a load balancer would fix nothing.
 """
 from __future__ import annotations
 
@@ -17,9 +22,15 @@ import asyncio
 import contextvars
 import time
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 from deployments.ingress.detached import settle
+
+
+def line_lost(line: Optional[dict[str, Any]]) -> bool:
+    """The waiting room's stats (`WorldIngress._line`) say it did not answer: degraded."""
+    return isinstance(line, dict) and "error" in line
+
 
 class PathProbe:
     def __init__(self, backends: Any, timeout_s: float) -> None:

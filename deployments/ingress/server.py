@@ -27,7 +27,7 @@ from deployments.ingress.connection import POLICY_VIOLATION, Backends, Connectio
 from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 from deployments.ingress.detached import running as detached_running
 from deployments.ingress.detached import settle
-from deployments.ingress.health import PathProbe
+from deployments.ingress.health import PathProbe, line_lost
 from deployments.ingress.ready import announce_when_ready
 from deployments.log import get_log, log_routine_access_at_debug
 from deployments.metrics import IngressMetrics, PrefixMetrics
@@ -218,14 +218,15 @@ class WorldIngress:
     async def healthz(self, request: Request) -> JSONResponse:
         """200 when a session could be served: every replica answers its stats, and one call
         routed to each deployment the way a session's calls go (through the session-affinity
-        router) comes back within the deadline; else 503. With auth on, the counts (replicas,
-        sessions, connections) only for a valid key."""
+        router) comes back within the deadline; else 503. Status `degraded` (still 200) while the
+        waiting room does not answer (health.py). With auth on, the counts (replicas, sessions,
+        connections) only for a valid key."""
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_S + 1.0):
                 stats, probe, line = await asyncio.gather(self._replica_stats(), self._probe.run(), self._line())
         except Exception as e:  # noqa: BLE001 - any failure means unhealthy
             return JSONResponse({"status": "unavailable", "error": f"{type(e).__name__}: {e}"}, status_code=503)
-        body: dict[str, Any] = {"status": "ok"}
+        body: dict[str, Any] = {"status": "degraded" if line_lost(line) else "ok"}  # 200 either way (health.py)
         if self._auth.authenticate(request)[0]:
             body.update({
                 "replicas": {name: len(s) for name, s in stats.items()},
@@ -307,7 +308,8 @@ class WorldIngress:
 
     async def _line(self) -> Optional[dict[str, Any]]:
         """The waiting room's length (None without one); a room that does not answer in time
-        says so: sessions are then admitted without a line (line/seat.py)."""
+        says so (`/healthz` degraded): its waiting sessions take their places again once it is
+        back (line/regain.py)."""
         if self._backends.room is None:
             return None
         ended, result = await settle(self._backends.room.stats.remote(), LINE_STATS_TIMEOUT_S)

@@ -59,6 +59,7 @@ class Place:
     token: str
     position: int
     eta_s: Optional[float]
+    order: float = 0.0  # the ticket's order in the line (the room's join sets it: a rejoin keeps it, regain.py)
 
 
 @dataclass(slots=True)
@@ -104,16 +105,18 @@ class LineBook:
     """One line, its seats and the estimates behind its ETAs."""
 
     def __init__(self, max_waiting: int, grace_s: float, seat_ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, first: int = 1) -> None:
         """`max_waiting`: the line's length; `grace_s`: how long a ticket that left keeps its
         token's place; `seat_ttl_s`: a seat not heard of this long is dropped (its connection's
-        end was not told)."""
+        end was not told); `first`: the first ticket and order (the room's replica: its start
+        in microseconds, so that a replica's tickets and orders follow its predecessor's)."""
+        self.first = first
         self._max = max_waiting
         self._grace_s = grace_s
         self._seat_ttl_s = seat_ttl_s
         self._clock = clock
-        self._tickets = itertools.count(1)
-        self._order = itertools.count(1)
+        self._tickets = itertools.count(first)
+        self._order = itertools.count(first)
         self._waiting: dict[int, _Waiting] = {}  # ticket -> entry
         self._seats: dict[int, _Seat] = {}  # ticket -> admitted session
         self._left: OrderedDict[str, _Left] = OrderedDict()  # token digest -> its place, for grace_s
@@ -245,6 +248,26 @@ class LineBook:
     @property
     def max_waiting(self) -> int:
         return self._max
+
+    # ---- a replica of the room lost (regain.py) ----
+
+    def rejoin(self, owner: str, chunks: Optional[int], token: str, order: float, waited_s: float) -> Place:
+        """A place held in an earlier replica of the room (it died, regain.py) back in line at
+        its `order`, waiting since `waited_s` ago; never `LineFull` (it was in line already). A
+        ticket of the same token still waiting is replaced (a rejoin asked twice)."""
+        digest = _digest(token)
+        self._left.pop(digest, None)
+        for ticket, w in list(self._waiting.items()):
+            if w.token_digest == digest:
+                del self._waiting[ticket]
+        ticket = next(self._tickets)
+        self._waiting[ticket] = _Waiting(order, digest, owner, chunks, self._clock() - max(waited_s, 0.0))
+        return self.place(ticket, token)
+
+    def order_of(self, ticket: int) -> float:
+        """A waiting ticket's order in the line (0.0: not waiting)."""
+        w = self._waiting.get(ticket)
+        return 0.0 if w is None else w.order
 
     # ---- estimates ----
 

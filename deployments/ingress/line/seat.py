@@ -12,6 +12,10 @@ again with the notice's `queue_token` within the grace period and takes its old 
 Once admitted, the session holds a seat until it ends: its chunk count goes to the room
 (`chunk_done`, the ETAs' measure), and its frames/s to the metrics when it ends.
 
+The room's replica lost (it died; Serve starts another with an empty book): a waiting seat whose
+room call fails takes its place again there, in its old order (regain.py); an admitted seat the
+room is not told of is forgotten by its successor (it counts nothing there).
+
 Forks, resumed and rebuilt sessions do not queue (they hold or held a place already). An
 offline session (a `/v1/videos` job) never queues and is not admitted while live sessions wait:
 the place that frees is theirs (its runner retries `busy`).
@@ -28,6 +32,8 @@ from typing import Any, Optional
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES
 from deployments.errors import Busy
 from deployments.ingress.detached import detach, retrieved, settle
+from deployments.ingress.line.book import Place
+from deployments.ingress.line.regain import ROOM_LOST_S, Rejoin, regain
 from deployments.ingress.stream import Stream
 from deployments.log import KeyValueLog
 from protocol.messages import Queued
@@ -51,6 +57,7 @@ class _Seat:
     first_chunk_at: Optional[float] = None
     last_chunk_at: Optional[float] = None
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    rejoin: Optional[Rejoin] = None  # what its place needs in the room's next replica (regain.py)
 
 
 class LineSeats:
@@ -100,6 +107,7 @@ class LineSeats:
         seat.ticket, seat.token = place.ticket, place.token
         told: Optional[int] = None
         told_at = joined = time.monotonic()
+        seat.rejoin = Rejoin(stream.spec.owner, chunks, place.order, joined)
         refused = False
         retry_s = FIRST_RETRY_S[0]
         try:
@@ -113,7 +121,8 @@ class LineSeats:
                     except Busy as e:
                         refused = True
                         retry_s = min(max(e.retry_after_s, FIRST_RETRY_S[0]), FIRST_RETRY_S[1])
-                        place = await self._until(seat, self._room.refused.remote(seat.ticket, e.ends_needed))
+                        place = await self._asked(stream, seat, place,
+                                                  lambda: self._room.refused.remote(seat.ticket, e.ends_needed))
                 due = refused or time.monotonic() - joined >= FIRST_NOTICE_S
                 if due and (place.position != told or time.monotonic() - told_at >= NOTICE_PERIOD_S):
                     told, told_at = place.position, time.monotonic()
@@ -121,14 +130,17 @@ class LineSeats:
                                         eta_s=None if place.eta_s is None else round(place.eta_s, 1),
                                         queue_token=seat.token))
                 timeout = retry_s if place.position == 1 else NOTICE_PERIOD_S if told is not None else FIRST_NOTICE_S
-                place, version = await self._until(seat, self._room.wait.remote(seat.ticket, version, timeout))
+                place, version = await self._asked(stream, seat, place,
+                                                   lambda: self._room.wait.remote(seat.ticket, version, timeout))
         except BaseException:
             self._leave(seat)
             raise
         if seat.gone.is_set():  # ended while its admission was answered: its close frees the place
             return
         seat.seated = True
-        waited = await self._room.seat.remote(seat.ticket)
+        answered, waited = await settle(self._room.seat.remote(seat.ticket), ROOM_CALL_TIMEOUT_S)
+        if not answered or isinstance(waited, BaseException):  # admitted all the same (bookkeeping only)
+            waited = time.monotonic() - joined
         if told is not None:
             self._log.info("session admitted from the line", fields={"session": stream.key, "waited_s": round(waited, 2)})
 
@@ -142,6 +154,24 @@ class LineSeats:
         if stats.get("waiting", 0) > 0:
             raise Busy(f"{stats['waiting']} live session(s) wait for a place; a video starts once none waits",
                        JOB_RETRY_S)
+
+    async def _asked(self, stream: Stream, seat: _Seat, place: Place, call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call()`'s answer (a room call of the waiting `seat`, at `place`). When the room fails
+        it (its replica died), the place is taken again in the room's next replica (regain.py)
+        and `call()` asked there; `Busy` if the room is not back within ROOM_LOST_S."""
+        deadline = None
+        while True:
+            try:
+                return await self._until(seat, call())
+            except Exception as e:  # noqa: BLE001 - the room's loss, not the session's
+                if deadline is None:
+                    deadline = time.monotonic() + ROOM_LOST_S
+                    self._log.warning("waiting room lost: the place is taken again in its next replica",
+                                      fields={"session": stream.key, "error": repr(e)})
+            notice = Queued(session_id=stream.spec.session_id, position=max(place.position, 1), eta_s=None,
+                            queue_token=seat.token)
+            taken = await regain(self._room, seat.rejoin, seat.token, seat.gone, lambda: self._notify(notice), deadline)
+            seat.ticket = taken.ticket
 
     async def _until(self, seat: _Seat, call: Awaitable[Any]) -> Any:
         """`call`'s answer, or CancelledError once the seat is gone (the call is not cancelled:
