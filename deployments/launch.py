@@ -10,12 +10,13 @@ SIGABRT) in every process the driver starts (replicas included), so it is not se
 
 So this launcher runs `serve run` as its child in a process group of its own and turns a stop
 into Serve's own clean one: on SIGTERM, SIGINT (Ctrl-C reaches only the launcher's group) or
-SIGHUP (the terminal closed; the child's group would not get it) it
-says once that the server is stopping, sends the child one SIGINT, and waits for it; a second
-signal while it waits sends SIGTERM (Ray's handler, trace and all: the user asked twice). The
-child's SIGINT is reset to the default first, so that a launcher started in the background of
-a non-interactive shell (SIGINT ignored) still stops its child. Its exit status is the child's,
-0 for a clean stop. Everything else the child prints goes to the terminal unchanged.
+SIGHUP (the terminal closed; the child's group would not get it) it says once that the server
+is stopping, sends the child one SIGINT, and waits for it; a second signal while it waits sends
+SIGTERM (Ray's handler, trace and all: the user asked twice). The child's SIGINT is reset to the
+default first, so that a launcher started in the background of a non-interactive shell (SIGINT
+ignored) still stops its child. Its exit status is the child's, 0 for a clean stop. Everything
+else the child prints goes to the terminal unchanged (Ray's own shutdown lines included). A
+SIGKILL of the launcher cannot be passed on: `serve run` then keeps running in its group.
 """
 from __future__ import annotations
 
