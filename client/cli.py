@@ -211,6 +211,9 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
     if result.resumes:
         print(f"the connection dropped {result.resumes} time(s); resumed, {result.replayed} replies sent again")
     print(summary.format())
+    if client.config.random_weights:  # as the page says on its video (the handshake's `random_weights`)
+        print(f"the server's {client.config.model} model has random weights: the video is coloured noise that "
+              "follows the camera (README.md, \"Real weights on a GPU\", loads the released ones)")
     if drive_log is not None:
         _print_lags(drive_log)
     if branch is not None:

@@ -65,17 +65,20 @@ def log_typed_errors_as_info() -> None:
 
 
 # Serve's routine access-log lines: the health traffic, `GET /healthz 200 12.3ms` on the ingress
-# (the client address may come first), and every call between deployments that succeeded,
-# `CALL step OK 1830.2ms` on the replicas (the /healthz probes' `CALL probe OK 0.4ms` / `CALL
-# stats OK 1.1ms` among them). A failed call (`CALL step ERROR ...`) and the ingress's other
-# HTTP and WebSocket lines stay.
-_ROUTINE_ACCESS = re.compile(r"(?:^|\s)(?:(?:GET|HEAD) \S*/healthz/? \S+|CALL \S+ OK) [\d.]+ms$")
+# (the client address may come first), the web page's files served (`GET / 200`, and `GET
+# /{path:path} 200` for each of /static/'s: the proxy names the route by its route patterns, where
+# the mount of /static/ is no pattern and the WebSocket catch-all is; 304 too), and every call
+# between deployments that succeeded, `CALL step OK 1830.2ms` on the replicas (the /healthz
+# probes' `CALL probe OK 0.4ms` / `CALL stats OK 1.1ms` among them). A failed call (`CALL step
+# ERROR ...`), a file not found, and the ingress's other HTTP and WebSocket lines stay.
+_ROUTINE_ACCESS = re.compile(r"(?:^|\s)(?:(?:GET|HEAD) \S*/healthz/? \S+|(?:GET|HEAD) (?:/|/static\S*|\S*/\{path:path\}) "
+                             r"(?:200|304)|CALL \S+ OK) [\d.]+ms$")
 
 
 class _RoutineAccessAtDebug(logging.Filter):
     """A load balancer probing `/healthz` every few seconds wrote four INFO lines per probe
-    (issue 36), and each chunk four or five `CALL ... OK` lines between the deployments, which
-    buried the session lines. Serve's access-log records of both become DEBUG: dropped at the
+    (issue 36), each page load ~15 `GET /{path:path} 200` lines (issue 57), and each chunk four
+    or five `CALL ... OK` lines between the deployments, which buried the session lines. Serve's access-log records of both become DEBUG: dropped at the
     default INFO level, shown when the app's `logging_config.log_level` is DEBUG. Each replica
     logs a `calls` line per minute instead (deployments/replicas/call_summary.py)."""
 

@@ -15,7 +15,7 @@ class ErrorCode(str, Enum):
     SESSION_LOST = "session_lost"  # the server no longer holds the session's state
     BUSY = "busy"  # no capacity for a new session now (see retry_after_s)
     UNAUTHORIZED = "unauthorized"  # missing or wrong credentials
-    SESSION_LIMIT = "session_limit"  # the session reached its chunk limit (RoPE table: 1024 latent frames)
+    SESSION_LIMIT = "session_limit"  # the session reached its chunk limit (RoPE table: 1024 latent frames, or its num_frames)
 
 
 class ProtocolError(ValueError):

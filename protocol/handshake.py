@@ -9,7 +9,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from camera.frames import (CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, DEFAULT_INTRINSICS_RESOLUTION,
+from camera.frames import (CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES, DEFAULT_INTRINSICS_RESOLUTION, DEFAULT_SIZE,
                            FIRST_CHUNK_VIDEO_FRAMES, FPS, MAX_CHUNKS, MAX_LATENT_FRAMES, VAE_TIME_STRIDE)
 from protocol.limits import DEFAULT_LIMITS
 
@@ -27,6 +27,8 @@ class CameraServerConfig(BaseModel):
     chunk_video_frames: int = CHUNK_VIDEO_FRAMES
     first_chunk_video_frames: int = FIRST_CHUNK_VIDEO_FRAMES
     image_resolution: tuple[int, int] = Field((464, 832), description="[H, W] for a 16:9 image at the default size")
+    default_size: str = Field(DEFAULT_SIZE, description="the `size` (\"H*W\": an area) of a session that names "
+                                                        "none; with the image's aspect it gives the output (§4)")
     intrinsics_resolution: tuple[int, int] = DEFAULT_INTRINSICS_RESOLUTION
     fps: int = FPS
     frame_dtype: Literal["uint8"] = "uint8"

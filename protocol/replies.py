@@ -120,7 +120,7 @@ class ErrorReply(_Message):
     chunks_left: Optional[int] = Field(
         None, ge=0, description="with code session_limit only: chunks the session may still produce; 1 on the "
                                 "notice that follows the frame before the last one (no request failed), 0 when an "
-                                "infer past the limit was refused")
+                                "infer past the limit (`max_chunks`, or the chunks `num_frames` declared) was refused")
 
     @model_validator(mode="after")
     def _retry_only_when_busy(self) -> ErrorReply:

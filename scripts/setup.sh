@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv and install the project with its test extras (idempotent).
+#   bash scripts/setup.sh               always runs every step
+#   bash scripts/setup.sh --if-changed  does nothing when .venv was set up by this script from the
+#                                       same pyproject.toml and setup.sh (the stamp below); the
+#                                       fast tier's `scripts/test.sh --fast` calls it so
 #
 # Torch: on a CPU machine this installs torch==${LWF_TORCH:-2.13.0} (the CPU wheel on this
 # workplace's disk). On a GPU machine install the CUDA torch of your choice into .venv first
@@ -7,6 +11,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+STAMP=.venv/.lwf-setup-stamp  # the hash of what this setup was made from, written as its last step
+inputs_hash() { cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1; }
+if [ "${1:-}" = "--if-changed" ] && [ -x .venv/bin/python ] && [ -f "$STAMP" ] && \
+   [ "$(cat "$STAMP")" = "$(inputs_hash)" ]; then
+  exit 0
+fi
+rm -f "$STAMP"  # an interrupted setup leaves none: the next --if-changed runs it again
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q "torch==${LWF_TORCH:-2.13.0}"
@@ -25,3 +36,4 @@ echo "import os; [os.environ.setdefault(k, v) for k, v in $DEFAULTS.items()]" > 
 # release pins numpy<2, which would downgrade this project's numpy; the modules the tests use
 # (msgpack_numpy, websocket_client_policy) need only msgpack, numpy and websockets.
 .venv/bin/pip install -q --no-deps "openpi-client==0.1.2"
+inputs_hash > "$STAMP"

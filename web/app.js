@@ -8,7 +8,7 @@ import { CONTROL_CODES } from "./camera.js";
 import { MsePlayer } from "./player.js";
 import { SCENES, drawScene, canvasPng } from "./scenes.js";
 import { showModel, showStats } from "./hud.js";
-import { fillSizes } from "./sizes.js";
+import { fillSizes, relabelSizes } from "./sizes.js";
 import { bindPads, isTouch } from "./touch.js";
 
 const $ = (id) => document.getElementById(id);
@@ -46,6 +46,10 @@ for (const [value, label] of [...Object.entries(SCENES), [UPLOAD, "Upload an ima
   ui.scene.add(new Option(label, value));
 }
 
+/** The start image's size: the Size list says what streams for it. */
+const imageSize = () => ({ width: ui.preview.width, height: ui.preview.height });
+const relabel = () => { if (shownConfig !== null) relabelSizes(ui.size, shownConfig, imageSize()); };
+
 async function showUpload(file) {
   const bitmap = await createImageBitmap(file);
   ui.preview.width = bitmap.width;
@@ -56,7 +60,7 @@ async function showUpload(file) {
 
 ui.scene.addEventListener("change", () => {
   if (ui.scene.value === UPLOAD) ui.upload.click();
-  else { uploaded = null; drawScene(ui.preview, ui.scene.value); }
+  else { uploaded = null; drawScene(ui.preview, ui.scene.value); relabel(); }
 });
 ui.upload.addEventListener("change", async () => {
   const file = ui.upload.files[0];
@@ -64,6 +68,7 @@ ui.upload.addEventListener("change", async () => {
   try {
     await showUpload(file);
     ui.scene.value = UPLOAD;
+    relabel();
   } catch (e) {
     setStatus(`Cannot read that image: ${e.message}`, "error");
   }
@@ -96,7 +101,7 @@ stream.addEventListener("state", (e) => {
   if (state === "idle" && stream.config !== shownConfig) { // a handshake: what this server is and offers
     shownConfig = stream.config;
     showModel(shownConfig);
-    fillSizes(ui.size, shownConfig, ui.size.value || new URLSearchParams(window.location.search).get("size"));
+    fillSizes(ui.size, shownConfig, ui.size.value || new URLSearchParams(window.location.search).get("size"), imageSize());
   }
 });
 

@@ -1,6 +1,11 @@
-// What the page says about the stream: the overlay on the video (HUD: frames/s, chunk interval,
-// control lag, the chunk being made and the queue), the progress from Start to the first frame,
+// What the page says about the stream: the overlay on the video (HUD: frames/s generated, chunk
+// interval, control lag, the chunk being made and the video buffered), the progress from Start to the first frame,
 // the control-lag hint under the video, and the detailed figures in the collapsible panel.
+//
+// Three frame rates, each named where it shows (the key in Details says which is which):
+// generated, the last chunk's frames over the time from its request to its reply (HUD, Details);
+// arriving, the same over the last 4 chunks (what playback follows, playback.js); playing, the
+// rate the video plays at (16 fps x the playback rate).
 //
 // Chunks from the server's prefix store (`cached`: an earlier session with the same inputs made
 // them) are said to be replays, never shown as a speed.
@@ -15,13 +20,13 @@ let lastTtfc = null; // the last session's time to first chunk on this page
 export function showStats(s) {
   $("hud").hidden = s.chunks === 0;
   $("hud-fps").textContent = s.lastCached ? "replay from the prefix store"
-    : s.fps === null ? "– frames/s" : `${s.fps.toFixed(1)} frames/s`;
+    : s.fps === null ? "– fps generated" : `${s.fps.toFixed(1)} fps generated`;
   $("hud-fps").dataset.replay = String(s.lastCached);
   $("hud-interval").textContent = s.lastInterval === null ? "chunk every –" : `chunk every ${secs(s.lastInterval)} s`;
   $("hud-lag").textContent = s.controlLag === null ? "control lag –" : `control lag ${secs(s.controlLag)} s`;
   $("hud-lag").dataset.measured = String(s.controlLag !== null);
-  const queued = `${s.bufferedS.toFixed(1)} s queued`; // video received, not played yet
-  $("hud-work").textContent = s.generating !== null ? `generating chunk ${s.generating} · ${queued}` : queued;
+  const buffered = `${s.bufferedS.toFixed(1)} s buffered`; // video received, not played yet
+  $("hud-work").textContent = s.generating !== null ? `generating chunk ${s.generating} · ${buffered}` : buffered;
   $("lag-hint").textContent = s.controlLagP50 === null ? (s.chunks ? "Press a key: the page measures when it shows." : "")
     : `A key shows in about ${secs(s.controlLagP50)} s here.`;
   showProgress(s);
@@ -51,7 +56,7 @@ function showDetails(s) {
   chunks.dataset.cached = String(s.cached);
   chunks.dataset.chunks = String(s.chunks);
   $("stat-fps").textContent = s.lastCached ? "replayed from the server's prefix store (no generation)"
-    : s.fps === null ? "–" : `${s.fps.toFixed(1)} fps (last chunk; realtime is 16)`;
+    : s.fps === null ? "–" : `${s.fps.toFixed(1)} fps generated (last chunk; realtime is 16)`;
   $("stat-lag").textContent = s.controlLag === null ? "–"
     : `${ms(s.controlLag)} (p50 ${ms(s.controlLagP50)}; key state ${s.eventId})`;
   const rate = $("stat-playback");

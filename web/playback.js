@@ -49,6 +49,6 @@ export class RatePacer {
   describe() {
     const fps = this.generationFps();
     if (fps === null) return "–";
-    return `${this.rate.toFixed(2)}× (playing ${(this.rate * FPS).toFixed(1)} fps; chunks arrive at ${fps.toFixed(1)} fps)`;
+    return `${this.rate.toFixed(2)}× (playing ${(this.rate * FPS).toFixed(1)} fps; arriving ${fps.toFixed(1)} fps)`;
   }
 }

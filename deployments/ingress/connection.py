@@ -305,10 +305,9 @@ class Connection:
             return
         stream, reset = self._stream_for(req)  # validates first: a refused infer spends no quota
         total = stream.spec.total_latent_frames
-        if total is not None and stream.next_chunk >= total // CHUNK_LATENT_FRAMES:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"the session declared num_frames for "
-                                                     f"{total // CHUNK_LATENT_FRAMES} chunks and all were sent; "
-                                                     "reset to start a new session")
+        if total is not None and stream.next_chunk >= total // CHUNK_LATENT_FRAMES:  # a limit reached, not a size
+            self._outbox.reply_now(self._replies.session_limit(stream, 0, declared=total // CHUNK_LATENT_FRAMES))
+            return
         max_chunks = self._args.sessions.max_chunks
         if stream.next_chunk >= max_chunks:
             self._outbox.reply_now(self._replies.session_limit(stream, 0))

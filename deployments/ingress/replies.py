@@ -35,9 +35,14 @@ class Replies:
         self._lost = lost
         self._token = token
 
-    def session_limit(self, stream: Stream, chunks_left: int) -> ErrorReply:
+    def session_limit(self, stream: Stream, chunks_left: int, declared: Optional[int] = None) -> ErrorReply:
+        """The chunk cap reached (`max_chunks`), or with `declared` the chunks its `num_frames`
+        declared: all sent (chunks_left 0)."""
         n = self._max_chunks
-        if chunks_left:
+        if declared is not None:
+            message = (f"this session declared num_frames for {declared} chunks and all were sent; "
+                       "reset to start a new session")
+        elif chunks_left:
             message = (f"this session has produced {n - 1} of its {n} chunks: the next one is its "
                        "last (the model's RoPE table holds 1024 latent frames); reset to start a new session after it")
         else:

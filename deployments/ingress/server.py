@@ -100,6 +100,7 @@ class WorldIngress:
         self._handshake = CameraServerConfig(
             model=m.preset,
             image_resolution=sizes.output(parse_size(m.default_size), *REFERENCE_ASPECT),
+            default_size=m.default_size,
             max_message_bytes=args.max_message_bytes,
             max_output_area=m.max_output_area,
             random_weights=m.weights_are_random(),

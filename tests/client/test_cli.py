@@ -45,6 +45,9 @@ def test_play_example_writes_the_mp4_and_a_summary(served, tmp_path):
     for line in ("chunks: 3, frames: 33", "time to first chunk:", "chunk interval: p50", "fps vs 16 fps",
                  "stages (mean per computed chunk): text_encode"):
         assert line in r.stdout, r.stdout
+    # the handshake says random_weights (the embedded tiny model): the summary says so, as the page does
+    assert "the server's tiny model has random weights: the video is coloured noise that follows the camera" \
+        in r.stdout.splitlines()[-1], r.stdout
     assert "3/3" in r.stderr and "chunk 2:" in r.stderr  # tqdm progress with the per-chunk latency
 
 

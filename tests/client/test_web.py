@@ -386,7 +386,7 @@ def test_slow_generation_plays_at_the_rate_chunks_arrive(browser, served):
     text = page.text_content("#stat-playback")
     assert longest_still < 600, f"the video stood still for {longest_still:.0f} ms"  # at 16 fps: ~1.2 s a chunk
     assert rate < 0.9, text  # slowed down: chunks come at about half real time
-    assert re.match(r"0\.\d\d× \(playing \d+\.\d fps; chunks arrive at \d+\.\d fps\)", text), text
+    assert re.match(r"0\.\d\d× \(playing \d+\.\d fps; arriving \d+\.\d fps\)", text), text
     page.click("#reset")
     assert errors == []
     page.close()
@@ -411,7 +411,7 @@ def test_the_playback_rate_follows_generation_not_pacing(browser, served):
     assert rates["none"] == 1 and rates["fast_low"] == 1 and rates["fast_high"] == 1
     assert rates["slow_one_chunk"] == pytest.approx(0.5)
     assert rates["slow_low"] == pytest.approx(0.25) and rates["slow_high"] == pytest.approx(0.75)
-    assert rates["text"] == "0.75× (playing 12.0 fps; chunks arrive at 8.0 fps)"
+    assert rates["text"] == "0.75× (playing 12.0 fps; arriving 8.0 fps)"
     page.close()
 
 
@@ -468,6 +468,7 @@ def test_the_random_weights_notice_and_the_hud(browser, served):
     sizes = offered_sizes(page)
     assert sizes[0] == "" and len(sizes) > 1  # the server's default first
     assert all(int(h) * int(w) <= config.max_output_area for h, w in (s.split("*") for s in sizes[1:]))
+    default = page.text_content("#size option[value='']")  # what will stream (issue 57: not the 16:9 size)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web_random_weights_notice.png"))
 
@@ -476,26 +477,58 @@ def test_the_random_weights_notice_and_the_hud(browser, served):
     assert page.text_content("#progress-text").startswith("Making the first chunk")
     chunks_shown(page, 1)
     assert page.is_hidden("#progress")
+    first = next(r for r in map(decode_reply, received) if isinstance(r, FrameReply))
+    h, w = first.resolution
+    assert default == f"server default ({h}×{w})", (default, first.resolution)
     page.keyboard.down("KeyD")
     chunks_shown(page, 3)
     page.keyboard.up("KeyD")
     page.wait_for_selector("#hud-lag[data-measured=true]", timeout=TIMEOUT_MS)
     chunks_shown(page, 3)
     assert page.is_visible("#hud") and page.is_visible("#notice")
-    assert re.fullmatch(r"\d+\.\d frames/s", page.text_content("#hud-fps"))
+    assert re.fullmatch(r"\d+\.\d fps generated", page.text_content("#hud-fps"))
     assert re.fullmatch(r"chunk every \d+(\.\d)? s", page.text_content("#hud-interval"))
     assert re.fullmatch(r"control lag \d+(\.\d)? s", page.text_content("#hud-lag"))
-    assert re.fullmatch(r"(generating chunk \d+ · )?\d+\.\d s queued", page.text_content("#hud-work"))
+    assert re.fullmatch(r"(generating chunk \d+ · )?\d+\.\d s buffered", page.text_content("#hud-work"))
     assert re.fullmatch(r"A key shows in about \d+(\.\d)? s here\.", page.text_content("#lag-hint"))
     assert page.get_attribute("#details", "open") is None and not page.is_visible("#stat-lag")  # folded
     page.screenshot(path=str(ARTIFACTS / "web_hud_after_3_chunks.png"))
     page.click("#details summary")
     assert re.match(r"\d+ ms \(p50 \d+ ms; key state \d+\)", page.text_content("#stat-lag"))
+    assert re.fullmatch(r"\d+\.\d fps generated \(last chunk; realtime is 16\)", page.text_content("#stat-fps"))
+    key = page.text_content("#rates-key")  # the three rates on the page, each explained
+    assert all(f"{name}, " in key for name in ("generated", "arriving", "playing"))
     page.click("#reset")
     controls = [r for r in map(decode, sent) if isinstance(r, ControlRequest)]
     assert ("d",) in [c.keys for c in controls]
     assert errors == []
     page.context.close()
+
+
+def test_the_size_list_says_what_streams_as_the_server_decides_it(browser, served):
+    """web/sizes.js's outputSize against the server's own rule (SizeRule.output: spec B.1, then the
+    nearest bucket) for sizes, image aspects and bucket sets; the issue's case: the tiny model's
+    default 128*224 streams the page's 832x480 image at 128x208, not the 16:9 image's 112x224.
+    And the hint after `unauthorized` names the field the page takes a key in."""
+    from deployments.ingress.sizes import SizeRule
+
+    page, errors = open_page(browser, served.http + "/")
+    cases = [(size, h0, w0, buckets) for size in ("128*224", "32*64", "256*448", "480*832", "720*1280")
+             for h0, w0 in ((480, 832), (9, 16), (1080, 1920), (600, 800), (1000, 700), (333, 1000))
+             for buckets in ((), ((464, 832), (480, 480), (832, 464), (256, 448)))]
+    got = page.evaluate("""async (cases) => {
+        const { outputSize } = await import('./static/sizes.js');
+        return cases.map(([size, h0, w0, buckets]) => outputSize(size, h0, w0, { size_buckets: buckets }));
+    }""", [[s, h0, w0, [list(b) for b in bk]] for s, h0, w0, bk in cases])
+    want = [list(SizeRule(bk, 10**7).output(int(s.split("*")[0]) * int(s.split("*")[1]), h0, w0))
+            for s, h0, w0, bk in cases]
+    assert got == want
+    assert got[0] == [128, 208] and got[2] == [112, 224]  # 832x480 and a 16:9 image at 128*224
+    hint = page.evaluate("async () => (await import('./static/sizes.js')).nextStep('unauthorized', null)")
+    assert "API key field" in hint and "Settings" not in hint
+    assert page.text_content("label:has(#api-key)").strip() == "API key"
+    assert errors == []
+    page.close()
 
 
 def test_a_size_the_server_refuses_says_which_it_accepts(browser, served):
@@ -568,7 +601,8 @@ class _QuietFiles(SimpleHTTPRequestHandler):
 def test_a_page_of_another_origin_embeds_a_session_with_the_module(browser, served):
     """web/examples/embed.html, served by a second HTTP server (another port: another origin),
     imports stream.js from the app (CORS), streams a session into its own <video> over the app's
-    camera WebSocket, and the key it holds moves the camera."""
+    camera WebSocket, says the weights are random (the handshake does), and the key it holds
+    and a drag on the video move the camera."""
     other = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietFiles, directory=str(REPO / "web" / "examples")))
     threading.Thread(target=other.serve_forever, daemon=True).start()
     origin = f"http://127.0.0.1:{other.server_address[1]}"
@@ -590,11 +624,21 @@ def test_a_page_of_another_origin_embeds_a_session_with_the_module(browser, serv
         page.goto(f"{origin}/embed.html?server={served.http}/")
         page.wait_for_selector("#state[data-state=idle]", timeout=TIMEOUT_MS)
         assert page.evaluate("location.origin") == origin != served.http
+        assert page.is_visible("#notice")
+        assert page.text_content("#notice") == ("Demo model with random weights: the video is coloured noise "
+                                                "that follows the camera.")
         page.click("#start")
         page.wait_for_function("Number(document.querySelector('#chunks').dataset.chunks) >= 1", timeout=TIMEOUT_MS)
         page.keyboard.down("KeyW")
         page.wait_for_function("Number(document.querySelector('#chunks').dataset.chunks) >= 3", timeout=TIMEOUT_MS)
         page.keyboard.up("KeyW")
+        box = page.locator("#world").bounding_box()
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(x, y)
+        page.mouse.down()
+        page.mouse.move(x + 200, y, steps=5)  # drag right: look right ("l")
+        page.mouse.up()
+        page.wait_for_function("Number(document.querySelector('#chunks').dataset.chunks) >= 5", timeout=TIMEOUT_MS)
         page.wait_for_function("document.querySelector('#world').currentTime > 20 / 16", timeout=TIMEOUT_MS)
         assert page.evaluate("document.querySelector('#world').getVideoPlaybackQuality().totalVideoFrames") > 20
         ARTIFACTS.mkdir(exist_ok=True)
@@ -613,6 +657,7 @@ def test_a_page_of_another_origin_embeds_a_session_with_the_module(browser, serv
     assert infers[0].image[:8] == b"\x89PNG\r\n\x1a\n" and infers[0].prompt == "a green field under a blue sky"
     assert all(r.from_keys for r in infers) and isinstance(requests_[-1], ResetRequest)
     assert ("w",) in [r.keys for r in requests_ if isinstance(r, ControlRequest)]
+    assert any("l" in r.keys for r in requests_ if isinstance(r, ControlRequest))  # the drag
 
 
 def test_a_full_server_shows_the_place_in_line_then_streams(browser, served):

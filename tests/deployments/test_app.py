@@ -23,6 +23,7 @@ def test_handshake_announces_the_served_model(connect):
     config = asyncio.run(go())
     assert config.model == "tiny"
     assert config.image_resolution == (32, 48)  # 16:9 at area 32*64 (spec B.1 by hand: lat 4 x 6)
+    assert config.default_size == TEST_SIZE  # what the page computes a default session's size from
     assert config.intrinsics_resolution == (480, 832)
     assert (config.chunk_latent_frames, config.first_chunk_video_frames, config.chunk_video_frames) == (3, 9, 12)
     assert config.fps == 16 and config.video_codec == "h264" and config.protocol_version == 1
@@ -33,6 +34,8 @@ def test_healthz_and_model_card(server):
     health = httpx.get(f"{server.http}/healthz", timeout=30)
     assert health.status_code == 200
     assert health.json()["status"] == "ok"
+    assert set(health.json()) == {"status", "replicas", "sessions", "connections", "releasing", "probe_s", "line"}, \
+        health.json()  # as README.md and docs/SERVING.md say
     assert health.json()["replicas"] == {"text_encoder": 1, "vae": 1, "dit": 2}
     card = httpx.get(f"{server.http}/v1/models", timeout=30).json()["data"][0]
     assert card["id"] == "tiny" and card["dtype"] == "float32" and card["device"] == "cpu"

@@ -192,7 +192,10 @@ def test_chunks_beyond_the_declared_length_are_refused(connect, example):
 
     replies, over = asyncio.run(go())
     assert len(replies) == 3
-    error(over, ErrorCode.TOO_LARGE)
+    refused = error(over, ErrorCode.SESSION_LIMIT)  # a limit reached, not a size (issue 57)
+    assert refused.chunks_left == 0 and not refused.is_notice and refused.session_id == "len"
+    assert refused.message == ("this session declared num_frames for 3 chunks and all were sent; "
+                               "reset to start a new session")
 
 
 def test_a_session_expired_while_idle_is_rebuilt_and_continues_exactly(server, connect, example):

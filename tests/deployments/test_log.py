@@ -44,9 +44,12 @@ def test_a_typed_replica_error_is_one_info_line_without_traceback(caplog):
 
 
 PROBE_LINES = ("GET /healthz 200 12.3ms", "127.0.0.1:53122 GET /healthz 503 10001.2ms", "CALL probe OK 0.4ms",
-               "CALL stats OK 1.1ms", "CALL step OK 1830.2ms", "CALL decode OK 97.0ms")  # routine: DEBUG
+               "CALL stats OK 1.1ms", "CALL step OK 1830.2ms", "CALL decode OK 97.0ms",
+               "GET / 200 3.1ms", "127.0.0.1:53124 GET /{path:path} 200 2.4ms", "GET /{path:path} 304 1.0ms",
+               "GET /static 200 1.2ms")  # routine: DEBUG (the last four: a page load's files)
 OTHER_LINES = ("GET /v1/models 200 5.0ms", "CALL step ERROR 12.0ms", "GET /healthz-report 200 1.0ms",
-               "WS /v1/realtime/world/camera 101 60012.0ms")
+               "WS /v1/realtime/world/camera 101 60012.0ms", "GET /{path:path} 404 1.1ms", "POST /v1/videos 200 9.0ms",
+               "WS /{path:path} 403 2.0ms")
 
 
 def _access_lines(level: int, caplog) -> list[tuple[int, str]]:
