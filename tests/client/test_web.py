@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import re
 import threading
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
 import numpy as np
@@ -560,18 +558,12 @@ def test_on_a_phone_start_is_in_view_and_the_pad_moves_the_camera(browser, serve
     page.context.close()
 
 
-class _QuietFiles(SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-
 def test_a_page_of_another_origin_embeds_a_session_with_the_module(browser, served):
-    """web/examples/embed.html, served by a second HTTP server (another port: another origin),
-    imports stream.js from the app (CORS), streams a session into its own <video> over the app's
-    camera WebSocket, and the key it holds moves the camera."""
-    other = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietFiles, directory=str(REPO / "web" / "examples")))
-    threading.Thread(target=other.serve_forever, daemon=True).start()
-    origin = f"http://127.0.0.1:{other.server_address[1]}"
+    """web/examples/embed.html, served by a second HTTP server (another port: another origin, one
+    the app's auth.allowed_origins names: conftest.py), imports stream.js from the app (CORS),
+    streams a session into its own <video> over the app's camera WebSocket, and the key it holds
+    moves the camera."""
+    origin = served.examples
     sockets: list[str] = []
     sent: list[bytes] = []
     modules: dict[str, str | None] = {}
@@ -603,8 +595,6 @@ def test_a_page_of_another_origin_embeds_a_session_with_the_module(browser, serv
         page.wait_for_selector("#state[data-state=stopped]", timeout=TIMEOUT_MS)
     finally:
         page.close()
-        other.shutdown()
-        other.server_close()
     assert errors == []
     assert set(sockets) == {served.ws}  # the app's camera socket, not one at the page's origin
     assert modules[f"{served.http}/static/stream.js"] == "*" and modules[f"{served.http}/static/server.js"] == "*"
