@@ -580,9 +580,9 @@ def test_the_page_sends_its_key_as_a_subprotocol_never_in_a_url(browser, served)
         page.close()
     assert sent_urls and served.ws in sent_urls and not [u for u in sent_urls if key in u or "api_key" in u]
     (shake,) = handshakes
-    lower = lambda headers: {k.lower(): v for k, v in headers.items()}  # noqa: E731
-    assert lower(shake["requestHeaders"])["sec-websocket-protocol"] == f"lwf.bearer.{key}"
-    assert lower(shake["headers"])["sec-websocket-protocol"] == f"lwf.bearer.{key}"  # echoed: the socket opened
+    asked, answered = ({k.lower(): v for k, v in shake[h].items()} for h in ("requestHeaders", "headers"))
+    assert asked["sec-websocket-protocol"] == f"lwf.bearer.{key}"
+    assert answered["sec-websocket-protocol"] == f"lwf.bearer.{key}"  # echoed: the socket opened
 
 
 def test_a_page_of_another_origin_embeds_a_session_with_the_module(browser, served):
