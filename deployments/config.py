@@ -10,6 +10,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from camera.frames import DEFAULT_SIZE, MAX_CHUNKS, MAX_NUM_FRAMES, output_size
+from deployments.origins import canonical_origin
 from deployments.resume_args import ResumeArgs, moved_resume_keys
 
 SIZE_PATTERN = r"^\d+\*\d+$"
@@ -296,11 +297,17 @@ class AuthArgs(_Strict):
     """Optional API keys; the keys themselves come from an environment variable (a secret)."""
 
     api_keys_env: Optional[str] = None  # e.g. "LWF_API_KEYS" (comma separated); None = auth off
-    allowed_origins: list[str] = Field(default_factory=list)  # empty = any origin
+    # `Origin`s allowed besides the server's own (its Host): [] = none, ["*"] = any (deployments/origins.py)
+    allowed_origins: list[str] = Field(default_factory=list)
     # Quotas per API key, counted per ingress replica (None: unlimited; they need api_keys_env).
     chunks_per_minute: Optional[int] = Field(None, ge=1)
     max_sessions_per_key: Optional[int] = Field(None, ge=1)
     max_connections_per_key: int = Field(16, ge=1)  # WebSockets of one key at once (auth on)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        return [canonical_origin(o) for o in v]
 
     @model_validator(mode="after")
     def _quotas_need_keys(self) -> "AuthArgs":

@@ -1,7 +1,9 @@
 // The page: start-image picker, session form, keyboard/mouse/touch input, status on the video.
 // The HUD, the progress and the figures are hud.js's; the sizes and the next steps after an
 // error sizes.js's (both from the handshake); the touch pads touch.js's.
-// URL query parameters prefill the form: ?prompt=…&size=480*832&seed=7&api_key=…
+// URL query parameters prefill the form: ?prompt=…&size=480*832&seed=7; an API key only from
+// the fragment, #api_key=… (a fragment never reaches a server; stream.js sends the key as the
+// socket's subprotocol, never in a URL).
 
 import { LiveStream } from "./stream.js";
 import { CONTROL_CODES } from "./camera.js";
@@ -170,9 +172,11 @@ $("weights-link").addEventListener("click", (e) => {
 // ---- boot ----
 
 const params = new URLSearchParams(window.location.search);
-for (const [param, input] of [["prompt", ui.prompt], ["seed", ui.seed], ["api_key", ui.apiKey]]) {
+for (const [param, input] of [["prompt", ui.prompt], ["seed", ui.seed]]) {
   if (params.has(param)) input.value = params.get(param);
 }
+const fragment = new URLSearchParams(window.location.hash.slice(1));
+if (fragment.has("api_key")) ui.apiKey.value = fragment.get("api_key");
 drawScene(ui.preview, ui.scene.value);
 if (!MsePlayer.supported()) {
   ui.start.disabled = true;

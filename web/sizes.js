@@ -72,7 +72,7 @@ export function nextStep(code, config) {
     return `Pick a smaller size${limit}: ${sizes || "the server default"}, then press Start.`;
   }
   if (code === "busy") return "The server is full: wait a little and press Start again.";
-  if (code === "unauthorized") return "This server needs an API key: enter it in the API key field (or add ?api_key=… to the page's link) and press Start.";
+  if (code === "unauthorized") return "This server needs an API key: enter it in the API key field (or add #api_key=… to the page's link) and press Start.";
   if (code === "bad_image") return "Pick another start image (PNG or JPEG) and press Start.";
   if (code === "session_limit") return "This session made all the chunks it may: press Start for a new one.";
   if (code === "session_lost" || code === "player" || code === "bad_message") return "Press Start to begin again.";

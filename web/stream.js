@@ -27,11 +27,11 @@ import { KeyControl, CHUNK_FRAMES, TRANSLATION_SCALE } from "./camera.js";
 import { MsePlayer, codecFromInit } from "./player.js";
 import { RatePacer } from "./playback.js";
 import { nextStep } from "./sizes.js";
-import { MODULE_SERVER, cameraUrl } from "./server.js";
+import { MODULE_SERVER, cameraUrl, keyProtocols } from "./server.js";
 import { statsDetail } from "./stats.js";
 import { rejoinLine, resumeAfterDrop } from "./reconnect.js";
 
-export { CAMERA_PATH, MODULE_SERVER, cameraUrl } from "./server.js";
+export { CAMERA_PATH, MODULE_SERVER, cameraUrl, keyProtocols } from "./server.js";
 export { CONTROL_CODES } from "./camera.js"; // the KeyboardEvent.code values `stream.keys` takes
 export { MsePlayer } from "./player.js"; // MsePlayer.supported(): can this browser play the stream
 
@@ -59,7 +59,7 @@ export class LiveStream extends EventTarget {
    * @param {HTMLVideoElement} video where the session plays
    * @param {{server?: string, apiKey?: string}} [options] `server`: the server's base URL
    *   (http(s):// or ws(s)://; default: the server this module was loaded from); `apiKey`:
-   *   the key `connect` and `start` send when given none
+   *   the key `connect` and `start` send when given none (as the subprotocol `lwf.bearer.<key>`)
    */
   constructor(video, { server = MODULE_SERVER, apiKey = "" } = {}) {
     super();
@@ -101,16 +101,23 @@ export class LiveStream extends EventTarget {
    * Open the socket and wait for the handshake (`resuming`: keep the session's state).
    * @param {string} [apiKey] default: the constructor's
    * @returns {Promise<object>} the handshake (`config`: model, sizes, limits); rejects with an
-   *   Error whose `code` is the server's (e.g. "unauthorized") or "connection"
+   *   Error whose `code` is the server's (e.g. "unauthorized"), "connection", or "client" (a key no
+   *   subprotocol can carry: `keyProtocols`)
    */
   connect(apiKey = this.apiKey, resuming = false) {
     this.apiKey = apiKey;
+    let protocols;
+    try {
+      protocols = keyProtocols(apiKey); // the key travels as a subprotocol, never in the URL
+    } catch (e) {
+      return Promise.reject(e);
+    }
     if (!resuming) {
       this.setState("connecting");
       this.status("Connecting…");
     }
     return new Promise((resolve, reject) => {
-      const ws = new WebSocket(cameraUrl(this.server, apiKey));
+      const ws = new WebSocket(cameraUrl(this.server), protocols);
       ws.binaryType = "arraybuffer";
       this.ws = ws;
       let opened = false;

@@ -3,19 +3,24 @@
 It serves the embedded tiny model on CPU (one replica per deployment) with the web page and
 /v1/videos mounted by the ingress. Ray starts once (~15 s on 2 cores) at the first test that
 asks for `served` and stops when the run leaves tests/client, so that other test folders
-can start their own cluster afterwards.
+can start their own cluster afterwards. Beside it, web/examples/ is served on a port of its
+own (another origin), bound before the app starts so that its `auth.allowed_origins` names it.
 """
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
+EXAMPLES_DIR = HERE.parents[1] / "web" / "examples"
 TEST_SIZE = "32*64"  # a 16:9 image -> 32 x 48 output; 480x832 -> 32 x 48
 CAMERA_PATH = "/v1/realtime/world/camera"
 APP_ARGS = {
@@ -35,6 +40,12 @@ STARTUP_TIMEOUT_S = 180.0
 class Served:
     http: str  # http://127.0.0.1:PORT
     ws: str  # ws://127.0.0.1:PORT/v1/realtime/world/camera
+    examples: str  # http://127.0.0.1:OTHER: web/examples/, an origin the app allows (auth.allowed_origins)
+
+
+class _QuietFiles(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
 
 
 _running: dict[str, Any] = {}
@@ -55,16 +66,20 @@ def _start() -> Served:
     from deployments.config import AppArgs
 
     port = _free_port()
+    files = _running["files"] = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietFiles, directory=str(EXAMPLES_DIR)))
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    examples = f"http://127.0.0.1:{files.server_address[1]}"
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     _running["ray"] = ray
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(AppArgs.model_validate(APP_ARGS)), name="lwf-client-tests", route_prefix="/", blocking=False)
+    args = {**APP_ARGS, "auth": {"allowed_origins": [examples]}}  # the server's own page needs no entry
+    serve.run(build_app(AppArgs.model_validate(args)), name="lwf-client-tests", route_prefix="/", blocking=False)
     http = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         try:
             if requests.get(f"{http}/healthz", timeout=5).status_code == 200:
-                return Served(http=http, ws=f"ws://127.0.0.1:{port}{CAMERA_PATH}")
+                return Served(http=http, ws=f"ws://127.0.0.1:{port}{CAMERA_PATH}", examples=examples)
         except requests.RequestException:
             pass
         if time.monotonic() > deadline:
@@ -75,6 +90,10 @@ def _start() -> Served:
 def _stop() -> None:
     ray = _running.pop("ray", None)
     _running.pop("served", None)
+    files = _running.pop("files", None)
+    if files is not None:
+        files.shutdown()
+        files.server_close()
     if ray is not None:
         from ray import serve
 

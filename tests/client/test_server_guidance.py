@@ -65,11 +65,12 @@ def test_get_videos_names_post_and_its_doc(served):
 
 
 def test_a_multipart_upload_is_told_to_send_json(served):
+    """415 since issue 54 (a form or multipart body is what another site's page may post)."""
     image = (EXAMPLES / "00" / "image.jpg").read_bytes()
     r = requests.post(f"{served.http}/v1/videos", files={"image": ("image.jpg", image, "image/jpeg")},
                       data={"prompt": "a walk"}, timeout=60)
-    assert r.status_code == 400
-    assert r.json()["message"].startswith("send JSON (docs/VIDEOS.md)")
+    assert (r.status_code, r.json()["code"]) == (415, "unsupported_media_type")
+    assert r.json()["message"].startswith("send JSON (docs/VIDEOS.md) with `Content-Type: application/json`")
 
 
 def test_too_few_frames_are_said_in_frames(served, tmp_path, capsys):

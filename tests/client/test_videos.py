@@ -113,7 +113,8 @@ def test_request_errors(served, ex00):
     resp = requests.post(f"{served.http}/v1/videos", json=no_prompt, timeout=30)
     assert (resp.status_code, resp.json()["code"]) == (400, "missing_field")
     assert "`prompt` is required" in resp.json()["message"]
-    resp = requests.post(f"{served.http}/v1/videos", data=b"{not json", timeout=30)
+    resp = requests.post(f"{served.http}/v1/videos", data=b"{not json", headers={"Content-Type": "application/json"},
+                         timeout=30)
     assert (resp.status_code, resp.json()["code"]) == (400, "bad_message")
     resp = requests.post(f"{served.http}/v1/videos", json={**body(ex00), "image": "%%%"}, timeout=30)
     assert (resp.status_code, resp.json()["code"]) == (400, "bad_image")

@@ -1,5 +1,5 @@
 """Auth: API keys from the named environment variable (Bearer header, bearer subprotocol or query
-parameter), origins; the per-key quotas and the token bucket."""
+parameter), origins (by default the server's own only: issue 54); the per-key quotas and the token bucket."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +18,8 @@ from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply
 from protocol.codec import encode
 from protocol.requests import infer_request
+
+CAMERA_PATH = "/v1/realtime/world/camera"
 
 
 def conn(headers: dict[str, str] | None = None, query: str = "") -> HTTPConnection:
@@ -67,7 +69,37 @@ def test_origins():
     assert auth.origin_allowed(conn({"Origin": "https://app.example"}))
     assert not auth.origin_allowed(conn({"Origin": "https://evil.example"}))
     assert auth.origin_allowed(conn())  # non-browser clients send no Origin
-    assert Auth(AuthArgs()).origin_allowed(conn({"Origin": "https://any.example"}))
+    assert Auth(AuthArgs(allowed_origins=["*"])).origin_allowed(conn({"Origin": "https://any.example"}))
+
+
+def test_by_default_only_the_servers_own_origin_passes():
+    """Issue 54 item 6: `allowed_origins` empty meant any origin; it now means the server's own
+    (the Origin's host and port are the request's Host), listed ones besides."""
+    own = {"Host": "127.0.0.1:8000"}
+    default, listed = Auth(AuthArgs()), Auth(AuthArgs(allowed_origins=["http://127.0.0.1:9000"]))
+    for auth in (default, listed):
+        assert auth.origin_allowed(conn({**own, "Origin": "http://127.0.0.1:8000"}))
+        assert auth.origin_allowed(conn(own))  # no Origin: not a browser page
+        for foreign in ("https://evil.example", "http://127.0.0.1:8001", "http://localhost:8000", "null",
+                        "http://127.0.0.1:8000/path", "file://", "http://user@127.0.0.1:8000"):
+            assert not auth.origin_allowed(conn({**own, "Origin": foreign})), foreign
+    assert listed.origin_allowed(conn({**own, "Origin": "http://127.0.0.1:9000"}))
+    assert not default.origin_allowed(conn({**own, "Origin": "http://127.0.0.1:9000"}))
+    # default ports: a page at https://world.example behind a TLS proxy (the server sees http)
+    assert default.origin_allowed(conn({"Host": "World.example", "Origin": "https://world.example"}))
+    assert default.origin_allowed(conn({"Host": "world.example:443", "Origin": "https://world.example"}))
+    assert not default.origin_allowed(conn({"Host": "world.example:8443", "Origin": "https://world.example"}))
+    assert default.origin_allowed(conn({"Host": "[::1]:8000", "Origin": "http://[::1]:8000"}))
+    assert not default.origin_allowed(conn({"Origin": "http://127.0.0.1:8000"}))  # no Host: nothing is own
+
+
+def test_allowed_origins_are_checked_and_written_as_browsers_send_them():
+    args = AuthArgs(allowed_origins=["HTTPS://App.Example:443", "http://127.0.0.1:9000", "*"])
+    assert args.allowed_origins == ["https://app.example", "http://127.0.0.1:9000", "*"]
+    for bad in ("http://127.0.0.1:9000/", "app.example", "ws://app.example", "https://app.example/x",
+                "https://app.example:99999", ""):
+        with pytest.raises(ValueError, match="is not an origin"):
+            AuthArgs(allowed_origins=[bad])
 
 
 def test_token_bucket_refills_at_its_rate():
@@ -151,6 +183,29 @@ def test_an_origin_outside_the_allow_list_is_refused_before_the_upgrade(strict_s
 
     status, config = asyncio.run(go())
     assert status == 403 and isinstance(config, CameraServerConfig)
+
+
+def test_by_default_a_page_of_another_origin_cannot_open_a_socket(server):
+    """Issue 54 item 6: the shared app lists no origins; a page of another site (a browser sends
+    its `Origin`) was accepted. Now: 403 before the upgrade, on both WebSocket routes; the
+    server's own page (Origin = its Host) and clients without Origin connect."""
+    base = server.ws.removesuffix(CAMERA_PATH)
+
+    async def go():
+        statuses = []
+        for url in (server.ws, base + "/"):  # the camera route and openpi's root route
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await websockets.connect(url, origin="https://evil.example")
+            statuses.append(refused.value.response.status_code)
+        configs = []
+        for origin in (server.http, None):
+            async with websockets.connect(server.ws, origin=origin) as ws:
+                configs.append(decode_reply(await asyncio.wait_for(ws.recv(), 30)))
+        return statuses, configs
+
+    statuses, configs = asyncio.run(go())
+    assert statuses == [403, 403]
+    assert all(isinstance(c, CameraServerConfig) for c in configs), configs
 
 
 def test_another_connection_cannot_read_drive_or_reset_a_session(strict_connect, api_keys, example):

@@ -1,10 +1,12 @@
 """`/v1/videos` against hostile clients (issue 31), on the live apps: jobs belong to their
 principal, DELETE cancels a job and frees its DiT slot, per-principal quotas and the frame cap,
-and bodies that would cost a GB to parse (60 MiB of floats, 200 000 levels deep)."""
+and bodies that would cost a GB to parse (60 MiB of floats, 200 000 levels deep); cross-site
+posts (issue 54): other media types than JSON and other origins start nothing."""
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import time
 
@@ -199,7 +201,8 @@ def test_huge_and_deep_bodies_are_refused_at_a_bounded_cost(server):
     assert grown_mib < RSS_MARGIN_MIB, grown_mib
     assert health and set(health) == {200}, health
 
-    deep = httpx.post(f"{server.http}/v1/videos", content=b"[" * 200_000 + b"]" * 200_000, timeout=60)
+    deep = httpx.post(f"{server.http}/v1/videos", content=b"[" * 200_000 + b"]" * 200_000, timeout=60,
+                      headers={"Content-Type": "application/json"})
     assert (deep.status_code, deep.json()["code"]) == (400, "bad_message"), deep.text[:300]
 
 
@@ -210,3 +213,33 @@ def test_openapi_documents_the_video_body_and_delete(strict_server):
     assert schema["title"] == "VideoRequest" and set(schema["required"]) == {"image", "prompt", "poses", "intrinsics"}
     assert {"num_frames", "seed", "size", "intrinsics_resolution"} <= set(schema["properties"])
     assert "delete" in spec["paths"]["/v1/videos/{job_id}"]
+
+
+NO_PREFLIGHT = ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                "multipart/form-data; boundary=x")  # what a page of any site may POST without asking
+
+
+def test_a_cross_site_post_starts_no_job(server, example):
+    """Issue 54 item 6: a page of another site may POST `text/plain` (or a form) to a server on
+    its visitor's machine without a CORS preflight, and the body was parsed as JSON: 202, a job.
+    Now every type but `application/json` (charset utf-8, if any) is 415 before the body is
+    read, and a page of another origin gets 403 on every route whatever it sends."""
+    base, raw = server.http, json.dumps(body(example, 9)).encode()
+    server.wait_held(0)
+    for content_type in (*NO_PREFLIGHT, None, "application/json; charset=latin-1", "application/jsonx"):
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        resp = httpx.post(f"{base}/v1/videos", params={"async": "true"}, content=raw, headers=headers, timeout=60)
+        assert (resp.status_code, resp.json()["code"]) == (415, "unsupported_media_type"), (content_type, resp.text)
+        assert "`Content-Type: application/json`" in resp.json()["message"]
+    foreign = {"Origin": "https://evil.example"}
+    made = httpx.post(f"{base}/v1/videos", params={"async": "true"}, content=raw, timeout=60,
+                      headers={**foreign, "Content-Type": "application/json"})
+    assert (made.status_code, made.json()["code"]) == (403, "forbidden"), made.text
+    server.wait_held(0, timeout=5)  # nothing started
+    own = {"Origin": base, "Content-Type": "application/json; charset=UTF-8"}  # the server's own page
+    made = httpx.post(f"{base}/v1/videos", params={"async": "true"}, content=raw, headers=own, timeout=60)
+    assert made.status_code == 202, made.text
+    gone = httpx.delete(url(base, made.json()["status_url"]), headers=foreign, timeout=30)
+    assert (gone.status_code, gone.json()["code"]) == (403, "forbidden")
+    assert httpx.delete(url(base, made.json()["status_url"]), timeout=30).status_code == 200
+    server.wait_held(0)

@@ -1,15 +1,19 @@
-"""Optional API keys and origin allow-list for the WebSocket (AppArgs.auth).
+"""Optional API keys and the origin check for the WebSocket and `/v1/videos` (AppArgs.auth).
+
+Origins: a browser sends the page's `Origin`; only the server's own (the request's Host,
+deployments/origins.py) and those `allowed_origins` lists pass (`*`: any). A client that sends
+no `Origin` is not a browser page and passes (programs, curl, lwf-client).
 
 Keys come from the environment variable named by `api_keys_env` (comma separated, a secret
 in Kubernetes), never from the repository or the serve config. A client presents one as
 
 * `Authorization: Bearer <key>` (programs), or `Authorization: Api-Key <key>` (the scheme
   openpi's `WebsocketClientPolicy(api_key=...)` sends), or
-* the WebSocket subprotocol `lwf.bearer.<key>` (browsers cannot set headers:
-  `new WebSocket(url, ["lwf.bearer." + key])`); the server accepts the socket with that
-  subprotocol, as browsers require when they offered one, or
-* the `api_key` query parameter (kept for older web clients; URLs end up in logs, prefer
-  the subprotocol).
+* the WebSocket subprotocol `lwf.bearer.<key>` (browsers cannot set headers on a WebSocket:
+  `new WebSocket(url, ["lwf.bearer." + key])`, what web/stream.js does); the server accepts
+  the socket with that subprotocol, as browsers require when they offered one, or
+* the `api_key` query parameter: deprecated (URLs end up in logs and browser history; the
+  web page no longer sends it), kept for older web clients and `/docs` in a browser.
 
 Keys are compared in constant time (`hmac.compare_digest`, against every key). A connection is
 identified to the quotas and logs by the key's position (`key0`, `key1`, ...), not the key.
@@ -23,13 +27,13 @@ from typing import Optional
 from starlette.requests import HTTPConnection
 
 from deployments.config import AuthArgs
+from deployments.origins import ANY_ORIGIN, is_own_origin, origin_parts
 
 BEARER_SUBPROTOCOL = "lwf.bearer."
 ANONYMOUS = None  # the key id of connections when auth is off
 AUTH_SCHEMES = ("bearer ", "api-key ")  # `Authorization` schemes, lower case with their space
-UNAUTHORIZED_MESSAGE = ("missing or wrong API key: send `Authorization: Bearer <key>` (or `Api-Key <key>`), "
-                        "the WebSocket subprotocol "
-                        "`lwf.bearer.<key>` or the `api_key` query parameter")
+UNAUTHORIZED_MESSAGE = ("missing or wrong API key: send `Authorization: Bearer <key>` (or `Api-Key <key>`) "
+                        "or, from a browser, the WebSocket subprotocol `lwf.bearer.<key>`")
 
 
 def offered_subprotocols(conn: HTTPConnection) -> list[str]:
@@ -46,7 +50,8 @@ class Auth:
     """Checks one connection against the configured keys and origins."""
 
     def __init__(self, args: AuthArgs) -> None:
-        self._origins = frozenset(args.allowed_origins)
+        self._any_origin = ANY_ORIGIN in args.allowed_origins
+        self._origins = frozenset(origin_parts(o) for o in args.allowed_origins if o != ANY_ORIGIN)
         self._keys: tuple[bytes, ...] = ()
         if args.api_keys_env is not None:
             raw = os.environ.get(args.api_keys_env, "")
@@ -60,8 +65,12 @@ class Auth:
         return bool(self._keys)
 
     def origin_allowed(self, conn: HTTPConnection) -> bool:
+        """No `Origin` (not a browser), the server's own origin, or one the allow-list names."""
         origin = conn.headers.get("origin")
-        return not self._origins or origin is None or origin in self._origins
+        if origin is None or self._any_origin:
+            return True
+        parts = origin_parts(origin)  # None for `null` (sandboxed frames, file:// pages) and junk
+        return parts is not None and (parts in self._origins or is_own_origin(parts, conn.headers.get("host", "")))
 
     def authenticate(self, conn: HTTPConnection) -> tuple[bool, Optional[str]]:
         """(accepted, key id): the id of the presented key, None when auth is off."""

@@ -9,7 +9,9 @@
     DELETE /v1/videos/{id}          -> 200 the job's last view; an unfinished job is cancelled
                                        and its session released
 
-Every route passes the WebSocket's checks first (origin, API key). A job belongs to the
+Every route passes the WebSocket's checks first (origin, API key); a POST's body must be
+declared `application/json` (415 otherwise: what a page of another site can send without a
+CORS preflight, `text/plain`, a form, multipart, never starts a job). A job belongs to the
 principal that created it: its API key id, or without auth its client address (the peer's,
 or the trusted X-Forwarded-For entry as for the connection caps); for anyone else its routes
 answer 404 as for an unknown id. A principal has at most `videos.max_jobs_per_principal`
@@ -32,7 +34,7 @@ from deployments.config import VideoArgs
 from deployments.ingress.guards.connection_caps import client_address
 from deployments.ingress.videos.errors import HttpError
 from deployments.ingress.videos.jobs import JobStore, VideoJob
-from deployments.ingress.videos.request import BodyBudget, VideoSpec, parse_request, read_body
+from deployments.ingress.videos.request import BodyBudget, VideoSpec, check_content_type, parse_request, read_body
 from deployments.ingress.videos.runner import SessionRunner
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
@@ -62,6 +64,7 @@ class VideoEndpoint:
     async def create(self, request: Request) -> Response:
         try:
             key_id, owner = self._admit(request)
+            check_content_type(request.headers.get("content-type"))  # 415: a browser's no-preflight post
             self._check_quota(owner)  # early: no body read for a principal at its quota
             spec = await self._read(request)
             self._check_quota(owner)  # and again: others may have started while the body came in

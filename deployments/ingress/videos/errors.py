@@ -32,7 +32,7 @@ class HttpError(Exception):
 
     @classmethod
     def other(cls, status: int, code: str, message: str) -> HttpError:
-        """An answer with no wire code (`not_found`, `not_ready`, `forbidden`, `internal`)."""
+        """An answer with no wire code (`not_found`, `not_ready`, `forbidden`, `unsupported_media_type`, `internal`)."""
         return cls(status, {"type": "error", "code": code, "message": message})
 
     def response(self) -> JSONResponse:

@@ -1,5 +1,6 @@
 """A `POST /v1/videos` body -> the session's chunk requests, validated by the protocol codec.
 
+A body must be declared `Content-Type: application/json` (415 otherwise, before it is read).
 The body is read as it arrives and refused (413) as soon as it passes the cap, whatever its
 Content-Length says (a chunked body has none). Its JSON is parsed with a bounded cost
 (json_guard.py: at most the tokens of `4 * max_frames` poses, 8 levels deep; checked before
@@ -33,8 +34,12 @@ POSES_PER_FRAME = 4  # the most a trajectory may carry per frame (the wire's 48 
 TOKENS_PER_POSE = 32  # structural JSON tokens of a pose [4, 4] and its intrinsics row [4], with separators
 TOKEN_SLACK = 256  # the body's keys, strings and outer brackets
 MAX_DEPTH = 8  # the body is 4 deep ({"poses": [[[...]]]})
-NOT_JSON = ("send JSON (docs/VIDEOS.md): the body is one JSON object, {\"image\": base64 PNG or JPEG, "
-            "\"prompt\", \"poses\", \"intrinsics\", ...}, not a form upload or a file")
+JSON_BODY = ("the body is one JSON object, {\"image\": base64 PNG or JPEG, \"prompt\", \"poses\", "
+             "\"intrinsics\", ...}, not a form upload or a file")
+NOT_JSON = f"send JSON (docs/VIDEOS.md): {JSON_BODY}"
+JSON_TYPE = "application/json"
+NOT_JSON_TYPE = (f"send JSON (docs/VIDEOS.md) with `Content-Type: {JSON_TYPE}` (its charset, if any, utf-8): "
+                 f"{JSON_BODY}")
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,18 @@ async def read_body(chunks: AsyncIterator[bytes], max_bytes: int, budget: BodyBu
         raise
     budget.give(taken - len(body))  # a body shorter than declared
     return body
+
+
+def check_content_type(value: Optional[str]) -> None:
+    """`unsupported_media_type` (415) unless the body is declared `application/json` (a
+    `charset` parameter, if any, utf-8: JSON's only encoding). A browser page sends a
+    `text/plain`, form or multipart body to another site without asking it first (no CORS
+    preflight); `application/json` only after a preflight, which this server never grants."""
+    media, *params = (value or "").split(";")
+    charsets = [v.strip().strip('"').lower() for k, _, v in (p.partition("=") for p in params)
+                if k.strip().lower() == "charset"]
+    if media.strip().lower() != JSON_TYPE or any(c != "utf-8" for c in charsets):
+        raise HttpError.other(415, "unsupported_media_type", NOT_JSON_TYPE)
 
 
 def max_tokens(max_frames: int) -> int:
