@@ -1,11 +1,14 @@
 """A small journal of three chunks as a session makes it (shared y, a prompt update, an FP8
-growth record), for the world store's tests."""
+growth record), and that journal saved as a world, for the world store's tests."""
 from __future__ import annotations
 
 import numpy as np
 
+from deployments.config import AppArgs
 from deployments.ingress.journal import SessionJournal
 from deployments.wire import NoiseSnapshot, SessionOptions
+from deployments.worlds.journal_parts import journal_records
+from deployments.worlds.worlds import Worlds
 
 OPTIONS = SessionOptions(session_id="s1", prompt="a quiet lake", image_digest="d", resolution=(32, 48), seed=7,
                          total_latent_frames=None, translation_scale=None, intrinsics_resolution=(480, 832))
@@ -31,3 +34,16 @@ def make_journal(chunks: int = 3, seed: int = 0) -> SessionJournal:
                           NoiseSnapshot(rng.integers(0, 255, 5056, dtype=np.uint8), False), context, growth)
     journal.conditioned = journal.decoded = chunks
     return journal
+
+
+VIDEOS = [b"\x00\x00\x00\x18ftypiso5 init+moof0", b"moof1", None]
+
+
+def save(worlds: Worlds, principal: str = "alice", chunks: int = 3, title: str = "lake"):
+    journal = make_journal(chunks)
+    m = worlds.create(principal, title, AppArgs(), OPTIONS, journal.image, journal.context)
+    previous = None
+    for record in journal_records(journal, videos=VIDEOS[:chunks]):
+        m = worlds.put_chunk(principal, m.world_id, record, previous)
+        previous = record.past.y
+    return journal, m

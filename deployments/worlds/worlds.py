@@ -26,7 +26,7 @@ from deployments.config import AppArgs
 from deployments.wire import SessionOptions
 from deployments.worlds.chunks import (COMMIT, ChunkRecord, chunk_dir, chunk_from_parts, chunk_parts, decode_array,
                                        encode_array, read_commit)
-from deployments.worlds.errors import BadWorldFile, QuotaExceeded, WorldNotFound
+from deployments.worlds.errors import BadWorldFile, QuotaExceeded, WorldError, WorldNotFound
 from deployments.worlds.ids import check_world_id, new_world_id, principal_dir, world_dir
 from deployments.worlds.manifest import Manifest, digest, served_model
 from deployments.worlds.store import WorldStore
@@ -121,6 +121,26 @@ class Worlds:
             manifest = replace(draft, bytes=draft.bytes + size)
         self._write(principal, manifest.world_id, {**parts, MANIFEST: manifest.to_json()}, replaced)
         return manifest
+
+    def now(self) -> float:
+        return self._clock()
+
+    def put_world(self, principal: str, manifest: Manifest, parts: dict[str, bytes]) -> Manifest:
+        """A whole world at once (an import: `manifest` with a new id and this owner, `parts`
+        checked): quota first, the parts, the manifest last; a write that fails removes the
+        world's objects again, so it is all there or not at all."""
+        try:
+            return self._commit(principal, manifest, parts)
+        except QuotaExceeded:
+            raise
+        except BaseException:
+            try:
+                self.store.delete_prefix(world_dir(principal, manifest.world_id))
+            except WorldError:  # the store went away: the parts stay unlisted (no manifest)
+                pass
+            with self._lock:
+                self._usage.pop(principal_dir(principal), None)
+            raise
 
     def set_context(self, principal: str, world_id: str, context: np.ndarray) -> Manifest:
         """The opening prompt's encoding (the journal's `context`), once the text encoder answered."""

@@ -12,20 +12,7 @@ from deployments.worlds.ids import principal_dir, world_dir
 from deployments.worlds.journal_parts import journal_from_world, journal_records
 from deployments.worlds.manifest import Manifest, fingerprint_changes, served_model
 from deployments.worlds.worlds import Worlds
-from worlds_support import OPTIONS, make_journal
-
-VIDEOS = [b"\x00\x00\x00\x18ftypiso5 init+moof0", b"moof1", None]
-
-
-def save(worlds: Worlds, principal: str = "alice", chunks: int = 3, title: str = "lake"):
-    journal = make_journal(chunks)
-    m = worlds.create(principal, title, AppArgs(), OPTIONS, journal.image, journal.context)
-    previous = None
-    for record in journal_records(journal, videos=VIDEOS[:chunks]):
-        m = worlds.put_chunk(principal, m.world_id, record, previous)
-        previous = record.past.y
-    return journal, m
-
+from worlds_support import VIDEOS, make_journal, save
 
 def test_a_journal_round_trips_through_the_store(store):
     worlds = Worlds(store)
