@@ -214,8 +214,9 @@ class Worlds:
         return World(m, image, context, chunks)
 
     def delete(self, principal: str, world_id: str) -> None:
-        """The world and everything in it (the manifest first: it is no longer listed)."""
-        self.manifest(principal, world_id)  # world_not_found before anything
+        """The world and everything in it (the manifest first: it is no longer listed); a
+        damaged world too."""
+        self.store.get(self._key(principal, check_world_id(world_id), MANIFEST))  # world_not_found first
         self.store.delete(self._key(principal, world_id, MANIFEST))
         self.store.delete_prefix(world_dir(principal, world_id))
         with self._lock:

@@ -64,6 +64,8 @@ def test_a_damaged_part_in_the_store_is_refused_never_half_loaded(store, damage)
         store.delete(f"{world_dir('alice', m.world_id)}/c/000001/chunk.json")
     with pytest.raises(BadWorldFile):
         worlds.load("alice", m.world_id)
+    worlds.delete("alice", m.world_id)  # a damaged world can still be deleted
+    assert store.list(principal_dir("alice")) == [] and worlds.usage("alice") == 0
 
 
 def test_a_principal_sees_and_opens_only_its_own_worlds(store):
