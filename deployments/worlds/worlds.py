@@ -149,21 +149,36 @@ class Worlds:
 
     def put_chunk(self, principal: str, world_id: str, record: ChunkRecord,
                   previous_y: Optional[np.ndarray] = None) -> Manifest:
-        """Chunk `record.index` (chunks come in order: the manifest's count plus one; a chunk
-        already committed is written again, as a retry). `previous_y`: the previous chunk's y."""
+        """Chunk `record.index`, which makes the world `index + 1` chunks long: the next chunk,
+        a retry of the last one, or an earlier one (a rewound session's new branch: the chunks
+        after it are another branch's and are deleted after the manifest says so). Chunks come
+        in order (at most the manifest's count). `previous_y`: the previous chunk's y."""
         m = self.manifest(principal, world_id)
         if record.index > m.chunks:
             raise ValueError(f"chunk {record.index} of a world of {m.chunks} chunks: chunks come in order")
+        prefix = world_dir(principal, world_id)
+        stale = []
+        if record.index + 1 < m.chunks:
+            stale = [o for o in self.store.list(f"{prefix}/c")
+                     if int(o.key[len(prefix) + 3:].split("/")[0]) > record.index]
         parts = chunk_parts(record, previous_y)
         parts = {f"{chunk_dir(record.index)}/{name}": d for name, d in parts.items()}
-        return self._write_manifest(principal, m, parts, max(m.chunks, record.index + 1), chunk_dir(record.index))
+        out = self._write_manifest(principal, m, parts, record.index + 1, chunk_dir(record.index),
+                                   sum(o.size for o in stale))
+        if stale:
+            for o in sorted(stale, key=lambda o: not o.key.endswith(COMMIT)):  # commit records first
+                self.store.delete(o.key)
+            with self._lock:
+                self._usage.pop(principal_dir(principal), None)  # counted afresh
+        return out
 
     def _write_manifest(self, principal: str, m: Manifest, parts: dict[str, bytes], chunks: int,
-                        under: str) -> Manifest:
-        """`parts` and the manifest updated (chunk count, time, bytes: the old manifest and what
-        `parts` replaces taken off)."""
+                        under: str, dropped: int = 0) -> Manifest:
+        """`parts` and the manifest updated (chunk count, time, bytes: the old manifest, what
+        `parts` replaces and the `dropped` bytes of deleted chunks taken off)."""
         replaced = self._sizes(principal, m.world_id, parts, under)
-        base = replace(m, chunks=chunks, updated=self._clock(), bytes=m.bytes - len(m.to_json()) - replaced)
+        base = replace(m, chunks=chunks, updated=self._clock(),
+                       bytes=m.bytes - len(m.to_json()) - replaced - dropped)
         return self._commit(principal, base, parts, replaced + len(m.to_json()))
 
     def _sizes(self, principal: str, world_id: str, parts: dict[str, bytes], under: str) -> int:
@@ -189,8 +204,8 @@ class Worlds:
         return sorted(out, key=lambda m: -m.updated)
 
     def load(self, principal: str, world_id: str) -> World:
-        """The whole world, every part checked; its committed chunks in order (BadWorldFile if
-        a part does not match its commit record)."""
+        """The whole world, every part checked: the manifest's count of chunks, in order
+        (BadWorldFile if one is not committed or a part does not match its commit record)."""
         m = self.manifest(principal, world_id)
         prefix = world_dir(principal, world_id)
         keys = {o.key[len(prefix) + 1:] for o in self.store.list(prefix)}
@@ -204,7 +219,7 @@ class Worlds:
         image = decode_array(part(IMAGE))
         context = decode_array(part(CONTEXT)) if CONTEXT in keys else None
         chunks: list[ChunkRecord] = []
-        while f"{chunk_dir(len(chunks))}/{COMMIT}" in keys:
+        while len(chunks) < m.chunks and f"{chunk_dir(len(chunks))}/{COMMIT}" in keys:
             k = len(chunks)
             meta = read_commit(part(f"{chunk_dir(k)}/{COMMIT}"), k)
             parts = {n: part(f"{chunk_dir(k)}/{n}") for n in meta["parts"]}

@@ -110,6 +110,19 @@ def test_a_retried_chunk_counts_once(store):
     assert Worlds(store).usage("alice") == m2.bytes  # counted afresh from the store
 
 
+def test_a_chunk_written_again_below_the_head_ends_the_world_there(store):
+    """A rewound session's next chunk replaces the old branch: the world is as long as that chunk says."""
+    worlds = Worlds(store)
+    journal, m = save(worlds, chunks=3)
+    other = journal_records(make_journal(3, seed=5))[1]
+    m2 = worlds.put_chunk("alice", m.world_id, other, journal.chunks[0].y)
+    world = worlds.load("alice", m.world_id)
+    assert m2.chunks == 2 and len(world.chunks) == 2
+    assert np.array_equal(world.chunks[1].past.latents, other.past.latents)
+    assert not any("/c/000002/" in o.key for o in store.list(""))
+    assert m2.bytes == sum(o.size for o in store.list("p")) == worlds.usage("alice")
+
+
 def test_retention_deletes_worlds_not_updated_for_its_time(store):
     now = [1000.0]
     worlds = Worlds(store, retention_s=3600, clock=lambda: now[0])
