@@ -31,7 +31,7 @@ def check_key(key: str) -> str:
 
 def check_prefix(prefix: str) -> str:
     """A key prefix (a store's `prefix`, a listing's): "" or a valid key."""
-    return prefix if prefix == "" else check_key(prefix.strip("/") if prefix.endswith("/") else prefix)
+    return prefix if prefix == "" else check_key(prefix[:-1] if prefix.endswith("/") else prefix)
 
 
 def join(*parts: str) -> str:

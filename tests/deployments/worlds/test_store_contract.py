@@ -3,6 +3,7 @@ real S3 server (SeaweedFS through obstore)."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 
 import pytest
@@ -66,6 +67,12 @@ def test_keys_outside_the_alphabet_are_refused_before_the_backend(store, key):
     assert store.list("") == []
 
 
+@pytest.mark.parametrize("prefix", ["/", "/etc/", "../", "a//", ".tmp-x/"])
+def test_a_listing_outside_the_alphabet_is_refused(store, prefix):
+    with pytest.raises(BadWorldKey):
+        store.list(prefix)
+
+
 def test_a_principal_lives_under_its_digest_only(store):
     a, b = principal_dir("key-A"), principal_dir("key-B")
     assert a != b and "key-A" not in a and a.startswith("p/") and len(a) == 2 + 32
@@ -92,6 +99,23 @@ def test_a_failed_local_write_leaves_nothing_visible(tmp_path, monkeypatch):
     assert store.get("w/x") == b"old"
     assert [o.key for o in store.list("")] == ["w/x"]
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["x"]
+
+
+def test_an_s3_endpoint_that_never_answers_is_store_unavailable(s3_credentials):
+    """A store that accepts connections and never replies: the request times out (timeout_s,
+    one retry) instead of holding the writer's thread."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        from deployments.worlds.s3 import S3WorldStore
+
+        store = S3WorldStore("b", endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.5,
+                             access_key_env="LWF_TEST_S3_KEY", secret_key_env="LWF_TEST_S3_SECRET")
+        errors = []
+        t = threading.Thread(target=lambda: errors.append(pytest.raises(StoreUnavailable, store.put, "k", b"v")))
+        t.start()
+        t.join(60)
+        assert not t.is_alive() and len(errors) == 1
 
 
 def test_a_stopped_s3_server_is_store_unavailable(tmp_path, s3_credentials):
