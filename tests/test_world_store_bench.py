@@ -1,9 +1,9 @@
-"""benchmarks/world_store.py runs through on a local folder at a small size and says what it measured."""
+"""benchmarks/probes/world_store.py runs through on a local folder at a small size and says what it measured."""
 from __future__ import annotations
 
 import json
 
-from benchmarks.world_store import main
+from benchmarks.probes.world_store import main
 
 
 def test_the_world_store_benchmark_runs_on_a_local_folder(tmp_path):
