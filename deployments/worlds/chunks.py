@@ -93,7 +93,8 @@ def read_commit(data: bytes, index: int) -> dict:
     if not ok:
         raise BadWorldFile(f"chunk {index}'s commit record is not one")
     names = set(meta["parts"])
-    needed = {"poses.npy", "intrinsics.npy", "latents.npy", "noise.npy"} | ({"y.npy"} if meta["y_from"] == "own" else set())
+    needed = {"poses.npy", "intrinsics.npy", "latents.npy", "noise.npy"}
+    needed |= {"y.npy"} if meta["y_from"] == "own" else set()
     if not needed <= names or not names <= {f"{a}.npy" for a in ARRAYS} | {VIDEO}:
         raise BadWorldFile(f"chunk {index}'s parts are not a chunk's")
     if index == 0 and meta["y_from"] == "previous":

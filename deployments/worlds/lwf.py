@@ -35,7 +35,8 @@ MAGIC = b"LWFWORLD"
 VERSION = 1
 PREAMBLE = struct.Struct("<8sII32s")
 MAX_HEADER = 16 << 20
-CHUNK_PART = re.compile(r"c/(\d{6})/(poses|intrinsics|y|latents|context|kv_growth|noise)\.npy|c/(\d{6})/(video\.mp4|chunk\.json)")
+CHUNK_PART = re.compile(r"c/\d{6}/(?:(?:poses|intrinsics|y|latents|context|kv_growth|noise)\.npy"
+                        r"|video\.mp4|chunk\.json)")
 
 
 def export_world(worlds: Worlds, principal: str, world_id: str, out: BinaryIO) -> int:

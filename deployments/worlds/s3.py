@@ -1,8 +1,9 @@
 """S3WorldStore: the world store in any S3-compatible object store (AWS S3, SeaweedFS, MinIO, ...)
 through `obstore` (the Rust `object_store` crate's Python binding), not hand-written HTTP.
 
-Imported only where the S3 backend is chosen (`open_store`). Keys live under `prefix` in `bucket`. A PUT is atomic in S3 (an object appears whole or not at
-all), so no temporary object is needed. Credentials come from the environment (the variables
+Imported only where the S3 backend is chosen (`open_store`). Keys live under `prefix` in
+`bucket`. A PUT is atomic in S3 (an object appears whole or not at all), so no temporary
+object is needed. Credentials come from the environment (the variables
 `worlds.access_key_env` / `worlds.secret_key_env` name, AWS_ACCESS_KEY_ID /
 AWS_SECRET_ACCESS_KEY by default; unset: obstore's own chain, e.g. an instance role). Requests
 time out (`timeout_s`) and are retried once: a store that is down fails fast with
