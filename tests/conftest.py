@@ -55,6 +55,9 @@ SLOW_TESTS = frozenset({
     "model/test_triton_quant.py::test_triton_quantization_kernels",
     "model/test_precision.py::test_bf16_paths_stay_within_2e_2_of_float32",
     "test_benchmark_reports.py::test_the_model_benchmark_runs_through_on_the_tiny_model",
+    # a SeaweedFS server of their own started, stopped and started again (~30 s each)
+    "deployments/worlds/test_store_contract.py::test_a_stopped_s3_server_is_store_unavailable",
+    "deployments/worlds/test_writer.py::test_an_s3_server_stopped_and_started_mid_stream_loses_nothing",
 })
 TESTS = Path(__file__).resolve().parent
 

@@ -238,6 +238,9 @@ def test_the_circle_finder_sees_a_circle_and_the_import_reader_its_arrows():
 FLOORS = {
     # 0: what the replicas and the ingress share, and the replicas
     "deployments": 0, "deployments.replicas": 0,
+    # the world store (issue 55): a leaf of floor 0 (the replicas may keep compile artifacts in it);
+    # only its bridge to the ingress's journal stands on the journal's floor
+    "deployments.worlds": 0, "deployments.worlds.journal_parts": 1,
     # 1: the ingress's leaves: guards, the socket, the journal, the parking, small helpers
     "deployments.proxy_guard": 1, "deployments.ingress": 1,
     # 2: a session as a connection holds it, and the calls it makes on the lanes
