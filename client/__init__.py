@@ -11,6 +11,6 @@ from client.trajectory import Trajectory, plan_session
 from media.pyav import MissingPyAV
 from protocol.requests import SessionStart, drive_request, infer_request
 
-__all__ = ["BadReply", "Chunk", "MissingPyAV", "ReplyTimeout", "ServerError", "SessionPlan", "SessionStart", "StreamResult",
-           "SyncWorldClient", "Trajectory", "Video", "WorldClient", "drive_request", "infer_request", "plan_session",
-           "stream_session"]
+__all__ = ["BadReply", "Chunk", "MissingPyAV", "ReplyTimeout", "ServerError", "SessionPlan", "SessionStart",
+           "StreamResult", "SyncWorldClient", "Trajectory", "Video", "WorldClient", "drive_request", "infer_request",
+           "plan_session", "stream_session"]

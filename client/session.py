@@ -117,7 +117,10 @@ class WorldClient:
                 raise ReplyTimeout(f"the server accepted the socket but sent no handshake within "
                                    f"{open_timeout_s:g} s", open_timeout_s) from None
             except ConnectionClosed as e:
-                raise _too_big(e, DEFAULT_REPLY_MAX_BYTES) or e
+                too_big = _too_big(e, DEFAULT_REPLY_MAX_BYTES)
+                if too_big is not None:
+                    raise too_big from None
+                raise
             first = guard.take(data)
         except BaseException:
             await ws.close()
@@ -170,7 +173,7 @@ class WorldClient:
                     where = "" if self.queued is None else f" (position {self.queued.position} when last told)"
                     raise ReplyTimeout(f"waited {waited:.0f} s in the server's line without a place{where}, the "
                                        "queue timeout", waited, in_line=True) from None
-                raise ReplyTimeout(f"the server sent no reply for {limit:g} s, the reply timeout", waited) from None
+                raise ReplyTimeout(f"no reply from the server within {limit:g} s, the reply timeout", waited) from None
             except ConnectionClosed as e:
                 too_big = _too_big(e, self._guard.max_bytes)
                 if too_big is not None:

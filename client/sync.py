@@ -52,8 +52,8 @@ class Chunk:
         except ImportError:
             raise
         except Exception as e:  # noqa: BLE001 (PyAV's errors: what the server sent is no video)
-            raise BadReply(f"chunk {self.chunk_id} of session {self.reply.session_id!r} does not decode "
-                           f"({type(e).__name__}: {e})") from None
+            what = "a chunk" if self.reply is None else f"chunk {self.chunk_id} of session {self.reply.session_id!r}"
+            raise BadReply(f"{what} does not decode ({type(e).__name__}: {e})") from None
 
     @property
     def chunk_id(self) -> int:

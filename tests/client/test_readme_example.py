@@ -21,7 +21,8 @@ def readme_example() -> str:
 
 
 def test_the_synchronous_example_runs_as_pasted(served, tmp_path):
-    env = {**os.environ, "LWF_URL": served.ws, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "LWF_URL": served.ws,
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-c", readme_example()], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr
