@@ -1,6 +1,6 @@
 """`lwf-client`: stream a camera trajectory through the server and write the MP4.
 
-    lwf-client play EXAMPLE_DIR_or_FILES --url ws://HOST:8000 [--frames 81] [--out video.mp4]
+    lwf-client play EXAMPLE_DIR_or_FILES [--url ws://HOST:8000, default $LWF_URL] [--frames 81] [--out video.mp4]
     lwf-client orbit|dolly|pan [--image IMG] [--prompt TEXT] [--save-trajectory DIR] ...
     lwf-client drive w:3,j:2,none:1 [--image IMG] ...        keys held per chunk (client/keyscript.py)
     lwf-client ... --fork-at K | --rewind-to K [--branch-trajectory ...|--branch-keys ...] [--branch-prompt ...]
