@@ -1,6 +1,6 @@
 """`lwf-client`: stream a camera trajectory through the server and write the MP4.
 
-    lwf-client play EXAMPLE_DIR_or_FILES --url ws://HOST:8000 [--frames 81] [--out video.mp4]
+    lwf-client play EXAMPLE_DIR_or_FILES [--url ws://HOST:8000, default $LWF_URL] [--frames 81] [--out video.mp4]
     lwf-client orbit|dolly|pan [--image IMG] [--prompt TEXT] [--save-trajectory DIR] ...
     lwf-client drive w:3,j:2,none:1 [--image IMG] ...        keys held per chunk (client/keyscript.py)
     lwf-client ... --fork-at K | --rewind-to K [--branch-trajectory ...|--branch-keys ...] [--branch-prompt ...]
@@ -12,7 +12,10 @@ The parser is client/cli_args.py; the exploration after the main session client/
 Exit codes: 0 done, 1 server or connection error, 2 bad input, 130 interrupted (Ctrl-C:
 the session is reset and the socket closed). When the stream fails after some chunks came
 (e.g. the socket dropped and the resume failed), the MP4 of those chunks is written anyway
-and what happened is printed, then the exit code is 1.
+and what happened is printed, then the exit code is 1. A server that does not answer within
+--timeout (--queue-timeout while the session waits in its line), or whose reply the client
+refuses (client/reply_guard.py), ends it with exit code 1 and one line; a refused reply is
+never written.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from client.branch_run import BranchSpec, MainSession, run_branch
 from client.cli_args import API_KEY_ENV, parser, prompt_at  # noqa: F401 (re-exported: the CLI's names)
 from client.compare import compare
 from client.compare_page import compare_page
-from client.errors import ServerError
+from client.errors import BadReply, ReplyTimeout, ServerError
 from client.local_paths import LocalPathError, check_folder, check_input, check_output, write_or_keep
 from client.keydrive import KEYS_TRANSLATION_SCALE, KeyDriveLog, drive_keys, keys_num_frames
 from client.recorder import SessionRecorder
@@ -146,7 +149,8 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
         recorder.inputs(traj, command=getattr(args, "argv", []), session_id=sid, num_frames=frames,
                         key_script=None if traj is not None else [list(k) for k in args.script],
                         branch=None if spec is None else {"mode": spec.mode, "at": spec.at})
-    client = await WorldClient.connect(args.url, api_key=args.api_key)
+    client = await WorldClient.connect(args.url, api_key=args.api_key, reply_timeout_s=args.timeout,
+                                       queue_timeout_s=args.queue_timeout)
     run = _Run(client, recorder)
     todo = chunks + (0 if spec is None else (len(spec.keys) if spec.keys is not None else chunks - spec.at))
     label = f"{frames} frames" if spec is None else f"{frames} frames + {spec.mode} at {spec.at}"
@@ -295,6 +299,13 @@ async def _reset_quietly(client: WorldClient, session_id: str) -> None:
         pass  # the server frees the session when the socket closes anyway
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """A server's text on one line of at most `limit` chars (a hostile server's message may hold
+    newlines, terminal escapes or megabytes)."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text[:4 * limit]).split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser().parse_args(argv)
@@ -343,15 +354,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: session reset, connection closed", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BadReply as e:  # nothing of it was kept
+        print(f"error: refused the server's reply: {one_line(e.message)}", file=sys.stderr)
+        return EXIT_ERROR
+    except ReplyTimeout as e:
+        option = "--queue-timeout" if e.in_line else "--timeout"
+        print(f"error: {one_line(e.message)} ({option} S sets it)", file=sys.stderr)
+        return EXIT_ERROR
     except ServerError as e:
-        print(f"server error ({e.code.value}): {e.message}", file=sys.stderr)
+        print(f"server error ({e.code.value}): {one_line(e.message)}", file=sys.stderr)
         return EXIT_ERROR
     except ProtocolError as e:  # caught before sending: the server would answer the same code
         print(f"invalid input ({e.code.value}): {e.message}", file=sys.stderr)
         return EXIT_USAGE
     except ConnectionClosed as e:
         rcvd = e.rcvd
-        why = f"code {rcvd.code}: {rcvd.reason or 'no reason given'}" if rcvd else "no close frame"
+        why = f"code {rcvd.code}: {one_line(rcvd.reason) or 'no reason given'}" if rcvd else "no close frame"
         print(f"error: the server closed the connection ({why})", file=sys.stderr)
         return EXIT_ERROR
     except (OSError, InvalidHandshake) as e:  # includes TimeoutError

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from client.keyscript import chunk_keys, parse_keyscript
-from client.session import DEFAULT_URL
+from client.session import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_REPLY_TIMEOUT_S, DEFAULT_URL, URL_ENV, default_url
 
 API_KEY_ENV = "LWF_API_KEY"
-EXAMPLES = """examples (a server from `serve run serve_config.yaml` on this machine):
+EXAMPLES = f"""examples (a server from `serve run serve_config.yaml` on this machine; elsewhere
+`export {URL_ENV}=ws://HOST:8000` once, or --url ws://HOST:8000 on each command):
   lwf-client orbit --out orbit.mp4                          a synthetic orbit, 81 frames
-  lwf-client orbit --frames 33 --url ws://HOST:8000 --out o.mp4
+  lwf-client orbit --frames 33 --out o.mp4
   lwf-client drive w:3,j+w:2,none:1 --out walk.mp4           keys held per chunk
   lwf-client orbit --fork-at 3 --branch-keys l:4 --out o.mp4  o.mp4 and o.branch.mp4
   lwf-client play ../shared/examples/00 --frames 33 --out ex.mp4
@@ -37,6 +38,17 @@ def keyscript(value: str) -> list[tuple[str, ...]]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def seconds(value: str) -> float:
+    """A positive number of seconds, for --timeout and --queue-timeout."""
+    try:
+        s = float(value)
+    except ValueError:
+        s = float("nan")
+    if not 0 < s < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
+    return s
+
+
 def chunk_index(value: str) -> int:
     if not value.strip().isdigit():
         raise argparse.ArgumentTypeError(f"expected a chunk index >= 0, got {value!r}")
@@ -46,8 +58,13 @@ def chunk_index(value: str) -> int:
 def _base() -> argparse.ArgumentParser:
     """Options of every streaming command (play, orbit, dolly, pan, drive)."""
     base = argparse.ArgumentParser(add_help=False)
-    base.add_argument("--url", default=DEFAULT_URL,
-                      help=f"server WebSocket (or http) address (default {DEFAULT_URL})")
+    base.add_argument("--url", default=default_url(),
+                      help=f"server WebSocket (or http) address (default: ${URL_ENV}, else {DEFAULT_URL})")
+    base.add_argument("--timeout", type=seconds, default=DEFAULT_REPLY_TIMEOUT_S, metavar="S",
+                      help=f"the longest the server may go without answering (default {DEFAULT_REPLY_TIMEOUT_S:g})")
+    base.add_argument("--queue-timeout", type=seconds, default=DEFAULT_QUEUE_TIMEOUT_S, metavar="S",
+                      help="the longest the session may wait in the server's line for a place (`queued`; "
+                           f"default {DEFAULT_QUEUE_TIMEOUT_S:g})")
     base.add_argument("--seed", type=int, default=None, help="noise seed (server default 42)")
     base.add_argument("--size", default=None,
                       help='max output area "H*W" (default: the server\'s, stated in its handshake: "128*224" for '

@@ -15,11 +15,10 @@ from typing import Optional
 
 from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from camera.keys import KeySteps
-from client.errors import ServerError
+from client.errors import BadReply
 from client.session import WorldClient
 from client.stats import ChunkStat
 from client.streaming import StreamResult
-from protocol.errors import ErrorCode
 from protocol.messages import FrameReply
 from protocol.requests import SessionStart
 
@@ -49,7 +48,7 @@ async def drive_keys(client: WorldClient, session_id: str, chunk_keys: Sequence[
                      clock: Callable[[], float] = time.perf_counter) -> KeyDriveLog:
     """Chunks `first_chunk`, ... of `session_id`, chunk i with `chunk_keys[i]` held; the video
     and stats go `into`. `start` (a new session) or `prompt_update` (a branch) go with the
-    first infer. `ServerError` on an error reply or a wrong echo."""
+    first infer. `ServerError` on an error reply (`BadReply`: a wrong echo)."""
     log = KeyDriveLog()
     event_id, held = first_event_id - 1, None
     pending: list[tuple[int, float]] = []  # (event_id, sent at) of controls no frame has shown yet
@@ -64,8 +63,8 @@ async def drive_keys(client: WorldClient, session_id: str, chunk_keys: Sequence[
         now = clock()
         expected_chunk = first_chunk + i
         if reply.chunk_id != expected_chunk or reply.event_id != event_id:
-            raise ServerError(ErrorCode.BAD_MESSAGE, f"expected chunk {expected_chunk} made with event {event_id}, "
-                                                     f"got chunk {reply.chunk_id} with event {reply.event_id}")
+            raise BadReply(f"expected chunk {expected_chunk} made with event {event_id}, "
+                           f"got chunk {reply.chunk_id} with event {reply.event_id}")
         log.event_ids.append(reply.event_id)
         log.control_lags_s += [now - t for e, t in pending if e <= reply.event_id]
         pending = [(e, t) for e, t in pending if e > reply.event_id]

@@ -1,12 +1,15 @@
 """WorldClient: one WebSocket to `/v1/realtime/world/camera`, one method per protocol action.
 
 Requests are validated and packed by `protocol` (the same models the server decodes with),
-so a bad input fails here with the code the server would answer.
+so a bad input fails here with the code the server would answer. Replies are checked before
+they are used (client/reply_guard.py: `BadReply`), and every wait for one is bounded
+(`ReplyTimeout`): `reply_timeout_s` of silence, `queue_timeout_s` in the server's line.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Optional
@@ -14,10 +17,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import websockets
+from websockets.exceptions import ConnectionClosed
 
-from client.errors import ServerError
+from client.errors import BadReply, ReplyTimeout, ServerError
+from client.reply_guard import DEFAULT_REPLY_MAX_BYTES, ReplyGuard, limit_frames, reply_max_bytes
 from client.streaming import StreamResult, stream_session
-from protocol.codec import decode_reply, encode, validated
+from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, ErrorReply, Forked, ForkRequest, FrameReply,
                                InferRequest, Queued, Reply, ResetOk, ResetRequest, Rewound, RewindRequest)
@@ -25,9 +30,22 @@ from protocol.requests import SessionStart, drive_request, infer_request
 
 CAMERA_PATH = "/v1/realtime/world/camera"
 DEFAULT_URL = f"ws://127.0.0.1:8000{CAMERA_PATH}"
+URL_ENV = "LWF_URL"  # the server's address when none is given (lwf-client's --url, the clients' url)
 HANDSHAKE_TIMEOUT_S = 30.0
 RESET_TIMEOUT_S = 5.0
 BRANCH_TIMEOUT_S = 120.0  # a fork or rewind replays the kept chunks on the server first
+# The longest a reply may take: above the server's own bounds on a slow one (a rebuild after a
+# replica loss waits up to `sessions.recovery_timeout_s`, 120 s, for room, then replays up to
+# ~150 s at the chunk cap on an H200: docs/RELIABILITY.md).
+DEFAULT_REPLY_TIMEOUT_S = 300.0
+# The longest a session waits in the server's line (`queued` notices, each within the reply
+# timeout of the last), from the first notice of a wait.
+DEFAULT_QUEUE_TIMEOUT_S = 1800.0
+
+
+def default_url() -> str:
+    """`$LWF_URL` when set, else the local server's camera route."""
+    return os.environ.get(URL_ENV) or DEFAULT_URL
 
 
 def camera_url(url: str) -> str:
@@ -41,14 +59,24 @@ def camera_url(url: str) -> str:
 
 
 class WorldClient:
-    """Async client of one connection. Use `await WorldClient.connect(url)` or `async with`."""
+    """Async client of one connection. Use `await WorldClient.connect(url)` or `async with`.
+
+    `reply_timeout_s` bounds each wait for a reply (`receive`'s default), `queue_timeout_s` a
+    wait in the server's line; both raise `ReplyTimeout`. A reply this client cannot take
+    raises `BadReply` (client/reply_guard.py)."""
 
     def __init__(self, ws: websockets.ClientConnection, config: CameraServerConfig,
-                 reopen: Optional[Callable[[], Awaitable[tuple[websockets.ClientConnection, CameraServerConfig]]]] = None
-                 ) -> None:
+                 reopen: Optional[Callable[[ReplyGuard], Awaitable[tuple[websockets.ClientConnection,
+                                                                          CameraServerConfig]]]] = None, *,
+                 guard: Optional[ReplyGuard] = None, reply_timeout_s: float = DEFAULT_REPLY_TIMEOUT_S,
+                 queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> None:
         self._ws = ws
         self._reopen = reopen
         self.config = config  # the server's handshake
+        self._guard = guard or ReplyGuard()
+        self._guard.config = config
+        self.reply_timeout_s = reply_timeout_s
+        self.queue_timeout_s = queue_timeout_s
         self.notices: list[ErrorReply] = []  # session_limit notices received (see `receive`)
         self.queued: Optional[Queued] = None  # the last `queued` notice: the session waits in the server's line
         self.on_queued: Optional[Callable[[Queued], None]] = None  # told of each `queued` notice
@@ -56,28 +84,44 @@ class WorldClient:
         self._event_ids = itertools.count(1)  # `control` event ids when the caller gives none
 
     @classmethod
-    async def connect(cls, url: str = DEFAULT_URL, api_key: Optional[str] = None,
-                      open_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> WorldClient:
-        """Open the socket and read the handshake; `ServerError` when the server refuses."""
-        reopen = partial(cls._open, url, api_key, open_timeout_s)
-        return cls(*await reopen(), reopen=reopen)
+    async def connect(cls, url: Optional[str] = None, api_key: Optional[str] = None,
+                      open_timeout_s: float = HANDSHAKE_TIMEOUT_S, *,
+                      reply_timeout_s: float = DEFAULT_REPLY_TIMEOUT_S,
+                      queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> WorldClient:
+        """Open the socket and read the handshake; `ServerError` when the server refuses.
+        `url`: default `$LWF_URL`, else the local server (`default_url`)."""
+        reopen = partial(cls._open, url or default_url(), api_key, open_timeout_s)
+        guard = ReplyGuard()
+        return cls(*await reopen(guard), reopen=reopen, guard=guard, reply_timeout_s=reply_timeout_s,
+                   queue_timeout_s=queue_timeout_s)
 
     async def reconnect(self) -> None:
         """A new socket to the same server in place of this one (after a drop: then `resume`)."""
         if self._reopen is None:
             raise ServerError(ErrorCode.SESSION_LOST, "this client was not opened with `connect`: cannot reconnect")
         await self._ws.close()
-        self._ws, self.config = await self._reopen()
+        self._ws, self.config = await self._reopen(self._guard)
+        self._guard.config = self.config
 
     @staticmethod
-    async def _open(url: str, api_key: Optional[str],
-                    open_timeout_s: float) -> tuple[websockets.ClientConnection, CameraServerConfig]:
+    async def _open(url: str, api_key: Optional[str], open_timeout_s: float,
+                    guard: ReplyGuard) -> tuple[websockets.ClientConnection, CameraServerConfig]:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        ws = await websockets.connect(camera_url(url), max_size=None, additional_headers=headers,
+        ws = await websockets.connect(camera_url(url), max_size=DEFAULT_REPLY_MAX_BYTES, additional_headers=headers,
                                       open_timeout=open_timeout_s)
         try:
-            async with asyncio.timeout(open_timeout_s):  # not wait_for: 3.11's can swallow a Ctrl-C
-                first = decode_reply(await ws.recv())
+            try:
+                async with asyncio.timeout(open_timeout_s):  # not wait_for: 3.11's can swallow a Ctrl-C
+                    data = await ws.recv()
+            except TimeoutError:
+                raise ReplyTimeout(f"the server accepted the socket but sent no handshake within "
+                                   f"{open_timeout_s:g} s", open_timeout_s) from None
+            except ConnectionClosed as e:
+                too_big = _too_big(e, DEFAULT_REPLY_MAX_BYTES)
+                if too_big is not None:
+                    raise too_big from None
+                raise
+            first = guard.take(data)
         except BaseException:
             await ws.close()
             raise
@@ -86,7 +130,8 @@ class WorldClient:
             raise ServerError.from_reply(first)
         if not isinstance(first, CameraServerConfig):
             await ws.close()
-            raise ServerError(ErrorCode.BAD_MESSAGE, f"expected the config handshake, got `{first.type}`")
+            raise BadReply(f"expected the config handshake, got `{first.type}`")
+        limit_frames(ws, reply_max_bytes(first))  # the handshake's limits from here on
         return ws, first
 
     async def __aenter__(self) -> WorldClient:
@@ -97,6 +142,7 @@ class WorldClient:
 
     async def send(self, data: bytes) -> None:
         """Send one packed request (see `send_infer` / `send_reset`)."""
+        self._guard.sent(data)  # the sessions it names: replies for others are refused
         await self._ws.send(data)
 
     async def receive(self, timeout_s: Optional[float] = None) -> Reply:
@@ -105,21 +151,44 @@ class WorldClient:
         Notices answer no request and are skipped: `session_limit` with `chunks_left` > 0 (the
         next chunk is the session's last) is kept in `self.notices`; `queued` (the session
         waits in the server's line for a place: its position and ETA) in `self.queued`, and
-        `self.on_queued` is told. `timeout_s` applies to each frame: a waiting session's notices
-        come every few seconds."""
+        `self.on_queued` is told. `timeout_s` (default `reply_timeout_s`) bounds the wait for the
+        reply; notices do not extend it, but while `queued` notices come (every few seconds,
+        each within `timeout_s` of the last) the wait is bounded by `queue_timeout_s` from the
+        first. `ReplyTimeout` past either; `BadReply` for a reply this client cannot take."""
+        limit = self.reply_timeout_s if timeout_s is None else timeout_s
+        return await self._receive(asyncio.get_running_loop().time() + limit, limit)
+
+    async def _receive(self, deadline: float, limit: float) -> Reply:
+        loop = asyncio.get_running_loop()
+        started, in_line, line_bound = loop.time(), None, False  # in_line: the wait's first `queued`
         while True:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result and drops a
             # cancellation (Ctrl-C) that comes as the frame arrives
-            async with asyncio.timeout(timeout_s):
-                data = await self._ws.recv()
-            if not isinstance(data, bytes):
-                raise ServerError(ErrorCode.BAD_MESSAGE, "the server sent a text frame; replies are binary msgpack")
-            reply = decode_reply(data)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    data = await self._ws.recv()
+            except TimeoutError:
+                waited = loop.time() - started
+                if line_bound:
+                    where = "" if self.queued is None else f" (position {self.queued.position} when last told)"
+                    raise ReplyTimeout(f"waited {waited:.0f} s in the server's line without a place{where}, the "
+                                       "queue timeout", waited, in_line=True) from None
+                raise ReplyTimeout(f"no reply from the server within {limit:g} s, the reply timeout", waited) from None
+            except ConnectionClosed as e:
+                too_big = _too_big(e, self._guard.max_bytes)
+                if too_big is not None:
+                    raise too_big from None
+                raise
+            reply = self._guard.take(data)
             if isinstance(reply, ErrorReply) and reply.is_notice:
                 self.notices.append(reply)
                 continue
             if isinstance(reply, Queued):
                 self.queued = reply
+                now = loop.time()
+                in_line = now if in_line is None else in_line
+                line_bound = in_line + self.queue_timeout_s < now + limit
+                deadline = min(now + limit, in_line + self.queue_timeout_s)
                 if self.on_queued is not None:
                     self.on_queued(reply)
                 continue
@@ -181,15 +250,13 @@ class WorldClient:
         while a chunk is in flight: call this between chunks)."""
         await self.send(encode(validated(ForkRequest, {"session_id": session_id, "new_session_id": new_session_id,
                                                        "at_chunk": int(at_chunk)})))
-        async with asyncio.timeout(timeout_s):
-            return _expect(await self.receive(), Forked)
+        return _expect(await self.receive(timeout_s), Forked)
 
     async def rewind(self, session_id: str, to_chunk: int, timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Rewound:
         """Take `session_id` back to its state after chunk `to_chunk` - 1: its next infer produces
         chunk `to_chunk` again. `ServerError` when refused (nothing changed then)."""
         await self.send(encode(validated(RewindRequest, {"session_id": session_id, "to_chunk": int(to_chunk)})))
-        async with asyncio.timeout(timeout_s):
-            return _expect(await self.receive(), Rewound)
+        return _expect(await self.receive(timeout_s), Rewound)
 
     async def send_reset(self, session_id: str) -> None:
         self._auto_ack.discard(session_id)
@@ -198,12 +265,10 @@ class WorldClient:
     async def reset(self, session_id: str, timeout_s: Optional[float] = RESET_TIMEOUT_S) -> ResetOk:
         """Drop the session on the server. Replies of chunks still in flight are discarded."""
         await self.send_reset(session_id)
-        async with asyncio.timeout(timeout_s):
-            return await self._until_reset_ok()
-
-    async def _until_reset_ok(self) -> ResetOk:
+        limit = self.reply_timeout_s if timeout_s is None else timeout_s
+        deadline = asyncio.get_running_loop().time() + limit
         while True:
-            reply = await self.receive()
+            reply = await self._receive(deadline, limit)
             if isinstance(reply, (ResetOk, ErrorReply)):
                 return _expect(reply, ResetOk)
 
@@ -215,5 +280,15 @@ def _expect(reply: Reply, kind: type) -> Reply:
     if isinstance(reply, ErrorReply):
         raise ServerError.from_reply(reply)
     if not isinstance(reply, kind):
-        raise ServerError(ErrorCode.BAD_MESSAGE, f"expected `{kind.__name__}`, got `{reply.type}`")
+        raise BadReply(f"expected `{kind.__name__}`, got `{reply.type}`")
     return reply
+
+
+def _too_big(closed: ConnectionClosed, limit: int) -> Optional[BadReply]:
+    """The socket closed because the server's frame was over `limit`: websockets refused it
+    unread and closed with 1009 (a 1009 the server sent first is about this client's frame)."""
+    sent = closed.sent
+    if sent is None or sent.code != 1009 or closed.rcvd_then_sent:
+        return None
+    return BadReply(f"a reply over the {limit} bytes this server's handshake allows (the socket was closed "
+                    "without reading it)")

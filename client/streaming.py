@@ -24,7 +24,7 @@ from typing import Optional, Protocol
 
 import msgpack
 
-from client.errors import ServerError
+from client.errors import BadReply, ServerError
 from client.stats import ChunkStat, StreamSummary
 from media.reassembly import Fmp4Assembler
 from websockets.exceptions import ConnectionClosed
@@ -142,11 +142,14 @@ class _Stream:
     def take(self, reply: FrameReply, k: int, sent_at: float) -> None:
         """Reply `k` (sent at `sent_at`) into the video and the stats."""
         if reply.client_chunk_id is not None and reply.client_chunk_id != k:
-            raise ServerError(ErrorCode.BAD_MESSAGE, f"expected chunk {k}, got {reply.client_chunk_id}")
+            raise BadReply(f"expected chunk {k}, got {reply.client_chunk_id}")
+        try:
+            self.result.video.append(reply.video)
+        except ValueError as e:  # a session's first payload without its init segment
+            raise BadReply(str(e)) from None
         self.token = reply.resume_token or self.token
         self.result.resume_token = self.token
         stat = ChunkStat(k, reply.num_frames, sent_at, self.clock(), dict(reply.stage_durations), bool(reply.cached))
-        self.result.video.append(reply.video)
         self.result.stats.append(stat)
         if self.on_chunk is not None:
             self.on_chunk(stat, reply)
@@ -168,7 +171,7 @@ class _Stream:
         elif isinstance(reply, ErrorReply):
             raise ServerError.from_reply(reply)
         else:
-            raise ServerError(ErrorCode.BAD_MESSAGE, f"expected a `frame` reply, got `{reply.type}`")
+            raise BadReply(f"expected a `frame` reply, got `{reply.type}`")
 
     async def _retry_after_busy(self, err: ServerError, k: int) -> None:
         """Request `k` was rejected: drop it and the later ones in flight, send again from `k`
@@ -248,15 +251,14 @@ class _Stream:
                 self.result.replayed += 1
             elif isinstance(reply, ResumeOk):
                 if reply.next_chunk_id != k:
-                    raise ServerError(ErrorCode.BAD_MESSAGE, f"resumed at chunk {reply.next_chunk_id}, "
-                                                             f"but {k} chunks were received")
+                    raise BadReply(f"resumed at chunk {reply.next_chunk_id}, but {k} chunks were received")
                 return reply.next_chunk_id
             elif isinstance(reply, ErrorReply) and reply.code is ErrorCode.UNAUTHORIZED:
                 return ServerError.from_reply(reply)
             elif isinstance(reply, ErrorReply):
                 raise ServerError.from_reply(reply)
             else:
-                raise ServerError(ErrorCode.BAD_MESSAGE, f"expected `frame` or `resumed`, got `{reply.type}`")
+                raise BadReply(f"expected `frame` or `resumed`, got `{reply.type}`")
 
 
 async def _drain_rejected(channel: Channel, count: int, timeout_s: Optional[float]) -> None:

@@ -24,11 +24,10 @@ from typing import Any, Optional, TypeVar
 import numpy as np
 
 from camera.plan import plan_session
-from client.errors import ServerError
-from client.session import DEFAULT_URL, WorldClient
+from client.errors import BadReply, ServerError
+from client.session import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_REPLY_TIMEOUT_S, WorldClient
 from media.reassembly import decode_fragment, split_init
 from protocol.codec import encode, validated
-from protocol.errors import ErrorCode
 from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Paused, ResetOk, ResumeOk, ResumeRequest,
                                Rewound)
 from protocol.requests import SessionStart, plan_requests
@@ -46,8 +45,15 @@ class Chunk:
 
     @cached_property
     def frames(self) -> np.ndarray:
-        """uint8 [T, H, W, 3], decoded with PyAV (MissingPyAV without the `video` extra)."""
-        return decode_fragment(self.init, self.video)
+        """uint8 [T, H, W, 3], decoded with PyAV (MissingPyAV without the `video` extra;
+        `BadReply` when the server's video does not decode)."""
+        try:
+            return decode_fragment(self.init, self.video)
+        except ImportError:
+            raise
+        except Exception as e:  # noqa: BLE001 (PyAV's errors: what the server sent is no video)
+            what = "a chunk" if self.reply is None else f"chunk {self.chunk_id} of session {self.reply.session_id!r}"
+            raise BadReply(f"{what} does not decode ({type(e).__name__}: {e})") from None
 
     @property
     def chunk_id(self) -> int:
@@ -70,16 +76,23 @@ class Video:
 
 
 class SyncWorldClient:
-    """One connection; `close()` (or `with`) ends it. `ServerError` for an error reply,
-    `ProtocolError` for a request the server would refuse, `OSError` when it cannot connect."""
+    """One connection; `close()` (or `with`) ends it. `url`: default `$LWF_URL`, else the local
+    server. `ServerError` for an error reply (`BadReply`: a reply this client refuses),
+    `ReplyTimeout` for none within `reply_timeout_s` (`queue_timeout_s` while it waits in the
+    server's line), `ProtocolError` for a request the server would refuse, `OSError` when it
+    cannot connect."""
 
-    def __init__(self, url: str = DEFAULT_URL, api_key: Optional[str] = None) -> None:
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *,
+                 reply_timeout_s: float = DEFAULT_REPLY_TIMEOUT_S,
+                 queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="lwf-client-loop", daemon=True)
         self._thread.start()
         self._inits: dict[str, bytes] = {}  # session -> its init segment (ftyp + moov)
         try:
-            self._client: WorldClient = self._run(WorldClient.connect(url, api_key=api_key))
+            self._client: WorldClient = self._run(WorldClient.connect(url, api_key=api_key,
+                                                                      reply_timeout_s=reply_timeout_s,
+                                                                      queue_timeout_s=queue_timeout_s))
         except BaseException:
             self._stop()
             raise
@@ -98,8 +111,8 @@ class SyncWorldClient:
             self._inits[reply.session_id] = split_init(video)[0]
             return Chunk(video, reply)
         if reply.session_id not in self._inits:
-            raise ServerError(ErrorCode.BAD_MESSAGE, f"chunk {reply.chunk_id} of {reply.session_id!r} came before "
-                                                     "the session's init segment (its chunk 0)")
+            raise BadReply(f"chunk {reply.chunk_id} of {reply.session_id!r} came before the session's init "
+                           "segment (its chunk 0)")
         return Chunk(video, reply, self._inits[reply.session_id])
 
     def infer(self, session_id: str, poses: np.ndarray, intrinsics: np.ndarray, *,
@@ -151,7 +164,8 @@ class SyncWorldClient:
                init: Optional[bytes] = None, timeout_s: Optional[float] = 60.0) -> tuple[ResumeOk, list[Chunk]]:
         """Continue a session whose socket dropped (its chunk 0 reply's `resume_token`, the frame
         replies already had): the `resumed` answer and the chunks the server sent again first.
-        `init`: the session's init segment, when this client did not receive its chunk 0."""
+        `init`: the session's init segment, when this client did not receive its chunk 0;
+        `timeout_s`: the longest wait for each of the replies."""
         if init is not None:
             self._inits[session_id] = init
 
@@ -159,15 +173,14 @@ class SyncWorldClient:
             await self._client.send(encode(validated(ResumeRequest, {"session_id": session_id, "resume_token": resume_token,
                                                                       "resume_from": resume_from})))
             replayed = []
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    reply = await self._client.receive()
-                    if isinstance(reply, ErrorReply):
-                        raise ServerError.from_reply(reply)
-                    if isinstance(reply, ResumeOk):
-                        return reply, replayed
-                    if isinstance(reply, FrameReply):
-                        replayed.append(reply)
+            while True:
+                reply = await self._client.receive(timeout_s)
+                if isinstance(reply, ErrorReply):
+                    raise ServerError.from_reply(reply)
+                if isinstance(reply, ResumeOk):
+                    return reply, replayed
+                if isinstance(reply, FrameReply):
+                    replayed.append(reply)
         ok, replies = self._run(go())
         return ok, [self._chunk(r) for r in replies]
 
@@ -188,7 +201,7 @@ class SyncWorldClient:
         if isinstance(reply, Paused):
             return reply
         if not isinstance(reply, FrameReply):
-            raise ServerError(ErrorCode.BAD_MESSAGE, f"expected a frame or `paused`, got `{reply.type}`")
+            raise BadReply(f"expected a frame or `paused`, got `{reply.type}`")
         return self._chunk(reply)
 
     def close(self) -> None:

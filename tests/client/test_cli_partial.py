@@ -14,10 +14,11 @@ from client import cli
 from protocol.codec import decode, encode
 from protocol.errors import ErrorCode
 from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, InferRequest, ResumeRequest
+from scripted_server import video
 from support import EXAMPLES
 
 TOKEN = "t" * 32
-VIDEO0 = b"\x00\x00\x00\x08ftyp" + b"chunk-0"
+VIDEO0 = video(0, 9)
 
 
 class Script:

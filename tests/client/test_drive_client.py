@@ -12,6 +12,7 @@ from client.session import WorldClient
 from protocol import AckRequest, ControlRequest, DriveRequest, Paused, ResetRequest, decode, encode
 from protocol.messages import CameraServerConfig, FrameReply
 from protocol.requests import SessionStart
+from scripted_server import video
 
 
 class RecordingSocket:
@@ -30,8 +31,9 @@ class RecordingSocket:
 
 
 def frame(sid: str, k: int) -> FrameReply:
-    return FrameReply(session_id=sid, chunk_id=k, video=b"\0", num_frames=12, resolution=(32, 48), event_id=1,
-                      poses=np.eye(4, dtype=np.float32)[None].repeat(12, 0))
+    frames = 9 if k == 0 else 12
+    return FrameReply(session_id=sid, chunk_id=k, video=video(k, frames), num_frames=frames, resolution=(32, 48),
+                      event_id=1, poses=np.eye(4, dtype=np.float32)[None].repeat(12, 0))
 
 
 def png() -> bytes:
@@ -49,20 +51,20 @@ def test_drive_control_and_auto_ack():
         first = await c.control("d", ["W"])
         second = await c.control("d", [], event_id=41)
         third = await c.control("d", ["l"])
+        await c.drive("m", SessionStart(png(), "manual"), auto_ack=False)
         got = [await c.receive() for _ in range(3)]
         await c.send_reset("d")
         got.append(await c.receive())  # after the reset: no ack
-        await c.drive("m", SessionStart(png(), "manual"), auto_ack=False)
         return first, second, third, got
 
     first, second, third, got = asyncio.run(go())
     assert (first, second, third) == (1, 41, 2)
     kinds = [type(m).__name__ for m in ws.sent]
-    assert kinds == ["DriveRequest", "ControlRequest", "ControlRequest", "ControlRequest", "AckRequest",
-                     "ResetRequest", "DriveRequest"]
-    drive, ack = ws.sent[0], ws.sent[4]
+    assert kinds == ["DriveRequest", "ControlRequest", "ControlRequest", "ControlRequest", "DriveRequest",
+                     "AckRequest", "ResetRequest"]
+    drive, ack = ws.sent[0], ws.sent[5]
     assert isinstance(drive, DriveRequest) and drive.seed == 3 and drive.prompt == "a street"
     assert [m.keys for m in ws.sent[1:4] if isinstance(m, ControlRequest)] == [("w",), (), ("l",)]
     assert isinstance(ack, AckRequest) and (ack.session_id, ack.chunk_id) == ("d", 0)  # frame "m" 0: not driven
-    assert isinstance(ws.sent[5], ResetRequest)
+    assert isinstance(ws.sent[6], ResetRequest)
     assert [type(r).__name__ for r in got] == ["FrameReply", "Paused", "FrameReply", "FrameReply"]
