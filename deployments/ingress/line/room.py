@@ -54,7 +54,8 @@ class WaitingRoom:
 
     def __init__(self, sessions: SessionArgs) -> None:
         log_routine_access_at_debug()  # a CALL line per long poll: DEBUG
-        self._book = LineBook(sessions.max_waiting, sessions.resume.grace_s, sessions.idle_ttl_s)
+        self._book = LineBook(sessions.max_waiting, sessions.resume.grace_s, sessions.idle_ttl_s,
+                              max_per_owner=sessions.max_waiting_per_principal, yield_s=sessions.yield_idle_s)
         self._retry_s = sessions.retry_after_s
         self._events = RoomEvents()
         self._log = get_log("line")
