@@ -132,5 +132,6 @@ class ErrorReply(_Message):
 
     @property
     def is_notice(self) -> bool:
-        """A notice (the session nears its limit), not the answer to a request."""
-        return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
+        """A notice (the session nears its limit, or gave its place to the line), not the
+        answer to a request."""
+        return self.code is ErrorCode.YIELDED or (self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left))

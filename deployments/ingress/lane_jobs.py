@@ -74,7 +74,7 @@ class LaneJobs:
             return await self._b.vae.options(session_id=key).open.remote(key, spec, image)
 
         async def opened_in_admission() -> None:
-            await _dit_admitted(stream)
+            await dit_admitted(stream)
         vae = self._vae_lane.submit(opened_in_admission if queued else open_vae)
         if queued:
             vae.add_done_callback(retrieved)  # a refusal in line is answered through the DiT's admission
@@ -101,7 +101,7 @@ class LaneJobs:
 
     async def condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
         """VAE lane: the chunk's conditioning y (a new session's first, once the DiT admitted it)."""
-        await _dit_admitted(stream)
+        await dit_admitted(stream)
         t = time.perf_counter()
         y = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).condition.remote(key))
         stream.journal.conditioned += 1
@@ -190,7 +190,7 @@ async def reserve_dit(dit: Any, stream: Stream, seats: Optional[LineSeats] = Non
     await stream.vae_open
 
 
-async def _dit_admitted(stream: Stream) -> None:
+async def dit_admitted(stream: Stream) -> None:
     """Until the DiT admitted the stream; its refusal (busy, too_large) re-raised. A stream not
     opened by `open_dit` (resumed, rebuilt) ends the wait with its `dit_open`; a failure of
     another kind (a replica died) is left to the step, which rebuilds the session."""

@@ -7,10 +7,19 @@ answers `busy` (no slot, the frame-rate floor, no bytes), it waits: on the line'
 stands (`queued` notices: on a change of place, else every NOTICE_PERIOD_S). Any other answer
 (`too_large`, a replica error) ends the wait and is the session's. A session that ends while in
 line (reset, replaced, its socket gone: `end`) leaves the line at once; its client may join
-again with the notice's `queue_token` within the grace period and takes its old place.
+again with the notice's `queue_token` within the grace period and takes its old place. A
+join with the token of a place still held by another socket moves the place there: this
+socket's session ends with `PlaceMoved` (`session_lost`, saying so).
 
 Once admitted, the session holds a seat until it ends: its chunk count goes to the room
-(`chunk_done`, the ETAs' measure), and its frames/s to the metrics when it ends.
+(`chunk_done`, the ETAs' measure), and its frames/s to the metrics when it ends. It yields its
+seat to the line (issue 54) while anyone waits and it has had no chunk in flight for
+`sessions.yield_idle_s` (a paused drive is idle), or, with `sessions.max_turn_s`, once it held
+the seat that long and has no chunk in flight: its replicas' state is closed (`retire`), the
+stream is left without replica state (as one the prefix store serves: `served_from_store`) and
+a `yielded` notice goes out; its next chunk rebuilds it from its journal (history/rebuild.py)
+after waiting its turn in line again (`reserve_dit` with these seats). A session without a
+journal (over `journal_max_mib`, recovery off) cannot be rebuilt: it does not yield.
 
 Forks, resumed and rebuilt sessions do not queue (they hold or held a place already). An
 offline session (a `/v1/videos` job) never queues and is not admitted while live sessions wait:
@@ -26,11 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from camera import CHUNK_LATENT_FRAMES, CHUNK_VIDEO_FRAMES
-from deployments.errors import Busy
+from deployments.errors import Busy, ReplicaError
 from deployments.ingress.detached import detach, retrieved, settle
-from deployments.ingress.stream import Stream
+from deployments.ingress.stream import Stream, StreamState
 from deployments.log import KeyValueLog
-from protocol.messages import Queued
+from protocol.errors import ErrorCode
+from protocol.messages import ErrorReply, Queued
 
 NOTICE_PERIOD_S = 5.0  # a waiting client hears where it stands at least this often
 FIRST_NOTICE_S = 0.3  # ... and first once it waited this long (or its admission was refused): arrivals
@@ -38,6 +48,14 @@ FIRST_NOTICE_S = 0.3  # ... and first once it waited this long (or its admission
 FIRST_RETRY_S = (0.25, 2.0)  # the first in line tries its admission again within these bounds (busy's hint)
 JOB_RETRY_S = 2.0  # a job refused while live sessions wait tries again after this
 ROOM_CALL_TIMEOUT_S = 10.0  # a room call not answered by then is given up (the line is bookkeeping)
+WATCH_PERIOD_S = 1.0  # a seated session's idleness (and turn) is checked this often
+
+
+class PlaceMoved(ReplicaError):
+    """A join with this session's `queue_token` from another socket took its place in line:
+    the session ends here (the place is the other socket's now)."""
+
+    code = ErrorCode.SESSION_LOST
 
 
 @dataclass(slots=True)
@@ -48,6 +66,7 @@ class _Seat:
     ticket: Optional[int] = None
     seated: bool = False
     chunks: int = 0
+    seated_at: Optional[float] = None
     first_chunk_at: Optional[float] = None
     last_chunk_at: Optional[float] = None
     gone: asyncio.Event = field(default_factory=asyncio.Event)
@@ -57,14 +76,27 @@ class LineSeats:
     """The seats of one connection's sessions (weakly keyed by their streams)."""
 
     def __init__(self, room: Any, notify: Callable[[Queued], None], log: KeyValueLog,
-                 rates: Optional[Callable[[float], None]] = None) -> None:
+                 rates: Optional[Callable[[float], None]] = None, yield_idle_s: Optional[float] = None,
+                 max_turn_s: Optional[float] = None) -> None:
         """`room`: the WaitingRoom's handle (None: no line, `busy` at once); `notify`: sends a
-        notice to the connection's client now; `rates`: takes a seated session's frames/s."""
+        notice to the connection's client now; `rates`: takes a seated session's frames/s;
+        `yield_idle_s`, `max_turn_s`: when a seat yields to the line (None: never; see
+        `yields_through`, which turns yielding on)."""
         self._room = room
         self._notify = notify
         self._log = log
         self._rates = rates
+        self._yield_idle_s = yield_idle_s
+        self._max_turn_s = max_turn_s
+        self._retire: Optional[Callable[[str, str], None]] = None
+        self._tell: Optional[Callable[[ErrorReply, Stream], None]] = None
         self._seats: "weakref.WeakKeyDictionary[Stream, _Seat]" = weakref.WeakKeyDictionary()
+
+    def yields_through(self, retire: Callable[[str, str], None], tell: Callable[[ErrorReply, Stream], None]) -> None:
+        """Seats yield to the line (`yield_idle_s`): `retire(dit_key, vae_key)` closes a
+        yielding session's keys on the replicas (releases.py), `tell(notice, stream)` sends its
+        `yielded` notice after its replies."""
+        self._retire, self._tell = retire, tell
 
     def expect(self, stream: Stream, token: Optional[str]) -> None:
         """`stream` is a new live session (its first infer or `drive`, with the client's
@@ -86,8 +118,8 @@ class LineSeats:
                 await self._after_the_line()
             await try_admit()
             return
-        chunks = None if stream.spec.total_latent_frames is None else (
-            stream.spec.total_latent_frames // CHUNK_LATENT_FRAMES)
+        chunks = None if stream.spec.total_latent_frames is None else (  # left: a yielded one made some
+            stream.spec.total_latent_frames // CHUNK_LATENT_FRAMES - len(stream.journal.chunks))
         try:
             place, version = await self._room.join.remote(stream.spec.owner, chunks, seat.token)
         except Busy:  # the line is full
@@ -106,6 +138,9 @@ class LineSeats:
             while True:
                 if seat.gone.is_set():
                     raise asyncio.CancelledError("the session left the line")
+                if place.moved:
+                    raise PlaceMoved("another connection sent this session's queue_token and took its place in "
+                                     "line: the session ends on this connection")
                 if place.position == 1:
                     try:
                         await try_admit()
@@ -115,9 +150,10 @@ class LineSeats:
                         retry_s = min(max(e.retry_after_s, FIRST_RETRY_S[0]), FIRST_RETRY_S[1])
                         place = await self._until(seat, self._room.refused.remote(seat.ticket, e.ends_needed))
                 due = refused or time.monotonic() - joined >= FIRST_NOTICE_S
-                if due and (place.position != told or time.monotonic() - told_at >= NOTICE_PERIOD_S):
+                if due and place.position >= 1 and (place.position != told
+                                                    or time.monotonic() - told_at >= NOTICE_PERIOD_S):
                     told, told_at = place.position, time.monotonic()
-                    self._notify(Queued(session_id=stream.spec.session_id, position=max(place.position, 1),
+                    self._notify(Queued(session_id=stream.spec.session_id, position=place.position,
                                         eta_s=None if place.eta_s is None else round(place.eta_s, 1),
                                         queue_token=seat.token))
                 timeout = retry_s if place.position == 1 else NOTICE_PERIOD_S if told is not None else FIRST_NOTICE_S
@@ -127,10 +163,12 @@ class LineSeats:
             raise
         if seat.gone.is_set():  # ended while its admission was answered: its close frees the place
             return
-        seat.seated = True
+        seat.seated, seat.seated_at = True, time.monotonic()
         waited = await self._room.seat.remote(seat.ticket)
         if told is not None:
             self._log.info("session admitted from the line", fields={"session": stream.key, "waited_s": round(waited, 2)})
+        if self._retire is not None and self._yield_idle_s is not None:
+            detach(self._watch(weakref.ref(stream), seat), name="line-yield")
 
     async def _after_the_line(self) -> None:
         """An offline session (a `/v1/videos` job) is not admitted while live sessions wait in
@@ -157,6 +195,51 @@ class LineSeats:
             raise asyncio.CancelledError("the session left the line")
         return answer.result()
 
+    async def _watch(self, ref: "weakref.ref[Stream]", seat: _Seat) -> None:
+        """While the session holds its seat: once it had no chunk in flight for yield_idle_s,
+        or held the seat max_turn_s and has none in flight, and anyone waits, it yields."""
+        idle_since: Optional[float] = None
+        while seat.seated and not seat.gone.is_set():
+            try:
+                await asyncio.wait_for(seat.gone.wait(), WATCH_PERIOD_S)
+                return
+            except asyncio.TimeoutError:
+                pass
+            stream, now = ref(), time.monotonic()
+            if stream is None or self._seats.get(stream) is not seat:
+                return
+            if (any(not t.done() for t in stream.chunk_tasks) or not stream.materialised
+                    or stream.state is not StreamState.OPEN):
+                idle_since = None
+                continue
+            idle_since = idle_since or now
+            idle = now - idle_since >= self._yield_idle_s
+            turn = self._max_turn_s is not None and now - seat.seated_at >= self._max_turn_s
+            if not (idle or turn) or not stream.journal.recoverable or not stream.journal.chunks:
+                continue
+            answered, stats = await settle(self._room.stats.remote(), ROOM_CALL_TIMEOUT_S)
+            if not answered or isinstance(stats, BaseException) or not stats.get("waiting", 0):
+                continue
+            if self._seats.get(stream) is seat and seat.seated and not any(not t.done() for t in stream.chunk_tasks):
+                self._yield(stream, seat, f"idle for {now - idle_since:.0f} s" if idle else
+                            f"streamed for {now - seat.seated_at:.0f} s (sessions.max_turn_s)")
+                return
+
+    def _yield(self, stream: Stream, seat: _Seat, why: str) -> None:
+        """The seat goes to the line: the session's replica state is closed, its stream keeps
+        its journal (no replica state: its next chunk rebuilds it after its turn in line), its
+        client told (`yielded`)."""
+        self._retire(stream.dit_key, stream.vae_key)
+        stream.new_key("dit")
+        stream.new_key("vae")
+        stream.served_from_store()  # no replica holds it: its next chunk materialises it (prefix/reuse.py)
+        self._seats[stream] = _Seat(None)  # its next admission waits in line
+        self._free(seat)
+        self._log.info("session yielded its seat to the line", fields={"session": stream.key, "why": why})
+        self._tell(ErrorReply(code=ErrorCode.YIELDED, session_id=stream.spec.session_id, message=(
+            f"the session gave its place to the sessions waiting ({why} while others wait); it is kept: its next "
+            "infer (or drive) waits in line and then continues it")), stream)
+
     def chunk_done(self, stream: Stream, step_s: float) -> None:
         """A seated session computed one more chunk, its DiT step `step_s` seconds (the room's
         ETAs learn from it)."""
@@ -173,8 +256,12 @@ class LineSeats:
         """`stream` ended (reset, replaced, failed, its socket gone): it leaves the line, or
         frees its seat; its frames/s go to the metrics."""
         seat = self._seats.pop(stream, None)
-        if seat is None:
-            return
+        if seat is not None:
+            self._free(seat)
+
+    def _free(self, seat: _Seat) -> None:
+        """The seat ends (its session ended, or yielded): it leaves the line or frees its place;
+        a seated session's frames/s go to the metrics."""
         seat.gone.set()
         if seat.seated and self._rates is not None and seat.chunks > 1:
             span = seat.last_chunk_at - seat.first_chunk_at
