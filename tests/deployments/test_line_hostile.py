@@ -10,10 +10,12 @@ import asyncio
 from deployments.config import AppArgs, SessionArgs
 from deployments.ingress.connection import Backends, Connection
 from deployments.ingress.line.room import WaitingRoom
+from deployments.ingress.parking import SessionParking
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, InferRequest, Queued
+from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, Queued, ResetRequest,
+                               ResumeOk, ResumeRequest)
 from connection_fakes import FakeDeployment, FakeMetrics, ReplicaHandle, ScriptedSocket, SessionReplica
 
 
@@ -38,7 +40,9 @@ class Rig:
         text = FakeDeployment("text", self.log, 0.0)
         for d in (self.dit, self.vae, text):
             d.shared = True
-        self.backends = Backends(text=text, vae=self.vae, dit=self.dit, room=ReplicaHandle(self.room))
+        parking = SessionParking.func_or_class(self.vae, self.dit, self.sessions)
+        self.backends = Backends(text=text, vae=self.vae, dit=self.dit, room=ReplicaHandle(self.room),
+                                 parking=ReplicaHandle(parking))
 
     def client(self, address: str) -> "Client":
         return Client(self, address)
@@ -137,9 +141,38 @@ def test_an_idle_seat_yields_to_the_line_and_its_session_goes_on_after_its_turn(
         assert held <= rig.dit.closed  # its DiT state was freed
         holder.infer(example, "h", k=1)  # it comes back: it waits in line behind nobody but the full DiT
         await holder.notice(1)
-        await waiter.leave()
+        waiter.ws.send(encode(ResetRequest(session_id="w")))  # its session ends (a socket's end would park it)
         replies = await holder.answers(2, timeout=15.0)
         assert isinstance(replies[1], FrameReply) and replies[1].chunk_id == 1, replies
         assert len(rig.dit.restores) == 1  # rebuilt from its journal after its turn
+        for c in (holder, waiter):
+            await c.leave()
+    asyncio.run(go())
+
+
+def test_a_yielded_session_resumed_on_a_new_socket_waits_its_turn_before_its_rebuild(example):
+    """A session that yielded and then dropped its socket is parked holding no replica state;
+    resumed on a new socket, its next infer waits in line like its old socket's would have
+    (not a rebuild past the line)."""
+    async def go():
+        rig = Rig(yield_idle_s=1.0)
+        rig.dit.capacity = 1
+        holder, waiter = rig.client("10.0.0.1"), rig.client("10.0.0.2")
+        holder.infer(example, "h")
+        (first,) = await holder.answers()
+        waiter.infer(example, "w")
+        assert isinstance((await waiter.answers(timeout=15.0))[0], FrameReply)  # the holder yielded
         await holder.leave()
+        back = rig.client("10.0.0.1")
+        back.ws.send(encode(validated(ResumeRequest, {"session_id": "h", "resume_token": first.resume_token})))
+        await back.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, ResumeOk)])
+        back.infer(example, "h", k=1)
+        await back.notice(1)
+        assert rig.dit.restores == []  # nothing rebuilt while the seat is the waiter's
+        waiter.ws.send(encode(ResetRequest(session_id="w")))  # its session ends (a socket's end would park it)
+        replies = await back.answers(1, timeout=15.0)
+        assert isinstance(replies[0], FrameReply) and replies[0].chunk_id == 1, replies
+        assert len(rig.dit.restores) == 1
+        for c in (back, waiter):
+            await c.leave()
     asyncio.run(go())

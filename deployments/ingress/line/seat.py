@@ -104,6 +104,11 @@ class LineSeats:
         if self._room is not None and not stream.spec.offline:
             self._seats[stream] = _Seat(token)
 
+    def rejoin(self, stream: Stream) -> None:
+        """`stream` was resumed on this socket with no replica holding it (it yielded its seat
+        before its socket dropped): its next admission (its rebuild's) waits in line again."""
+        self.expect(stream, None)
+
     def queues(self, stream: Stream) -> bool:
         """Its admission waits in line (a new live session of an application with a line)."""
         s = self._seats.get(stream)
