@@ -121,6 +121,8 @@ class LaneJobs:
 
         try:
             await stream.dit_open  # re-raises the open's failure
+            if await self.seats.turn_over(stream):  # its turn is over while others wait: in line again
+                await self._next_turn(stream)
             out = await step(stream.dit_key)
         except Exception as e:
             if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
@@ -132,6 +134,17 @@ class LaneJobs:
         self.seats.chunk_done(stream, out.dit_s)
         decoded = self._vae_lane.submit(partial(self.decode, stream, out.latents))
         return out, decoded
+
+    async def _next_turn(self, stream: Stream) -> None:
+        """DiT lane, at a chunk boundary: the session's DiT state is closed (its place is the
+        line's), and once its turn comes again it is rebuilt from its journal under a new key
+        (its VAE state stays: the line waits for DiT places)."""
+        old = stream.dit_key
+        await settle(self._b.dit.options(session_id=old).close.remote(old), RELEASE_RESERVATION_S)
+        stream.new_key("dit")
+        await reserve_dit(self._b.dit, stream, self.seats)
+        key, j = stream.dit_key, stream.journal  # a try after a `busy` took another key
+        await self._b.dit.options(session_id=key).restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
 
     async def decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:
         """VAE lane: decode and mux one chunk."""

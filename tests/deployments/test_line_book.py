@@ -220,3 +220,12 @@ def test_an_eta_that_passed_is_estimated_again_not_repeated():
         b.progress(a.ticket, k, 1.0)
         etas.append(b.place(w.ticket).eta_s)
     assert etas[-1] == pytest.approx(158.0 - DEFAULT_OPEN_ENDED_S) and etas[-1] > etas[-5] > MIN_REMAINING_S
+
+
+def test_a_session_that_yielded_its_seat_rejoins_even_a_full_line():
+    """It was admitted once: refusing its place again would lose it (issue 54)."""
+    b = LineBook(1, 60.0, 300.0, Clock(), max_per_owner=1)
+    b.join("a", 5)
+    assert b.join("a", 5, rejoin=True).position == 2
+    with pytest.raises(LineFull):
+        b.join("b", 5)

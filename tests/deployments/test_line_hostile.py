@@ -176,3 +176,29 @@ def test_a_yielded_session_resumed_on_a_new_socket_waits_its_turn_before_its_reb
         for c in (back, waiter):
             await c.leave()
     asyncio.run(go())
+
+
+def test_a_session_past_its_turn_yields_at_its_next_chunk_and_goes_on_after_the_line(example):
+    """`sessions.max_turn_s`: a session that held its seat that long while others wait yields
+    at its next chunk boundary (that chunk waits in line), and is rebuilt when its turn comes."""
+    async def go():
+        rig = Rig(max_turn_s=1.0, yield_idle_s=60.0)
+        rig.dit.capacity = 1
+        holder, waiter = rig.client("10.0.0.1"), rig.client("10.0.0.2")
+        holder.infer(example, "h")
+        await holder.answers()
+        waiter.infer(example, "w")
+        await waiter.notice(1)
+        await asyncio.sleep(1.2)
+        holder.infer(example, "h", k=1)  # streaming on, past its turn
+        assert isinstance((await waiter.answers(timeout=15.0))[0], FrameReply)
+        (yielded,) = holder.notices(ErrorCode.YIELDED)
+        assert "max_turn_s" in yielded.message
+        await holder.notice(1)  # its chunk 1 waits in line
+        waiter.ws.send(encode(ResetRequest(session_id="w")))
+        replies = await holder.answers(2, timeout=15.0)
+        assert isinstance(replies[1], FrameReply) and replies[1].chunk_id == 1, replies
+        assert len(rig.dit.restores) == 1
+        for c in (holder, waiter):
+            await c.leave()
+    asyncio.run(go())

@@ -138,10 +138,12 @@ class LineBook:
 
     # ---- the line ----
 
-    def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None) -> Place:
-        """A new ticket in line (`LineFull` beyond max_waiting). `token` of a ticket that left
-        within its grace period (and of the same `owner`) takes that ticket's place again; of a
-        ticket still waiting, replaces it (the same client on a new socket)."""
+    def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None, rejoin: bool = False) -> Place:
+        """A new ticket in line (`LineFull` beyond max_waiting or its owner's max_per_owner;
+        `rejoin`: a session that yielded its seat, at the back and never refused: it was
+        admitted once, and refusing it would lose it). `token` of a ticket that left within its
+        grace period (and of the same `owner`) takes that ticket's place again; of a ticket
+        still waiting, moves its place to the new ticket (the same client on a new socket)."""
         now = self._clock()
         self._forget_expired(now)
         order = None
@@ -158,13 +160,14 @@ class LineBook:
                     self._moved[ticket] = None
                     while len(self._moved) > FORGOTTEN_TOKENS:
                         self._moved.popitem(last=False)
-        if order is None:
+        if order is None and not rejoin:
             if len(self._waiting) >= self._max:
                 raise LineFull(f"the waiting room is full ({self._max} sessions wait)")
             held = sum(1 for w in self._waiting.values() if w.owner == owner)
             if self._max_per_owner is not None and held >= self._max_per_owner:
                 raise LineFull(f"this client holds {held} places in the line already, the most one client may "
                                f"(sessions.max_waiting_per_principal: {self._max_per_owner})")
+        if order is None:
             token, order = secrets.token_urlsafe(TOKEN_BYTES), float(next(self._order))
         ticket = next(self._tickets)
         self._waiting[ticket] = _Waiting(order, _digest(token), owner, chunks, now)

@@ -63,10 +63,12 @@ class WaitingRoom:
         self._summary = {"joined": 0, "admitted": 0, "left": 0, "refused": 0, "longest_wait_s": 0.0}
         self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())
 
-    async def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None) -> tuple[Place, int]:
-        """A place in line (`Busy` when the line is full), and the line's version with it (for `wait`)."""
+    async def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None,
+                   rejoin: bool = False) -> tuple[Place, int]:
+        """A place in line (`Busy` when the line is full; `rejoin`: a session that yielded its
+        seat, never refused), and the line's version with it (for `wait`)."""
         try:
-            place = self._book.join(owner, chunks, token)
+            place = self._book.join(owner, chunks, token, rejoin=rejoin)
         except LineFull as e:
             self._summary["refused"] += 1
             self._metrics.refused.inc()

@@ -13,13 +13,19 @@ socket's session ends with `PlaceMoved` (`session_lost`, saying so).
 
 Once admitted, the session holds a seat until it ends: its chunk count goes to the room
 (`chunk_done`, the ETAs' measure), and its frames/s to the metrics when it ends. It yields its
-seat to the line (issue 54) while anyone waits and it has had no chunk in flight for
-`sessions.yield_idle_s` (a paused drive is idle), or, with `sessions.max_turn_s`, once it held
-the seat that long and has no chunk in flight: its replicas' state is closed (`retire`), the
-stream is left without replica state (as one the prefix store serves: `served_from_store`) and
-a `yielded` notice goes out; its next chunk rebuilds it from its journal (history/rebuild.py)
-after waiting its turn in line again (`reserve_dit` with these seats). A session without a
-journal (over `journal_max_mib`, recovery off) cannot be rebuilt: it does not yield.
+seat to the line (issue 54) while anyone waits:
+* idle: no chunk in flight for `sessions.yield_idle_s` (a paused drive is idle; checked every
+  WATCH_PERIOD_S): its replicas' state is closed (`retire`), the stream is left without
+  replica state (as one the prefix store serves: `served_from_store`) and a `yielded` notice
+  goes out after its replies; its next chunk rebuilds it from its journal
+  (history/rebuild.py) after waiting its turn in line again (`reserve_dit` with these seats);
+* its turn over (`sessions.max_turn_s`, off by default): at its next chunk boundary (the
+  chunk's DiT step about to run, `turn_over`) it leaves its seat, its client hears `yielded`
+  at once, and the lane job closes its DiT state and rebuilds it once its turn comes again
+  (lane_jobs.py; its VAE state stays).
+A yielded session's place in line again is never refused (`rejoin`: it was admitted once). A
+session without a journal (over `journal_max_mib`, recovery off) cannot be rebuilt: it does
+not yield.
 
 Forks, resumed and rebuilt sessions do not queue (they hold or held a place already). An
 offline session (a `/v1/videos` job) never queues and is not admitted while live sessions wait:
@@ -48,7 +54,7 @@ FIRST_NOTICE_S = 0.3  # ... and first once it waited this long (or its admission
 FIRST_RETRY_S = (0.25, 2.0)  # the first in line tries its admission again within these bounds (busy's hint)
 JOB_RETRY_S = 2.0  # a job refused while live sessions wait tries again after this
 ROOM_CALL_TIMEOUT_S = 10.0  # a room call not answered by then is given up (the line is bookkeeping)
-WATCH_PERIOD_S = 1.0  # a seated session's idleness (and turn) is checked this often
+WATCH_PERIOD_S = 1.0  # a seated session's idleness is checked this often
 
 
 class PlaceMoved(ReplicaError):
@@ -63,6 +69,7 @@ class _Seat:
     """One session's place: its token (given, or the room's), its ticket, and its chunks."""
 
     token: Optional[str]
+    rejoin: bool = False  # it yielded its seat: its place in line again is never refused
     ticket: Optional[int] = None
     seated: bool = False
     chunks: int = 0
@@ -107,7 +114,8 @@ class LineSeats:
     def rejoin(self, stream: Stream) -> None:
         """`stream` was resumed on this socket with no replica holding it (it yielded its seat
         before its socket dropped): its next admission (its rebuild's) waits in line again."""
-        self.expect(stream, None)
+        if self._room is not None and not stream.spec.offline:
+            self._seats[stream] = _Seat(None, rejoin=True)
 
     def queues(self, stream: Stream) -> bool:
         """Its admission waits in line (a new live session of an application with a line)."""
@@ -126,7 +134,7 @@ class LineSeats:
         chunks = None if stream.spec.total_latent_frames is None else (  # left: a yielded one made some
             stream.spec.total_latent_frames // CHUNK_LATENT_FRAMES - len(stream.journal.chunks))
         try:
-            place, version = await self._room.join.remote(stream.spec.owner, chunks, seat.token)
+            place, version = await self._room.join.remote(stream.spec.owner, chunks, seat.token, seat.rejoin)
         except Busy:  # the line is full
             raise
         except Exception as e:  # noqa: BLE001 - the room is bookkeeping: without it, admission as before
@@ -201,8 +209,8 @@ class LineSeats:
         return answer.result()
 
     async def _watch(self, ref: "weakref.ref[Stream]", seat: _Seat) -> None:
-        """While the session holds its seat: once it had no chunk in flight for yield_idle_s,
-        or held the seat max_turn_s and has none in flight, and anyone waits, it yields."""
+        """While the session holds its seat: once it had no chunk in flight for yield_idle_s
+        and anyone waits, it yields (`max_turn_s`: `turn_over`, at a chunk boundary)."""
         idle_since: Optional[float] = None
         while seat.seated and not seat.gone.is_set():
             try:
@@ -218,17 +226,39 @@ class LineSeats:
                 idle_since = None
                 continue
             idle_since = idle_since or now
-            idle = now - idle_since >= self._yield_idle_s
-            turn = self._max_turn_s is not None and now - seat.seated_at >= self._max_turn_s
-            if not (idle or turn) or not stream.journal.recoverable or not stream.journal.chunks:
+            if now - idle_since < self._yield_idle_s or not stream.journal.recoverable or not stream.journal.chunks:
                 continue
             answered, stats = await settle(self._room.stats.remote(), ROOM_CALL_TIMEOUT_S)
             if not answered or isinstance(stats, BaseException) or not stats.get("waiting", 0):
                 continue
             if self._seats.get(stream) is seat and seat.seated and not any(not t.done() for t in stream.chunk_tasks):
-                self._yield(stream, seat, f"idle for {now - idle_since:.0f} s" if idle else
-                            f"streamed for {now - seat.seated_at:.0f} s (sessions.max_turn_s)")
+                self._yield(stream, seat, f"idle for {now - idle_since:.0f} s")
                 return
+
+    async def turn_over(self, stream: Stream) -> bool:
+        """At a chunk boundary (its DiT step about to run): True when the seated `stream` held
+        its seat `max_turn_s` while anyone waits. It then leaves its seat (the line moves, its
+        client hears `yielded`) and waits in line again: the caller closes its DiT state and
+        rebuilds it through `reserve_dit` with these seats (lane_jobs.py)."""
+        seat = self._seats.get(stream)
+        if (seat is None or not seat.seated or self._max_turn_s is None or self._room is None
+                or time.monotonic() - seat.seated_at < self._max_turn_s
+                or not stream.journal.recoverable or not stream.journal.chunks):
+            return False
+        answered, stats = await settle(self._room.stats.remote(), ROOM_CALL_TIMEOUT_S)
+        if not answered or isinstance(stats, BaseException) or not stats.get("waiting", 0):
+            return False
+        if self._seats.get(stream) is not seat or not seat.seated:
+            return False
+        held = time.monotonic() - seat.seated_at
+        self._seats[stream] = _Seat(None, rejoin=True)
+        self._free(seat)
+        self._log.info("session yielded its seat to the line", fields={"session": stream.key, "why": "turn",
+                                                                       "held_s": round(held, 1)})
+        self._notify(ErrorReply(code=ErrorCode.YIELDED, session_id=stream.spec.session_id, message=(
+            f"the session held its place {held:.0f} s (sessions.max_turn_s) while others wait: its next chunk "
+            "waits in line, then the session goes on")))
+        return True
 
     def _yield(self, stream: Stream, seat: _Seat, why: str) -> None:
         """The seat goes to the line: the session's replica state is closed, its stream keeps
@@ -238,7 +268,7 @@ class LineSeats:
         stream.new_key("dit")
         stream.new_key("vae")
         stream.served_from_store()  # no replica holds it: its next chunk materialises it (prefix/reuse.py)
-        self._seats[stream] = _Seat(None)  # its next admission waits in line
+        self._seats[stream] = _Seat(None, rejoin=True)  # its next admission waits in line
         self._free(seat)
         self._log.info("session yielded its seat to the line", fields={"session": stream.key, "why": why})
         self._tell(ErrorReply(code=ErrorCode.YIELDED, session_id=stream.spec.session_id, message=(
