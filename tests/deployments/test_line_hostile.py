@@ -14,8 +14,9 @@ from deployments.ingress.parking import SessionParking
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
-from protocol.messages import (CameraServerConfig, ErrorReply, FrameReply, InferRequest, Queued, ResetRequest,
-                               ResumeOk, ResumeRequest)
+from protocol.messages import (CameraServerConfig, ControlRequest, ErrorReply, FrameReply, InferRequest, Paused,
+                               Queued, ResetRequest, ResumeOk, ResumeRequest)
+from protocol.requests import SessionStart, drive_request
 from connection_fakes import FakeDeployment, FakeMetrics, ReplicaHandle, ScriptedSocket, SessionReplica
 
 
@@ -199,6 +200,30 @@ def test_a_session_past_its_turn_yields_at_its_next_chunk_and_goes_on_after_the_
         replies = await holder.answers(2, timeout=15.0)
         assert isinstance(replies[1], FrameReply) and replies[1].chunk_id == 1, replies
         assert len(rig.dit.restores) == 1
+        for c in (holder, waiter):
+            await c.leave()
+    asyncio.run(go())
+
+
+def test_a_paused_drive_counts_as_idle_and_goes_on_when_its_keys_come_back(example):
+    """A driven session with no key held makes no chunk: idle. It yields like an infer
+    session; a control with keys then starts its next chunk, which waits in line."""
+    async def go():
+        rig = Rig(yield_idle_s=1.0)
+        rig.dit.capacity = 1
+        holder, waiter = rig.client("10.0.0.1"), rig.client("10.0.0.2")
+        holder.ws.send(encode(drive_request("d", SessionStart(example.image, "p"))))
+        await holder.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, Paused)])  # chunk 0, no key
+        waiter.infer(example, "w")
+        assert isinstance((await waiter.answers(timeout=15.0))[0], FrameReply)
+        (yielded,) = holder.notices(ErrorCode.YIELDED)
+        assert yielded.session_id == "d"
+        holder.ws.send(encode(ControlRequest(session_id="d", event_id=1, keys=["w"])))
+        await holder.notice(1)
+        waiter.ws.send(encode(ResetRequest(session_id="w")))
+        chunk1 = await holder.ws.wait_for(
+            lambda sent: [r for r in sent if isinstance(r, FrameReply) and r.chunk_id == 1], 15.0)
+        assert chunk1[0].session_id == "d" and len(rig.dit.restores) == 1
         for c in (holder, waiter):
             await c.leave()
     asyncio.run(go())
