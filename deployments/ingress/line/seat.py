@@ -212,6 +212,7 @@ class LineSeats:
         """While the session holds its seat: once it had no chunk in flight for yield_idle_s
         and anyone waits, it yields (`max_turn_s`: `turn_over`, at a chunk boundary)."""
         idle_since: Optional[float] = None
+        seen: Optional[tuple] = None
         while seat.seated and not seat.gone.is_set():
             try:
                 await asyncio.wait_for(seat.gone.wait(), WATCH_PERIOD_S)
@@ -221,8 +222,8 @@ class LineSeats:
             stream, now = ref(), time.monotonic()
             if stream is None or self._seats.get(stream) is not seat:
                 return
-            if (any(not t.done() for t in stream.chunk_tasks) or not stream.materialised
-                    or stream.state is not StreamState.OPEN):
+            state, seen = seen, _activity(stream)
+            if state != seen or not _idle(stream):  # a chunk, a rewind or a rebuild since the last look
                 idle_since = None
                 continue
             idle_since = idle_since or now
@@ -231,7 +232,7 @@ class LineSeats:
             answered, stats = await settle(self._room.stats.remote(), ROOM_CALL_TIMEOUT_S)
             if not answered or isinstance(stats, BaseException) or not stats.get("waiting", 0):
                 continue
-            if self._seats.get(stream) is seat and seat.seated and not any(not t.done() for t in stream.chunk_tasks):
+            if self._seats.get(stream) is seat and seat.seated and _idle(stream) and _activity(stream) == seen:
                 self._yield(stream, seat, f"idle for {now - idle_since:.0f} s")
                 return
 
@@ -313,3 +314,15 @@ class LineSeats:
         answered, result = await settle(call, ROOM_CALL_TIMEOUT_S)
         if not answered or isinstance(result, BaseException):  # bookkeeping only: the room's TTL forgets it
             self._log.info("waiting room not told", fields={"error": repr(result) if answered else "timeout"})
+
+
+def _activity(stream: Stream) -> tuple:
+    """What changes when the session does anything: its chunk count and keys (a rewind, a rebuild)."""
+    return stream.next_chunk, stream.dit_key, stream.vae_key, len(stream.chunk_tasks)
+
+
+def _idle(stream: Stream) -> bool:
+    """Open, held by its replicas, no chunk in flight and no open or rebuild on its way."""
+    return (stream.state is StreamState.OPEN and stream.materialised
+            and not any(not t.done() for t in stream.chunk_tasks)
+            and all(f is None or f.done() for f in (stream.dit_open, stream.vae_open)))
