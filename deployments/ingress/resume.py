@@ -186,7 +186,8 @@ class ResumeBook:
         record = ParkedSession(
             spec=s.spec, journal=s.journal, image=s.image, key=s.key, dit_key=s.dit_key, vae_key=s.vae_key,
             next_chunk=s.next_chunk, sent=d.sent, prompt=s.prompt, replies=[*d.replay, *unsent], token_digest=digest,
-            principal=self._principal(clip), clip=clip, driven=driven, held=s.materialised)
+            principal=self._principal(clip), clip=clip, driven=driven,
+            held=self._line is None or not self._line.yielded(s))
         if not await self._call(parking.park.remote(record)):
             return False
         if ended:  # no chunk is left to make: its replicas free it now, the parking keeps its replies
@@ -309,7 +310,7 @@ class ResumeBook:
             replay=self.replay_ring(record.spec.raw_frames))
         d.replay.extend(r for r in record.replies if r.chunk_id < record.sent)
         self._releases.adopt(stream, replacing=cur)
-        if not record.held:  # no replica holds it (it yielded its seat): its next chunk rebuilds it after its turn
+        if not record.held:  # it yielded its seat (no replica holds it): its next chunk rebuilds it after its turn
             stream.served_from_store()
             if self._line is not None:
                 self._line.rejoin(stream)

@@ -117,6 +117,12 @@ class LineSeats:
         if self._room is not None and not stream.spec.offline:
             self._seats[stream] = _Seat(None, rejoin=True)
 
+    def yielded(self, stream: Stream) -> bool:
+        """`stream` gave its seat to the line while idle and has not had it back: no replica
+        holds it (one whose turn ended mid-stream keeps its VAE state: not this)."""
+        s = self._seats.get(stream)
+        return s is not None and s.rejoin and not s.seated and not stream.materialised
+
     def queues(self, stream: Stream) -> bool:
         """Its admission waits in line (a new live session of an application with a line)."""
         s = self._seats.get(stream)
