@@ -27,7 +27,8 @@ A yielded session's place in line again is never refused (`rejoin`: it was admit
 session without a journal (over `journal_max_mib`, recovery off) cannot be rebuilt: it does
 not yield.
 
-Forks, resumed and rebuilt sessions do not queue (they hold or held a place already). An
+Forks, resumed and rebuilt sessions do not queue (they hold or held a place already), except
+a session that yielded its seat while idle and was resumed on a new socket (`rejoin`). An
 offline session (a `/v1/videos` job) never queues and is not admitted while live sessions wait:
 the place that frees is theirs (its runner retries `busy`).
 """
