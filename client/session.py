@@ -77,7 +77,7 @@ class WorldClient:
         self._guard.config = config
         self.reply_timeout_s = reply_timeout_s
         self.queue_timeout_s = queue_timeout_s
-        self.notices: list[ErrorReply] = []  # session_limit notices received (see `receive`)
+        self.notices: list[ErrorReply] = []  # session_limit and yielded notices received (see `receive`)
         self.queued: Optional[Queued] = None  # the last `queued` notice: the session waits in the server's line
         self.on_queued: Optional[Callable[[Queued], None]] = None  # told of each `queued` notice
         self._auto_ack: set[str] = set()  # driven sessions whose frames `receive` acks (see `drive`)
@@ -149,7 +149,8 @@ class WorldClient:
         """The next reply in order: FrameReply, ResetOk or ErrorReply (errors are not raised).
 
         Notices answer no request and are skipped: `session_limit` with `chunks_left` > 0 (the
-        next chunk is the session's last) is kept in `self.notices`; `queued` (the session
+        next chunk is the session's last) and `yielded` (the session gave its place to the
+        line; its next infer waits in line) are kept in `self.notices`; `queued` (the session
         waits in the server's line for a place: its position and ETA) in `self.queued`, and
         `self.on_queued` is told. `timeout_s` (default `reply_timeout_s`) bounds the wait for the
         reply; notices do not extend it, but while `queued` notices come (every few seconds,

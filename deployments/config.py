@@ -201,6 +201,11 @@ class SessionArgs(_Strict):
     # replica, beside max_sessions live ones, and run in the live sessions' gaps.
     min_fps: float = Field(0.0, ge=0)
     max_waiting: int = Field(16, ge=0)
+    max_waiting_per_principal: int = Field(2, ge=1)  # places one API key (address without auth) holds in line
+    # While anyone waits, a seat idle this long (no chunk asked for; a paused drive) yields: its
+    # session is parked and rejoins the line on its next chunk; max_turn_s (None: off) of streaming too.
+    yield_idle_s: float = Field(20.0, gt=0)
+    max_turn_s: Optional[float] = Field(None, gt=0)
     max_offline_sessions: int = Field(1, ge=1)
 
     @model_validator(mode="before")

@@ -16,6 +16,7 @@ class ErrorCode(str, Enum):
     BUSY = "busy"  # no capacity for a new session now (see retry_after_s)
     UNAUTHORIZED = "unauthorized"  # missing or wrong credentials
     SESSION_LIMIT = "session_limit"  # the session reached its chunk limit (RoPE table: 1024 latent frames, or its num_frames)
+    YIELDED = "yielded"  # a notice: the session gave its place to those waiting (idle); its next infer waits in line
 
 
 class ProtocolError(ValueError):

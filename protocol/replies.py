@@ -89,8 +89,9 @@ class Paused(_Message):
 
 
 class Queued(_Message):
-    """A new session waits in the server's line for a place (no chunk is computed for it yet);
-    sent when its place changes and every few seconds. It starts by itself when its turn comes
+    """A new session (or one that yielded its place: an `error` notice with code `yielded`)
+    waits in the server's line for a place (no chunk is computed for it meanwhile); sent when
+    its place changes and every few seconds. It starts (or goes on) by itself when its turn comes
     (its first frame reply follows); a client whose socket dropped while waiting sends its
     first infer (or `drive`) again with `queue_token` within the handshake's `resume_grace_s`
     and takes its place again."""
@@ -132,5 +133,6 @@ class ErrorReply(_Message):
 
     @property
     def is_notice(self) -> bool:
-        """A notice (the session nears its limit), not the answer to a request."""
-        return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
+        """A notice (the session nears its limit, or gave its place to the line), not the
+        answer to a request."""
+        return self.code is ErrorCode.YIELDED or (self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left))

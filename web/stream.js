@@ -373,6 +373,10 @@ export class LiveStream extends EventTarget {
       this.tick();
       return;
     }
+    if (msg.code === "yielded") { // a notice (answers no request): the session is kept, its next chunk waits in line
+      this.status(`Your place went to someone waiting: ${msg.message}.`, "warn");
+      return;
+    }
     this.stats.inFlight = Math.max(0, this.stats.inFlight - 1);
     if (msg.code === "busy" && this.state === "starting") {
       const wait = msg.retry_after_s || 1;

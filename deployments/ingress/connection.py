@@ -102,12 +102,13 @@ class Connection:
         self._log = get_log("connection", conn=self._id)
         self._policy = ClientPolicy(args.connection, limits.max_message_bytes)
         self._sizes = SizeRule(tuple(args.model.bucket_sizes()), args.model.max_output_area)
-        replicas = ReplicaLanes(backends, Lane("dit"), Lane("vae"), args, self._log)
+        seats = LineSeats(backends.room, lambda notice: self._outbox.notice(notice), self._log,  # line/seat.py
+                          metrics.observe_session_fps, args.sessions.yield_idle_s, args.sessions.max_turn_s)
+        replicas = ReplicaLanes(backends, Lane("dit"), Lane("vae"), args, self._log, line=seats)
         self._dit_lane, self._vae_lane = replicas.dit_lane, replicas.vae_lane
-        seats = LineSeats(backends.room, lambda notice: self._outbox.notice(notice), self._log,
-                          metrics.observe_session_fps)  # the waiting room (line/seat.py)
         self._jobs = LaneJobs(replicas, Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics), seats)
         self._releases = Releases(replicas, quota, metrics, ended=seats.end)
+        seats.yields_through(self._releases.retire, lambda notice, stream: self._outbox.reply_now(notice, stream))
         self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable,
                                   clip_mode=lambda: self._raw_frames, key_id=key_id, client=client)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,

@@ -74,7 +74,7 @@ class LaneJobs:
             return await self._b.vae.options(session_id=key).open.remote(key, spec, image)
 
         async def opened_in_admission() -> None:
-            await _dit_admitted(stream)
+            await dit_admitted(stream)
         vae = self._vae_lane.submit(opened_in_admission if queued else open_vae)
         if queued:
             vae.add_done_callback(retrieved)  # a refusal in line is answered through the DiT's admission
@@ -101,7 +101,7 @@ class LaneJobs:
 
     async def condition(self, stream: Stream, timings: dict[str, float]) -> np.ndarray:
         """VAE lane: the chunk's conditioning y (a new session's first, once the DiT admitted it)."""
-        await _dit_admitted(stream)
+        await dit_admitted(stream)
         t = time.perf_counter()
         y = await self._on_vae(stream, lambda key: self._b.vae.options(session_id=key).condition.remote(key))
         stream.journal.conditioned += 1
@@ -121,6 +121,8 @@ class LaneJobs:
 
         try:
             await stream.dit_open  # re-raises the open's failure
+            if await self.seats.turn_over(stream):  # its turn is over while others wait: in line again
+                await self._next_turn(stream)
             out = await step(stream.dit_key)
         except Exception as e:
             if not needs_recovery(e) or stream.state is not StreamState.OPEN:  # reset or failed: no rebuild
@@ -132,6 +134,17 @@ class LaneJobs:
         self.seats.chunk_done(stream, out.dit_s)
         decoded = self._vae_lane.submit(partial(self.decode, stream, out.latents))
         return out, decoded
+
+    async def _next_turn(self, stream: Stream) -> None:
+        """DiT lane, at a chunk boundary: the session's DiT state is closed (its place is the
+        line's), and once its turn comes again it is rebuilt from its journal under a new key
+        (its VAE state stays: the line waits for DiT places)."""
+        old = stream.dit_key
+        await settle(self._b.dit.options(session_id=old).close.remote(old), RELEASE_RESERVATION_S)
+        stream.new_key("dit")
+        await reserve_dit(self._b.dit, stream, self.seats)
+        key, j = stream.dit_key, stream.journal  # a try after a `busy` took another key
+        await self._b.dit.options(session_id=key).restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
 
     async def decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:
         """VAE lane: decode and mux one chunk."""
@@ -190,7 +203,7 @@ async def reserve_dit(dit: Any, stream: Stream, seats: Optional[LineSeats] = Non
     await stream.vae_open
 
 
-async def _dit_admitted(stream: Stream) -> None:
+async def dit_admitted(stream: Stream) -> None:
     """Until the DiT admitted the stream; its refusal (busy, too_large) re-raised. A stream not
     opened by `open_dit` (resumed, rebuilt) ends the wait with its `dit_open`; a failure of
     another kind (a replica died) is left to the step, which rebuilds the session."""

@@ -128,3 +128,4 @@ class ReplicaLanes:
     vae_lane: Lane
     args: AppArgs
     log: KeyValueLog
+    line: Any = None  # the connection's LineSeats (line/seat.py): a yielded session's rebuild waits its turn

@@ -82,6 +82,8 @@ class ParkedSession:
     principal: Optional[str] = None  # API key id (auth on) or client address; a claim must match
     clip: bool = False  # opened in clip mode: a clip-mode connection of the same principal claims it by session id
     driven: bool = False  # opened by `drive`: resumed paused, driven again by the server (drive/driver.py)
+    held: bool = True  # False: it yielded its seat to the line (no replica holds it): resumed, its next chunk
+                       # rebuilds it after its turn in line (line/seat.py)
 
     @property
     def session_id(self) -> str:

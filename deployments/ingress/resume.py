@@ -77,6 +77,7 @@ class ResumeBook:
         self._claims = replicas.backends.claims
         self._sessions = replicas.args.sessions
         self._releases = releases
+        self._line = replicas.line  # the connection's LineSeats: a session no replica holds waits its turn again
         self._quota = quota
         self._log = replicas.log
         self._may_park = may_park
@@ -185,7 +186,8 @@ class ResumeBook:
         record = ParkedSession(
             spec=s.spec, journal=s.journal, image=s.image, key=s.key, dit_key=s.dit_key, vae_key=s.vae_key,
             next_chunk=s.next_chunk, sent=d.sent, prompt=s.prompt, replies=[*d.replay, *unsent], token_digest=digest,
-            principal=self._principal(clip), clip=clip, driven=driven)
+            principal=self._principal(clip), clip=clip, driven=driven,
+            held=self._line is None or not self._line.yielded(s))
         if not await self._call(parking.park.remote(record)):
             return False
         if ended:  # no chunk is left to make: its replicas free it now, the parking keeps its replies
@@ -308,6 +310,10 @@ class ResumeBook:
             replay=self.replay_ring(record.spec.raw_frames))
         d.replay.extend(r for r in record.replies if r.chunk_id < record.sent)
         self._releases.adopt(stream, replacing=cur)
+        if not record.held:  # it yielded its seat (no replica holds it): its next chunk rebuilds it after its turn
+            stream.served_from_store()
+            if self._line is not None:
+                self._line.rejoin(stream)
         return stream
 
     def replay_ring(self, raw_frames: bool) -> deque:

@@ -13,8 +13,11 @@ alone (the first sessions of a size are admitted to measure it). A session is al
 to a replica holding no live session: refusing it would serve nobody.
 
 The estimate takes every live session as streaming without pause (one held between its
-client's chunks, a paused drive or a parked one counts as if it streamed): a floor for the
-worst case of the sessions admitted. Offline sessions (`/v1/videos` jobs) run in the gaps of
+client's chunks or a paused drive counts as if it streamed): a floor for the worst case of the
+sessions admitted. A parked one (its socket dropped: the replica was told when it will be
+closed, `SessionTable.expect_release`) does not count until it is used again (issue 54); one
+that yielded its seat to the line (ingress/line/seat.py) is closed here, and counts once its
+rebuild was admitted again. Offline sessions (`/v1/videos` jobs) run in the gaps of
 the live ones and count neither in the cycle nor against the floor.
 """
 from __future__ import annotations

@@ -145,8 +145,9 @@ class SessionTable(Generic[S]):
         return None if entry is None else entry.bucket
 
     def live_buckets(self) -> list[Optional[Hashable]]:
-        """The bucket of every live session held (reservations and opens in progress included)."""
-        return [e.bucket for e in self._entries.values() if not e.offline]
+        """The bucket of every live session held (reservations and opens in progress included),
+        but a parked one (`expect_release`: it streams nothing until claimed, issue 54)."""
+        return [e.bucket for e in self._entries.values() if not e.offline and e.release_at is None]
 
     def admit(self, key: str, nbytes: int, working: int = 0, reserve_only: bool = False, offline: bool = False,
               bucket: Optional[Hashable] = None) -> None:

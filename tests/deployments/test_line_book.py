@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.ingress.line.book import DEFAULT_OPEN_ENDED_S, EWMA, LineBook, LineFull
+from deployments.ingress.line.book import (DEFAULT_OPEN_ENDED_S, EWMA, MIN_REMAINING_S, YIELD_SLACK_S, LineBook,
+                                           LineFull)
 
 
 class Clock:
@@ -161,3 +162,70 @@ def test_a_seat_not_heard_of_is_dropped_and_the_stats_count_the_waits():
     assert b.stats().waits_s == []  # reported once
     clock.t += 101.0
     assert b.sweep() == [w.ticket] and b.stats().seated == 0
+
+
+# ---- issue 54: one owner's share of the line, a moved place, ETAs that follow the yield rule ----
+
+def test_one_owner_holds_at_most_its_share_of_the_line_and_another_still_gets_a_place():
+    """Issue 54 item 1: 16 sockets from one address took the whole line (16 places)."""
+    b = LineBook(16, 60.0, 300.0, Clock(), max_per_owner=2)
+    first = b.join("addr:a", 5)
+    b.join("addr:a", 5)
+    with pytest.raises(LineFull, match="max_waiting_per_principal: 2"):
+        b.join("addr:a", 5)
+    assert b.join("addr:b", 5).position == 3  # another address: a place
+    again = b.join("addr:a", 5, token=first.token)  # its own place again (another socket): no new place
+    assert again.position == 1 and len(b) == 3
+
+
+def test_a_place_moved_by_its_token_tells_the_old_ticket_once_asked():
+    """Issue 54 item 5: the old socket stayed at `queued position 1` forever."""
+    b, _ = book()
+    first = b.join("alice", 5)
+    again = b.join("alice", 5, token=first.token)
+    old = b.place(first.ticket)
+    assert old.position == 0 and old.moved and not b.place(again.ticket).moved
+    b.leave(first.ticket)  # the old socket's session ended: forgotten
+    assert not b.place(first.ticket).moved and b.position(again.ticket) == 1
+
+
+def test_an_idle_seat_frees_at_most_yield_s_after_its_last_chunk():
+    """Issue 54 item 3: an open-ended holder that stopped asking showed the same ETA for 49 s;
+    with seats yielding after 20 s idle, its seat frees within 20 s (plus the check's slack)
+    of its last chunk, and the ETA counts down."""
+    clock = Clock()
+    b = LineBook(4, 60.0, 300.0, clock, yield_s=20.0)
+    a = b.join("a", None)
+    b.seat(a.ticket)
+    b.progress(a.ticket, 1, 1.0)
+    w = b.join("w", 5)
+    assert b.place(w.ticket).eta_s == pytest.approx(DEFAULT_OPEN_ENDED_S)  # streaming: its expected length
+    clock.t += 5.0  # no chunk for 5 s (step 1 s): idle
+    assert b.place(w.ticket).eta_s == pytest.approx(20.0 + YIELD_SLACK_S - 5.0)
+    clock.t += 10.0
+    assert b.place(w.ticket).eta_s == pytest.approx(20.0 + YIELD_SLACK_S - 15.0)
+
+
+def test_an_eta_that_passed_is_estimated_again_not_repeated():
+    """A holder that streams past its expected length: it is expected to go on as long again
+    as it overran, not to end in MIN_REMAINING_S each time it is asked."""
+    clock = Clock()
+    b = LineBook(4, 60.0, 300.0, clock, yield_s=20.0)
+    a = b.join("a", None)
+    b.seat(a.ticket)
+    w = b.join("w", 5)
+    etas = []
+    for k in range(1, 80):  # a chunk every 2 s for 158 s: past the 120 s expected
+        clock.t += 2.0
+        b.progress(a.ticket, k, 1.0)
+        etas.append(b.place(w.ticket).eta_s)
+    assert etas[-1] == pytest.approx(158.0 - DEFAULT_OPEN_ENDED_S) and etas[-1] > etas[-5] > MIN_REMAINING_S
+
+
+def test_a_session_that_yielded_its_seat_rejoins_even_a_full_line():
+    """It was admitted once: refusing its place again would lose it (issue 54)."""
+    b = LineBook(1, 60.0, 300.0, Clock(), max_per_owner=1)
+    b.join("a", 5)
+    assert b.join("a", 5, rejoin=True).position == 2
+    with pytest.raises(LineFull):
+        b.join("b", 5)

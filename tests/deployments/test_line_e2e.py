@@ -70,3 +70,50 @@ def test_sessions_wait_in_one_line_start_in_order_and_a_dropped_client_keeps_its
         asyncio.run(go())
     finally:
         serve.delete(APP)
+
+
+def _next_chunk(example, sid: str, k: int) -> bytes:
+    poses, intrinsics = example.chunk(k)
+    return encode(validated(InferRequest, {"session_id": sid, "client_chunk_id": k,
+                                           "cameras": {"poses": poses, "intrinsics": intrinsics}}))
+
+
+def test_one_client_holds_its_share_of_the_line_and_an_idle_seat_yields_to_it(extra_app, example):
+    """Issue 54 items 1, 2 and 5 through Serve (every socket from one address): with one place
+    per principal a second waiting session is refused `busy` naming the cap; the waiting
+    session's token sent from another socket moves its place there and ends it on the first
+    (`session_lost`); the seat's holder, idle for yield_idle_s while the other waits, gets
+    `yielded` and the waiter starts; the holder's next infer waits in line and its session goes
+    on at chunk 1 once the seat frees."""
+    app, connect = extra_app(f"{APP}-yield", sessions={
+        "max_sessions": 1, "max_waiting": 4, "max_waiting_per_principal": 1, "yield_idle_s": 2.0,
+        "resume": {"grace_s": 20.0}, "retry_after_s": 0.5}, dit={"num_replicas": 1, "num_cpus": 0.1})
+
+    async def go():
+        async with connect() as a, connect() as first_b, connect() as b, connect() as c:
+            await a.send(_first(example, "a"))
+            assert isinstance(await _next(a, (FrameReply, ErrorReply)), FrameReply)
+            await first_b.send(_first(example, "b"))
+            queued = await _next(first_b, (Queued, FrameReply, ErrorReply))
+            assert queued.position == 1
+            await c.send(_first(example, "c"))
+            refused = await _next(c, (Queued, FrameReply, ErrorReply))
+            assert isinstance(refused, ErrorReply) and refused.code.value == "busy", refused
+            assert "max_waiting_per_principal: 1" in refused.message
+            await b.send(_first(example, "b", token=queued.queue_token))  # its place moves to this socket
+            assert (await _next(b, (Queued, FrameReply, ErrorReply))).position == 1
+            moved = await _next(first_b, (FrameReply, ErrorReply))
+            assert isinstance(moved, ErrorReply) and moved.code.value == "session_lost", moved
+            assert "queue_token" in moved.message
+            yielded = await _next(a, (ErrorReply,), timeout=30.0)  # a idles: its seat goes to b
+            assert yielded.code.value == "yielded" and yielded.session_id == "a", yielded
+            assert isinstance(await _next(b, (FrameReply, ErrorReply)), FrameReply)
+            await a.send(_next_chunk(example, "a", 1))
+            assert (await _next(a, (Queued, FrameReply, ErrorReply))).position == 1  # in line again
+            await b.reset("b")
+            back = await _next(a, (FrameReply, ErrorReply))
+            assert isinstance(back, FrameReply) and back.chunk_id == 1, back
+    try:
+        asyncio.run(go())
+    finally:
+        serve.delete(f"{APP}-yield")

@@ -183,3 +183,18 @@ def test_without_an_offline_bound_offline_sessions_take_live_slots():
     assert t.free_slots == 0 and t.is_offline("job") and t.bucket("a") == ("b", 2)
     assert t.live_buckets() == [("b", 2)]
     assert t.apart_keys() == []  # no bound apart: the job takes a live slot, as the router counts it
+
+
+def test_the_frame_rate_floor_does_not_count_a_parked_session_until_it_is_used_again():
+    """Issue 54: a parked session (its holder said when it will be closed) streams nothing:
+    the floor's live sessions leave it out; its next call counts it again."""
+    t, _ = table(max_sessions=3)
+    t.admit("a", 0, bucket=("b", 1))
+    t.add("a", object())
+    t.admit("p", 0, bucket=("b", 2))
+    t.add("p", object())
+    assert t.expect_release("p", 30.0)
+    assert t.live_buckets() == [("b", 1)]
+    with t.hold("p"):
+        pass
+    assert sorted(t.live_buckets()) == [("b", 1), ("b", 2)]

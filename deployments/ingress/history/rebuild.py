@@ -5,14 +5,16 @@ session leaving the prefix store (prefix/reuse.py) it is a snapshot the replicas
 (`<key>#<k>`, deployments/replicas/snapshots.py: `clone` routed by the snapshot id). Per lane, a
 copy refused `busy` / `too_large` is refused (the replica is full); any other failure (no such
 snapshot, the replica left, an engine that cannot copy) replays the journal under a fresh key.
-The path each lane took (`clone`, `snapshot`, `replay`) is written into `paths`."""
+The path each lane took (`clone`, `snapshot`, `replay`) is written into `paths`. A session that
+yielded its seat (line/seat.py) waits its turn in line first (its DiT admission), and its VAE
+replay waits for that admission."""
 from __future__ import annotations
 
 from typing import Optional
 
 from deployments.errors import Busy, TooLarge
 from deployments.ingress.lanes import ReplicaLanes
-from deployments.ingress.lane_jobs import reserve_dit
+from deployments.ingress.lane_jobs import dit_admitted, reserve_dit
 from deployments.ingress.stream import Stream
 from deployments.replicas.snapshots import parse_snapshot_id
 
@@ -24,6 +26,7 @@ class Rebuild:
         self._b = replicas.backends
         self._sessions = replicas.args.sessions
         self._log = replicas.log
+        self._line = replicas.line  # the connection's LineSeats: a yielded session's turn (None: none)
         self.snapshots = replicas.args.prefix_cache.snapshot_mib > 0  # the replicas keep snapshots
 
     def sources(self, stream: Stream, k: int) -> tuple[Optional[str], Optional[str]]:
@@ -51,6 +54,8 @@ class Rebuild:
             stream.new_key("vae")  # the failed clone's key stays pinned there
         self.replayable(stream)
         paths["vae"] = "replay"
+        if self._line is not None and self._line.queues(stream):  # yielded: nothing held before its turn
+            await dit_admitted(stream)
         key, j = stream.vae_key, stream.journal
         await self._b.vae.options(session_id=key).restore.remote(key, stream.spec, j.image, chunks, j.decoded_latents())
 
@@ -74,7 +79,7 @@ class Rebuild:
                 admitted.set_exception(e)
             raise
         paths["dit"] = "replay"
-        await reserve_dit(self._b.dit, stream)
+        await reserve_dit(self._b.dit, stream, self._line)
         key, j = stream.dit_key, stream.journal
         await self._b.dit.options(session_id=key).restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
 

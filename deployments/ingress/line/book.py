@@ -8,7 +8,9 @@ A place in line is a *ticket* (one join of one socket) of a *token* (what the cl
 its `queued` notices). A ticket that leaves the line frees its place at once (everyone behind
 moves up); when it left without being admitted (its socket dropped), its token is remembered
 for `grace_s`, and a join with that token within it takes the token's old place again (its
-order in the line: a client that reconnects is not sent to the back).
+order in the line: a client that reconnects is not sent to the back). A join with the token of
+a ticket still waiting moves the place to the new ticket: the old one is told (`Place.moved`).
+One owner (the API key, the address without auth) holds at most `max_per_owner` places.
 
 ETAs come from the sessions the room saw admitted (`seat`) and the places they hold, as
 processor sharing: the DiT's work is compute-bound and its replica computes its live sessions'
@@ -19,7 +21,10 @@ on a GPU), and the time since the seat's previous chunk over the seats streaming
 with a chunk computed: a session still starting is not sharing the DiT yet), which holds where
 other stages bound the rate (the VAE, the client's pace). A seat's remaining work is its chunks
 left (planned minus done) times the step; an open-ended one's, the mean length of the
-open-ended sessions that ended minus its age.
+open-ended sessions that ended minus its age; one past that is expected to run as long again as
+it overran (re-estimated as it goes on, never a fixed floor repeated). With `yield_s` (the seats
+yield to the line when idle that long, issue 54), a seat that looks idle (no chunk for
+IDLE_STEPS of its turns) frees at most `yield_s` after its last chunk.
 
 The places (how many sessions run at once) are learned: at least as many as were ever seated
 together; when the first in line is refused, as many as the refusing replica says fit
@@ -45,10 +50,12 @@ DEFAULT_OPEN_ENDED_S = 120.0  # an open-ended session's length before one ended
 EWMA = 0.3  # weight of the newest sample in the interval and length estimates
 MIN_REMAINING_S = 0.5  # a running session past its expected end is expected to end soon, not in the past
 FORGOTTEN_TOKENS = 4096  # tokens of tickets that left, kept for their grace period (FIFO beyond this)
+IDLE_STEPS = 3.0  # a seat with no chunk for this many of its turns (step x streaming seats) looks idle
+YIELD_SLACK_S = 2.0  # an idle seat's yield is seen within this of `yield_s` (the ingress checks every second)
 
 
 class LineFull(Exception):
-    """The line holds `max_waiting` sessions already."""
+    """The line holds `max_waiting` sessions already, or its owner `max_per_owner` places."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,7 @@ class Place:
     position: int
     eta_s: Optional[float]
     order: float = 0.0  # the ticket's order in the line (the room's join sets it: a rejoin keeps it, regain.py)
+    moved: bool = False  # its place went to a newer ticket of the same token (another socket)
 
 
 @dataclass(slots=True)
@@ -105,13 +113,19 @@ class LineBook:
     """One line, its seats and the estimates behind its ETAs."""
 
     def __init__(self, max_waiting: int, grace_s: float, seat_ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic, first: int = 1) -> None:
+                 clock: Callable[[], float] = time.monotonic, first: int = 1, *,
+                 max_per_owner: Optional[int] = None, yield_s: Optional[float] = None) -> None:
         """`max_waiting`: the line's length; `grace_s`: how long a ticket that left keeps its
         token's place; `seat_ttl_s`: a seat not heard of this long is dropped (its connection's
         end was not told); `first`: the first ticket and order (the room's replica: its start
-        in microseconds, so that a replica's tickets and orders follow its predecessor's)."""
+        in microseconds, so that a replica's tickets and orders follow its predecessor's);
+        `max_per_owner`: places one owner holds (None: no cap); `yield_s`: an idle seat yields
+        this long after its last chunk (None: seats do not yield)."""
         self.first = first
         self._max = max_waiting
+        self._max_per_owner = max_per_owner
+        self._yield_s = yield_s
+        self._moved: OrderedDict[int, None] = OrderedDict()  # tickets whose place moved (told once asked)
         self._grace_s = grace_s
         self._seat_ttl_s = seat_ttl_s
         self._clock = clock
@@ -128,10 +142,12 @@ class LineBook:
 
     # ---- the line ----
 
-    def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None) -> Place:
-        """A new ticket in line (`LineFull` beyond max_waiting). `token` of a ticket that left
-        within its grace period (and of the same `owner`) takes that ticket's place again; of a
-        ticket still waiting, replaces it (the same client on a new socket)."""
+    def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None, rejoin: bool = False) -> Place:
+        """A new ticket in line (`LineFull` beyond max_waiting or its owner's max_per_owner;
+        `rejoin`: a session that yielded its seat, at the back and never refused: it was
+        admitted once, and refusing it would lose it). `token` of a ticket that left within its
+        grace period (and of the same `owner`) takes that ticket's place again; of a ticket
+        still waiting, moves its place to the new ticket (the same client on a new socket)."""
         now = self._clock()
         self._forget_expired(now)
         order = None
@@ -145,9 +161,17 @@ class LineBook:
                 if w.token_digest == digest and w.owner == owner:
                     order = w.order
                     del self._waiting[ticket]
-        if order is None:
+                    self._moved[ticket] = None
+                    while len(self._moved) > FORGOTTEN_TOKENS:
+                        self._moved.popitem(last=False)
+        if order is None and not rejoin:
             if len(self._waiting) >= self._max:
                 raise LineFull(f"the waiting room is full ({self._max} sessions wait)")
+            held = sum(1 for w in self._waiting.values() if w.owner == owner)
+            if self._max_per_owner is not None and held >= self._max_per_owner:
+                raise LineFull(f"this client holds {held} places in the line already, the most one client may "
+                               f"(sessions.max_waiting_per_principal: {self._max_per_owner})")
+        if order is None:
             token, order = secrets.token_urlsafe(TOKEN_BYTES), float(next(self._order))
         ticket = next(self._tickets)
         self._waiting[ticket] = _Waiting(order, _digest(token), owner, chunks, now)
@@ -157,7 +181,7 @@ class LineBook:
         """Where `ticket` stands now (position 0: no longer waiting)."""
         line = self._line()
         if ticket not in self._waiting:
-            return Place(ticket, token, 0, None)
+            return Place(ticket, token, 0, None, moved=ticket in self._moved)
         position = line.index(ticket) + 1
         return Place(ticket, token, position, self._etas(line)[position - 1])
 
@@ -167,6 +191,7 @@ class LineBook:
     def leave(self, ticket: int) -> None:
         """The ticket leaves the line without a place (its socket ended, its session was
         closed or refused): its token keeps its order for the grace period."""
+        self._moved.pop(ticket, None)
         w = self._waiting.pop(ticket, None)
         if w is None:
             return
@@ -283,14 +308,21 @@ class LineBook:
 
     def _left_work(self, s: _Seat, now: float) -> float:
         """A running session's work left (seconds of the replica alone), at least a step's
-        worth of MIN_REMAINING_S: one past its expected end is expected to end soon."""
+        worth of MIN_REMAINING_S. One past its expected end is expected to run as long again as
+        it overran (module doc); an idle one (no chunk for IDLE_STEPS turns) yields at most
+        `yield_s` (plus YIELD_SLACK_S) after its last chunk."""
         step = self._step_s or DEFAULT_CHUNK_S
+        n = max(len(self._seats), 1)
         if s.chunks is not None:
             left = (s.chunks - s.done) * step
         else:
             length = self._open_ended_s or DEFAULT_OPEN_ENDED_S
-            left = (s.started + length - now) / max(len(self._seats), 1)
-        return max(left, MIN_REMAINING_S / max(len(self._seats), 1))
+            left = (s.started + length - now) / n
+            if left < 0:  # past its expected end: re-estimated from its overrun
+                left = -left
+        if self._yield_s is not None and now - s.last_seen > IDLE_STEPS * step * n:
+            left = min(left, max(s.last_seen + self._yield_s + YIELD_SLACK_S - now, 0.0) / n)
+        return max(left, MIN_REMAINING_S / n)
 
     def _etas(self, line: list[int]) -> list[Optional[float]]:
         """Each waiting ticket's expected wait, the line played forward as processor sharing

@@ -66,7 +66,8 @@ class WaitingRoom:
     def __init__(self, sessions: SessionArgs) -> None:
         log_routine_access_at_debug()  # a CALL line per long poll: DEBUG
         first = time.time_ns() // 1000  # this replica's start (module doc)
-        self._book = LineBook(sessions.max_waiting, sessions.resume.grace_s, sessions.idle_ttl_s, first=first)
+        self._book = LineBook(sessions.max_waiting, sessions.resume.grace_s, sessions.idle_ttl_s, first=first,
+                              max_per_owner=sessions.max_waiting_per_principal, yield_s=sessions.yield_idle_s)
         self._retry_s = sessions.retry_after_s
         self._events = RoomEvents(first)
         self._log = get_log("line")
@@ -74,10 +75,12 @@ class WaitingRoom:
         self._summary = {"joined": 0, "rejoined": 0, "admitted": 0, "left": 0, "refused": 0, "longest_wait_s": 0.0}
         self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())
 
-    async def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None) -> tuple[Place, int]:
-        """A place in line (`Busy` when the line is full), and the line's version with it (for `wait`)."""
+    async def join(self, owner: str, chunks: Optional[int], token: Optional[str] = None,
+                   rejoin: bool = False) -> tuple[Place, int]:
+        """A place in line (`Busy` when the line is full; `rejoin`: a session that yielded its
+        seat, never refused), and the line's version with it (for `wait`)."""
         try:
-            place = self._book.join(owner, chunks, token)
+            place = self._book.join(owner, chunks, token, rejoin=rejoin)
         except LineFull as e:
             self._summary["refused"] += 1
             self._metrics.refused.inc()
