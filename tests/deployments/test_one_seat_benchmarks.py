@@ -1,0 +1,145 @@
+"""gpu_serve.sh's hooks against a one-seat app (issue 54, item 8): `BRANCH=1 RESUME_DRILL=1
+RECOVERY_DRILL=1` on serve_config.gpu.yaml (`sessions.max_sessions: 1`, a waiting line, sessions
+resumable) failed on an H100: branch_bench died on `busy` for its fork and left its session
+parked, and resume_drill's reference session, `queued` behind it, died on the notice. Here the
+same hooks run in the same order against the tiny model with one seat: branch_bench skips what
+needs two seats (saying so) and leaves nothing parked; the resume drill's reference session
+waits in line behind a session that holds the seat and records the wait; the recovery drill
+kills the only DiT replica and plays on."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from ray import serve
+
+from benchmarks.branch_bench import main as branch_main
+from benchmarks.resume_drill import main as drill_main
+from client.session import WorldClient
+from client.synthetic import synthetic_trajectory
+from client.trajectory import plan_session
+from protocol.messages import FrameReply
+
+APP = "oneseat"
+GRACE_S = 30.0  # a session left parked holds the seat this long: longer than the checks below wait
+RELEASED_WITHIN_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def one_seat(extra_app):
+    """One DiT slot, a line, sessions resumable for GRACE_S, the prefix store and snapshots on:
+    serve_config.gpu.yaml's shape on the tiny model."""
+    app, _ = extra_app(APP, sessions={"max_sessions": 1, "max_waiting": 4, "resume": {"grace_s": GRACE_S}},
+                       dit={"num_replicas": 1, "num_cpus": 0.1}, prefix_cache={"max_mib": 1, "snapshot_mib": 16})
+    yield app
+    serve.delete(APP)
+
+
+def _waiting(app) -> int:
+    return httpx.get(f"{app.http}/healthz", timeout=10).json()["line"]["waiting"]
+
+
+def _hold_until_one_waits(app, holding: threading.Event) -> None:
+    """A session takes the one seat (its chunk 0), keeps it until another session waits in the
+    line and has had its notices for a moment, then resets."""
+
+    async def go() -> None:
+        traj = synthetic_trajectory("orbit", 33, prompt="the seat holder")
+        first = traj.messages(plan_session(traj, 33), "holder")[0]
+        async with await WorldClient.connect(app.ws) as c:
+            await c.send(first)
+            assert isinstance(await c.receive(120), FrameReply)
+            holding.set()
+            deadline = time.monotonic() + 120
+            while await asyncio.to_thread(_waiting, app) < 1:
+                assert time.monotonic() < deadline, "no session came to wait for the seat"
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2.0)
+            await c.reset("holder")
+
+    asyncio.run(go())
+
+
+def test_the_gpu_serve_hooks_complete_on_one_seat_and_record_their_waits(one_seat, tmp_path):
+    app = one_seat
+    app.wait_held(0)
+
+    # BRANCH=1: what needs two seats is skipped and says so; nothing is left parked
+    branch = tmp_path / "branch.json"
+    assert branch_main(["--url", app.ws, "--chunks", "3", "--reply-timeout-s", "120", "--out", str(branch)]) == 0
+    r = json.loads(branch.read_text())
+    assert r["seats"] == 1
+    skipped = "needs 2 sessions at once; the server has 1 seat"
+    assert r["fork"]["skipped"].startswith(skipped) and r["fork_below"]["skipped"].startswith(skipped)
+    assert r["hit"]["after_cold_reset"] is True and r["hit"]["cached"] == 3 and r["hit"]["video_equal"] == 3
+    assert r["rewind"]["video_equal"] is True and r["leave"]["cached"] == 1
+    assert set(r["line"]) == {"a", "b", "d"} and all(w["queued_s"] >= 0 for w in r["line"].values())
+    app.wait_held(0, timeout=RELEASED_WITHIN_S)  # every session reset, none parked for GRACE_S
+
+    # RESUME_DRILL=1: its reference session finds the seat taken, waits in line, records the wait
+    holding = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(_hold_until_one_waits, app, holding)
+        assert holding.wait(120), holder.exception(0) if holder.done() else "the holder got no seat"
+        drill = drill_main(["--url", app.ws, "--frames", "33", "--drop-after", "0", "--timeout-s", "120",
+                            "--out", str(tmp_path / "resume_drill.json")])
+        holder.result()
+    waited = drill["store_off"]["line"]["reference"]
+    assert waited["notices"] >= 1 and waited["first_position"] == 1 and waited["queued_s"] > 1.0, waited
+    assert drill["queued_s"] >= waited["queued_s"] and drill["all_identical"], drill
+    for run in (drill["store_off"], drill["store_on"]):
+        assert run["chunks"] == 3 and run["replayed"] == run["in_flight_at_drop"] == 1 and run["all_identical"]
+    assert json.loads((tmp_path / "resume_drill.json").read_text())["queued_s"] == drill["queued_s"]
+    app.wait_held(0, timeout=RELEASED_WITHIN_S)
+
+    # RECOVERY_DRILL=1: the only DiT replica killed mid-session; the session is rebuilt and plays on
+    recovery = drill_main(["--url", app.ws, "--frames", "33", "--drop-after", "0", "--timeout-s", "120", "--stores",
+                           "--kill-app", APP, "--out", str(tmp_path / "recovery_drill.json")])
+    kill = recovery["kill"]
+    assert kill["recoveries"] == 1 and kill["all_identical"] and kill["identical_chunks"] == 3, kill
+    assert set(kill["line"]) == {"reference", "session"}
+    assert recovery["queued_s"] == kill["queued_s"] >= 0
+
+
+def test_serve_load_sessions_beyond_the_seats_wait_in_line_and_say_so(one_seat, tmp_path):
+    """Two sessions at once on one seat: the second waits in the line and starts when the first
+    ends; both complete, none is `busy`, and the summary, each session and the table say who
+    waited and how long (its TTFC includes the wait)."""
+    from benchmarks.serve_load import main as load_main
+
+    one_seat.wait_held(0)
+    out = tmp_path / "load.json"
+    load_main(["--url", one_seat.ws, "--sessions", "2", "--frames", "21", "--reply-timeout-s", "120",
+               "--out", str(out)])
+    s = json.loads(out.read_text())["runs"][0]["summary"]
+    assert s["completed"] == 2 and s["refused_busy"] == 0 and not s["errors"], s
+    assert s["queued"] == 1 and s["queued_max_s"] > 0
+    waited = [p for p in s["per_session"] if p["notices"]]
+    assert len(waited) == 1 and waited[0]["first_position"] == 1 and waited[0]["queued_s"] == round(s["queued_max_s"], 3)
+    assert "1 session(s) waited in the server's line" in out.with_suffix(".txt").read_text()
+    one_seat.wait_held(0, timeout=RELEASED_WITHIN_S)
+
+
+def test_a_driven_session_waits_for_the_seat_and_records_the_wait(one_seat, tmp_path):
+    """`serve_load --drive` (benchmarks/drive_load.py) while another session holds the one seat:
+    its `drive` waits in the line, then it is measured as usual; the summary has its wait."""
+    from benchmarks.serve_load import main as load_main
+
+    one_seat.wait_held(0)
+    holding = threading.Event()
+    out = tmp_path / "drive.json"
+    with ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(_hold_until_one_waits, one_seat, holding)
+        assert holding.wait(120), holder.exception(0) if holder.done() else "the holder got no seat"
+        load_main(["--drive", "--url", one_seat.ws, "--presses", "1", "--hold-chunks", "1", "--pause-s", "0.5",
+                   "--reply-timeout-s", "120", "--out", str(out)])
+        holder.result()
+    s = json.loads(out.read_text())["runs"][0]["summary"]
+    assert not s["errors"] and s["presses"] == 1, s
+    assert s["notices"] >= 1 and s["first_position"] == 1 and s["queued_s"] > 1.0, s
+    one_seat.wait_held(0, timeout=RELEASED_WITHIN_S)
