@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +28,7 @@ from client.session import WorldClient
 from client.synthetic import synthetic_trajectory
 from client.trajectory import plan_session
 from protocol.messages import FrameReply
+from support import REPO
 
 APP = "oneseat"
 GRACE_S = 30.0  # a session left parked holds the seat this long: longer than the checks below wait
@@ -143,3 +148,44 @@ def test_a_driven_session_waits_for_the_seat_and_records_the_wait(one_seat, tmp_
     assert not s["errors"] and s["presses"] == 1, s
     assert s["notices"] >= 1 and s["first_position"] == 1 and s["queued_s"] > 1.0, s
     one_seat.wait_held(0, timeout=RELEASED_WITHIN_S)
+
+
+def test_a_hook_ended_by_its_timeout_leaves_no_session_parked(one_seat, tmp_path):
+    """gpu_serve.sh ends a hook that runs out of budget with `timeout` (SIGTERM): branch_bench
+    resets its session before it exits, so the seat is free at once, not after the resume
+    grace (GRACE_S) a socket closed without a reset is parked for."""
+    one_seat.wait_held(0)
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.branch_bench", "--url", one_seat.ws, "--chunks", "40",
+                             "--out", str(tmp_path / "cut.json")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        one_seat.wait_held(1, timeout=120)  # its session A streams
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    one_seat.wait_held(0, timeout=RELEASED_WITHIN_S)
+    assert proc.returncode != 0 and b"CancelledError" in err, err[-2000:]  # it was cut, not finished
+
+
+def test_the_autoscale_benchmark_waits_in_line_for_the_new_replica(extra_app, tmp_path):
+    """benchmarks/autoscale_ready.py against an autoscaled app with a line (one slot per DiT
+    replica, 1..2 replicas): B is `queued`, not `busy`, while A holds the slot; the policy starts
+    a second replica and B, still in line, starts there; its wait is recorded."""
+    from benchmarks.autoscale_ready import main as bench_main
+
+    app, _ = extra_app("autoline", sessions={"max_sessions": 1, "max_waiting": 4, "retry_after_s": 0.5},
+                       dit={"num_cpus": 0.1, "graceful_shutdown_timeout_s": 5,
+                            "autoscaling": {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0,
+                                            "downscale_delay_s": 2, "look_back_period_s": 1,
+                                            "metrics_interval_s": 0.5}})
+    try:
+        out = tmp_path / "autoscale.json"
+        assert bench_main(["--url", app.ws, "--retry-s", "0.25", "--out", str(out)]) == 0
+        r = json.loads(out.read_text())
+        assert r["new_replica"]["replica"] != r["first_replica"]["replica"]
+        assert r["tries"] == 1 and r["line"]["notices"] >= 1 and r["line"]["first_position"] == 1, r
+        assert 0 < r["busy_to_constructor_s"] < r["busy_to_ready_s"] <= r["busy_to_first_frame_s"]
+    finally:
+        serve.delete("autoline")
