@@ -102,15 +102,9 @@ if grep -q '^base:' "$CONFIG"; then
     CONFIG="$OUT/serve_config.yaml"
 fi
 # the seats: sessions.max_sessions x the DiT's replicas at start (its min_replicas when it autoscales)
-SEATS=$($PY -c "import sys, yaml
-from deployments.config import AppArgs
-a = AppArgs.model_validate(yaml.safe_load(open(sys.argv[1]))['applications'][0].get('args') or {})
-print(a.sessions.max_sessions * (a.dit.autoscaling.min_replicas if a.dit.autoscaling else a.dit.num_replicas))" \
-    "$CONFIG" 2>> "$OUT/gpu_serve.log")
-if [ -z "$SESSIONS_SET" ] && [ -n "$SEATS" ]; then
-    FITS=""; for n in $SESSIONS; do [ "$n" -le "$SEATS" ] && FITS="$FITS $n"; done
-    SESSIONS=${FITS# }
-    log "$SEATS seat(s) in $CONFIG: serve_load sessions \"$SESSIONS\" (SESSIONS=... to choose)"
+if [ -z "$SESSIONS_SET" ] && FITS=$($PY -m benchmarks.line.seats "$CONFIG" --fit $SESSIONS 2>> "$OUT/gpu_serve.log"); then
+    SESSIONS=$FITS
+    log "$($PY -m benchmarks.line.seats "$CONFIG") seat(s) in $CONFIG: serve_load sessions \"$SESSIONS\" (SESSIONS=... to choose)"
 fi
 CACHE_DIR=$($PY -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); print(c['applications'][0]['args'].get('model', {}).get('compile_cache_dir') or '')" "$CONFIG")
 if [ "${KEEP_COMPILE_CACHE:-0}" = 1 ]; then
