@@ -30,8 +30,9 @@
 #    off and on: resume_drill.json) and RECOVERY_DRILL=1 its --kill-app (the DiT replica killed
 #    mid-session and restarted: recovery_drill.json; APP_NAME);
 #    SESSIONS="" skips the load runs; unset, the default "1 1 2 3 4" keeps only the counts the
-#    config has seats for (sessions.max_sessions x DiT replicas: "1 1" on serve_config.gpu.yaml's
-#    one seat; more sessions than seats would wait in the server's line and eat the hooks' budget).
+#    config has seats for (benchmarks.line.seats: sessions.max_sessions x DiT replicas; "1 1" on
+#    serve_config.gpu.yaml's one seat: more sessions than seats would wait in the server's line and
+#    eat the hooks' budget).
 #    Every client waits in the server's line when told `queued` and records the wait (queued_s);
 #    a part that needs two seats at once (branch_bench's fork and fork below the head) is skipped
 #    on one seat and says so in its JSON; each hook resets its sessions, also when it fails or its
