@@ -264,12 +264,20 @@ if [ "${DRIVE:-0}" = 1 ]; then  # serve_load's driven sessions
     fi
 fi
 if [ "${RESUME_DRILL:-0}" = 1 ]; then  # issues 15.3, 44.3 (benchmarks/resume_drill.py): dropped and resumed, store off and on
-    log "resume drill (at most $(left) s)"
-    timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
-        --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    if [ "$(left)" -gt 10 ]; then  # (`timeout 0` would mean no limit)
+        log "resume drill (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
+            --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    else
+        log "resume drill skipped: no budget left"
+    fi
 fi
 if [ "${RECOVERY_DRILL:-0}" = 1 ]; then  # issue 44.3: the DiT replica killed mid-session; last: its restart
-    log "recovery drill (at most $(left) s)"  # must not touch the other hooks' numbers
-    timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
-        --stores --kill-app "${APP_NAME:-lingbot-world}" --out "$OUT/recovery_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    if [ "$(left)" -gt 10 ]; then  # must not touch the other hooks' numbers
+        log "recovery drill (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
+            --stores --kill-app "${APP_NAME:-lingbot-world}" --out "$OUT/recovery_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    else
+        log "recovery drill skipped: no budget left"
+    fi
 fi
