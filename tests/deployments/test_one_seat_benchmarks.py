@@ -33,13 +33,16 @@ from support import REPO
 APP = "oneseat"
 GRACE_S = 30.0  # a session left parked holds the seat this long: longer than the checks below wait
 RELEASED_WITHIN_S = 10.0
+IDLE_TTL_S = 300.0  # serve_config.gpu.yaml's: a holder keeps its seat while the others wait
 
 
 @pytest.fixture(scope="module")
 def one_seat(extra_app):
     """One DiT slot, a line, sessions resumable for GRACE_S, the prefix store and snapshots on:
-    serve_config.gpu.yaml's shape on the tiny model."""
-    app, _ = extra_app(APP, sessions={"max_sessions": 1, "max_waiting": 4, "resume": {"grace_s": GRACE_S}},
+    serve_config.gpu.yaml's shape on the tiny model. The idle TTL is long (the test apps' 10 s
+    expired an idle holder before its waiter came, on a loaded machine)."""
+    app, _ = extra_app(APP, sessions={"max_sessions": 1, "max_waiting": 4, "resume": {"grace_s": GRACE_S},
+                                      "idle_ttl_s": IDLE_TTL_S},
                        dit={"num_replicas": 1, "num_cpus": 0.1}, prefix_cache={"max_mib": 1, "snapshot_mib": 16})
     yield app
     serve.delete(APP)
@@ -50,12 +53,13 @@ def _waiting(app) -> int:
 
 
 def _hold_until_one_waits(app, holding: threading.Event) -> None:
-    """A session takes the one seat (its chunk 0), keeps it until another session waits in the
-    line and has had its notices for a moment, then resets."""
+    """A session takes the one seat (its chunk 0; never from the prefix store, which would hold no
+    seat for it), keeps it until another session waits in the line and has had its notices for a
+    moment, then resets."""
 
     async def go() -> None:
         traj = synthetic_trajectory("orbit", 33, prompt="the seat holder")
-        first = traj.messages(plan_session(traj, 33), "holder")[0]
+        first = traj.messages(plan_session(traj, 33), "holder", prefix_cache=False)[0]  # computed: a seat
         async with await WorldClient.connect(app.ws) as c:
             await c.send(first)
             assert isinstance(await c.receive(120), FrameReply)
