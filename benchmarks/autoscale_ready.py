@@ -7,7 +7,9 @@ Against an app whose DiT autoscales by held sessions (deployments/autoscaling_po
 runs at its min_replicas, each replica full with one session (`sessions.max_sessions: 1`, e.g.
 benchmarks/serve_config.h200.autoscale_fp8.yaml): session A takes the one slot (its first
 chunk), session B's first infer is answered `busy` (the moment the policy asks for one replica
-more), B retries it every --retry-s until a frame comes. The new replica's own record (its
+more), B retries it every --retry-s until a frame comes. On a server with a waiting line B is
+not answered `busy` but waits in it (`queued`) until the new replica takes it: `busy_at` is then
+when B's first infer was sent, `tries` 1 and `line` its wait (benchmarks/line/wait.py). The new replica's own record (its
 stats' `ready`, model/ready.py: constructor start, load, warm-up per size with torch.compile's
 share, compile-cache hits) is placed on that time line:
 
@@ -28,6 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+from benchmarks.line.wait import LineWait
 from benchmarks.serve_load import http_base, model_card
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, synthetic_trajectory
@@ -77,15 +80,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(reply, FrameReply):
             raise RuntimeError(f"session A: expected a frame, got {reply!r}"[:400])
         infer_b = _first_infer(args, "as-b")
+        wait = LineWait().watch(b)  # a server with a line: B waits in it (notices every few s) for the new replica
         busy_at = time.time()
         await b.send(infer_b)
-        reply = await b.receive(t)
-        if not (isinstance(reply, ErrorReply) and reply.code is ErrorCode.BUSY):
-            raise RuntimeError(f"session B: expected `busy` (is the DiT replica full with one session?), got "
-                               f"{reply!r}"[:400])
-        tries = 1
+        async with asyncio.timeout(args.scale_timeout_s):
+            reply = await b.receive(t)
+        queued = isinstance(reply, FrameReply) and wait.notices > 0
+        if not queued and not (isinstance(reply, ErrorReply) and reply.code is ErrorCode.BUSY):
+            raise RuntimeError(f"session B: expected `busy` or `queued` (is the DiT replica full with one session?), "
+                               f"got {reply!r}"[:400])
+        wait.served()
+        tries, frame_at = 1, time.time()
         deadline = time.monotonic() + args.scale_timeout_s
-        while True:
+        while not queued:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no frame for B {args.scale_timeout_s} s after `busy` ({tries} tries)")
             await asyncio.sleep(args.retry_s)
@@ -106,7 +113,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(f"expected one new DiT replica, found {sorted(after)} (before: {sorted(before)})")
     ready = _ready(new[0])
     out: dict[str, Any] = {
-        "busy_at": busy_at, "tries": tries, "retry_s": args.retry_s,
+        "busy_at": busy_at, "tries": tries, "retry_s": args.retry_s, "line": wait.report(),
         "first_replica": {"replica": first_id, **_ready(first)},
         "new_replica": {"replica": new[0].get("replica"), **ready},
         "busy_to_first_frame_s": round(frame_at - busy_at, 3),

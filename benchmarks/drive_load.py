@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from benchmarks.line.wait import LineWait
 from client.session import WorldClient
 from client.synthetic import DEFAULT_PROMPT, default_image
 from protocol.messages import ErrorReply, FrameReply, Paused
@@ -80,6 +82,7 @@ class Reader:
 
     def __init__(self, client: WorldClient, sid: str, t0: float, ack_delay_s: float) -> None:
         self.client, self.sid, self.t0, self.ack_delay_s = client, sid, t0, ack_delay_s
+        self.line = LineWait().watch(client)  # the session's wait in the server's line (`queued`)
         self.replies: list[tuple[float, Any]] = []  # (received_s, reply)
         self.acked = 0  # chunk ids below it were acked
         self.max_unacked = 0
@@ -92,6 +95,7 @@ class Reader:
             now = time.perf_counter() - self.t0
             self.replies.append((now, reply))
             if isinstance(reply, FrameReply):
+                self.line.served()
                 self.max_unacked = max(self.max_unacked, reply.chunk_id + 1 - self.acked)
                 if self.ack_delay_s > 0:
                     task = asyncio.create_task(self._ack_later(reply.chunk_id))
@@ -190,13 +194,16 @@ async def drive_session(args: argparse.Namespace) -> dict[str, Any]:
         error = None
     except Exception as e:  # noqa: BLE001 - recorded with what was measured
         error, start_paused, trailing_paused = f"{type(e).__name__}: {e}", None, 0
+        with contextlib.suppress(Exception):  # not left parked (resume grace), holding its seat
+            await client.send_reset(sid)
     finally:
         reading.cancel()
         for task in list(reader.acks):
             task.cancel()
         await client.close()
     return {"presses": presses, "error": error, "start_paused_s": start_paused, "trailing_paused_frames":
-            trailing_paused, "max_unacked_seen": reader.max_unacked, "replies": reader.replies}
+            trailing_paused, "max_unacked_seen": reader.max_unacked, "replies": reader.replies,
+            "line": reader.line.report()}
 
 
 def summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -227,6 +234,7 @@ def summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "change_phase": args.change_phase,
         "frames": len(frames), "max_unacked_seen": raw["max_unacked_seen"], "max_unacked": args.max_unacked,
         "window_ok": raw["max_unacked_seen"] <= args.max_unacked,
+        **raw["line"],  # queued_s: the session's wait in the server's line (0: it found a seat)
     }
 
 

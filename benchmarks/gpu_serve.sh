@@ -29,7 +29,14 @@
 #    last, RESUME_DRILL=1 benchmarks/resume_drill.py (a session dropped and resumed, the prefix store
 #    off and on: resume_drill.json) and RECOVERY_DRILL=1 its --kill-app (the DiT replica killed
 #    mid-session and restarted: recovery_drill.json; APP_NAME);
-#    SESSIONS="" skips the load runs;
+#    SESSIONS="" skips the load runs; unset, the default "1 1 2 3 4" keeps only the counts the
+#    config has seats for (benchmarks.line.seats: sessions.max_sessions x DiT replicas; "1 1" on
+#    serve_config.gpu.yaml's one seat: more sessions than seats would wait in the server's line and
+#    eat the hooks' budget).
+#    Every client waits in the server's line when told `queued` and records the wait (queued_s);
+#    a part that needs two seats at once (branch_bench's fork and fork below the head) is skipped
+#    on one seat and says so in its JSON; each hook resets its sessions, also when it fails or its
+#    `timeout` ends it (SIGTERM), so no session parked for the resume grace holds the next hook's seat;
 # 5. stops Serve (SIGTERM; its local Ray goes with it) and leaves in $OUT: serve_load.{json,txt,png} (the png only when
 #    matplotlib is there; else `python -m benchmarks.serve_load --plot-from serve_load.json`),
 #    models_start.json (replica stats after warm-up), gpu_mem.csv (nvidia-smi every 2 s),
@@ -53,6 +60,7 @@ set -u -o pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 HEALTH_WAIT_S=${HEALTH_WAIT_S:-330}
+SESSIONS_SET=${SESSIONS+set}
 SESSIONS=${SESSIONS-"1 1 2 3 4"}
 FRAMES=${FRAMES:-81}
 CONFIG=${CONFIG:-benchmarks/serve_config.h200.yaml}
@@ -93,6 +101,11 @@ if grep -q '^base:' "$CONFIG"; then
     $PY -m benchmarks.overlay "$CONFIG" "$OUT/serve_config.yaml" || { log "overlay $CONFIG did not resolve"; exit 1; }
     log "overlay $CONFIG -> $OUT/serve_config.yaml"
     CONFIG="$OUT/serve_config.yaml"
+fi
+# the seats: sessions.max_sessions x the DiT's replicas at start (its min_replicas when it autoscales)
+if [ -z "$SESSIONS_SET" ] && FITS=$($PY -m benchmarks.line.seats "$CONFIG" --fit $SESSIONS 2>> "$OUT/gpu_serve.log"); then
+    SESSIONS=$FITS
+    log "$($PY -m benchmarks.line.seats "$CONFIG") seat(s) in $CONFIG: serve_load sessions \"$SESSIONS\" (SESSIONS=... to choose)"
 fi
 CACHE_DIR=$($PY -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); print(c['applications'][0]['args'].get('model', {}).get('compile_cache_dir') or '')" "$CONFIG")
 if [ "${KEEP_COMPILE_CACHE:-0}" = 1 ]; then
@@ -251,12 +264,20 @@ if [ "${DRIVE:-0}" = 1 ]; then  # serve_load's driven sessions
     fi
 fi
 if [ "${RESUME_DRILL:-0}" = 1 ]; then  # issues 15.3, 44.3 (benchmarks/resume_drill.py): dropped and resumed, store off and on
-    log "resume drill (at most $(left) s)"
-    timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
-        --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    if [ "$(left)" -gt 10 ]; then  # (`timeout 0` would mean no limit)
+        log "resume drill (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
+            --out "$OUT/resume_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    else
+        log "resume drill skipped: no budget left"
+    fi
 fi
 if [ "${RECOVERY_DRILL:-0}" = 1 ]; then  # issue 44.3: the DiT replica killed mid-session; last: its restart
-    log "recovery drill (at most $(left) s)"  # must not touch the other hooks' numbers
-    timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
-        --stores --kill-app "${APP_NAME:-lingbot-world}" --out "$OUT/recovery_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    if [ "$(left)" -gt 10 ]; then  # must not touch the other hooks' numbers
+        log "recovery drill (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.resume_drill --url ws://127.0.0.1:8000/v1/realtime/world/camera --frames 57 \
+            --stores --kill-app "${APP_NAME:-lingbot-world}" --out "$OUT/recovery_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    else
+        log "recovery drill skipped: no budget left"
+    fi
 fi

@@ -27,6 +27,9 @@ Definitions (seconds, the client's clock):
 * aggregate frames/s: video frames of all sessions of the run / (last reply - run start).
 * busy: sessions refused with `busy` (with --busy-timeout-s 0 a refused session gives up; a
   larger value makes it retry until admitted).
+* queued: a session that found every seat taken waits in the server's line (`queued` notices)
+  and starts by itself; `queued_s` (benchmarks/line/wait.py): its first notice to its first
+  frame. Its TTFC includes the wait (more sessions than seats measure the line, not the model).
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from benchmarks import drive_load
+from benchmarks.line.wait import LineWait
 from benchmarks.served import stream_synthetic
 from benchmarks.line import arrivals
 from client.errors import ServerError
@@ -78,6 +82,7 @@ class SessionRecord:
     refused: bool = False  # gave up on `busy`
     error: Optional[str] = None
     reset_s: Optional[float] = None  # the final reset's round trip (the server frees the session)
+    wait: LineWait = field(default_factory=LineWait)  # its wait in the server's line (none: queued_s 0)
 
     @property
     def intervals(self) -> list[float]:
@@ -145,13 +150,15 @@ async def one_session(args: argparse.Namespace, run: int, index: int, t_run: flo
         now = time.perf_counter()
         if rec.ttfc_s is None:
             rec.ttfc_s = now - started
+            rec.wait.served()
         rec.chunks.append(ChunkRecord(stat.index, now - t_run, reply.num_frames, dict(reply.stage_durations),
                                       stat.cached))
 
     def on_busy(err: ServerError) -> None:
         rec.busy_replies += 1
 
-    out = await stream_synthetic(args.url, args.api_key, sid, messages, pipeline=args.pipeline, on_chunk=on_chunk,
+    out = await stream_synthetic(args.url, args.api_key, sid, messages, rec.wait.notice, pipeline=args.pipeline,
+                                 on_chunk=on_chunk,
                                  on_busy=on_busy, busy_timeout_s=args.busy_timeout_s,
                                  reply_timeout_s=args.reply_timeout_s)
     rec.reset_s, e = out.reset_s, out.error
@@ -187,6 +194,8 @@ def summarise(sessions: list[SessionRecord], wall_s: float, first_after_start: b
         "sessions": len(sessions), "completed": sum(1 for s in done if not s.error and not s.refused),
         "refused_busy": sum(s.refused for s in sessions), "busy_replies": sum(s.busy_replies for s in sessions),
         "errors": [s.error for s in sessions if s.error],
+        "queued": sum(s.wait.notices > 0 for s in sessions),  # sessions that waited in the server's line
+        "queued_max_s": max((s.wait.seconds for s in sessions), default=0.0),
         "cached_chunks": sum(c.cached for s in done for c in s.chunks),  # 0 unless inputs repeated a stored session's
         "ttfc_p50_s": _pct(ttfc_pool, 50), "ttfc_p95_s": _pct(ttfc_pool, 95),
         "interval_p50_s": _pct(intervals, 50), "interval_p95_s": _pct(intervals, 95),
@@ -199,7 +208,7 @@ def summarise(sessions: list[SessionRecord], wall_s: float, first_after_start: b
         "per_session": [{"session_id": s.session_id, "ttfc_s": s.ttfc_s, "chunks": len(s.chunks), "frames": s.frames,
                          "interval_p50_s": _pct(s.intervals, 50), "interval_p95_s": _pct(s.intervals, 95),
                          "busy_replies": s.busy_replies, "refused": s.refused, "error": s.error,
-                         "reset_s": s.reset_s} for s in sessions],
+                         "reset_s": s.reset_s, **s.wait.report()} for s in sessions],
     }
     if first_after_start and sessions and sessions[0].ttfc_s is not None:
         out["first_session_after_start_ttfc_s"] = sessions[0].ttfc_s
@@ -229,6 +238,10 @@ def table(results: dict[str, Any]) -> str:
                      f"{fmt(s['dit_step_mean_s']):>8} {fmt(s['serving_overhead_s'], digits=3):>8} "
                      f"{fmt(s['interval_over_dit'], digits=3):>7} {s['aggregate_fps']:>8.2f}")
     lines.append(f"first session after start: TTFC {fmt(first)} s (reported apart, not in the p50/p95)")
+    for r in results["runs"]:
+        if r["summary"].get("queued"):
+            lines.append(f"N={r['sessions']}: {r['summary']['queued']} session(s) waited in the server's line, at "
+                         f"most {fmt(r['summary']['queued_max_s'])} s (their TTFC includes the wait)")
     for r in results["runs"]:
         stages = ", ".join(f"{k} {fmt(v, 1000, 0)}" for k, v in r["summary"]["stage_means_s"].items() if v is not None)
         lines.append(f"N={r['sessions']} stages (mean ms): {stages}")
