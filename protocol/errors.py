@@ -16,6 +16,7 @@ class ErrorCode(str, Enum):
     BUSY = "busy"  # no capacity for a new session now (see retry_after_s)
     UNAUTHORIZED = "unauthorized"  # missing or wrong credentials
     SESSION_LIMIT = "session_limit"  # the session reached its chunk limit (RoPE table: 1024 latent frames)
+    FORBIDDEN = "forbidden"  # the socket's role in a shared world does not allow the request (a viewer's infer)
 
 
 class ProtocolError(ValueError):
