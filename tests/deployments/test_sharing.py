@@ -1,0 +1,198 @@
+"""Worlds people share, through the real app (/resume: two ingress replicas, sessions parked
+for RESUME_GRACE_S, the WorldHub deployed): share, watch, unshare; a late joiner decodes from
+its first chunk; a viewer's requests are refused; tokens are checked; the owner's socket
+dropped and resumed (issue 56)."""
+from __future__ import annotations
+
+import asyncio
+
+import websockets
+
+from media.reassembly import Fmp4Assembler, decode_fragment, split_init
+from protocol import decode_reply
+from protocol.codec import encode, validated
+from protocol.errors import ErrorCode
+from protocol.messages import ControlRequest, ErrorReply, FrameReply, InferRequest, ShareRequest, UnshareRequest
+from protocol.sharing import Shared, Unshared, WatchRequest, Watching, WorldNotice
+
+WATCH_PATH = "/v1/realtime/world/watch"
+
+
+def watch_url(server) -> str:
+    return server.ws.replace("/v1/realtime/world/camera", WATCH_PATH)
+
+
+class Viewer:
+    """A viewer's socket: `watch`, then frame replies and notices."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.frames: list[FrameReply] = []
+        self.notices: list[WorldNotice] = []
+
+    @classmethod
+    async def open(cls, server, world_id: str, token: str):
+        ws = await websockets.connect(watch_url(server), max_size=None)
+        await ws.send(encode(WatchRequest(world_id=world_id, watch_token=token)))
+        return cls(ws), decode_reply(await asyncio.wait_for(ws.recv(), 30))
+
+    async def next(self, timeout: float = 60.0):
+        reply = decode_reply(await asyncio.wait_for(self.ws.recv(), timeout))
+        (self.frames if isinstance(reply, FrameReply) else self.notices).append(reply)
+        return reply
+
+    async def frame(self, timeout: float = 60.0) -> FrameReply:
+        while not isinstance(reply := await self.next(timeout), FrameReply):
+            pass
+        return reply
+
+    async def error(self, timeout: float = 60.0) -> ErrorReply:
+        while not isinstance(reply := await self.next(timeout), ErrorReply):
+            assert isinstance(reply, WorldNotice), reply  # no frame: nothing was computed for it
+        return reply
+
+    async def event(self, event: str, timeout: float = 60.0) -> WorldNotice:
+        while not (isinstance(reply := await self.next(timeout), WorldNotice) and reply.event == event):
+            pass
+        return reply
+
+
+async def share(client, sid: str, **fields) -> Shared:
+    await client.send(encode(ShareRequest(session_id=sid, **fields)))
+    reply = await client.recv()
+    assert isinstance(reply, Shared), reply
+    return reply
+
+
+def test_share_watch_unshare_same_bytes_in_order(resume_server, resume_connect, example):
+    """Viewers (on either ingress replica) get every chunk the owner gets, the same fMP4 bytes, in
+    order; `unshare` ends their view (`ended`, the socket closed) and revokes the token."""
+    async def go():
+        async with resume_connect() as owner:
+            await owner.infer("w1", example, 0, first=True)
+            first = await owner.recv()
+            shared = await share(owner, "w1")
+            viewers = []
+            for _ in range(4):
+                viewer, watching = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+                assert isinstance(watching, Watching) and watching.next_chunk_id == 0, watching
+                viewers.append(viewer)
+            await owner.infer("w1", example, 1, first=False)
+            await owner.infer("w1", example, 2, first=False)
+            own = [first, await owner.recv(), await owner.recv()]
+            seen = [[await v.frame() for _ in range(3)] for v in viewers]
+            await owner.send(encode(UnshareRequest(session_id="w1")))
+            unshared = await owner.recv()
+            ended = [await v.event("ended") for v in viewers]
+            closed = []
+            for v in viewers:
+                try:
+                    await asyncio.wait_for(v.ws.recv(), 10)
+                except websockets.ConnectionClosed as e:
+                    closed.append(e.rcvd.code if e.rcvd else None)
+            again, refused = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+            await again.ws.close()
+            await owner.reset("w1")
+        return shared, own, seen, unshared, ended, closed, refused
+
+    shared, own, seen, unshared, ended, closed, refused = asyncio.run(go())
+    assert len(shared.watch_token) >= 22 and shared.watch_token not in shared.watch_url  # >= 128 bits, not in the URL
+    assert shared.watch_url == f"{WATCH_PATH}?world={shared.world_id}"
+    for frames in seen:
+        assert [f.chunk_id for f in frames] == [0, 1, 2]
+        assert [f.video for f in frames] == [r.video for r in own]  # the owner's very bytes
+        assert all(f.session_id == shared.world_id and f.resume_token is None for f in frames)
+    assert isinstance(unshared, Unshared) and unshared.world_id == shared.world_id
+    assert all(n.reason == "the owner unshared it" for n in ended) and closed == [1000] * 4
+    assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.UNAUTHORIZED
+
+
+def test_a_late_joiner_decodes_from_its_first_chunk(resume_server, resume_connect, example):
+    """A viewer that joins after chunk 1 gets chunk 1 first, with the init segment in front:
+    it decodes alone (every chunk starts with an IDR) to the owner's frames of that chunk."""
+    async def go():
+        async with resume_connect() as owner:
+            await owner.infer("late", example, 0, first=True)
+            await owner.infer("late", example, 1, first=False)
+            own = [await owner.recv(), await owner.recv()]
+            shared = await share(owner, "late")
+            viewer, watching = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+            first = await viewer.frame()
+            await owner.infer("late", example, 2, first=False)
+            own.append(await owner.recv())
+            second = await viewer.frame()
+            await viewer.ws.close()
+            await owner.reset("late")
+        return own, watching, first, second
+
+    own, watching, first, second = asyncio.run(go())
+    assert watching.next_chunk_id == 1
+    assert (first.chunk_id, second.chunk_id) == (1, 2)
+    init, fragment = split_init(own[0].video)
+    assert first.video == init + own[1].video and second.video == own[2].video
+    frames = decode_fragment(*split_init(first.video))
+    assert frames.shape[0] == own[1].num_frames == 12
+    assembled = Fmp4Assembler()
+    assembled.append(first.video)
+    assembled.append(second.video)
+    assert assembled.decode_frames().shape[0] == 24  # the viewer's own file from its first chunk on
+
+
+def test_a_viewer_cannot_drive_and_a_foreign_token_is_refused(resume_server, resume_connect, example):
+    """A viewer's infer, control, rewind and prompt update get `forbidden` and change nothing (the
+    owner's next chunk is chunk 1 and the viewer still gets it); a wrong token gets `unauthorized`
+    (another principal on a `principal` share: tests/deployments/test_world_book.py)."""
+    async def go():
+        async with resume_connect() as owner:
+            await owner.infer("drv", example, 0, first=True)
+            await owner.recv()
+            shared = await share(owner, "drv")
+            _, wrong = await Viewer.open(resume_server, shared.world_id, "x" * 32)
+            viewer, _ = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+            await viewer.frame()  # the current chunk (0)
+            poses, intrinsics = example.chunk(1)
+            cams = {"poses": poses, "intrinsics": intrinsics}
+            for fields in ({"session_id": "drv", "cameras": cams}, {"session_id": "drv", "cameras": cams,
+                                                                     "prompt_update": "a storm"}):
+                await viewer.ws.send(encode(validated(InferRequest, fields)))
+            await viewer.ws.send(encode(ControlRequest(session_id="drv", event_id=1, keys=("w",))))
+            errors = [await viewer.error() for _ in range(3)]
+            await owner.infer("drv", example, 1, first=False)
+            mine = await owner.recv()
+            theirs = await viewer.frame()
+            await viewer.ws.close()
+            await owner.reset("drv")
+        return wrong, errors, mine, theirs
+
+    wrong, errors, mine, theirs = asyncio.run(go())
+    assert isinstance(wrong, ErrorReply) and wrong.code is ErrorCode.UNAUTHORIZED
+    assert [e.code for e in errors] == [ErrorCode.FORBIDDEN] * 3, errors
+    assert isinstance(mine, FrameReply) and mine.chunk_id == 1 and theirs.video == mine.video
+
+
+def test_the_owner_drops_and_resumes_viewers_see_reconnecting_then_chunks(resume_server, resume_connect, example):
+    """The owner's socket drops after chunk 0 (the session parked): viewers get
+    `owner_reconnecting`; the owner resumes on a new socket (any ingress replica): `owner_back`,
+    then its next chunk."""
+    async def go():
+        async with resume_connect() as owner:
+            await owner.infer("away", example, 0, first=True)
+            first = await owner.recv()
+            shared = await share(owner, "away")
+            viewer, _ = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+            await viewer.frame()
+        away = await viewer.event("owner_reconnecting")
+        async with resume_connect() as again:
+            await again.infer("away", example, 1, first=False, resume_token=first.resume_token, resume_from=1)
+            mine = await again.recv()
+            back = await viewer.event("owner_back")
+            theirs = await viewer.frame()
+            await again.reset("away")
+            ended = await viewer.event("ended")
+        await viewer.ws.close()
+        return away, mine, back, theirs, ended
+
+    away, mine, back, theirs, ended = asyncio.run(go())
+    assert away.event == "owner_reconnecting" and back.event == "owner_back"
+    assert isinstance(mine, FrameReply) and mine.chunk_id == 1 and theirs.video == mine.video
+    assert ended.reason == "the owner's session ended"
