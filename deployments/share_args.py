@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class SharingArgs(BaseModel):
     """`enabled`: the WorldHub deployment runs and `share` is served (else `share` is refused).
     A world has at most `max_viewers` viewers; one principal (API key, or address without auth)
-    watches at most `max_views_per_principal` worlds at once; one address joins at most
+    holds at most `max_views_per_principal` viewer sockets at once (of any worlds); one address joins at most
     `joins_per_minute` times a minute (`busy` beyond each). The hub keeps a world's last
     `hub_chunks` chunks (a feed that fell behind skips to them); each viewer's socket queues at
     most `viewer_queue_chunks` chunks (a slower viewer skips whole chunks). A world whose owner

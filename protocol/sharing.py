@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field, Strict
+from pydantic import Field, JsonValue, Strict
 
 from protocol.fields import _Message
 
@@ -60,6 +60,7 @@ class Watching(_Message):
     controls: Controls
     next_chunk_id: Optional[int] = Field(None, ge=0, description="the world's last chunk made so far, the first "
                                                                  "this viewer gets (absent: none yet)")
+    debug: Optional[dict[str, JsonValue]] = Field(None, description="with debug_fields: the ingress replica")
 
 
 class WorldNotice(_Message):

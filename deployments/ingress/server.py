@@ -128,8 +128,8 @@ class WorldIngress:
         self._caps = ConnectionCaps(total, c.max_connections_per_client,
                                     args.auth.max_connections_per_key if self._auth.enabled else None,
                                     c.reserved_for_new_clients)
-        self._viewers = None if hub is None else Viewers(hub, self._auth, self._caps, args, self._limits,
-                                                         self._metrics)  # the watch route (sharing/viewer.py)
+        self._viewers = None if hub is None else Viewers(hub, self._auth, self._caps, args, self._limits, self._metrics,
+                                                         self._handshake.debug)  # the watch route (sharing/viewer.py)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
         if _replica_id():  # in a Serve replica (not a test building the class): say where to go once up
             self._ready = asyncio.get_running_loop().create_task(

@@ -58,7 +58,7 @@ def test_viewer_limits_per_world_principal_and_address():
         book.join(w[0].world_id, w[0].token, "key:3", "a3", now=0.0)
     for i in (1, 2):
         book.join(w[i].world_id, w[i].token, "key:1", "a1", now=0.0)
-    with pytest.raises(Busy, match="watches 3 worlds"):
+    with pytest.raises(Busy, match="holds 3 viewer sockets"):
         book.join(w[3].world_id, w[3].token, "key:1", "a1", now=0.0)
     rated = WorldBook(SharingArgs(joins_per_minute=4))
     r = rated.share("key:o", "s", "link", "owner", now=0.0)

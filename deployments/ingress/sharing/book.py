@@ -201,7 +201,7 @@ class WorldBook:
         if len(world.viewers) >= self._args.max_viewers:
             raise Busy(f"this world has {len(world.viewers)} viewers, the most it may have", retry_after_s=5.0)
         if self._views.get(principal, 0) >= self._args.max_views_per_principal:
-            raise Busy(f"this key (or address) watches {self._views[principal]} worlds, the most it may",
+            raise Busy(f"this key (or address) holds {self._views[principal]} viewer sockets, the most it may",
                        retry_after_s=5.0)
         joins.append(now)
         viewer_id = secrets.token_hex(8)

@@ -70,8 +70,10 @@ class Viewers:
     """Serves the watch route of one ingress replica (module doc)."""
 
     def __init__(self, hub: DeploymentHandle, auth: Auth, caps: ConnectionCaps, args: AppArgs, limits: Limits,
-                 metrics: IngressMetrics) -> None:
+                 metrics: IngressMetrics, debug: Optional[dict] = None) -> None:
+        """`debug`: the handshake's debug fields (the ingress replica), sent in `watching`."""
         self._hub = hub
+        self._debug = debug
         self._auth = auth
         self._caps = caps
         self._args = args
@@ -136,7 +138,7 @@ class Viewers:
     async def _follow(self, ws: WebSocket, world_id: str, joined: Joined) -> None:
         log = get_log("viewer", viewer=uuid.uuid4().hex[:8], world=world_id)
         await ws.send_bytes(encode(Watching(world_id=world_id, viewers=joined.viewers, controls=joined.controls,
-                                            next_chunk_id=joined.last_chunk_id)))
+                                            next_chunk_id=joined.last_chunk_id, debug=self._debug)))
         queue = ViewerQueue(world_id, ws.send_bytes, self._args.sharing.viewer_queue_chunks)
         self._feeds.attach(world_id, joined, queue)
         self.watching += 1
