@@ -31,8 +31,8 @@ class Viewer:
         self.notices: list[WorldNotice] = []
 
     @classmethod
-    async def open(cls, server, world_id: str, token: str):
-        ws = await websockets.connect(watch_url(server), max_size=None)
+    async def open(cls, server, world_id: str, token: str, headers: dict | None = None):
+        ws = await websockets.connect(watch_url(server), max_size=None, additional_headers=headers)
         await ws.send(encode(WatchRequest(world_id=world_id, watch_token=token)))
         return cls(ws), decode_reply(await asyncio.wait_for(ws.recv(), 30))
 
@@ -198,3 +198,68 @@ def test_the_owner_drops_and_resumes_viewers_see_reconnecting_then_chunks(resume
     assert away.event == "owner_reconnecting" and back.event == "owner_back"
     assert isinstance(mine, FrameReply) and mine.chunk_id == 1 and theirs.video == mine.video
     assert ended.reason == "the owner's session ended"
+
+
+def _hub_replica() -> str:
+    from ray.serve.context import _get_global_client  # noqa: PLC0415
+
+    deployments = _get_global_client().get_serve_details()["applications"]["resume"]["deployments"]
+    (replica,) = [r["replica_id"] for r in deployments["WorldHub"]["replicas"] if r["state"] == "RUNNING"]
+    return replica
+
+
+def test_the_world_hub_killed_its_viewers_get_ended_and_the_owner_goes_on(resume_server, resume_connect, example,
+                                                                           replica_killer):
+    """`ray.kill` of the WorldHub's replica while a viewer watches: the viewer gets `ended` (the
+    server lost the world) and its socket closes, never a silent stop; the owner's session goes
+    on, and a share after Serve started the new replica makes a new world that viewers watch."""
+    async def go():
+        async with resume_connect() as owner:
+            await owner.infer("hub", example, 0, first=True)
+            first = await owner.recv()
+            shared = await share(owner, "hub")
+            viewer, _ = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+            await viewer.frame()
+            replica_killer("resume", "WorldHub", _hub_replica())
+            ended = await viewer.event("ended", timeout=120)
+            await owner.infer("hub", example, 1, first=False)
+            mine = await owner.recv()
+            again = await share(owner, "hub")
+            second, watching = await Viewer.open(resume_server, again.world_id, again.watch_token)
+            theirs = await second.frame()
+            await second.ws.close()
+            await viewer.ws.close()
+            await owner.reset("hub")
+        return first, shared, ended, mine, again, watching, theirs
+
+    first, shared, ended, mine, again, watching, theirs = asyncio.run(go())
+    assert "lost" in ended.reason or "gone" in ended.reason, ended
+    assert isinstance(mine, FrameReply) and mine.chunk_id == 1
+    assert again.world_id != shared.world_id and isinstance(watching, Watching) and watching.next_chunk_id == 1
+    assert theirs.video == split_init(first.video)[0] + mine.video  # the new world's init came from the owner
+
+
+def test_with_auth_on_a_principal_share_admits_only_the_owners_key(strict_server, strict_connect, example):
+    """The strict app (API keys): a viewer without a key is refused at connect; with another key
+    a `principal` share answers `unauthorized`; the owner's own key watches."""
+    async def go():
+        async with strict_connect("key-share") as owner:
+            await owner.infer("mine", example, 0, first=True)
+            await owner.recv()
+            shared = await share(owner, "mine", audience="principal")
+            anonymous = await websockets.connect(watch_url(strict_server), max_size=None)
+            no_key = decode_reply(await asyncio.wait_for(anonymous.recv(), 30))
+            _, other = await Viewer.open(strict_server, shared.world_id, shared.watch_token,
+                                         {"Authorization": "Bearer key-share-2"})
+            viewer, own = await Viewer.open(strict_server, shared.world_id, shared.watch_token,
+                                            {"Authorization": "Bearer key-share"})
+            first = await viewer.frame()
+            await viewer.ws.close()
+            await anonymous.close()
+            await owner.reset("mine")
+        return no_key, other, own, first
+
+    no_key, other, own, first = asyncio.run(go())
+    assert isinstance(no_key, ErrorReply) and no_key.code is ErrorCode.UNAUTHORIZED
+    assert isinstance(other, ErrorReply) and other.code is ErrorCode.UNAUTHORIZED
+    assert isinstance(own, Watching) and first.chunk_id == 0

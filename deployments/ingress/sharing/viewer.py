@@ -27,6 +27,7 @@ from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_s
 from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 from deployments.ingress.sharing.book import Joined
 from deployments.ingress.sharing.feed import Feeds, ViewerQueue
+from deployments.ingress.sharing.metrics import WorldMetrics
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
 from protocol.codec import decode, encode, unpack, validated
@@ -80,6 +81,7 @@ class Viewers:
         self._limits = limits
         self._metrics = metrics
         self._feeds = Feeds(hub)
+        self._world_metrics = WorldMetrics()
         self.watching = 0  # viewers on this replica now
 
     async def serve(self, ws: WebSocket) -> None:
@@ -136,12 +138,19 @@ class Viewers:
         await self._follow(ws, req.world_id, joined)
 
     async def _follow(self, ws: WebSocket, world_id: str, joined: Joined) -> None:
+        """Send the world to the viewer until either ends; then leave it (always: the hub frees its place)."""
         log = get_log("viewer", viewer=uuid.uuid4().hex[:8], world=world_id)
-        await ws.send_bytes(encode(Watching(world_id=world_id, viewers=joined.viewers, controls=joined.controls,
-                                            next_chunk_id=joined.last_chunk_id, debug=self._debug)))
-        queue = ViewerQueue(world_id, ws.send_bytes, self._args.sharing.viewer_queue_chunks)
+
+        async def send(data: bytes) -> None:
+            await ws.send_bytes(data)
+            self._world_metrics.fanout_bytes.inc(len(data))
+
+        queue = ViewerQueue(world_id, send, self._args.sharing.viewer_queue_chunks)
+        queue.put_notice(encode(Watching(world_id=world_id, viewers=joined.viewers, controls=joined.controls,
+                                         next_chunk_id=joined.last_chunk_id, debug=self._debug)))  # first out
         self._feeds.attach(world_id, joined, queue)
         self.watching += 1
+        self._world_metrics.viewers.set(self.watching)
         refused = 0
         try:
             while True:
@@ -164,8 +173,10 @@ class Viewers:
                     return
         finally:
             self.watching -= 1
+            self._world_metrics.viewers.set(self.watching)
             self._feeds.detach(world_id, queue)
             if queue.skipped:
+                self._world_metrics.skipped.inc(queue.skipped)
                 log.info("viewer skipped chunks", fields={"skipped": queue.skipped, "sent": queue.sent})
             detach(settle(self._hub.leave.remote(world_id, joined.viewer_id), HUB_TIMEOUT_S),
                    name=f"leave-{joined.viewer_id}")
