@@ -200,6 +200,35 @@ def test_the_owner_drops_and_resumes_viewers_see_reconnecting_then_chunks(resume
     assert ended.reason == "the owner's session ended"
 
 
+def test_a_viewer_that_never_reads_slows_neither_the_owner_nor_the_others(resume_server, resume_connect, example):
+    """One viewer's socket never reads (its client takes one message, then nothing) while three
+    others and the owner stream 3 chunks: the others get every chunk in order, as the owner does.
+    (Through Serve the unread bytes first fill the TCP and proxy buffers; the bounded queue and
+    its skips are shown without Ray in tests/deployments/test_world_book.py.)"""
+    async def go():
+        async with resume_connect() as owner:
+            await owner.infer("slow", example, 0, first=True)
+            own = [await owner.recv()]
+            shared = await share(owner, "slow")
+            stuck = await websockets.connect(watch_url(resume_server), max_size=None, max_queue=1)
+            await stuck.send(encode(WatchRequest(world_id=shared.world_id, watch_token=shared.watch_token)))
+            readers = [(await Viewer.open(resume_server, shared.world_id, shared.watch_token))[0] for _ in range(3)]
+            for k in range(1, 3):
+                await owner.infer("slow", example, k, first=False)
+            own += [await owner.recv() for _ in range(2)]
+            seen = [[await v.frame() for _ in range(3)] for v in readers]
+            for v in readers:
+                await v.ws.close()
+            await stuck.close()
+            await owner.reset("slow")
+        return own, seen
+
+    own, seen = asyncio.run(go())
+    assert [r.chunk_id for r in own] == [0, 1, 2]
+    for frames in seen:
+        assert [f.chunk_id for f in frames] == [0, 1, 2] and [f.video for f in frames] == [r.video for r in own]
+
+
 def _hub_replica() -> str:
     from ray.serve.context import _get_global_client  # noqa: PLC0415
 
