@@ -157,6 +157,7 @@ class Sharing:
     def ended(self, stream: Stream) -> None:
         """The session ended here (releases.py `ended`): its world ends."""
         self._last.pop(stream.key, None)
+        self._inits.pop(stream.key, None)
         if self._stop(stream.key):
             detach(self._tell("end", stream.key, "the owner's session ended"), name=f"world-end-{stream.key}")
 
