@@ -4,7 +4,8 @@
          ├─────────► VaeDeployment  ┐ SessionAffinityRouter: every call of a session goes to the
          ├─────────► DiTDeployment  ┘ replica that holds it (one GPU, or N with `dit_parallel`)
          ├─────────► SessionParking   sessions between a dropped socket and their resume (one replica)
-         └─────────► WaitingRoom      the line of new sessions waiting for a place (one replica)
+         ├─────────► WaitingRoom      the line of new sessions waiting for a place (one replica)
+         └─────────► WorldHub         the shared worlds: owners publish, viewers' feeds poll (one replica)
 
 No `from __future__ import annotations` here: Serve validates the YAML `args` against the
 builder's parameter annotation only when it is the class itself, not a string.
@@ -25,6 +26,7 @@ from deployments.config import AppArgs, AutoscalingArgs, ReplicaArgs
 from deployments.ingress.server import WorldIngress
 from deployments.ingress.line.room import WaitingRoom
 from deployments.ingress.parking import SessionParking
+from deployments.ingress.sharing.hub import WorldHub
 from deployments.router import SessionAffinityRouter
 from deployments.replicas.dit import DiTDeployment
 from deployments.replicas.sp_dit import sp_placement
@@ -119,4 +121,7 @@ def build_app(args: AppArgs) -> Application:
     room = None
     if args.sessions.max_waiting > 0:  # one replica for the application's one line (CPU, head node)
         room = WaitingRoom.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(args.sessions)
-    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, parking, args, room)
+    hub = None
+    if args.sharing.enabled:  # one replica for the application's shared worlds (CPU, head node)
+        hub = WorldHub.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(args.sharing)
+    return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, parking, args, room, hub)

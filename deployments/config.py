@@ -13,6 +13,7 @@ from camera.frames import DEFAULT_SIZE, MAX_CHUNKS, MAX_NUM_FRAMES, output_size
 from deployments.origins import canonical_origin
 from deployments.resume_args import ResumeArgs, moved_resume_keys
 from deployments.worlds_args import WorldsArgs
+from deployments.share_args import SharingArgs
 
 SIZE_PATTERN = r"^\d+\*\d+$"
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
@@ -397,6 +398,7 @@ class AppArgs(_Strict):
     controls: ControlArgs = ControlArgs()
     prefix_cache: PrefixCacheArgs = PrefixCacheArgs()
     worlds: WorldsArgs = WorldsArgs()  # the world store (deployments/worlds_args.py, docs/WORLDS.md)
+    sharing: SharingArgs = SharingArgs()  # worlds people share (deployments/share_args.py)
     # The largest client frame. Ray 2.60's HTTP proxy closes a socket on a frame above 16 MiB
     # (1009) as soon as it reads the frame's header; a larger value could never be reached. The
     # default stays below it so that an oversized frame up to 16 MiB gets the typed `too_large`.

@@ -17,6 +17,7 @@ class ErrorCode(str, Enum):
     UNAUTHORIZED = "unauthorized"  # missing or wrong credentials
     SESSION_LIMIT = "session_limit"  # the session reached its chunk limit (RoPE table: 1024 latent frames, or its num_frames)
     YIELDED = "yielded"  # a notice: the session gave its place to those waiting (idle); its next infer waits in line
+    FORBIDDEN = "forbidden"  # the socket's role in a shared world does not allow the request (a viewer's infer)
 
 
 class ProtocolError(ValueError):

@@ -25,6 +25,7 @@ from protocol.image import probe_image, raw_image
 from protocol.limits import Limits
 # the replies live in protocol/replies.py; this stays the wire's one module of messages
 from protocol.replies import ErrorReply, Forked, FrameReply, Paused, Queued, ResetOk, ResumeOk, Rewound
+from protocol.sharing import Audience, Controls, Shared, Unshared, Watching, WorldNotice
 
 
 class _Request(_Message):
@@ -330,11 +331,28 @@ class AckRequest(_Request):
         description="the highest chunk_id whose frame reply the client has (every lower one too)")
 
 
+class ShareRequest(_Request):
+    """Share the open session as a world others watch (`/v1/realtime/world/watch`); the reply
+    is `shared`. Sharing a shared session again answers the same world."""
+
+    endpoint: Literal["share"] = "share"
+    audience: Audience = Field("link", description="`link`: whoever holds the token (with auth on, with a valid "
+                                                   "key); `principal`: only the owner's API key (or address)")
+    controls: Controls = Field("owner", description="who drives: `owner` (only the owner)")
+
+
+class UnshareRequest(_Request):
+    """End the session's share: its token is revoked, its viewers get `ended`. The reply is `unshared`."""
+
+    endpoint: Literal["unshare"] = "unshare"
+
+
 Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-                AckRequest]
+                AckRequest, ShareRequest, UnshareRequest]
 Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Queued,
-                        ErrorReply],
+                        ErrorReply, Shared, Unshared, Watching, WorldNotice],
                   Field(discriminator="type")]
 REQUEST_TYPES: dict[str, type[Request]] = {
     "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest, "fork": ForkRequest,
-    "rewind": RewindRequest, "control": ControlRequest, "drive": DriveRequest, "ack": AckRequest}
+    "rewind": RewindRequest, "control": ControlRequest, "drive": DriveRequest, "ack": AckRequest,
+    "share": ShareRequest, "unshare": UnshareRequest}

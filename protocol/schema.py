@@ -13,11 +13,13 @@ from pydantic.json_schema import models_json_schema
 
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ErrorReply, Forked,
                                ForkRequest, FrameReply, InferRequest, Paused, ResetOk, ResetRequest, ResumeOk,
-                               ResumeRequest, Rewound, RewindRequest)
+                               ResumeRequest, Rewound, RewindRequest, ShareRequest, UnshareRequest)
+from protocol.sharing import Shared, Unshared, WatchRequest, Watching, WorldNotice
 
 REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-            AckRequest)
-REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, ErrorReply)
+            AckRequest, ShareRequest, UnshareRequest, WatchRequest)
+REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, ErrorReply, Shared, Unshared,
+           Watching, WorldNotice)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
                "msgpack map; `binary` strings are msgpack bin; arrays may also be msgpack-numpy or openpi "

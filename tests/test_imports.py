@@ -245,7 +245,7 @@ FLOORS = {
     "deployments.proxy_guard": 1, "deployments.ingress": 1,
     # 2: a session as a connection holds it, and the calls it makes on the lanes
     **{f"deployments.ingress.{m}": 2 for m in ("stream", "lanes", "lane_jobs", "outbox", "controls", "replies",
-                                              "releases", "line.seat")},
+                                              "releases", "line.seat", "sharing.owner")},
     # 3: the parts that keep their own per-session records: recovery and branching, prefix reuse,
     # driving, resume
     **{f"deployments.ingress.{m}": 3 for m in ("history", "prefix", "drive", "resume")},

@@ -54,6 +54,7 @@ from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies
 from deployments.ingress.resume import ClaimsThrottled, ResumeBook
+from deployments.ingress.sharing.owner import Sharing
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, oversize, session_traits
@@ -93,7 +94,6 @@ class Connection:
         `prefix`: the ingress replica's prefix store, the model's fingerprint and the store's
         metrics (None: no store)."""
         self._ws = ws
-        self._b = backends
         self._args = args
         self._limits = limits
         self._handshake = handshake
@@ -107,18 +107,20 @@ class Connection:
         replicas = ReplicaLanes(backends, Lane("dit"), Lane("vae"), args, self._log, line=seats)
         self._dit_lane, self._vae_lane = replicas.dit_lane, replicas.vae_lane
         self._jobs = LaneJobs(replicas, Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics), seats)
-        self._releases = Releases(replicas, quota, metrics, ended=seats.end)
+        self._releases = Releases(replicas, quota, metrics, ended=lambda s: (seats.end(s), self._sharing.ended(s)))
         seats.yields_through(self._releases.retire, lambda notice, stream: self._outbox.reply_now(notice, stream))
-        self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable,
-                                  clip_mode=lambda: self._raw_frames, key_id=key_id, client=client)
+        self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable, key_id=key_id, client=client,
+                                  clip_mode=lambda: bool(getattr(ws, "raw_frames", False)))  # a peer's clip mode
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
                                 token=self._resume.token)
-        self._outbox = Outbox(ws, on_sent=self._resume.record_sent, on_reply=self._policy.on_reply)
+        self._outbox = Outbox(ws, on_sent=lambda s, r: (self._resume.record_sent(s, r), self._sharing.sent(s, r)),
+                              on_reply=self._policy.on_reply)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driving = Driving(args, backends, self._controls, self._log, start=self._start_driven,  # `drive`
                                 put_paused=self._outbox.reply_now, sent_chunks=self._resume.sent_chunks)
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
         self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
+        self._sharing = Sharing(backends.hub, args, self._principal, self._log, self._replies.error)  # its worlds
         self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,
                                                                           self._id),
                                    handshake, prefix_metrics, token=self._resume.token)  # prefix/reuse.py
@@ -127,11 +129,6 @@ class Connection:
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._image = FrameImage(limits)  # the pixels of the frame in hand (image_intake.py)
-
-    @property
-    def _raw_frames(self) -> bool:
-        """A peer client's socket in clip mode (peers/): its sessions send raw frames."""
-        return bool(getattr(self._ws, "raw_frames", False))
 
     async def run(self) -> None:
         """Handshake, receive loop, cleanup (always)."""
@@ -177,6 +174,7 @@ class Connection:
         if parked is not None:
             self._stream = None
         await self._releases.teardown(parked, self._inflight)
+        self._sharing.leave(parked)  # a parked session's world waits for its resume; the others end
 
     async def _next_message(self) -> Optional[dict[str, Any]]:
         """The next ASGI message; None when the client stayed silent too long (ClientPolicy)."""
@@ -213,6 +211,7 @@ class Connection:
                     await self._resume.check_parked(req)
                 else:
                     self._stream, replies, driven = await self._resume.resume(req, self._stream)
+                    self._sharing.resumed(self._stream)  # back in its world, if it has one (sharing/owner.py)
                     for reply in replies:
                         self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
                     self._driving.stop()  # a driven session it replaced
@@ -254,6 +253,9 @@ class Connection:
             if isinstance(req, (ForkRequest, RewindRequest)) and self._driving.driven(self._stream, session_id):
                 raise ProtocolError(ErrorCode.BAD_MESSAGE, "a driven session (`drive`) cannot be forked or rewound; "
                                                            "reset it, or branch a session driven by infers")
+            if (answer := self._sharing.answer(req, self._stream)) is not None:  # share, unshare (sharing/owner.py)
+                self._outbox.put(answer)
+                return False, False
             if isinstance(req, ForkRequest):
                 self._outbox.put(self._branches.fork(req, self._stream))
                 return False, False

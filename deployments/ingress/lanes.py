@@ -113,6 +113,7 @@ class Backends:
     dit: DeploymentHandle
     parking: Optional[DeploymentHandle] = None  # SessionParking (parking.py); None: sessions end with their socket
     room: Optional[DeploymentHandle] = None  # WaitingRoom (line/room.py); None: `busy` at once when no place is free
+    hub: Optional[DeploymentHandle] = None  # WorldHub (sharing/hub.py); None: `share` is refused
     claims: ClaimGate = field(default_factory=ClaimGate)  # failed resume claims, per client (one per ingress replica)
 
 

@@ -34,6 +34,8 @@ from deployments.metrics import IngressMetrics, PrefixMetrics
 from deployments.ingress.prefix.keys import model_fingerprint
 from deployments.ingress.prefix.store import PrefixStore
 from deployments.ingress.guards.quotas import Quotas
+from deployments.ingress.sharing.owner import WATCH_ROUTE
+from deployments.ingress.sharing.viewer import Viewers
 from deployments.ingress.transport import Transport
 from deployments.ingress.videos import ROUTE as VIDEOS_ROUTE
 from deployments.ingress.videos import VideoEndpoint
@@ -87,11 +89,13 @@ class WorldIngress:
     """Holds the handles of the graph; one `Connection` per WebSocket."""
 
     def __init__(self, text: DeploymentHandle, vae: DeploymentHandle, dit: DeploymentHandle,
-                 parking: Optional[DeploymentHandle], args: AppArgs, room: Optional[DeploymentHandle] = None) -> None:
+                 parking: Optional[DeploymentHandle], args: AppArgs, room: Optional[DeploymentHandle] = None,
+                 hub: Optional[DeploymentHandle] = None) -> None:
         """`parking`: SessionParking (sessions resumable after a dropped socket), or None;
-        `room`: the WaitingRoom (new sessions wait in line for a place), or None."""
+        `room`: the WaitingRoom (new sessions wait in line for a place), or None; `hub`: the
+        WorldHub (shared worlds, sharing/hub.py), or None."""
         log_routine_access_at_debug()
-        self._backends = Backends(text=text, vae=vae, dit=dit, parking=parking, room=room)
+        self._backends = Backends(text=text, vae=vae, dit=dit, parking=parking, room=room, hub=hub)
         self._args = args
         m = args.model
         self._limits = Limits(max_message_bytes=args.max_message_bytes, max_num_frames=args.sessions.max_frames,
@@ -125,6 +129,8 @@ class WorldIngress:
         self._caps = ConnectionCaps(total, c.max_connections_per_client,
                                     args.auth.max_connections_per_key if self._auth.enabled else None,
                                     c.reserved_for_new_clients)
+        self._viewers = None if hub is None else Viewers(hub, self._auth, self._caps, args, self._limits, self._metrics,
+                                                         self._handshake.debug)  # the watch route (sharing/viewer.py)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
         if _replica_id():  # in a Serve replica (not a test building the class): say where to go once up
             self._ready = asyncio.get_running_loop().create_task(
@@ -146,6 +152,14 @@ class WorldIngress:
         path): the clip mode with one reply per request, the whole clip's frames, because its
         `infer()` sends one message and reads one (docs/COMPATIBILITY.md)."""
         await self._socket(ws, CLIP_MODE, one_reply=True)
+
+    @app.websocket(WATCH_ROUTE)
+    async def watch(self, ws: WebSocket) -> None:
+        """A viewer of a shared world (PROTOCOL.md "Shared worlds", sharing/viewer.py)."""
+        if self._viewers is None:
+            await ws.close(code=POLICY_VIOLATION, reason="this server does not share worlds")
+            return
+        await self._viewers.serve(ws)
 
     async def _socket(self, ws: WebSocket, mode: Optional[str], one_reply: bool) -> None:
         if not self._auth.origin_allowed(ws):

@@ -61,7 +61,7 @@ APP_ARGS = {
 API_KEYS_ENV = "LWF_TEST_API_KEYS"  # set before Ray starts: the replicas inherit it (a secret in production)
 API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps", "key-hostile", "key-hostile-2",
             "key-sizes", "key-memory", "key-peers", "key-admission", "key-videos", "key-videos-2", "key-prefix",
-            "key-prefix-2")
+            "key-prefix-2", "key-share", "key-share-2")
 # a key per test group: quotas and connection caps count per key
 STRICT_PREFIX = "/strict"
 STRICT_ORIGIN = "https://app.example"

@@ -148,14 +148,16 @@ def test_import_path_resolves_to_a_typed_builder():
 
 
 def test_graph_has_the_four_deployments(serve_config):
-    """The four, the session parking where sessions outlive their socket (resume), and the
-    waiting room where new sessions wait for a place (issue 46, on by default)."""
+    """The four, the session parking where sessions outlive their socket (resume), the waiting
+    room where new sessions wait for a place (issue 46, on by default) and the world hub of
+    shared worlds (issue 56, on by default)."""
     name, cfg = serve_config
     app = the_app(cfg)
     bound = graph(app)
-    sessions = AppArgs.model_validate(app.get("args", {})).sessions
+    args = AppArgs.model_validate(app.get("args", {}))
+    sessions = args.sessions
     assert set(bound) == DEPLOYMENTS | ({"SessionParking"} if sessions.resume.grace_s > 0 else set()) | (
-        {"WaitingRoom"} if sessions.max_waiting > 0 else set())
+        {"WaitingRoom"} if sessions.max_waiting > 0 else set()) | ({"WorldHub"} if args.sharing.enabled else set())
     listed = {d["name"] for d in app.get("deployments", [])}
     assert listed <= DEPLOYMENTS, f"{name}: unknown deployments {listed - DEPLOYMENTS}"
 

@@ -1,0 +1,286 @@
+"""WorldBook: the shared worlds of the application, as the WorldHub (hub.py) keeps them.
+
+Plain bookkeeping, no Ray and no awaits (the hub serialises every call on its event loop):
+who owns a world (the principal and the stream it shares), its token, its viewers, the last
+few items viewers get (`WorldItem`: a chunk, or a notice) under one sequence number, and the
+limits (viewers per world and per principal, joins per address and minute).
+
+A world is one share of one incarnation of one session (the owner's stream key): `unshare`,
+the session's end, or an owner that neither resumes within its grace nor is heard for
+`owner_timeout_s` ends it. Its token then stops opening anything (it is forgotten with the
+world; a new share makes a new world and a new token). An ended world keeps its last items for
+`ENDED_KEEP_S`, so that every feed reads its `ended` notice.
+"""
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from deployments.errors import Busy, ReplicaError
+from deployments.share_args import SharingArgs
+from media.reassembly import split_init
+from protocol.errors import ErrorCode
+
+TOKEN_BYTES = 24  # secrets.token_urlsafe: 192 bits
+WORLD_ID_BYTES = 12  # 96 bits: an id, not a secret
+ENDED_KEEP_S = 30.0
+MAX_NOTICES_KEPT = 16
+JOIN_WINDOW_S = 60.0
+
+
+class WatchRefused(ReplicaError):
+    """No world answers this id and token (never shared, revoked, ended, or another principal's)."""
+
+    code = ErrorCode.UNAUTHORIZED
+
+
+class NotShared(ReplicaError):
+    """The owner's stream has no world here (or the world is not this principal's)."""
+
+    code = ErrorCode.BAD_MESSAGE
+
+
+@dataclass(frozen=True, slots=True)
+class WorldChunk:
+    """One chunk as the owner sent it (the same fMP4 bytes), without the owner's private fields."""
+
+    chunk_id: int
+    video: bytes
+    num_frames: int
+    resolution: tuple[int, int]
+    fps: int
+    mime_type: Optional[str]
+    digest: str  # of `video`: a chunk sent again (a resume's replay) is published once
+
+
+@dataclass(frozen=True, slots=True)
+class WorldItem:
+    """What viewers get, in `seq` order: a chunk, or a notice (`event`, `viewers`, `reason`)."""
+
+    seq: int
+    chunk: Optional[WorldChunk] = None
+    event: Optional[str] = None
+    viewers: int = 0
+    reason: Optional[str] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """A viewer's admission: its id, the world's init segment (None until chunk 0 came), the seq
+    to read after (its first item is the world's last chunk) and the world's state."""
+
+    viewer_id: str
+    init: Optional[bytes]
+    after_seq: int
+    viewers: int
+    controls: str
+    last_chunk_id: Optional[int]
+
+
+@dataclass
+class World:
+    world_id: str
+    token: str
+    owner: str
+    stream_key: str
+    audience: str
+    controls: str
+    heard: float
+    init: Optional[bytes] = None
+    seq: int = 0
+    items: deque[WorldItem] = field(default_factory=deque)
+    viewers: dict[str, str] = field(default_factory=dict)  # viewer id -> principal
+    away_until: Optional[float] = None  # the owner's socket dropped; its session is parked until then
+    ended: Optional[str] = None
+    ended_at: float = 0.0
+
+
+class WorldBook:
+    """Every shared world of the application (module doc)."""
+
+    def __init__(self, args: SharingArgs) -> None:
+        self._args = args
+        self._worlds: dict[str, World] = {}
+        self._by_stream: dict[str, str] = {}  # the owner's stream key -> its live world
+        self._views: dict[str, int] = {}  # principal -> worlds it watches now
+        self._joins: dict[str, deque[float]] = {}  # address -> its joins in the last minute
+
+    def __len__(self) -> int:
+        return sum(w.ended is None for w in self._worlds.values())
+
+    def world(self, world_id: str) -> Optional[World]:
+        return self._worlds.get(world_id)
+
+    # ---- the owner's side ----
+
+    def share(self, owner: str, stream_key: str, audience: str, controls: str, now: float,
+              init: Optional[bytes] = None, need_init: bool = False, current: Optional[WorldChunk] = None) -> World:
+        """The stream's world (the one it has, else a new one with a new token); `init`: the
+        session's init segment when the owner's side has it. `need_init`: the session's chunk 0
+        was sent on another socket; without a world that has its init segment, NotShared.
+        `current`: the last chunk the owner was sent, a new world's first (late joiners start there)."""
+        world = self.live(stream_key, owner)
+        if world is None and need_init and init is None:
+            raise NotShared("this session's first chunk was sent on an earlier socket and it was not shared then: "
+                            "the server cannot give viewers its init segment; share a session from the socket that "
+                            "started it (or share it before its socket drops)")
+        if world is None:
+            world = World(world_id=secrets.token_urlsafe(WORLD_ID_BYTES), token=secrets.token_urlsafe(TOKEN_BYTES),
+                          owner=owner, stream_key=stream_key, audience=audience, controls=controls, heard=now)
+            self._worlds[world.world_id] = world
+            self._by_stream[stream_key] = world.world_id
+        if world.init is None and init is not None:
+            world.init = init
+        if current is not None:
+            self.publish(stream_key, current, now)
+        return world
+
+    def publish(self, stream_key: str, chunk: WorldChunk, now: float) -> bool:
+        """Append a chunk the owner sent; False when the stream has no world (or sent it already)."""
+        world = self.live(stream_key)
+        if world is None:
+            return False
+        world.heard, world.away_until = now, None
+        if any(i.chunk is not None and i.chunk.chunk_id == chunk.chunk_id and i.chunk.digest == chunk.digest
+               for i in world.items):
+            return False
+        if chunk.video[4:8] == b"ftyp":
+            world.init = split_init(chunk.video)[0]
+        self._append(world, WorldItem(seq=world.seq + 1, chunk=chunk))
+        return True
+
+    def heard(self, stream_key: str, now: float) -> bool:
+        world = self.live(stream_key)
+        if world is not None:
+            world.heard = now
+        return world is not None
+
+    def away(self, stream_key: str, until: float) -> Optional[World]:
+        """The owner's socket dropped and its session is parked until `until`: viewers are told."""
+        world = self.live(stream_key)
+        if world is not None and world.away_until is None:
+            world.away_until = until
+            self._notice(world, "owner_reconnecting")
+        return world
+
+    def back(self, stream_key: str, owner: str, now: float) -> Optional[World]:
+        """The owner resumed the session on a new socket: its world goes on."""
+        world = self.live(stream_key, owner)
+        if world is not None:
+            world.heard = now
+            if world.away_until is not None:
+                world.away_until = None
+                self._notice(world, "owner_back")
+        return world
+
+    def end(self, stream_key: str, reason: str, now: float, owner: Optional[str] = None) -> Optional[World]:
+        """End the stream's world (`owner`: only if it is this principal's): token forgotten, viewers told."""
+        world = self.live(stream_key, owner)
+        if world is not None:
+            self._end(world, reason, now)
+        return world
+
+    # ---- the viewers' side ----
+
+    def join(self, world_id: str, token: str, principal: str, address: str, now: float) -> Joined:
+        world = self._worlds.get(world_id)
+        if world is None or world.ended is not None or not hmac.compare_digest(world.token.encode(), token.encode()) \
+                or (world.audience == "principal" and principal != world.owner):
+            raise WatchRefused("no shared world answers this world_id and watch_token (never shared, unshared, "
+                               "ended, or shared with its owner's key only)")
+        joins = self._joins.setdefault(address, deque())
+        while joins and joins[0] <= now - JOIN_WINDOW_S:
+            joins.popleft()
+        if len(joins) >= self._args.joins_per_minute:
+            raise Busy(f"this address joined {len(joins)} worlds within a minute, the most it may",
+                       retry_after_s=round(joins[0] + JOIN_WINDOW_S - now, 3))
+        if len(world.viewers) >= self._args.max_viewers:
+            raise Busy(f"this world has {len(world.viewers)} viewers, the most it may have", retry_after_s=5.0)
+        if self._views.get(principal, 0) >= self._args.max_views_per_principal:
+            raise Busy(f"this key (or address) holds {self._views[principal]} viewer sockets, the most it may",
+                       retry_after_s=5.0)
+        joins.append(now)
+        viewer_id = secrets.token_hex(8)
+        world.viewers[viewer_id] = principal
+        self._views[principal] = self._views.get(principal, 0) + 1
+        self._notice(world, "viewers")
+        last = next((i for i in reversed(world.items) if i.chunk is not None), None)
+        return Joined(viewer_id=viewer_id, init=world.init, after_seq=world.seq if last is None else last.seq - 1,
+                      viewers=len(world.viewers), controls=world.controls,
+                      last_chunk_id=None if last is None else last.chunk.chunk_id)
+
+    def leave(self, world_id: str, viewer_id: str) -> None:
+        world = self._worlds.get(world_id)
+        principal = world.viewers.pop(viewer_id, None) if world is not None else None
+        if principal is None:
+            return
+        left = self._views.get(principal, 1) - 1
+        if left:
+            self._views[principal] = left
+        else:
+            self._views.pop(principal, None)
+        if world.ended is None:
+            self._notice(world, "viewers")
+
+    def after(self, world_id: str, seq: int) -> tuple[list[WorldItem], int, bool]:
+        """The items after `seq` the world still keeps, its latest seq, and whether it is gone
+        (ended, or unknown: its `ended` notice is among the items while it is kept)."""
+        world = self._worlds.get(world_id)
+        if world is None:
+            return [], seq, True
+        return [i for i in world.items if i.seq > seq], world.seq, world.ended is not None
+
+    # ---- time ----
+
+    def sweep(self, now: float) -> list[World]:
+        """End the worlds whose owner is gone (not back within its grace, or not heard); forget
+        those that ended long enough ago; trim the join records. The worlds it ended."""
+        ended = []
+        for world in list(self._worlds.values()):
+            if world.ended is None:
+                if world.away_until is not None and now > world.away_until:
+                    self._end(world, "the owner did not come back", now)
+                    ended.append(world)
+                elif world.away_until is None and now - world.heard > self._args.owner_timeout_s:
+                    self._end(world, "the owner's server was lost", now)
+                    ended.append(world)
+            elif now - world.ended_at > ENDED_KEEP_S:
+                for viewer_id in list(world.viewers):
+                    self.leave(world.world_id, viewer_id)
+                del self._worlds[world.world_id]
+        for address in [a for a, j in self._joins.items() if not j or j[-1] <= now - JOIN_WINDOW_S]:
+            del self._joins[address]
+        return ended
+
+    # ---- internals ----
+
+    def live(self, stream_key: str, owner: Optional[str] = None) -> Optional[World]:
+        world = self._worlds.get(self._by_stream.get(stream_key, ""))
+        if world is None or world.ended is not None or (owner is not None and world.owner != owner):
+            return None
+        return world
+
+    def _end(self, world: World, reason: str, now: float) -> None:
+        world.ended, world.ended_at = reason, now
+        self._by_stream.pop(world.stream_key, None)
+        world.token = secrets.token_urlsafe(TOKEN_BYTES)  # the shared one opens nothing from now on
+        self._notice(world, "ended", reason)
+
+    def _notice(self, world: World, event: str, reason: Optional[str] = None) -> None:
+        self._append(world, WorldItem(seq=world.seq + 1, event=event, viewers=len(world.viewers), reason=reason))
+
+    def _append(self, world: World, item: WorldItem) -> None:
+        world.seq = item.seq
+        world.items.append(item)
+        chunks = sum(i.chunk is not None for i in world.items)
+        while chunks > self._args.hub_chunks or len(world.items) > self._args.hub_chunks + MAX_NOTICES_KEPT:
+            dropped = world.items.popleft()
+            chunks -= dropped.chunk is not None
+
+
+def now_s() -> float:
+    return time.monotonic()

@@ -1,0 +1,136 @@
+"""WorldHub: the application's shared worlds (one replica, like the waiting room), asked by
+every ingress replica.
+
+The owner's ingress replica publishes each chunk its owner was sent (`publish`, one call at a
+time per world, so in order); every ingress replica with viewers of a world runs one feed
+(feed.py) that long-polls `poll` and fans the items out to its own viewers. So a chunk crosses
+Ray once to the hub and once to each ingress replica with viewers, whatever their number, and a
+viewer on another replica gets it one hub call after the owner's send. Every call is
+bookkeeping (book.py) and answers at once, except `poll`, which returns when the world has
+items after the caller's or at its timeout.
+
+Its state is the worlds: when its replica dies, Serve starts another with an empty book; the
+owners' next publish finds no world (PROTOCOL.md: share again) and the viewers' feeds find it
+gone (`ended`).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+from ray import serve
+
+from deployments.log import get_log, log_routine_access_at_debug
+from deployments.share_args import SharingArgs
+from deployments.ingress.sharing.book import Joined, WorldBook, WorldChunk, WorldItem, now_s
+
+SWEEP_PERIOD_S = 1.0
+MAX_ONGOING = 4096  # long polls of every feed, the owners' publishes: bookkeeping only
+
+
+class Changes:
+    """Per world, the event of its next item: `poll` waits on it."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+
+    def bump(self, world_id: str) -> None:
+        event = self._events.pop(world_id, None)
+        if event is not None:
+            event.set()
+
+    async def wait(self, world_id: str, timeout_s: float) -> None:
+        event = self._events.setdefault(world_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+@serve.deployment(max_ongoing_requests=MAX_ONGOING)
+class WorldHub:
+    """The shared worlds (module doc, book.py)."""
+
+    def __init__(self, args: SharingArgs) -> None:
+        log_routine_access_at_debug()  # a CALL line per long poll: DEBUG
+        self._book = WorldBook(args)
+        self._changes = Changes()
+        self._log = get_log("worlds")
+        self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())
+
+    # ---- the owner's ingress replica ----
+
+    async def share(self, owner: str, stream_key: str, audience: str, controls: str, init: Optional[bytes] = None,
+                    need_init: bool = False, current: Optional[WorldChunk] = None) -> tuple[str, str]:
+        """(world_id, watch_token) of the stream's world, made now if it has none (book.py `share`)."""
+        world = self._book.share(owner, stream_key, audience, controls, now_s(), init, need_init, current)
+        self._changes.bump(world.world_id)
+        self._log.info("world shared", fields={"world": world.world_id, "audience": audience})
+        return world.world_id, world.token
+
+    async def publish(self, stream_key: str, chunk: WorldChunk) -> bool:
+        world = self._book.world(self._world_of(stream_key) or "")
+        if self._book.publish(stream_key, chunk, now_s()) and world is not None:
+            self._changes.bump(world.world_id)
+        return world is not None
+
+    async def heard(self, stream_key: str) -> bool:
+        """The owner's keep-alive: False when the stream has no world (any more)."""
+        return self._book.heard(stream_key, now_s())
+
+    async def away(self, stream_key: str, grace_s: float) -> None:
+        self._bump(self._book.away(stream_key, now_s() + grace_s))
+
+    async def back(self, stream_key: str, owner: str) -> Optional[str]:
+        """The world of a resumed stream (its world_id), None when it has none."""
+        world = self._book.back(stream_key, owner, now_s())
+        self._bump(world)
+        return None if world is None else world.world_id
+
+    async def end(self, stream_key: str, reason: str, owner: Optional[str] = None) -> Optional[str]:
+        world = self._book.end(stream_key, reason, now_s(), owner)
+        self._bump(world)
+        if world is not None:
+            self._log.info("world ended", fields={"world": world.world_id, "reason": reason})
+        return None if world is None else world.world_id
+
+    # ---- the viewers' ingress replicas ----
+
+    async def join(self, world_id: str, token: str, principal: str, address: str) -> Joined:
+        """Admit a viewer: WatchRefused (unauthorized) or Busy (a limit)."""
+        joined = self._book.join(world_id, token, principal, address, now_s())
+        self._changes.bump(world_id)
+        return joined
+
+    async def leave(self, world_id: str, viewer_id: str) -> None:
+        self._book.leave(world_id, viewer_id)
+        self._changes.bump(world_id)
+
+    async def poll(self, world_id: str, after_seq: int, timeout_s: float) -> tuple[list[WorldItem], int, bool]:
+        """The world's items after `after_seq` (waits up to `timeout_s` for one), its latest seq,
+        and whether it is gone (book.py `after`)."""
+        items, seq, gone = self._book.after(world_id, after_seq)
+        if not items and not gone:
+            await self._changes.wait(world_id, timeout_s)
+            items, seq, gone = self._book.after(world_id, after_seq)
+        return items, seq, gone
+
+    async def stats(self) -> dict[str, int]:
+        return {"worlds": len(self._book)}
+
+    # ---- internals ----
+
+    def _world_of(self, stream_key: str) -> Optional[str]:
+        world = self._book.live(stream_key)
+        return None if world is None else world.world_id
+
+    def _bump(self, world) -> None:
+        if world is not None:
+            self._changes.bump(world.world_id)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_PERIOD_S)
+            for world in self._book.sweep(now_s()):
+                self._changes.bump(world.world_id)
+                self._log.info("world ended", fields={"world": world.world_id, "reason": world.ended})

@@ -1,0 +1,214 @@
+"""Sharing: a connection's part in the worlds it shares (the owner's side; hub.py, book.py).
+
+The connection attaches to a world as its owner: `share` makes (or answers) the world of its
+current session, each frame reply of that session that the send loop sent goes to the hub
+(the same fMP4 bytes, without the owner's own fields: resume token, client ids, timings,
+debug), and the session's end ends the world. One publisher task per shared session sends its
+chunks to the hub one call at a time (so in order), at most `PUBLISH_BACKLOG` behind: if the
+hub is slower, the oldest unsent chunk is dropped (viewers skip it), and the owner's replies
+never wait for it. Between chunks it tells the hub that the owner is there (keep-alive).
+
+When the socket ends with the session parked for a resume, its world waits (viewers get
+`owner_reconnecting`); a resume on another socket (any ingress replica) attaches that
+connection to the world again (`owner_back`). A session the socket's end releases ends it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Optional
+
+from collections.abc import Callable
+
+from pydantic import BaseModel
+from ray.serve.handle import DeploymentHandle
+
+from deployments.config import AppArgs
+from deployments.errors import ReplicaError
+from deployments.ingress.detached import detach, settle
+from deployments.ingress.sharing.book import WorldChunk
+from deployments.ingress.stream import Stream, StreamState
+from deployments.log import KeyValueLog
+from media.reassembly import split_init
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import ErrorReply, FrameReply, Request, ShareRequest, UnshareRequest
+from protocol.sharing import Shared, Unshared
+
+WATCH_ROUTE = "/v1/realtime/world/watch"
+PUBLISH_BACKLOG = 4  # chunks of one world waiting for the hub, at most
+HUB_TIMEOUT_S = 10.0
+AWAY_MARGIN_S = 5.0  # beyond the resume grace: the parking's own sweep frees the session first
+
+
+def world_chunk(reply: FrameReply) -> WorldChunk:
+    """What viewers get of the owner's frame reply: the same video bytes, nothing private."""
+    return WorldChunk(chunk_id=reply.chunk_id, video=reply.video, num_frames=reply.num_frames,
+                      resolution=tuple(reply.resolution), fps=reply.fps, mime_type=reply.mime_type,
+                      digest=hashlib.blake2b(reply.video, digest_size=16).hexdigest())
+
+
+class _Publisher:
+    """One shared session's chunks to the hub, in order (module doc)."""
+
+    def __init__(self, hub: DeploymentHandle, key: str, keepalive_s: float, log: KeyValueLog,
+                 first: Optional[tuple[str, str]] = None) -> None:
+        self._hub, self._key, self._keepalive_s, self._log = hub, key, keepalive_s, log
+        self._queue: list[WorldChunk] = []
+        self._wake = asyncio.Event()
+        self.dropped = 0
+        self._first = first  # (owner, "back"): a resumed session attaches to its world first
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"publish-{key}")
+
+    def put(self, chunk: WorldChunk) -> None:
+        if len(self._queue) >= PUBLISH_BACKLOG:
+            self._queue.pop(0)
+            self.dropped += 1
+        self._queue.append(chunk)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        if self._first is not None:
+            ended, world = await settle(self._hub.back.remote(self._key, self._first[0]), HUB_TIMEOUT_S)
+            if not ended or world is None or isinstance(world, BaseException):
+                return  # the session was not shared (or the hub is gone): nothing to publish
+        while True:
+            try:
+                async with asyncio.timeout(self._keepalive_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if not self._queue:
+                call = self._hub.heard.remote(self._key)
+            else:
+                call = self._hub.publish.remote(self._key, self._queue.pop(0))
+                if self._queue:
+                    self._wake.set()
+            ended, live = await settle(call, HUB_TIMEOUT_S)
+            if ended and live is False:
+                return  # the world ended (unshared, swept): nothing more to publish
+            if ended and isinstance(live, BaseException):
+                self._log.warning("publishing to the world hub failed", fields={"session": self._key,
+                                                                                "error": repr(live)})
+
+
+class Sharing:
+    """The worlds one connection owns (module doc). `hub` None: sharing is off (`share` refused)."""
+
+    def __init__(self, hub: Optional[DeploymentHandle], args: AppArgs, principal: str, log: KeyValueLog,
+                 error: Callable[..., ErrorReply]) -> None:
+        """`principal`: the owner's (its API key, else its address); `error(code, message,
+        session_id, retry_after_s)`: an error reply (replies.py)."""
+        self._hub = hub
+        self._error = error
+        self._args = args
+        self._principal = principal
+        self._log = log
+        self._inits: dict[str, bytes] = {}  # stream key -> init segment (chunk 0 sent on this socket)
+        self._last: dict[str, FrameReply] = {}  # stream key -> the last chunk sent: a new world's first
+        self._published: dict[str, _Publisher] = {}  # stream key -> its publisher (shared, or resumed)
+        self._resumed: set[str] = set()  # stream keys resumed on this socket (their chunk 0 went elsewhere)
+
+    def answer(self, req: Request, stream: Optional[Stream]) -> Optional[asyncio.Future[BaseModel]]:
+        """The reply to `share` or `unshare` (a future), None for any other request."""
+        if isinstance(req, ShareRequest):
+            return self.share(req, stream)
+        return self.unshare(req, stream) if isinstance(req, UnshareRequest) else None
+
+    def share(self, req: ShareRequest, stream: Optional[Stream]) -> asyncio.Future[BaseModel]:
+        """The reply to `share` (a future: the hub answers it). ProtocolError at once when the
+        request cannot be served here."""
+        if self._hub is None:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "this server does not share worlds (`sharing.enabled` is off)")
+        stream = self._open(req.session_id, stream, "share")
+        if stream.spec.raw_frames:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "a session of raw frames (clip mode) cannot be shared: "
+                                                       "viewers get the fMP4 stream")
+        init = self._inits.get(stream.key)
+        need_init = init is None and stream.key in self._resumed
+        call = self._hub.share.remote(self._principal, stream.key, req.audience, req.controls, init, need_init,
+                                      None if (last := self._last.get(stream.key)) is None else world_chunk(last))
+        return asyncio.ensure_future(self._shared(req, stream, call))
+
+    def unshare(self, req: UnshareRequest, stream: Optional[Stream]) -> asyncio.Future[BaseModel]:
+        if self._hub is None:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "this server does not share worlds (`sharing.enabled` is off)")
+        stream = self._open(req.session_id, stream, "unshare")
+        self._stop(stream.key)
+        call = self._hub.end.remote(stream.key, "the owner unshared it", self._principal)
+        return asyncio.ensure_future(self._unshared(req, call))
+
+    def sent(self, stream: Stream, reply: FrameReply) -> None:
+        """The send loop sent `reply` (the outbox's `on_sent`): its chunk goes to the stream's world."""
+        if reply.chunk_id == 0 and reply.video[4:8] == b"ftyp":
+            self._inits[stream.key] = split_init(reply.video)[0]
+        self._last[stream.key] = reply  # (the ResumeBook keeps its last replies too: no copy)
+        publisher = self._published.get(stream.key)
+        if publisher is not None:
+            publisher.put(world_chunk(reply))
+
+    def resumed(self, stream: Stream) -> None:
+        """A parked session resumed on this socket: it attaches to its world, if it has one."""
+        self._resumed.add(stream.key)
+        if self._hub is not None and stream.key not in self._published:
+            self._published[stream.key] = _Publisher(self._hub, stream.key, self._args.sharing.owner_keepalive_s,
+                                                     self._log, first=(self._principal, "back"))
+
+    def ended(self, stream: Stream) -> None:
+        """The session ended here (releases.py `ended`): its world ends."""
+        self._last.pop(stream.key, None)
+        self._inits.pop(stream.key, None)
+        if self._stop(stream.key):
+            detach(self._tell("end", stream.key, "the owner's session ended"), name=f"world-end-{stream.key}")
+
+    def leave(self, parked: Optional[Stream]) -> None:
+        """The socket ended (after its releases): the parked session's world waits for its
+        resume; any other still attached ends."""
+        for key in list(self._published):
+            self._stop(key)
+            if parked is not None and key == parked.key:
+                grace = self._args.sessions.resume.grace_s + AWAY_MARGIN_S
+                detach(self._tell("away", key, grace), name=f"world-away-{key}")
+            else:
+                detach(self._tell("end", key, "the owner left"), name=f"world-end-{key}")
+        self._inits.clear()
+        self._last.clear()
+        self._resumed.clear()
+
+    # ---- internals ----
+
+    def _open(self, session_id: str, stream: Optional[Stream], what: str) -> Stream:
+        if stream is None or stream.spec.session_id != session_id or stream.state is not StreamState.OPEN:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`{what}` names the open session of this connection; "
+                                                       "start it (or switch to it) first")
+        return stream
+
+    def _stop(self, key: str) -> bool:
+        publisher = self._published.pop(key, None)
+        if publisher is not None:
+            publisher.task.cancel()
+        return publisher is not None
+
+    async def _tell(self, method: str, *args: object) -> None:
+        ended, result = await settle(getattr(self._hub, method).remote(*args), HUB_TIMEOUT_S)
+        if not ended or isinstance(result, BaseException):
+            self._log.warning("the world hub did not answer", fields={"call": method, "error": repr(result)})
+
+    async def _shared(self, req: ShareRequest, stream: Stream, call) -> BaseModel:
+        ended, result = await settle(call, HUB_TIMEOUT_S)
+        if isinstance(result, ReplicaError):
+            return self._error(result.code, result.message, req.session_id, getattr(result, "retry_after_s", None))
+        if not ended or isinstance(result, BaseException):
+            return self._error(ErrorCode.BUSY, "the world hub did not answer; try again", req.session_id, 5.0)
+        world_id, token = result
+        publisher = self._published.get(stream.key)
+        if stream.state is StreamState.OPEN and (publisher is None or publisher.task.done()):
+            self._published[stream.key] = _Publisher(self._hub, stream.key, self._args.sharing.owner_keepalive_s,
+                                                     self._log)
+        return Shared(session_id=req.session_id, world_id=world_id, watch_url=f"{WATCH_ROUTE}?world={world_id}",
+                      watch_token=token, audience=req.audience, controls=req.controls)
+
+    async def _unshared(self, req: UnshareRequest, call) -> BaseModel:
+        ended, result = await settle(call, HUB_TIMEOUT_S)
+        world_id = result if ended and isinstance(result, str) else None
+        return Unshared(session_id=req.session_id, world_id=world_id)

@@ -1,0 +1,75 @@
+"""Worlds people share (PROTOCOL.md, "Shared worlds"): the owner's `share` / `unshare` answers
+and the viewer's side of `/v1/realtime/world/watch` (its `watch` request, `watching`, the
+world's notices). The owner's requests (`share`, `unshare`) live with the other requests of
+the camera route in protocol/messages.py; this module holds what they answer and the watch
+route's messages."""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field, JsonValue, Strict
+
+from protocol.fields import _Message
+
+MAX_WORLD_ID_CHARS = 64
+MAX_WATCH_TOKEN_CHARS = 128
+Audience = Literal["principal", "link"]
+Controls = Literal["owner"]  # `turns` and `crowd` are not served yet (PROTOCOL.md)
+WorldId = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WORLD_ID_CHARS)]
+WatchToken = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WATCH_TOKEN_CHARS)]
+WorldEvent = Literal["viewers", "owner_reconnecting", "owner_back", "ended"]
+
+
+class Shared(_Message):
+    """The answer to `share`: the world viewers watch, where and with which token."""
+
+    type: Literal["shared"] = "shared"
+    session_id: str
+    world_id: str = Field(description="the shared world's id (one share of one session)")
+    watch_url: str = Field(description="the watch route's path with `?world=<world_id>` (no token in it): "
+                                       "a viewer opens it and sends `watch` with the token")
+    watch_token: str = Field(description="the world's secret (>= 128 bits): whoever holds it may watch, within "
+                                         "the share's `audience`; `unshare` and the world's end revoke it")
+    audience: Audience
+    controls: Controls
+
+
+class Unshared(_Message):
+    """The answer to `unshare`: the world's token is revoked, its viewers got `ended`."""
+
+    type: Literal["unshared"] = "unshared"
+    session_id: str
+    world_id: Optional[str] = Field(None, description="the world that ended (absent: the session was not shared)")
+
+
+class WatchRequest(_Message):
+    """The first message on `/v1/realtime/world/watch`: the world to watch and its token."""
+
+    endpoint: Literal["watch"] = "watch"
+    world_id: WorldId
+    watch_token: WatchToken
+
+
+class Watching(_Message):
+    """The answer to `watch`: frame replies of the world follow (the first one starts with the
+    init segment), then its notices as they come."""
+
+    type: Literal["watching"] = "watching"
+    world_id: str
+    viewers: int = Field(ge=0, description="viewers of the world now, this one included")
+    controls: Controls
+    next_chunk_id: Optional[int] = Field(None, ge=0, description="the world's last chunk made so far, the first "
+                                                                 "this viewer gets (absent: none yet)")
+    debug: Optional[dict[str, JsonValue]] = Field(None, description="with debug_fields: the ingress replica")
+
+
+class WorldNotice(_Message):
+    """Something happened to the world a viewer watches: `viewers` (the count changed),
+    `owner_reconnecting` (the owner's socket dropped; the world waits for its resume),
+    `owner_back`, `ended` (unshared, reset, or the owner did not come back: the socket closes)."""
+
+    type: Literal["world"] = "world"
+    world_id: str
+    event: WorldEvent
+    viewers: int = Field(ge=0)
+    reason: Optional[str] = Field(None, description="with `ended`: why")
