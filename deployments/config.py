@@ -10,7 +10,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from camera.frames import DEFAULT_SIZE, MAX_CHUNKS, MAX_NUM_FRAMES, output_size
-from deployments.origins import canonical_origin
+from deployments.auth_args import AuthArgs
 from deployments.resume_args import ResumeArgs, moved_resume_keys
 from deployments.worlds_args import WorldsArgs
 from deployments.share_args import SharingArgs
@@ -298,30 +298,6 @@ class ConnectionArgs(_Strict):
     # appended (set true behind a trusted load balancer or Kubernetes ingress; never when clients
     # reach the Serve proxy directly).
     trust_forwarded_for: bool = False
-
-
-class AuthArgs(_Strict):
-    """Optional API keys; the keys themselves come from an environment variable (a secret)."""
-
-    api_keys_env: Optional[str] = None  # e.g. "LWF_API_KEYS" (comma separated); None = auth off
-    # `Origin`s allowed besides the server's own (its Host): [] = none, ["*"] = any (deployments/origins.py)
-    allowed_origins: list[str] = Field(default_factory=list)
-    # Quotas per API key, counted per ingress replica (None: unlimited; they need api_keys_env).
-    chunks_per_minute: Optional[int] = Field(None, ge=1)
-    max_sessions_per_key: Optional[int] = Field(None, ge=1)
-    max_connections_per_key: int = Field(16, ge=1)  # WebSockets of one key at once (auth on)
-
-    @field_validator("allowed_origins")
-    @classmethod
-    def _origins(cls, v: list[str]) -> list[str]:
-        return [canonical_origin(o) for o in v]
-
-    @model_validator(mode="after")
-    def _quotas_need_keys(self) -> "AuthArgs":
-        if self.api_keys_env is None and (self.chunks_per_minute or self.max_sessions_per_key):
-            raise ValueError("auth.chunks_per_minute and auth.max_sessions_per_key are per API key: "
-                             "set auth.api_keys_env too")
-        return self
 
 
 class VideoArgs(_Strict):
