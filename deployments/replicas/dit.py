@@ -42,8 +42,8 @@ from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, Ses
                                 TooLarge, Unsupported)
 from deployments.log import get_log
 from deployments.replicas.dit_engine import EngineHealth, start_engine
-from deployments.replicas.engine_options import accel_options
 from deployments.replicas.dit_slot import AdmissionPlan, DiTSlot
+from deployments.replicas.engine_options import accel_options
 from deployments.replicas.frame_floor import FrameFloor
 from deployments.replicas.memory import resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
