@@ -9,8 +9,9 @@ import hashlib
 from dataclasses import dataclass, field
 
 import pytest
+from ray.serve import Application
 
-from deployments.config import ModelArgs
+from deployments.config import AppArgs, ModelArgs
 from deployments.worlds import compile_artifacts as ca
 from deployments.worlds.compile_artifacts import (HEADER_BYTES, MAGIC, StoreArtifacts, artifact_facts, artifact_key,
                                                   frame, open_artifacts, replica_artifacts, unframe)
@@ -200,3 +201,19 @@ def test_listing_a_key_never_reads_a_neighbour(tmp_path):
 
     artifacts = StoreArtifacts(Listed(), KEY, 1 << 20)
     assert artifacts.fetch(FakeCache()) is False and artifacts.fetched == "absent"
+
+
+def test_the_app_hands_the_store_to_the_dit_and_vae_replicas():
+    """build_app binds `worlds` into both compiling deployments (one GPU or sequence parallel)."""
+    from deployments.app import build_app
+
+    for parallel in (1, 2):
+        args = AppArgs(worlds=WorldsArgs(backend="s3", bucket="b", compile_artifacts=True), dit_parallel=parallel)
+        stack, found = [build_app(args)], {}
+        while stack:
+            d = stack.pop()._bound_deployment
+            found[d.name] = d
+            stack += [a for a in (*d.init_args, *d.init_kwargs.values()) if isinstance(a, Application)]
+        for name in ("DiTDeployment", "VaeDeployment"):
+            assert found[name].init_kwargs == {"store": args.worlds}, (parallel, name)
+        assert "store" not in found["TextEncoderDeployment"].init_kwargs  # it compiles nothing
