@@ -51,6 +51,16 @@
 # serve_run_warm.log, serve_logs_cold.tar.gz; the load runs then measure the warm-started
 # server. ready.json holds both starts ({"healthy_s": {"cold": .., "warm": ..}, "starts": [..]}).
 #
+# STORE_WARM=1 (issue 55 item 5: a replica's cold start with the store's compile artefacts): the
+# config gets a world store in a local folder on this machine (`worlds: {backend: local, root:
+# $STORE_ROOT, compile_artifacts: true}`; STORE_ROOT default /tmp/lwf-store-warm, emptied before the
+# first start), so the cold start's replicas put their compile artefacts there after warm-up. After
+# it (and after RESTART's warm start, when both are asked for) Serve is stopped, the local compile
+# caches are emptied again (the config's model.compile_cache_dir and torch's defaults: a fresh
+# node) with the store kept, and `serve run` starts once more: time_to_healthy_store_s,
+# models_store.json, ready_store.json (each replica's `compile_store`: what it fetched and
+# loaded), serve_run_store.log; ready.json's "store" entry. SESSIONS="" skips the load runs.
+#
 # Wall-time budget (BUDGET_S, default 540 s of the device tool's 600): wheels ~30 s, Ray + models
 # + warm-up ~2-3 min (waits at most HEALTH_WAIT_S), the load runs ~2 min (no run starts later than
 # the budget minus 60 s), shutdown ~20 s. Frames: 81 per session (7 chunks), the engine
@@ -107,13 +117,28 @@ if [ -z "$SESSIONS_SET" ] && FITS=$($PY -m benchmarks.line.seats "$CONFIG" --fit
     SESSIONS=$FITS
     log "$($PY -m benchmarks.line.seats "$CONFIG") seat(s) in $CONFIG: serve_load sessions \"$SESSIONS\" (SESSIONS=... to choose)"
 fi
+if [ "${STORE_WARM:-0}" = 1 ]; then  # the replicas' compile artefacts in a world store (a local folder here)
+    STORE_ROOT=${STORE_ROOT:-/tmp/lwf-store-warm}
+    rm -rf "$STORE_ROOT"
+    $PY -c "
+import sys, yaml
+c = yaml.safe_load(open(sys.argv[1]))
+c['applications'][0]['args']['worlds'] = {'backend': 'local', 'root': sys.argv[2], 'compile_artifacts': True}
+yaml.safe_dump(c, open(sys.argv[3], 'w'), sort_keys=False)" "$CONFIG" "$STORE_ROOT" "$OUT/serve_config.store.yaml" \
+        || { log "STORE_WARM=1: could not add the store to $CONFIG"; exit 1; }
+    CONFIG="$OUT/serve_config.store.yaml"
+    log "STORE_WARM=1: compile artefacts kept in the world store at $STORE_ROOT ($CONFIG)"
+fi
 CACHE_DIR=$($PY -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); print(c['applications'][0]['args'].get('model', {}).get('compile_cache_dir') or '')" "$CONFIG")
+empty_compile_caches() {  # the config's compile_cache_dir and torch's default caches (a fresh node's)
+    [ -n "$CACHE_DIR" ] && rm -rf "$CACHE_DIR"
+    rm -rf "/tmp/torchinductor_$(id -un 2>/dev/null)" "${HOME:-/root}/.triton/cache"
+}
 if [ "${KEEP_COMPILE_CACHE:-0}" = 1 ]; then
     log "KEEP_COMPILE_CACHE=1: the compile caches stay (${CACHE_DIR:-the torch defaults})"
 else
     log "cold start: emptying the compile caches (${CACHE_DIR:-no compile_cache_dir}, and the torch defaults)"
-    [ -n "$CACHE_DIR" ] && rm -rf "$CACHE_DIR"
-    rm -rf "/tmp/torchinductor_$(id -un 2>/dev/null)" "${HOME:-/root}/.triton/cache"
+    empty_compile_caches
 fi
 
 SERVE_PID=
@@ -178,20 +203,35 @@ models_and_split() {  # models_and_split MODELS_FILE LABEL SUFFIX: /v1/models an
         --healthy-s "$(cat "$OUT/time_to_healthy$3""_s")" --label "$2" --out "$OUT/ready_$2.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
 }
 
-start_serve ""
-models_and_split models_start.json cold ""
-READY_FILES=("$OUT/ready_cold.json")
-if [ "${RESTART:-0}" = 1 ]; then  # issue 35.1: the same config again, its compile cache filled
-    stop_serve serve_logs_cold.tar.gz
-    for _ in $(seq 1 60); do  # the first start's GPU memory back before the second allocates
+wait_gpu_memory() {  # the last start's GPU memory back before the next allocates
+    for _ in $(seq 1 60); do
         used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
         [ -z "$used" ] || [ "$used" -lt 2048 ] && break
         sleep 1
     done
+}
+
+start_serve ""
+models_and_split models_start.json cold ""
+READY_FILES=("$OUT/ready_cold.json")
+LAST=cold
+if [ "${RESTART:-0}" = 1 ]; then  # issue 35.1: the same config again, its compile cache filled
+    stop_serve serve_logs_cold.tar.gz
+    wait_gpu_memory
     log "restart with the compile cache (${CACHE_DIR:-the torch defaults}; GPU memory used ${used:-?} MiB)"
     start_serve _warm
     models_and_split models_warm.json warm _warm
     READY_FILES+=("$OUT/ready_warm.json")
+    LAST=warm
+fi
+if [ "${STORE_WARM:-0}" = 1 ]; then  # issue 55.5: a fresh node: empty local caches, the store's artefacts
+    stop_serve "serve_logs_$LAST.tar.gz"
+    wait_gpu_memory
+    empty_compile_caches
+    log "start with the store's compile artefacts ($(find "$STORE_ROOT" -type f | wc -l) files, $(du -sh "$STORE_ROOT" | cut -f1) in $STORE_ROOT), the local compile caches emptied (GPU memory used ${used:-?} MiB)"
+    start_serve _store
+    models_and_split models_store.json store _store
+    READY_FILES+=("$OUT/ready_store.json")
 fi
 $PY -m benchmarks.ready_split --combine "${READY_FILES[@]}" --out "$OUT/ready.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
 

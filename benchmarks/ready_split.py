@@ -12,8 +12,10 @@ places them on the time line of the `serve run` that started them:
 Per start: `healthy_s` (launch -> /healthz 200), `ray_start_s` (launch -> the first replica's
 constructor: Ray, the controller, scheduling), `replicas_ready_s` (launch -> the last replica
 ready), `after_replicas_s` (the rest: the ingress, the proxy, the health check's period), and per
-replica its phases and `start_after_launch_s` / `ready_after_launch_s`. `--combine` gathers
-starts (a cold one and a warm one from `RESTART=1 bash benchmarks/gpu_serve.sh`) in one file.
+replica its phases and `start_after_launch_s` / `ready_after_launch_s` (and, where the replicas
+keep compile artefacts in the world store, its `compile_store`: fetched, bytes loaded, put).
+`--combine` gathers starts (a cold one and a warm one from `RESTART=1 bash benchmarks/gpu_serve.sh`,
+a start from the store's artefacts from `STORE_WARM=1`) in one file.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 DEPLOYMENTS = ("text_encoder", "vae", "dit")
-PHASES = ("load_s", "warmup_s", "cache_save_s", "probe_s", "compile_s", "total_s")
+PHASES = ("store_fetch_s", "load_s", "warmup_s", "cache_save_s", "store_put_s", "probe_s", "compile_s", "total_s")
 
 
 def replicas_of(models: dict) -> dict[str, list[dict]]:
@@ -46,6 +48,8 @@ def split(models: dict, launched_at: Optional[float], healthy_s: Optional[float]
             row = {"replica": stats.get("replica"), **{k: ready[k] for k in PHASES if k in ready},
                    "warmup_per_size": ready.get("warmup_per_size", []),
                    "compile_cache": ready.get("compile_cache")}
+            if "compile_store" in ready:  # the world store's compile artefacts (STORE_WARM=1 in gpu_serve.sh)
+                row["compile_store"] = ready["compile_store"]
             if launched_at is not None:
                 row["start_after_launch_s"] = round(ready["started_at"] - launched_at, 3)
                 row["ready_after_launch_s"] = round(ready["ready_at"] - launched_at, 3)
@@ -75,6 +79,10 @@ def describe(record: dict) -> str:
                              for e in row["warmup_per_size"])
             cache = row.get("compile_cache") or {}
             hits = f"fxgraph hit/miss {cache.get('fxgraph_cache_hit')}/{cache.get('fxgraph_cache_miss')}" if cache else ""
+            store = row.get("compile_store")
+            if store:
+                hits += (f", store {store['fetched']} {store['loaded_bytes']} B in {row.get('store_fetch_s')} s, "
+                         f"{store['published']} {store['put_bytes']} B")
             lines.append(f"  {name}: load {row.get('load_s')} s, warm-up {row.get('warmup_s')} s [{sizes}], "
                          f"total {row.get('total_s')} s {hits}")
     return "\n".join(lines)

@@ -97,11 +97,13 @@ def bind_dit(args: AppArgs, options: dict[str, Any]) -> Application:
     router); a sequence-parallel replica adds its placement group.
     """
     if args.dit_parallel == 1:
-        return DiTDeployment.options(**options).bind(args.model, args.sessions, args.prefix_cache.snapshot_mib)
+        return DiTDeployment.options(**options).bind(args.model, args.sessions, args.prefix_cache.snapshot_mib,
+                                                     store=args.worlds)
     actor = {k: v for k, v in options.get("ray_actor_options", {}).items() if k != "label_selector"}
     options = {**options, "ray_actor_options": actor}  # the bundles carry the labels
     return DiTDeployment.options(**options, **sp_placement(args.dit, args.dit_parallel)).bind(
-        args.model, args.sessions, args.prefix_cache.snapshot_mib, args.dit_parallel, args.dit_parallel_timeout_s)
+        args.model, args.sessions, args.prefix_cache.snapshot_mib, args.dit_parallel, args.dit_parallel_timeout_s,
+        store=args.worlds)
 
 
 def build_app(args: AppArgs) -> Application:
@@ -112,7 +114,7 @@ def build_app(args: AppArgs) -> Application:
     vae_capacity = args.sessions.vae_max_sessions or 2 * args.sessions.max_sessions * args.dit.most_replicas
     text = TextEncoderDeployment.options(**replica_options(args.text_encoder)).bind(args.model)
     vae = VaeDeployment.options(**replica_options(args.vae), request_router_config=router).bind(
-        args.model, args.sessions, vae_capacity, args.prefix_cache.snapshot_mib)
+        args.model, args.sessions, vae_capacity, args.prefix_cache.snapshot_mib, store=args.worlds)
     dit = bind_dit(args, {**replica_options(args.dit), "request_router_config": router})  # 1 or N GPUs
     parking = None
     if args.sessions.resume.grace_s > 0:  # one replica, placed like the ingress (CPU, head node)

@@ -36,6 +36,12 @@ class WorldsArgs(BaseModel):
     # Chunks waiting for the store (write-behind, per ingress replica); beyond it a chunk is not
     # queued and its world is marked behind (the session's journal still holds it).
     writer_queue: int = Field(256, ge=1)
+    # The DiT and VAE replicas keep their torch.compile artefacts in the store
+    # (deployments/worlds/compile_artifacts.py): a replica whose local compile cache is empty
+    # (a fresh node) loads them before compiling; one that compiled puts them there after its
+    # warm-up. False: only the local compile cache (`model.compile_cache_dir`).
+    compile_artifacts: bool = False
+    compile_artifact_max_mib: float = Field(512.0, gt=0)  # one artefact's bound: a larger one is neither put nor read
 
     @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> "WorldsArgs":

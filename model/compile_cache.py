@@ -18,12 +18,21 @@ share the directory); `stats()` reports what the process's compilations found in
 (inductor's FX-graph hits and misses, AOTAutograd's, and the seconds dynamo spent compiling).
 Dynamo still traces each region in a new process; only code generation and kernel builds are
 saved. A directory that cannot be created leaves torch's defaults (a warning, no failure).
+
+`hot_load(data, source)` loads artefacts that came from elsewhere (the world store's copy,
+deployments/worlds/compile_artifacts.py) before anything compiles; `artifact()` is what `save()`
+wrote (or, without a directory, what this process would write): the bytes another node loads.
+`toolchain(device)` names what an artefact was built by and for (torch, Triton, CUDA, the device
+and its capability, the CPU's instruction set): an artefact is only valid where all of it matches.
 """
 from __future__ import annotations
 
 import logging
 import os
+import platform
+import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -55,6 +64,26 @@ def cache_counters() -> dict[str, int]:
     return {key: int(counters[group][key]) for group, key in COUNTERS}
 
 
+def toolchain(device: str) -> dict[str, Any]:
+    """What a compile artefact depends on besides the model: the versions that generate and build
+    code, and the device it was built for (a GPU's name and compute capability; on the CPU the
+    instruction set inductor's C++ code is compiled for)."""
+    try:
+        triton = version("triton")
+    except PackageNotFoundError:
+        triton = None
+    facts: dict[str, Any] = {"torch": torch.__version__, "triton": triton, "cuda": torch.version.cuda,
+                             "python": f"{sys.version_info[0]}.{sys.version_info[1]}", "machine": platform.machine(),
+                             "device": torch.device(device).type}
+    if facts["device"] == "cuda":
+        index = torch.device(device).index or 0
+        facts["gpu"] = torch.cuda.get_device_name(index)
+        facts["capability"] = list(torch.cuda.get_device_capability(index))
+    else:
+        facts["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return facts
+
+
 @dataclass
 class CompileCache:
     """The compile cache of one process (see the module docstring); `directory` None: torch's
@@ -66,6 +95,8 @@ class CompileCache:
     load_s: float = 0.0
     saved_bytes: int = 0
     errors: list[str] = field(default_factory=list)
+    hot_loaded: dict[str, int] = field(default_factory=dict)  # source -> bytes loaded by `hot_load`
+    _artifact: Optional[bytes] = field(default=None, repr=False)  # what `save` wrote
 
     @property
     def mega_file(self) -> Optional[Path]:
@@ -97,14 +128,42 @@ class CompileCache:
         t0 = time.perf_counter()
         try:
             data = path.read_bytes()
-            if torch.compiler.load_cache_artifacts(data) is None:  # torch could not deserialize it
-                raise ValueError(f"{len(data)} bytes that are not torch compile artefacts")
+            _load_artifacts(data)
         except Exception as exc:  # noqa: BLE001 - a stale or torn file: compile as if cold
             _log.warning("mega-cache %s not loaded (%s): compiling cold", path, exc)
             self.errors.append(f"load: {type(exc).__name__}: {exc}")
             return
         self.loaded_bytes = len(data)
         self.load_s = time.perf_counter() - t0
+
+    def hot_load(self, data: bytes, source: str) -> bool:
+        """Load compile artefacts from `source` (e.g. "store") into this process's caches, before
+        anything compiles. False (logged, in `errors`) when torch cannot load them: the caller
+        compiles as if cold."""
+        if not hasattr(torch.compiler, "load_cache_artifacts"):
+            return False
+        t0 = time.perf_counter()
+        try:
+            _load_artifacts(data)
+        except Exception as exc:  # noqa: BLE001 - bytes from elsewhere: compile cold rather than fail
+            _log.warning("compile artefacts from %s not loaded (%s): compiling cold", source, exc)
+            self.errors.append(f"{source}: {type(exc).__name__}: {exc}")
+            return False
+        self.hot_loaded[source] = len(data)
+        self.load_s += time.perf_counter() - t0
+        return True
+
+    def artifact(self) -> bytes:
+        """This process's compile artefacts as one blob: what `save` wrote, else torch's
+        `save_cache_artifacts()` now (b"" when there is nothing or torch cannot)."""
+        if self._artifact is None:
+            try:
+                artifacts = torch.compiler.save_cache_artifacts()
+            except Exception as exc:  # noqa: BLE001 - the cache is an optimisation
+                self.errors.append(f"save: {type(exc).__name__}: {exc}")
+                return b""
+            self._artifact = bytes(artifacts[0]) if artifacts and artifacts[0] else b""
+        return self._artifact
 
     def save(self) -> int:
         """Write this process's compile artefacts to the mega-cache file (atomically); their
@@ -116,6 +175,7 @@ class CompileCache:
             artifacts = torch.compiler.save_cache_artifacts()
             if not artifacts or not artifacts[0]:
                 return 0
+            self._artifact = bytes(artifacts[0])
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             tmp.write_bytes(artifacts[0])
             tmp.replace(path)
@@ -130,4 +190,11 @@ class CompileCache:
         """What the replica reports (its ready split's `compile_cache`)."""
         return {"dir": None if self.directory is None else str(self.directory),
                 "mega_loaded_bytes": self.loaded_bytes, "mega_load_s": round(self.load_s, 3),
-                "mega_saved_bytes": self.saved_bytes, **cache_counters(), "errors": list(self.errors)}
+                "mega_saved_bytes": self.saved_bytes, "hot_loaded_bytes": dict(self.hot_loaded), **cache_counters(),
+                "errors": list(self.errors)}
+
+
+def _load_artifacts(data: bytes) -> None:
+    """torch's hot load of a mega-cache blob; raises when torch cannot deserialize it."""
+    if torch.compiler.load_cache_artifacts(data) is None:
+        raise ValueError(f"{len(data)} bytes that are not torch compile artefacts")

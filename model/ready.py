@@ -2,8 +2,10 @@
 
 A replica's constructor starts a `ReadyClock`, marks each phase as it ends (`load`: building the
 engine and its weights on the device; `warmup`: compiling and running every serving size;
-`cache_save`: writing the compile cache; the VAE's `probe` of its cache layout) and reports `split(...)`: the phases' seconds, the
-warm-up per size with torch.compile's share, the compile cache's hits and misses, the total, and
+`cache_save`: writing the compile cache; the VAE's `probe` of its cache layout; `store_fetch` /
+`store_put`: its compile artefacts read from / put in the world store, where configured) and
+reports `split(...)`: the phases' seconds, the warm-up per size with torch.compile's share, the
+compile cache's hits and misses (and the store's part, `compile_store`), the total, and
 the wall-clock times it started and ended (so that a benchmark can place the replica on the
 time line of `serve run`: benchmarks/ready_split.py).
 """
@@ -33,7 +35,8 @@ class ReadyClock:
         self._last = now
         return self.phases[phase]
 
-    def split(self, warmup: WarmupReport, cache: Optional[CompileCache] = None) -> dict[str, Any]:
+    def split(self, warmup: WarmupReport, cache: Optional[CompileCache] = None,
+              store: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """The replica's ready split (what `stats()` reports as `ready` and the log line says)."""
         total = time.perf_counter() - self._t0
         out: dict[str, Any] = {
@@ -43,4 +46,6 @@ class ReadyClock:
         }
         if cache is not None:
             out["compile_cache"] = cache.stats()
+        if store is not None:
+            out["compile_store"] = store
         return out

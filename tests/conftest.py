@@ -46,6 +46,7 @@ GPU_FOLDER = "gpu"  # tests/gpu/ (none yet): tests that need a CUDA GPU, or a te
 SLOW_MODULES = frozenset({
     "model/test_ulysses.py", "model/test_golden.py", "model/test_pipeline.py", "model/test_compiled.py",
     "model/test_deferred_update.py", "model/test_prompt_steering.py", "client/test_offline_match.py",
+    "deployments/test_warm_start.py",  # replicas compiling in processes of their own (~1-2 min each here)
 })
 SLOW_TESTS = frozenset({
     "model/test_accel.py::test_vae_written_once_transforms_keep_the_streams",

@@ -47,3 +47,16 @@ def test_the_cli_writes_each_start_and_gathers_them(tmp_path):
     doc = json.loads((tmp_path / "ready.json").read_text())
     assert doc["healthy_s"] == {"cold": 55.0, "warm": 30.0}
     assert [s["label"] for s in doc["starts"]] == ["cold", "warm"] and doc["starts"][1]["after_replicas_s"] == -20.0
+
+
+def test_a_start_from_the_stores_artefacts_shows_what_each_replica_fetched(tmp_path):
+    doc = models()
+    vae = doc["data"][0]["replicas"]["vae"][0]["ready"]
+    vae.update(store_fetch_s=0.8, store_put_s=0.0,
+               compile_store={"key": "compile/x/vae.bin", "fetched": "loaded", "loaded_bytes": 123456, "fetch_s": 0.8,
+                              "published": "same", "put_bytes": 0, "put_s": 0.0, "errors": []})
+    record = ready_split.split(doc, LAUNCH, healthy_s=55.0, label="store")
+    (row,) = record["replicas"]["vae"]
+    assert row["store_fetch_s"] == 0.8 and row["compile_store"]["fetched"] == "loaded"
+    assert "compile_store" not in record["replicas"]["dit"][0]  # a replica without the store
+    assert "store loaded 123456 B in 0.8 s, same 0 B" in ready_split.describe(record)

@@ -43,6 +43,7 @@ from deployments.errors import (AttentionBound, Busy, ChunkLimit, Preempted, Ses
 from deployments.log import get_log
 from deployments.replicas.dit_engine import EngineHealth, start_engine
 from deployments.replicas.dit_slot import AdmissionPlan, DiTSlot
+from deployments.replicas.engine_options import accel_options
 from deployments.replicas.frame_floor import FrameFloor
 from deployments.replicas.memory import resident_model_bytes, session_budget
 from deployments.replicas.session_host import SessionHost
@@ -50,6 +51,8 @@ from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import parse_snapshot_id
 from deployments import wire
 from deployments.wire import ChunkStep, NoiseSnapshot, SessionOptions, StepResult
+from deployments.worlds.compile_artifacts import StoreArtifacts, replica_artifacts
+from deployments.worlds_args import WorldsArgs
 from model.compile_cache import CompileCache
 from model.engine_api import ChunkPreempted, DiTEngineProtocol, SessionFootprint
 from model.parallel.launch import DEFAULT_TIMEOUT_S
@@ -70,12 +73,19 @@ class DiTDeployment(SessionHost[DiTSlot]):
     _floor: Optional[FrameFloor] = None  # the frame-rate floor (`_ready`; none: a replica's parts in tests)
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, snapshot_mib: float = 0.0,
-                       parallel: int = 1, parallel_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                       parallel: int = 1, parallel_timeout_s: float = DEFAULT_TIMEOUT_S,
+                       store: Optional[WorldsArgs] = None) -> None:
         """`parallel` > 1: the engine spans that many GPUs (sequence parallel, sp_dit.py): the
-        replica is rank 0 in bundle 0 of its placement group (deployments/app.py `bind_dit`)."""
+        replica is rank 0 in bundle 0 of its placement group (deployments/app.py `bind_dit`).
+        `store` with `compile_artifacts`: compile artefacts from / to the world store."""
         self._clock = ReadyClock()
         cache_name = "dit" if parallel == 1 else "dit-sp"
         self._compile_cache = CompileCache.open(model.compile_cache_dir, cache_name)  # before anything compiles
+        self._artifacts: Optional[StoreArtifacts] = replica_artifacts(
+            store, cache_name, model, accel_options(model, model.device), parallel)
+        if self._artifacts is not None:  # a fresh node: the store's artefacts, before anything compiles
+            await self.compute_thread.run(self._artifacts.fetch, self._compile_cache)
+            self._clock.mark("store_fetch")
         served = await start_engine(model, sessions, parallel, parallel_timeout_s)
         self._engine: DiTEngineProtocol = served.engine
         self._health: EngineHealth = served.health
@@ -101,6 +111,9 @@ class DiTDeployment(SessionHost[DiTSlot]):
         if model.warmup:
             await self.compute_thread.run(self._compile_cache.save)
         self._clock.mark("cache_save")
+        if model.warmup and self._artifacts is not None:
+            await self.compute_thread.run(self._artifacts.publish, self._compile_cache)
+            self._clock.mark("store_put")
         resident = resident_model_bytes(model.device, self._engine.dit)
         budget = session_budget(sessions.kv_budget_gib, cap, resident)
         table: SessionTable[DiTSlot] = SessionTable(
@@ -111,7 +124,8 @@ class DiTDeployment(SessionHost[DiTSlot]):
         snapshot_bytes = int(snapshot_mib * 2**20) if self._engine.capabilities.clone else 0
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("dit"), model.device,
                          snapshot_bytes)
-        ready = self._clock.split(report, self._compile_cache)
+        ready = self._clock.split(report, self._compile_cache,
+                                  None if self._artifacts is None else self._artifacts.stats())
         self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
                               "random_weights": model.random_weights, "ready": ready}
         self._log.info("ready split", fields={k: v for k, v in ready.items() if k != "compile_cache"}

@@ -44,6 +44,8 @@ from deployments.replicas.session_host import SessionHost
 from deployments.replicas.session_table import SessionTable
 from deployments.replicas.snapshots import parse_snapshot_id
 from deployments.wire import SessionOptions
+from deployments.worlds.compile_artifacts import replica_artifacts
+from deployments.worlds_args import WorldsArgs
 from media.fmp4 import Fmp4Muxer
 from model.accel import AccelOptions
 from model.compile_cache import CompileCache
@@ -90,13 +92,18 @@ class VaeDeployment(SessionHost[VaeSlot]):
     slow_call_s = 1.0  # an encode or decode + mux runs 0.1-0.4 s at 464x832 on an H200
 
     async def __init__(self, model: ModelArgs, sessions: SessionArgs, max_sessions: int,
-                       snapshot_mib: float = 0.0) -> None:
+                       snapshot_mib: float = 0.0, store: Optional[WorldsArgs] = None) -> None:
+        """`store` with `compile_artifacts`: compile artefacts from / to the world store."""
         clock = ReadyClock()
         compile_cache = CompileCache.open(model.compile_cache_dir, "vae")  # before anything compiles
+        options = AccelOptions.for_serving(model.device, vae_compile=model.vae_compile)
+        artifacts = replica_artifacts(store, "vae", model, options)
+        if artifacts is not None:  # a fresh node: the store's artefacts, before anything compiles
+            await self.compute_thread.run(artifacts.fetch, compile_cache)
+            clock.mark("store_fetch")
         cap = cap_process(model.device, None) if model.device == "cuda" else None  # its num_gpus share
         self._engine = load_vae_engine(model.preset, model.checkpoint, model.vae_dtype, model.device,
-                                       options=AccelOptions.for_serving(model.device, vae_compile=model.vae_compile),
-                                       random_weights=model.random_weights)
+                                       options=options, random_weights=model.random_weights)
         clock.mark("load")
         report = WarmupReport()
         if model.warmup:  # compile, cuDNN autotuning and x264 at every serving size, before traffic
@@ -108,6 +115,9 @@ class VaeDeployment(SessionHost[VaeSlot]):
         if model.warmup:
             await self.compute_thread.run(compile_cache.save)
         clock.mark("cache_save")
+        if model.warmup and artifacts is not None:
+            await self.compute_thread.run(artifacts.publish, compile_cache)
+            clock.mark("store_put")
         # The caches' shapes, read from one probe session (at a warmed size: no new compilation).
         self._layout = await self.compute_thread.run(CacheLayout.probe, self._engine, *model.serving_sizes()[:1])
         clock.mark("probe")
@@ -120,7 +130,7 @@ class VaeDeployment(SessionHost[VaeSlot]):
         )
         self._start_host(table, lambda slot: self._engine.close(slot.session), get_log("vae"), model.device,
                          int(snapshot_mib * 2**20))
-        ready = clock.split(report, compile_cache)
+        ready = clock.split(report, compile_cache, None if artifacts is None else artifacts.stats())
         self._replica_info = {**report.as_dict(), "memory_cap_bytes": cap, "resident_bytes": resident,
                               "random_weights": model.random_weights, "ready": ready}
         self._log.info("ready split", fields={k: v for k, v in ready.items() if k != "compile_cache"}

@@ -80,7 +80,11 @@ def test_image_installs_the_package_after_copying_it():
     assert installs and installs[-1] > copies[0], "pip install . (or .[${EXTRAS}]) must follow the COPY"
     args = dict(a.split("=", 1) for word, a in steps if word == "ARG" and "=" in a)
     extras = pyproject()["project"]["optional-dependencies"]
-    assert args["EXTRAS"] == "gpu", "the image takes the gpu extra by default (model.fp8_attention's frontend)"
+    assert args["EXTRAS"] == "gpu,s3", \
+        "the image takes the gpu extra (model.fp8_attention's frontend) and s3 (the world store's obstore) by default"
+    assert any(d.startswith("obstore") for d in extras["s3"])
+    s3_check = [a for word, a in steps if word == "RUN" and 'import obstore"' in a]
+    assert s3_check and "*,s3,*" in s3_check[0], "an s3 build checks that the S3 client imports"
     assert "fa4" in extras and any(d.startswith("flash-attn-4[cu13]") for d in extras["fa4"]), \
         "EXTRAS=gpu,fa4 (model.attention: fa4) installs FA4 with its CUDA 13 libraries"
     fa4_check = [a for word, a in steps if word == "RUN" and "import flash_attn.cute" in a]

@@ -21,6 +21,7 @@ KNOWN_KINDS = {
     "PodMonitor": "monitoring.coreos.com/v1",
     "PersistentVolumeClaim": "v1",
     "Job": "batch/v1",
+    "Secret": "v1",
 }
 # Deployment name in the graph -> its placement block in AppArgs.
 ARGS_KEY = {
@@ -101,7 +102,8 @@ def test_every_document_is_a_known_kind_with_a_name(manifests, by_kind):
             assert kind in KNOWN_KINDS, f"{name}: unexpected kind {kind!r}"
             assert doc.get("apiVersion") == KNOWN_KINDS[kind], f"{name}: apiVersion of {kind}"
             assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
-            assert isinstance(doc.get("spec"), dict), f"{name}: {kind} without a spec"
+            body = "stringData" if kind == "Secret" else "spec"
+            assert isinstance(doc.get(body), dict), f"{name}: {kind} without its {body}"
     counts = {k: 1 for k in KNOWN_KINDS} | {"PersistentVolumeClaim": 2}  # the weights, the compile cache
     assert {k: len(v) for k, v in by_kind.items()} == counts
 
@@ -180,6 +182,32 @@ def test_api_keys_come_from_a_secret_on_every_ray_pod(rayservice, app_args):
     for group, template in pod_templates(rayservice).items():
         env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
         assert "secretKeyRef" in env[env_name]["valueFrom"], group
+
+
+STORE_SECRET = "lingbot-world-store"
+
+
+def test_the_world_store_credentials_come_from_its_secret_on_every_ray_pod(rayservice, by_kind, app_args):
+    """`args.worlds` keeps worlds and compile artefacts in an S3 bucket; the variables its
+    access_key_env / secret_key_env name come from the Secret in k8s/world-store.yaml (its keys),
+    optional (no Secret: the S3 client's own chain, e.g. an IAM role), on every Ray pod: the
+    ingress and the DiT / VAE replicas all reach the store."""
+    worlds = AppArgs.model_validate(app_args).worlds
+    assert worlds.backend == "s3" and worlds.bucket and worlds.compile_artifacts
+    (secret,) = [d for d in by_kind["Secret"] if d["metadata"]["name"] == STORE_SECRET]
+    for group, template in pod_templates(rayservice).items():
+        env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
+        for name in (worlds.access_key_env, worlds.secret_key_env):
+            ref = env[name]["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == STORE_SECRET and ref["key"] in secret["stringData"], (group, name)
+            assert ref.get("optional") is True, (group, name)
+    assert worlds.access_key_env != worlds.secret_key_env
+
+
+def test_the_secret_manifest_holds_placeholders_not_credentials(by_kind):
+    (secret,) = [d for d in by_kind["Secret"] if d["metadata"]["name"] == STORE_SECRET]
+    assert secret["type"] == "Opaque" and set(secret["stringData"]) == {"access-key-id", "secret-access-key"}
+    assert all(v.startswith("REPLACE-") for v in secret["stringData"].values())
 
 
 def placements(cfg: dict) -> dict[str, dict]:

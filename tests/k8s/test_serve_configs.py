@@ -240,6 +240,25 @@ def gpu_configs() -> dict[str, dict]:
     return out
 
 
+@pytest.mark.parametrize("name", GPU_RAYSERVICES)
+def test_the_rayservices_keep_worlds_and_compile_artefacts_in_one_s3_store(name):
+    """Both RayServices (the variant too) name the same store, the variables its credentials come
+    in (the env of every pod, from the lingbot-world-store Secret: tests/k8s/test_manifests.py)
+    and keep the replicas' compile artefacts there (issue 55: a fresh node starts warm)."""
+    import yaml
+
+    worlds = AppArgs.model_validate(the_app(gpu_configs()[name])["args"]).worlds
+    main = AppArgs.model_validate(the_app(gpu_configs()["k8s/rayservice.yaml"])["args"]).worlds
+    assert worlds == main and worlds.backend == "s3" and worlds.compile_artifacts and worlds.bucket
+    assert worlds.endpoint and worlds.endpoint.startswith("http"), "an in-cluster S3 endpoint (null: AWS)"
+    doc = next(d for d in yaml.safe_load_all((REPO / name).read_text()) if d and d.get("kind") == "RayService")
+    cluster = doc["spec"]["rayClusterConfig"]
+    for template in [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]:
+        env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
+        assert {env[v]["valueFrom"]["secretKeyRef"]["name"] for v in (worlds.access_key_env, worlds.secret_key_env)} \
+            == {"lingbot-world-store"}, name
+
+
 @pytest.mark.parametrize("name", GPU_CONFIG_FILES + GPU_RAYSERVICES)
 def test_gpu_configs_run_the_measured_fast_path(name):
     from model.accel import AccelOptions

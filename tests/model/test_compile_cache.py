@@ -16,16 +16,18 @@ SCRIPT = """
 import json, sys, torch
 from model.compile_cache import CompileCache
 cache = CompileCache.open(sys.argv[1], "probe")
+hot = cache.hot_load(open(sys.argv[2], "rb").read(), "store") if len(sys.argv) > 2 else None
 f = torch.compile(lambda x: torch.sin(x) * 2 + x.cos() * x)
 y = f(torch.arange(8.0))
 cache.save()
-print(json.dumps({**cache.stats(), "y": y.tolist()}))
+print(json.dumps({**cache.stats(), "y": y.tolist(), "hot": hot, "artifact": len(cache.artifact())}))
 """
 
 
-def start(directory) -> dict:
+def start(directory, *hot_load) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (INDUCTOR_ENV, TRITON_ENV)}
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(directory)], cwd=REPO, env=env, check=True,
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(directory), *map(str, hot_load)], cwd=REPO, env=env,
+                         check=True,
                          capture_output=True, text=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -42,6 +44,29 @@ def test_the_second_start_loads_what_the_first_compiled(tmp_path):
     x = torch.arange(8.0)
     expected = torch.sin(x) * 2 + x.cos() * x
     assert torch.allclose(torch.tensor(warm["y"]), expected) and warm["y"] == cold["y"]
+
+
+def test_artefacts_hot_loaded_from_elsewhere_are_cache_hits(tmp_path):
+    """What the world store hands a replica on a fresh node (deployments/worlds/compile_artifacts.py):
+    another process's blob, loaded into an empty cache directory before anything compiles."""
+    first = start(tmp_path / "node-a")
+    blob = tmp_path / "node-a" / "mega" / "probe.bin"
+    assert first["artifact"] == first["mega_saved_bytes"] == blob.stat().st_size > 0  # artifact() is what save wrote
+    fresh = start(tmp_path / "node-b", blob)
+    assert fresh["hot"] is True and fresh["hot_loaded_bytes"] == {"store": first["mega_saved_bytes"]}
+    assert fresh["mega_loaded_bytes"] == 0 and fresh["fxgraph_cache_hit"] >= 1 and fresh["fxgraph_cache_miss"] == 0
+    assert fresh["y"] == first["y"] and not fresh["errors"]
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"framed elsewhere, not torch's")
+    cold = start(tmp_path / "node-c", junk)
+    assert cold["hot"] is False and cold["hot_loaded_bytes"] == {} and cold["errors"][0].startswith("store:")
+    assert cold["fxgraph_cache_miss"] >= 1 and cold["y"] == first["y"]  # compiled as if cold
+
+
+def test_without_a_directory_the_artefact_is_still_made(monkeypatch):
+    monkeypatch.delenv(INDUCTOR_ENV, raising=False)
+    cache = CompileCache.open(None, "probe")
+    assert cache.save() == 0 and isinstance(cache.artifact(), bytes)  # torch's blob of this process, maybe empty
 
 
 def test_a_torn_mega_cache_file_is_compiled_over(tmp_path):
