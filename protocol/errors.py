@@ -16,6 +16,8 @@ class ErrorCode(str, Enum):
     BUSY = "busy"  # no capacity for a new session now (see retry_after_s)
     UNAUTHORIZED = "unauthorized"  # missing or wrong credentials
     SESSION_LIMIT = "session_limit"  # the session reached its chunk limit (RoPE table: 1024 latent frames, or its num_frames)
+    STORE_BEHIND = "store_behind"  # a notice: the world store does not keep up; chunks wait in memory (none lost)
+    WORLD_CHANGED = "world_changed"  # a session kept in the world store was made by a model this server does not serve
 
 
 class ProtocolError(ValueError):

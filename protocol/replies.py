@@ -132,5 +132,5 @@ class ErrorReply(_Message):
 
     @property
     def is_notice(self) -> bool:
-        """A notice (the session nears its limit), not the answer to a request."""
-        return self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)
+        """A notice (the session nears its limit, the world store is behind), not the answer to a request."""
+        return self.code is ErrorCode.STORE_BEHIND or (self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left))

@@ -57,6 +57,8 @@ from deployments.ingress.resume import ClaimsThrottled, ResumeBook
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, oversize, session_traits
+from deployments.ingress.worlds.keeping import WorldKeeping
+from deployments.ingress.worlds.sessions import SessionWorlds
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
@@ -86,12 +88,12 @@ class Connection:
     def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
                  handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None,
                  key_id: Optional[str] = None, client: Optional[str] = None, resumable: bool = False,
-                 prefix: Optional[tuple[PrefixStore, str, Any]] = None) -> None:
+                 prefix: Optional[tuple[PrefixStore, str, Any]] = None, worlds: Optional[WorldKeeping] = None) -> None:
         """`quota`: the per-API-key quota this connection counts against (None: unlimited);
         `key_id`, `client`: its API key id (auth on) and address, whom a resume must match;
         `resumable`: its sessions may outlive it (a WebSocket, when the app parks sessions);
         `prefix`: the ingress replica's prefix store, the model's fingerprint and the store's
-        metrics (None: no store)."""
+        metrics (None: no store); `worlds`: the replica's world store (its sessions kept there)."""
         self._ws = ws
         self._b = backends
         self._args = args
@@ -108,16 +110,18 @@ class Connection:
                           metrics.observe_session_fps)  # the waiting room (line/seat.py)
         self._jobs = LaneJobs(replicas, Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics), seats)
         self._releases = Releases(replicas, quota, metrics, ended=seats.end)
-        self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable,
-                                  clip_mode=lambda: self._raw_frames, key_id=key_id, client=client)
+        self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
+        kept = None if worlds is None or not resumable else SessionWorlds(  # worlds/: its sessions' worlds
+            worlds, self._principal, lambda n: self._outbox.notice(n), lambda s: self._resume.digest_of(s))
+        self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable, clip_mode=lambda: self._raw_frames,
+                                  key_id=key_id, client=client, worlds=kept)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
-                                token=self._resume.token)
+                                token=self._resume.token, kept=None if kept is None else kept.kept)
         self._outbox = Outbox(ws, on_sent=self._resume.record_sent, on_reply=self._policy.on_reply)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driving = Driving(args, backends, self._controls, self._log, start=self._start_driven,  # `drive`
                                 put_paused=self._outbox.reply_now, sent_chunks=self._resume.sent_chunks)
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
-        self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
         self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,
                                                                           self._id),
                                    handshake, prefix_metrics, token=self._resume.token)  # prefix/reuse.py

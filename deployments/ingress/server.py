@@ -40,6 +40,7 @@ from deployments.ingress.videos import VideoEndpoint
 from deployments.ingress.videos.runner import SessionRunner
 from deployments.ingress.videos.schema import openapi_extra as video_body_schema
 from deployments.ingress.web import mount_web
+from deployments.ingress.worlds.keeping import open_keeping
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
@@ -126,6 +127,7 @@ class WorldIngress:
                                     args.auth.max_connections_per_key if self._auth.enabled else None,
                                     c.reserved_for_new_clients)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
+        self._worlds = open_keeping(args, get_log("ingress", replica=_replica_id()))  # None: worlds off
         if _replica_id():  # in a Serve replica (not a test building the class): say where to go once up
             self._ready = asyncio.get_running_loop().create_task(
                 announce_when_ready(self._probe, CAMERA_ROUTE, get_log("ingress", replica=_replica_id())))
@@ -189,7 +191,8 @@ class WorldIngress:
         self._metrics.connections.set(self._open_connections)
         try:
             await Connection(transport, self._backends, self._args, self._limits, self._handshake, self._metrics,
-                             self._quotas.for_key(key_id), key_id, client, resumable, self._prefix).run()
+                             self._quotas.for_key(key_id), key_id, client, resumable, self._prefix,
+                             self._worlds).run()
         finally:
             self._open_connections -= 1
             self._metrics.connections.set(self._open_connections)
@@ -220,14 +223,15 @@ class WorldIngress:
         """200 when a session could be served: every replica answers its stats, and one call
         routed to each deployment the way a session's calls go (through the session-affinity
         router) comes back within the deadline; else 503. Status `degraded` (still 200) while the
-        waiting room does not answer (health.py). With auth on, the counts (replicas, sessions,
+        waiting room does not answer (health.py) or the world store is down or behind (worlds/). With auth on, the counts (replicas, sessions,
         connections) only for a valid key."""
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_S + 1.0):
                 stats, probe, line = await asyncio.gather(self._replica_stats(), self._probe.run(), self._line())
         except Exception as e:  # noqa: BLE001 - any failure means unhealthy
             return JSONResponse({"status": "unavailable", "error": f"{type(e).__name__}: {e}"}, status_code=503)
-        body: dict[str, Any] = {"status": "degraded" if line_lost(line) else "ok"}  # 200 either way (health.py)
+        store_behind = self._worlds is not None and self._worlds.degraded  # the world store down or slow
+        body: dict[str, Any] = {"status": "degraded" if line_lost(line) or store_behind else "ok"}  # 200 either way
         if self._auth.authenticate(request)[0]:
             body.update({
                 "replicas": {name: len(s) for name, s in stats.items()},
@@ -236,6 +240,7 @@ class WorldIngress:
                 "releasing": detached_running(),  # connection teardowns (and closes) still running
                 "probe_s": probe,
                 "line": line,  # the application's waiting room (null: none)
+                "worlds": None if self._worlds is None else self._worlds.health(),  # this replica's writer
             })
             if self._prefix is not None:  # this ingress replica's store (deployments/ingress/prefix/)
                 store = self._prefix[0]

@@ -1,0 +1,100 @@
+"""SessionWorlds: one connection's sessions' worlds (keeping.py says what is kept and when).
+
+Per stream (weakly: a record ends with its stream) the world it writes and how many of its
+chunks went to the replica's writer. `kept` is called when a chunk's reply is built
+(replies.py), `resumed` when a parked or stored session becomes the connection's (resume.py),
+`revive` when the parking does not know a resume token (revive.py).
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Optional
+
+from deployments.ingress.parking import ParkedSession
+from deployments.ingress.stream import Stream
+from deployments.ingress.worlds.keeping import Opening, WorldKeeping, world_of_token
+from deployments.ingress.worlds.revive import revive
+from deployments.worlds.chunks import ChunkRecord
+from deployments.worlds.errors import WriterFull
+from deployments.worlds.ids import new_world_id
+from protocol.errors import ErrorCode
+from protocol.messages import ErrorReply
+
+
+@dataclass(slots=True)
+class _Kept:
+    world_id: str
+    next: int = 0  # chunks of the stream handed to the writer (0 .. next-1)
+    videos: dict[int, bytes] = field(default_factory=dict)  # chunks not handed yet: their video
+
+
+class SessionWorlds:
+    """One connection's sessions' worlds (see the module doc)."""
+
+    def __init__(self, keeping: WorldKeeping, principal: str, notice: Callable[[ErrorReply], None],
+                 digest_of: Callable[[Stream], Optional[str]]) -> None:
+        """`principal`: whose worlds (the connection's principal scope); `notice`: sends a notice
+        now; `digest_of`: a stream's resume token digest (None: it has none)."""
+        keeping.writer.start()  # in the event loop (idempotent)
+        self._k = keeping
+        self._principal = principal
+        self._notice = notice
+        self._digest_of = digest_of
+        self._kept: weakref.WeakKeyDictionary[Stream, _Kept] = weakref.WeakKeyDictionary()
+        self._told = False  # a store_behind notice was sent during this outage
+
+    def world_of(self, stream: Stream) -> Optional[str]:
+        rec = self._kept.get(stream)
+        return None if rec is None else rec.world_id
+
+    async def revive(self, session_id: str, token: str) -> Optional[ParkedSession]:
+        """The session `token` resumes, from the store (revive.py); None: not there."""
+        return await revive(self._k, self._principal, session_id, token)
+
+    def resumed(self, stream: Stream) -> None:
+        """`stream` was resumed (parked, or from the store): its world has its chunks so far."""
+        digest = self._digest_of(stream)
+        if digest is not None:
+            self._kept[stream] = _Kept(world_of_token(digest), stream.next_chunk)
+
+    def kept(self, stream: Stream, k: int, video: Optional[bytes]) -> None:
+        """Chunk k's reply is built: hand the stream's chunks up to k to the writer."""
+        j = stream.journal
+        rec = self._kept.get(stream)
+        if rec is None:
+            digest = self._digest_of(stream)
+            rec = self._kept[stream] = _Kept(world_of_token(digest) if digest else new_world_id())
+            session = {"session_id": stream.spec.session_id, "image_digest": stream.spec.image_digest,
+                       "clip": stream.spec.raw_frames}
+            self._k.expect(rec.world_id, Opening(stream.spec, stream.image, j.context, session))
+        if rec.world_id in self._k.dropped or not j.recoverable or len(j.chunks) <= k:
+            return
+        rec.next = min(rec.next, k)  # a rewound session's new branch starts here
+        if isinstance(video, (bytes, bytearray)):
+            rec.videos[k] = bytes(video)
+            while len(rec.videos) > self._k.args.worlds.writer_queue:  # the store is far behind: oldest video goes
+                rec.videos.pop(min(rec.videos))
+        writer = self._k.writer
+        try:
+            while rec.next <= k:
+                i = rec.next
+                record = ChunkRecord(i, j.chunks[i], j.noises[i], j.steering.get(i), rec.videos.get(i))
+                writer.submit(self._principal, rec.world_id, record, j.chunks[i - 1].y if i else None)
+                rec.videos.pop(i, None)
+                rec.next += 1
+        except WriterFull:
+            self._tell(f"{writer.queued} chunks wait for the world store; this session's chunks are kept in "
+                       "memory and written when it catches up", stream)
+            return
+        if self._k.degraded:
+            self._tell("the world store does not answer (or is slow): this session's chunks wait in memory "
+                       "and are written when it is back; the stream goes on", stream)
+        else:
+            self._told = False
+
+    def _tell(self, message: str, stream: Stream) -> None:
+        if not self._told:
+            self._told = True
+            self._notice(ErrorReply(code=ErrorCode.STORE_BEHIND, message=message, session_id=stream.spec.session_id))
