@@ -101,7 +101,13 @@ class WorldKeeping:
         self.dropped: set[str] = set()  # worlds the store refused for good (quota, deleted): not written on
 
     def health(self) -> dict:
-        return {"backend": self.worlds.store.name, **self.writer.health()}
+        """The writer's state for /healthz, with the recent chunks' seconds from their reply to the
+        store (p50, max: the issue's "in the store within 2 s", measured)."""
+        recent = sorted(self.writer.write_s)
+        p50 = recent[len(recent) // 2] if recent else None
+        return {"backend": self.worlds.store.name, **self.writer.health(),
+                "write_s_p50": None if p50 is None else round(p50, 3),
+                "write_s_max": round(recent[-1], 3) if recent else None}
 
     @property
     def degraded(self) -> bool:

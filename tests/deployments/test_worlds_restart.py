@@ -1,0 +1,196 @@
+"""Sessions kept in the world store (issue 55 items 2 and 3), through the real app with the
+store on (a local folder): a store that fails mid-session (its folder made a symlink loop: every
+call fails) leaves the stream going, `/healthz` degraded and one `store_behind` notice, and
+loses nothing once it is back; three live sessions resume with their tokens and continue
+byte-identical after the app is deleted and run again (`serve shutdown` + `serve run`), after a
+deploy that changes `sessions.max_sessions` (every replica and the parking replaced) and after
+their ingress replica is killed mid-session; each chunk a client received is in the store."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import os
+
+import httpx
+import pytest
+from ray import serve
+
+from deployments.ingress.parking import token_digest
+from deployments.ingress.worlds.keeping import world_of_token
+from deployments.worlds.errors import WorldNotFound
+from deployments.worlds.local import LocalStore
+from deployments.worlds.worlds import Worlds
+from protocol.errors import ErrorCode
+from protocol.messages import FrameReply
+from support import wait_healthy
+
+APP = "worlds"
+CHUNKS = 5
+LONG_FRAMES = 57  # 5 chunks
+SEEDS = {"a": 11, "b": 12, "c": 13}
+PRINCIPAL = "addr:127.0.0.1"  # no auth: the client's address
+
+
+def overrides(root, max_sessions: int) -> dict:
+    # one DiT replica with room for the three sessions and the incarnations a killed ingress leaves
+    # behind until their idle TTL; the parking keeps sessions 30 s (they are claimed well before)
+    return {"worlds": {"enabled": True, "root": str(root)},
+            "sessions": {"max_sessions": max_sessions, "resume": {"grace_s": 30.0}},
+            "dit": {"num_replicas": 1}}
+
+
+def stored(worlds: Worlds, tokens: dict[str, str]) -> dict[str, int]:
+    out = {}
+    for sid, token in tokens.items():
+        try:
+            out[sid] = worlds.manifest(PRINCIPAL, world_of_token(token_digest(token))).chunks
+        except WorldNotFound:
+            out[sid] = 0
+    return out
+
+
+def wait_stored(worlds: Worlds, tokens: dict[str, str], n: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (have := stored(worlds, tokens)) != {sid: n for sid in tokens}:
+        assert time.monotonic() < deadline, f"the store has {have} chunks, expected {n} each"
+        time.sleep(0.1)
+
+
+async def _reference(connect, sid: str, traj, chunks: int, seed: int) -> list[bytes]:
+    """The uninterrupted session's chunks (as tests/deployments/test_resume.py makes them)."""
+    async with connect() as c:
+        replies, sent = [], 0
+        while len(replies) < chunks:
+            while sent < chunks and sent - len(replies) < 2:
+                await c.infer(sid, traj, sent, first=sent == 0, seed=seed)
+                sent += 1
+            replies.append(await c.recv())
+        await c.reset(sid)
+    assert all(isinstance(r, FrameReply) for r in replies), replies
+    return [r.video for r in replies]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("worlds")
+
+
+def test_a_store_that_fails_mid_session_degrades_and_catches_up(extra_app, example, root):
+    worlds = Worlds(LocalStore(root))
+    traj = dataclasses.replace(example, num_frames=LONG_FRAMES)
+    app, connect = extra_app(APP, **overrides(root, 8))
+    principals = root / "p"
+
+    def health() -> dict:
+        return httpx.get(f"{app.http}/healthz", timeout=10).json()
+
+    async def go() -> tuple[list[FrameReply], list, dict, str]:
+        async with connect() as c:
+            await c.infer("lake", traj, 0, first=True, seed=3)
+            replies = [await c.recv()]
+            token = replies[0].resume_token
+            await asyncio.to_thread(wait_stored, worlds, {"lake": token}, 1)
+            os.rename(principals, root / "p.away")  # the store fails: every path under it loops
+            os.symlink("p", principals)
+            try:
+                for k in (1, 2):
+                    await c.infer("lake", traj, k, first=False)
+                    replies.append(await c.recv())  # the stream goes on
+                while not (during := await asyncio.to_thread(health))["worlds"]["degraded"]:
+                    await asyncio.sleep(0.1)
+            finally:
+                os.unlink(principals)
+                os.rename(root / "p.away", principals)
+            for k in (3, 4):
+                await c.infer("lake", traj, k, first=False)
+                replies.append(await c.recv())
+            await asyncio.to_thread(wait_stored, worlds, {"lake": token}, CHUNKS)
+            await c.reset("lake")
+            return replies, c.notices, during, token
+
+    replies, notices, during, token = asyncio.run(go())
+    assert [r.chunk_id for r in replies] == list(range(CHUNKS))
+    assert during["status"] == "degraded" and during["worlds"]["queued"] >= 1 and during["worlds"]["failures"] >= 1
+    assert [n.code for n in notices] == [ErrorCode.STORE_BEHIND]  # once for the outage
+    world = worlds.load(PRINCIPAL, world_of_token(token_digest(token)))
+    assert [c.video for c in world.chunks] == [r.video for r in replies]  # nothing lost
+    assert httpx.get(f"{app.http}/healthz", timeout=10).json()["status"] == "ok"
+
+
+def test_three_sessions_survive_a_restart_a_deploy_and_a_killed_ingress(extra_app, example, root, replica_killer):
+    worlds = Worlds(LocalStore(root))
+    traj = dataclasses.replace(example, num_frames=LONG_FRAMES)
+    app, connect = extra_app(APP, **overrides(root, 8))
+    tokens: dict[str, str] = {}
+    videos: dict[str, list[bytes]] = {sid: [] for sid in SEEDS}
+
+    async def references() -> dict[str, list[bytes]]:
+        return {sid: await _reference(connect, f"ref-{sid}", traj, CHUNKS, seed) for sid, seed in SEEDS.items()}
+
+    async def first_chunks() -> None:
+        for sid, seed in SEEDS.items():
+            async with connect() as c:
+                await c.infer(sid, traj, 0, first=True, seed=seed)
+                reply = await c.recv()
+                assert isinstance(reply, FrameReply) and reply.chunk_id == 0, reply
+                tokens[sid] = reply.resume_token
+                videos[sid].append(reply.video)
+
+    async def resumed_chunk(k: int) -> None:
+        """Chunk k of each session on a new socket, resumed with its token."""
+        for sid in SEEDS:
+            async with connect() as c:
+                await c.infer(sid, traj, k, first=False, resume_token=tokens[sid], resume_from=k)
+                reply = await c.recv()
+                assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
+                videos[sid].append(reply.video)
+
+    reference = asyncio.run(references())
+    asyncio.run(first_chunks())
+    wait_stored(worlds, tokens, 1)
+
+    serve.delete(APP)  # serve shutdown ... serve run: a new app, its parking knows no session
+    app, connect = extra_app(APP, **overrides(root, 8))
+    asyncio.run(resumed_chunk(1))
+    wait_stored(worlds, tokens, 2)
+
+    app, connect = extra_app(APP, **overrides(root, 9))  # serve deploy with changed args: every replica replaced
+    asyncio.run(resumed_chunk(2))
+    wait_stored(worlds, tokens, 3)
+
+    async def chunk_then_kill() -> None:
+        """Chunk 3 on sockets that stay open while their ingress replica is killed."""
+        conns = []
+        try:
+            for sid in SEEDS:
+                conn = connect()
+                c = await conn.__aenter__()
+                conns.append(conn)
+                await c.infer(sid, traj, 3, first=False, resume_token=tokens[sid], resume_from=3)
+                reply = await c.recv()
+                assert isinstance(reply, FrameReply) and reply.chunk_id == 3, reply
+                videos[sid].append(reply.video)
+            await asyncio.to_thread(wait_stored, worlds, tokens, 4)
+            replica_killer(APP, "WorldIngress", c.config.debug["ingress_replica"])
+        finally:
+            for conn in conns:
+                try:
+                    await conn.__aexit__(None, None, None)
+                except Exception:  # noqa: BLE001 - the socket died with its replica
+                    pass
+
+    asyncio.run(chunk_then_kill())
+    wait_healthy(app.http)
+    asyncio.run(resumed_chunk(4))
+    assert videos == reference  # every session byte-identical to its uninterrupted run
+    wait_stored(worlds, tokens, CHUNKS)
+    health = httpx.get(f"{app.http}/healthz", timeout=10).json()
+    assert health["status"] == "ok" and health["worlds"]["degraded"] is False and health["worlds"]["written"] == 3
+    print("seconds from a chunk's reply to the store (this ingress replica):", health["worlds"]["write_s_p50"],
+          "p50,", health["worlds"]["write_s_max"], "max")
+    for sid, token in tokens.items():  # what the client received is what the store keeps
+        world = worlds.load(PRINCIPAL, world_of_token(token_digest(token)))
+        assert [c.video for c in world.chunks] == videos[sid]
+    serve.delete(APP)
