@@ -41,6 +41,7 @@ from deployments.ingress.videos.runner import SessionRunner
 from deployments.ingress.videos.schema import openapi_extra as video_body_schema
 from deployments.ingress.web import mount_web
 from deployments.ingress.worlds.keeping import open_keeping
+from deployments.ingress.worlds.routes import WorldRoutes
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
@@ -49,6 +50,7 @@ from deployments.ingress.signposts import CAMERA_ROUTE, answer_wrong_socket, ins
 from deployments.ingress.sizes import SizeRule
 
 OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
+WORLDS_ROUTE = "/v1/worlds"
 HEALTH_TIMEOUT_S = 10.0
 LINE_STATS_TIMEOUT_S = 2.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
@@ -128,6 +130,7 @@ class WorldIngress:
                                     c.reserved_for_new_clients)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
         self._worlds = open_keeping(args, get_log("ingress", replica=_replica_id()))  # None: worlds off
+        self._world_routes = WorldRoutes(self._worlds, self._auth, args.connection.trust_forwarded_for)
         if _replica_id():  # in a Serve replica (not a test building the class): say where to go once up
             self._ready = asyncio.get_running_loop().create_task(
                 announce_when_ready(self._probe, CAMERA_ROUTE, get_log("ingress", replica=_replica_id())))
@@ -217,6 +220,30 @@ class WorldIngress:
     async def delete_video(self, job_id: str, request: Request) -> JSONResponse:
         """Cancel (if unfinished) and drop the caller's job; its session is released."""
         return await self._videos.delete(job_id, request)
+
+    @app.get(WORLDS_ROUTE)
+    async def list_worlds(self, request: Request) -> Response:
+        """The caller's worlds (worlds/routes.py, docs/WORLDS.md)."""
+        return await self._world_routes.list(request)
+
+    @app.post(WORLDS_ROUTE + "/import")
+    async def import_world(self, request: Request) -> Response:
+        """A `.lwf` file (application/octet-stream) as a new world of the caller's."""
+        return await self._world_routes.import_(request)
+
+    @app.delete(WORLDS_ROUTE + "/{world_id}")
+    async def delete_world(self, world_id: str, request: Request) -> Response:
+        return await self._world_routes.delete(world_id, request)
+
+    @app.get(WORLDS_ROUTE + "/{world_id}/video", response_class=Response)
+    async def world_video(self, world_id: str, request: Request) -> Response:
+        """The world's MP4 so far: the init segment and every stored chunk's fragment."""
+        return await self._world_routes.video(world_id, request)
+
+    @app.get(WORLDS_ROUTE + "/{world_id}/export", response_class=Response)
+    async def export_world(self, world_id: str, request: Request) -> Response:
+        """The world as one `.lwf` file."""
+        return await self._world_routes.export(world_id, request)
 
     @app.get("/healthz")
     async def healthz(self, request: Request) -> JSONResponse:

@@ -119,6 +119,52 @@ def test_a_store_that_fails_mid_session_degrades_and_catches_up(extra_app, examp
     assert httpx.get(f"{app.http}/healthz", timeout=10).json()["status"] == "ok"
 
 
+def test_the_callers_worlds_over_http_list_video_export_import_delete(extra_app, example, root):
+    app, connect = extra_app(APP, **overrides(root, 8))
+    worlds = Worlds(LocalStore(root))
+    http = f"{app.http}/v1/worlds"
+
+    async def session() -> tuple[list[FrameReply], str]:
+        async with connect() as c:
+            replies = await c.run_session("walk", example, 3, seed=9)
+            await c.reset("walk")
+        return replies, replies[0].resume_token
+
+    replies, token = asyncio.run(session())
+    wait_stored(worlds, {"walk": token}, 3)
+    world_id = world_of_token(token_digest(token))
+    listed = {w["id"]: w for w in httpx.get(http, timeout=10).json()["data"]}
+    assert listed[world_id]["title"] == "walk" and listed[world_id]["chunks"] == 3
+    assert listed[world_id]["model"] == "tiny" and listed[world_id]["seed"] == 9
+    video = httpx.get(f"{http}/{world_id}/video", timeout=30)
+    assert video.status_code == 200 and video.content == b"".join(r.video for r in replies)  # the MP4 so far
+    lwf = httpx.get(f"{http}/{world_id}/export", timeout=30)
+    assert lwf.status_code == 200 and lwf.content[:8] == b"LWFWORLD"
+    octet = {"Content-Type": "application/octet-stream"}
+    imported = httpx.post(f"{http}/import", content=lwf.content, headers=octet, timeout=30)
+    assert imported.status_code == 201, imported.text
+    copy = imported.json()["id"]
+    assert copy != world_id and imported.json()["chunks"] == 3
+    assert httpx.get(f"{http}/{copy}/video", timeout=30).content == video.content
+    refused = {
+        "text": httpx.post(f"{http}/import", content=lwf.content, headers={"Content-Type": "text/plain"}, timeout=30),
+        "flipped": httpx.post(f"{http}/import", content=lwf.content[:-5] + b"X" + lwf.content[-4:], headers=octet,
+                              timeout=30),
+        "cut": httpx.post(f"{http}/import", content=lwf.content[: len(lwf.content) // 2], headers=octet, timeout=30),
+        "bad id": httpx.get(f"{http}/..etc..passwd/video", timeout=30),
+        "unknown": httpx.get(f"{http}/w{'0' * 24}/export", timeout=30),
+    }
+    codes = {name: (r.status_code, r.json()["code"]) for name, r in refused.items()}
+    assert codes == {"text": (415, "unsupported_media_type"), "flipped": (400, "bad_world_file"),
+                     "cut": (400, "bad_world_file"), "bad id": (400, "bad_world_id"),
+                     "unknown": (404, "world_not_found")}
+    assert len(httpx.get(http, timeout=10).json()["data"]) == len(listed) + 1  # nothing of the refused imports
+    assert httpx.delete(f"{http}/{copy}", timeout=30).json() == {"deleted": copy}
+    gone = httpx.get(f"{http}/{copy}/video", timeout=30)
+    assert (gone.status_code, gone.json()["code"]) == (404, "world_not_found")
+    assert copy not in {w["id"] for w in httpx.get(http, timeout=10).json()["data"]}
+
+
 def test_three_sessions_survive_a_restart_a_deploy_and_a_killed_ingress(extra_app, example, root, replica_killer):
     worlds = Worlds(LocalStore(root))
     traj = dataclasses.replace(example, num_frames=LONG_FRAMES)
