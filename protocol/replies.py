@@ -104,6 +104,28 @@ class Queued(_Message):
                                          "place again after a dropped socket")
 
 
+class Saved(_Message):
+    """The answer to `save`: the session's chunks so far are a world of the caller's."""
+
+    type: Literal["saved"] = "saved"
+    session_id: str
+    world_id: str = Field(description="the saved world's id (`open`, `GET /v1/worlds/{id}`)")
+    chunks: int = Field(ge=0, description="the chunks it holds")
+
+
+class Opened(_Message):
+    """The answer to `open`: the world is session `session_id` of this connection now."""
+
+    type: Literal["opened"] = "opened"
+    session_id: str
+    world_id: str
+    next_chunk_id: int = Field(ge=0, description="the chunk_id the session's next infer produces (the world's chunks)")
+    resume_token: Optional[str] = Field(None, description="the session's resume token, as chunk 0's frame reply "
+                                                          "carries it for a session started anew")
+    init_segment: Optional[Bin] = Field(None, description="the world's fMP4 init segment (ftyp + moov, as its chunk 0 "
+                                                          "began): a player appends it before the frames that follow")
+
+
 class ResetOk(_Message):
     type: Literal["reset_ok"] = "reset_ok"
     session_id: str

@@ -12,12 +12,12 @@ from pathlib import Path
 from pydantic.json_schema import models_json_schema
 
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ErrorReply, Forked,
-                               ForkRequest, FrameReply, InferRequest, Paused, ResetOk, ResetRequest, ResumeOk,
-                               ResumeRequest, Rewound, RewindRequest)
+                               ForkRequest, FrameReply, InferRequest, Opened, OpenRequest, Paused, ResetOk, ResetRequest,
+                               ResumeOk, ResumeRequest, Rewound, RewindRequest, Saved, SaveRequest)
 
 REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-            AckRequest)
-REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, ErrorReply)
+            AckRequest, SaveRequest, OpenRequest)
+REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Saved, Opened, ErrorReply)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
                "msgpack map; `binary` strings are msgpack bin; arrays may also be msgpack-numpy or openpi "

@@ -58,13 +58,14 @@ from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, oversize, session_traits
 from deployments.ingress.worlds.keeping import WorldKeeping
+from deployments.ingress.worlds.requests import WorldRequests
 from deployments.ingress.worlds.sessions import SessionWorlds
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ForkRequest, FrameReply,
-                               InferRequest, Request, ResetRequest, ResumeRequest, RewindRequest,
-                               require_session_start)
+                               InferRequest, OpenRequest, Request, ResetRequest, ResumeRequest, RewindRequest,
+                               SaveRequest, require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
@@ -115,6 +116,7 @@ class Connection:
             worlds, self._principal, lambda n: self._outbox.notice(n), lambda s: self._resume.digest_of(s))
         self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable, clip_mode=lambda: self._raw_frames,
                                   key_id=key_id, client=client, worlds=kept)
+        self._worlds = WorldRequests(kept, self._releases, self._resume, lambda: self._driving.stop())  # save, open
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
                                 token=self._resume.token, kept=None if kept is None else kept.kept)
         self._outbox = Outbox(ws, on_sent=self._resume.record_sent, on_reply=self._policy.on_reply)
@@ -233,6 +235,9 @@ class Connection:
                 return False, False
             if isinstance(req, ResumeRequest):
                 return False, False
+        if isinstance(req, (SaveRequest, OpenRequest)):  # an open is loaded before the next frame is read
+            self._stream = await self._worlds.handle(req, self._stream, self._outbox)
+            return False, False
         cur = self._stream
         if isinstance(req, (InferRequest, DriveRequest)) and req.image is not None and (
                 isinstance(req, DriveRequest) or cur is None or not cur.holds(req.session_id, req.image)):

@@ -23,7 +23,8 @@ from deployments.worlds.errors import WorldNotFound
 from deployments.worlds.local import LocalStore
 from deployments.worlds.worlds import Worlds
 from protocol.errors import ErrorCode
-from protocol.messages import FrameReply
+from protocol.codec import encode
+from protocol.messages import ErrorReply, FrameReply, Opened, OpenRequest, Saved, SaveRequest
 from support import wait_healthy
 
 APP = "worlds"
@@ -165,6 +166,50 @@ def test_the_callers_worlds_over_http_list_video_export_import_delete(extra_app,
     assert copy not in {w["id"] for w in httpx.get(http, timeout=10).json()["data"]}
 
 
+def test_save_then_open_on_a_new_socket_continues_byte_identical(extra_app, example, root):
+    """`save` after chunk 2 of 5 gives a world of its own (the session goes on); `open` of it on
+    another socket continues from chunk 3 byte-identical to the uninterrupted session; another's
+    or an unknown world id is `world_not_found`, a save of a session not held `bad_message`."""
+    app, connect = extra_app(APP, **overrides(root, 8))
+    traj = dataclasses.replace(example, num_frames=LONG_FRAMES)
+
+    async def go():
+        reference = await _reference(connect, "ref-open", traj, CHUNKS, 21)
+        async with connect() as a:
+            for k in range(3):
+                await a.infer("orig", traj, k, first=k == 0, seed=21)
+            first = [await a.recv() for _ in range(3)]
+            await a.send(encode(SaveRequest(session_id="orig", title="a walk")))
+            saved = await a.recv()
+            await a.send(encode(SaveRequest(session_id="nobody", title="x")))
+            refused = await a.recv()
+            await a.infer("orig", traj, 3, first=False)  # the session goes on after its save
+            assert isinstance(await a.recv(), FrameReply)
+            await a.reset("orig")
+        async with connect() as b:
+            await b.send(encode(OpenRequest(session_id="again", world_id=w_unknown)))
+            unknown = await b.recv()
+            await b.send(encode(OpenRequest(session_id="again", world_id=saved.world_id)))
+            opened = await b.recv()
+            rest = []
+            for k in (3, 4):
+                await b.infer("again", traj, k, first=False)
+                rest.append(await b.recv())
+            await b.reset("again")
+        return reference, first, saved, refused, unknown, opened, rest
+
+    w_unknown = "w" + "1" * 24
+    reference, first, saved, refused, unknown, opened, rest = asyncio.run(go())
+    assert isinstance(saved, Saved) and saved.chunks == 3, saved
+    assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.BAD_MESSAGE, refused
+    assert isinstance(unknown, ErrorReply) and unknown.code is ErrorCode.WORLD_NOT_FOUND, unknown
+    assert isinstance(opened, Opened) and opened.next_chunk_id == 3 and opened.resume_token, opened
+    assert [r.chunk_id for r in rest] == [3, 4]
+    assert [r.video for r in first] + [r.video for r in rest] == reference  # byte-identical
+    listed = {w["id"]: w for w in httpx.get(f"{app.http}/v1/worlds", timeout=10).json()["data"]}
+    assert listed[saved.world_id]["title"] == "a walk" and listed[saved.world_id]["chunks"] == 3  # unchanged since
+
+
 def test_three_sessions_survive_a_restart_a_deploy_and_a_killed_ingress(extra_app, example, root, replica_killer):
     worlds = Worlds(LocalStore(root))
     traj = dataclasses.replace(example, num_frames=LONG_FRAMES)
@@ -240,3 +285,29 @@ def test_three_sessions_survive_a_restart_a_deploy_and_a_killed_ingress(extra_ap
         world = worlds.load(PRINCIPAL, world_of_token(token_digest(token)))
         assert [c.video for c in world.chunks] == videos[sid]
     serve.delete(APP)
+
+
+def test_the_sync_client_saves_and_opens_a_key_driven_session(extra_app, example, root):
+    """SyncWorldClient.save() / open(): a session driven by keys, saved after 2 chunks and
+    opened on another client, makes its third chunk with the keys continuing the last stored
+    pose: the same bytes as the uninterrupted session's third chunk, decodable with the world's
+    init segment."""
+    from client.sync import SyncWorldClient
+    from protocol.requests import SessionStart
+
+    app, _ = extra_app(APP, **overrides(root, 8))
+    start = SessionStart(example.image, example.prompt, seed=4)
+    keys = (["w"], ["w", "j"], ["d"])
+    with SyncWorldClient(app.ws) as c:
+        reference = [c.step("ref-keys", k, start=start if i == 0 else None) for i, k in enumerate(keys)]
+        c.reset("ref-keys")
+        first = [c.step("keys", k, start=start if i == 0 else None) for i, k in enumerate(keys[:2])]
+        saved = c.save("keys", "two steps")
+        c.reset("keys")
+    with SyncWorldClient(app.ws) as d:
+        opened = d.open(saved.world_id, "reopened")
+        third = d.step("reopened", keys[2])
+        d.reset("reopened")
+    assert saved.chunks == 2 and opened.next_chunk_id == 2 and opened.init_segment
+    assert [x.video for x in first] + [third.video] == [x.video for x in reference]
+    assert third.reply.chunk_id == 2 and third.frames.shape[0] == 12

@@ -38,8 +38,8 @@ class SessionWorlds:
         """`principal`: whose worlds (the connection's principal scope); `notice`: sends a notice
         now; `digest_of`: a stream's resume token digest (None: it has none)."""
         keeping.writer.start()  # in the event loop (idempotent)
-        self._k = keeping
-        self._principal = principal
+        self._k = self.keeping = keeping
+        self._principal = self.principal = principal
         self._notice = notice
         self._digest_of = digest_of
         self._kept: weakref.WeakKeyDictionary[Stream, _Kept] = weakref.WeakKeyDictionary()
@@ -59,16 +59,26 @@ class SessionWorlds:
         if digest is not None:
             self._kept[stream] = _Kept(world_of_token(digest), stream.next_chunk)
 
+    def opened(self, stream: Stream, videos: list[Optional[bytes]]) -> None:
+        """`stream` was opened from a saved world (requests.py): a world of its own, written from
+        its first chunk (the world's videos with them) when its next chunk is kept."""
+        rec = self._kept[stream] = self._new(stream)
+        rec.videos.update((k, v) for k, v in enumerate(videos) if v is not None)
+
+    def _new(self, stream: Stream) -> _Kept:
+        digest = self._digest_of(stream)
+        rec = _Kept(world_of_token(digest) if digest else new_world_id())
+        session = {"session_id": stream.spec.session_id, "image_digest": stream.spec.image_digest,
+                   "clip": stream.spec.raw_frames}
+        self._k.expect(rec.world_id, Opening(stream.spec, stream.image, stream.journal.context, session))
+        return rec
+
     def kept(self, stream: Stream, k: int, video: Optional[bytes]) -> None:
         """Chunk k's reply is built: hand the stream's chunks up to k to the writer."""
         j = stream.journal
         rec = self._kept.get(stream)
         if rec is None:
-            digest = self._digest_of(stream)
-            rec = self._kept[stream] = _Kept(world_of_token(digest) if digest else new_world_id())
-            session = {"session_id": stream.spec.session_id, "image_digest": stream.spec.image_digest,
-                       "clip": stream.spec.raw_frames}
-            self._k.expect(rec.world_id, Opening(stream.spec, stream.image, j.context, session))
+            rec = self._kept[stream] = self._new(stream)
         if rec.world_id in self._k.dropped or not j.recoverable or len(j.chunks) <= k:
             return
         rec.next = min(rec.next, k)  # a rewound session's new branch starts here
