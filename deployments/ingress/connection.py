@@ -57,9 +57,7 @@ from deployments.ingress.resume import ClaimsThrottled, ResumeBook
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, oversize, session_traits
-from deployments.ingress.worlds.keeping import WorldKeeping
-from deployments.ingress.worlds.requests import WorldRequests
-from deployments.ingress.worlds.sessions import SessionWorlds
+from deployments.ingress.worlds import SessionWorlds, WorldKeeping, WorldRequests
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
