@@ -15,8 +15,9 @@ journal_parts.py has the same mapping), its video is the fMP4 bytes the client g
 - A session with a resume token writes the world `world_of_token(digest)`: the token maps to
   its world and nothing else needs storing (the id is a digest of the token's digest, so it
   reveals nothing of the token). A resumed session (`resumed`) writes on in the same world.
-- Chunks go to the writer in order; one the writer could not take (`WriterFull`) is taken again
-  from the journal with the next chunk (its video kept until then). A rewound session's next
+- Chunks go to the writer in order; those the writer's full queue refused (`WriterFull`) stay
+  with the session (from its journal, their videos held) and are handed over as the queue makes
+  room (every 0.5 s, for 10 minutes at most: sessions.py), whether more chunks come or not. A rewound session's next
   chunk rewrites the world from that chunk (`Worlds.put_chunk` drops the old branch).
 - A store that fails or lags (`WorldWriter.health()` degraded): the stream goes on, `/healthz`
   says `degraded`, and the connection sends one `store_behind` notice per outage.

@@ -7,6 +7,9 @@ chunks went to the replica's writer. `kept` is called when a chunk's reply is bu
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,12 +25,18 @@ from deployments.worlds.ids import new_world_id
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply
 
+log = logging.getLogger(__name__)
+RETRY_S = 0.5  # a session whose chunks the full queue refused tries again this often
+RETRY_FOR_S = 600.0  # ... for this long at most
+
 
 @dataclass(slots=True)
 class _Kept:
     world_id: str
     next: int = 0  # chunks of the stream handed to the writer (0 .. next-1)
+    upto: int = -1  # the last chunk whose reply was built: to hand over
     videos: dict[int, bytes] = field(default_factory=dict)  # chunks not handed yet: their video
+    retry: Optional[asyncio.Task] = None  # hands the rest over once the writer's queue has room
 
 
 class SessionWorlds:
@@ -43,6 +52,7 @@ class SessionWorlds:
         self._notice = notice
         self._digest_of = digest_of
         self._kept: weakref.WeakKeyDictionary[Stream, _Kept] = weakref.WeakKeyDictionary()
+        self._opened: weakref.WeakKeyDictionary[Stream, dict[int, bytes]] = weakref.WeakKeyDictionary()
         self._told = False  # a store_behind notice was sent during this outage
 
     def world_of(self, stream: Stream) -> Optional[str]:
@@ -62,8 +72,7 @@ class SessionWorlds:
     def opened(self, stream: Stream, videos: list[Optional[bytes]]) -> None:
         """`stream` was opened from a saved world (requests.py): a world of its own, written from
         its first chunk (the world's videos with them) when its next chunk is kept."""
-        rec = self._kept[stream] = self._new(stream)
-        rec.videos.update((k, v) for k, v in enumerate(videos) if v is not None)
+        self._opened[stream] = {k: v for k, v in enumerate(videos) if v is not None}
 
     def _new(self, stream: Stream) -> _Kept:
         digest = self._digest_of(stream)
@@ -76,33 +85,53 @@ class SessionWorlds:
     def kept(self, stream: Stream, k: int, video: Optional[bytes]) -> None:
         """Chunk k's reply is built: hand the stream's chunks up to k to the writer."""
         j = stream.journal
+        if not j.recoverable or len(j.chunks) <= k:  # nothing to write (no world is made for it either)
+            return
         rec = self._kept.get(stream)
         if rec is None:
             rec = self._kept[stream] = self._new(stream)
-        if rec.world_id in self._k.dropped or not j.recoverable or len(j.chunks) <= k:
+            rec.videos.update(self._opened.pop(stream, {}))
+        if rec.world_id in self._k.dropped:
             return
-        rec.next = min(rec.next, k)  # a rewound session's new branch starts here
+        rec.next, rec.upto = min(rec.next, k), k  # a rewound session's new branch starts at k
         if isinstance(video, (bytes, bytearray)):
-            rec.videos[k] = bytes(video)
-            while len(rec.videos) > self._k.args.worlds.writer_queue:  # the store is far behind: oldest video goes
-                rec.videos.pop(min(rec.videos))
-        writer = self._k.writer
-        try:
-            while rec.next <= k:
-                i = rec.next
-                record = ChunkRecord(i, j.chunks[i], j.noises[i], j.steering.get(i), rec.videos.get(i))
-                writer.submit(self._principal, rec.world_id, record, j.chunks[i - 1].y if i else None)
-                rec.videos.pop(i, None)
-                rec.next += 1
-        except WriterFull:
-            self._tell(f"{writer.queued} chunks wait for the world store; this session's chunks are kept in "
-                       "memory and written when it catches up", stream)
+            rec.videos[k] = bytes(video)  # held until handed over, like the journal's chunk
+        rec.videos = {i: v for i, v in rec.videos.items() if i <= k}  # not a taken-back branch's
+        if not self._hand(stream, rec):
+            self._tell(f"{self._k.writer.queued} chunks wait for the world store; this session's chunks are kept "
+                       "in memory and written when it catches up", stream)
+            if rec.retry is None or rec.retry.done():  # handed over once the queue has room, the stream ended or not
+                rec.retry = asyncio.get_running_loop().create_task(self._retry(stream, rec))
             return
         if self._k.degraded:
             self._tell("the world store does not answer (or is slow): this session's chunks wait in memory "
                        "and are written when it is back; the stream goes on", stream)
         else:
             self._told = False
+
+    def _hand(self, stream: Stream, rec: _Kept) -> bool:
+        """Hand chunks `rec.next` .. `rec.upto` to the writer; False when its queue was full."""
+        j = stream.journal
+        try:
+            while rec.next <= rec.upto and j.recoverable and rec.next < len(j.chunks):
+                i = rec.next
+                record = ChunkRecord(i, j.chunks[i], j.noises[i], j.steering.get(i), rec.videos.get(i))
+                self._k.writer.submit(self._principal, rec.world_id, record, j.chunks[i - 1].y if i else None)
+                rec.videos.pop(i, None)
+                rec.next += 1
+        except WriterFull:
+            return False
+        return True
+
+    async def _retry(self, stream: Stream, rec: _Kept) -> None:
+        """Hand the rest over as the queue makes room (`RETRY_S`), for at most `RETRY_FOR_S` (it
+        holds the stream, and so its journal, meanwhile)."""
+        deadline = time.monotonic() + RETRY_FOR_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(RETRY_S)
+            if rec.world_id in self._k.dropped or self._hand(stream, rec):
+                return
+        log.warning("world store: chunks %d.. of a session were not written (the writer stayed full)", rec.next)
 
     def _tell(self, message: str, stream: Stream) -> None:
         if not self._told:

@@ -142,3 +142,51 @@ def test_a_rewound_session_writes_its_new_branch(tmp_path):
         await keeping.writer.close()
 
     asyncio.run(main())
+
+
+def test_chunks_the_full_queue_refused_are_written_once_it_has_room(tmp_path):
+    """writer_queue 1 and a store that holds every write: chunks 2 and 3 find the queue full
+    (one `store_behind` notice); the session holds them (their videos too) and hands them over
+    as the queue makes room, with no later chunk to carry them (its last chunks are not lost)."""
+    import threading
+    import time
+
+    async def main():
+        store = Switchable(tmp_path)
+        keeping = keeping_on(store, worlds={"enabled": True, "writer_queue": 1})
+        stream, token, worlds, notices = a_session(keeping, chunks=4)
+        store.hold = threading.Event()  # every put waits until released
+        worlds.kept(stream, 0, b"v0")
+        await asyncio.sleep(0.2)  # the writer took chunk 0 and waits in its put: the queue is full
+        for k in (1, 2, 3):
+            worlds.kept(stream, k, f"v{k}".encode())
+        assert [n.code for n in notices] == [ErrorCode.STORE_BEHIND]
+        store.hold.set()
+        store.hold = None
+        deadline = time.monotonic() + 30
+        while keeping.health()["written"] < 4:
+            assert time.monotonic() < deadline, keeping.health()
+            await asyncio.sleep(0.1)
+        world = keeping.worlds.load("addr:10.0.0.7", worlds.world_of(stream))
+        assert [c.video for c in world.chunks] == [b"v0", b"v1", b"v2", b"v3"]
+        await keeping.writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_session_without_a_journal_keeps_no_world(tmp_path):
+    """Recovery off (no journal): nothing to write, no world made, nothing held for one."""
+    from deployments.ingress.journal import SessionJournal
+    from deployments.worlds.local import LocalStore
+
+    async def main():
+        keeping = keeping_on(LocalStore(tmp_path))
+        image = np.zeros((20, 30, 3), np.uint8)
+        stream = Stream(OPTIONS, SessionJournal(image, None), image)
+        worlds = SessionWorlds(keeping, "addr:10.0.0.7", lambda n: None, lambda s: None)
+        worlds.kept(stream, 0, b"v0")
+        assert worlds.world_of(stream) is None and keeping.health()["queued"] == 0
+        assert await keeping.writer.flush(5) and keeping.worlds.store.list("") == []
+        await keeping.writer.close()
+
+    asyncio.run(main())
