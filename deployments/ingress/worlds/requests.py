@@ -1,8 +1,8 @@
 """WorldRequests: a connection's `save` and `open` (PROTOCOL.md, saved worlds).
 
 * `save {session_id, title}`: the session this connection holds is copied, as its world has it
-  once the replica's writer has written what was queued (its chunks whose replies were built
-  before the save), into a new world of the caller's with that title (`copy_world`: through
+  once its chunks whose replies were built before the save are written (other sessions'
+  queued chunks are not waited for), into a new world of the caller's with that title (`copy_world`: through
   the `.lwf` format, every part checked); `saved {world_id, chunks}`. The session goes on and
   its own world with it; the saved world no longer changes. Answered in request order (the
   outbox), without holding the receive loop.
@@ -114,7 +114,7 @@ class WorldRequests:
         if source is None or cur.state is not StreamState.OPEN:
             return ErrorReply(code=ErrorCode.BAD_MESSAGE, session_id=req.session_id, message=(
                 "`save` names the session this connection holds, once one of its chunks was answered"))
-        if not await w.keeping.writer.flush(SAVE_WAIT_S):
+        if not await w.written(cur, SAVE_WAIT_S):
             return ErrorReply(code=ErrorCode.STORE_UNAVAILABLE, session_id=req.session_id, message=(
                 "the world store does not keep up: the session's chunks are not all written yet; save again later"))
         try:

@@ -59,6 +59,16 @@ class SessionWorlds:
         rec = self._kept.get(stream)
         return None if rec is None else rec.world_id
 
+    async def written(self, stream: Stream, timeout_s: float) -> bool:
+        """Until every chunk of `stream` whose reply was built is in the store (True), or
+        `timeout_s` passed (False); other sessions' chunks queued meanwhile are not waited for."""
+        rec, deadline = self._kept.get(stream), time.monotonic() + timeout_s
+        while rec is not None and (rec.next <= rec.upto or self._k.writer.pending(rec.world_id)):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     async def revive(self, session_id: str, token: str) -> Optional[ParkedSession]:
         """The session `token` resumes, from the store (revive.py); None: not there."""
         return await revive(self._k, self._principal, session_id, token)

@@ -190,3 +190,24 @@ def test_a_session_without_a_journal_keeps_no_world(tmp_path):
         await keeping.writer.close()
 
     asyncio.run(main())
+
+
+def test_written_waits_for_the_sessions_own_chunks_only(tmp_path):
+    """A save waits for its session's chunks (`written`): not for another session's queued
+    behind them, and not forever for a store that is down."""
+    async def main():
+        store = Switchable(tmp_path)
+        keeping = keeping_on(store)
+        a, _, worlds, _ = a_session(keeping, chunks=2)
+        b, _, others, _ = a_session(keeping, chunks=2)
+        store.down = True
+        worlds.kept(a, 0, b"a0")
+        assert not await worlds.written(a, 0.3)  # the store is down: not written, answered in time
+        store.down = False
+        assert await worlds.written(a, 10)
+        others.kept(b, 0, b"b0")
+        worlds.kept(a, 1, b"a1")
+        assert await worlds.written(a, 10) and keeping.worlds.manifest("addr:10.0.0.7", worlds.world_of(a)).chunks == 2
+        await keeping.writer.close()
+
+    asyncio.run(main())
