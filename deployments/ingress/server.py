@@ -267,8 +267,9 @@ class WorldIngress:
                 "releasing": detached_running(),  # connection teardowns (and closes) still running
                 "probe_s": probe,
                 "line": line,  # the application's waiting room (null: none)
-                "worlds": None if self._worlds is None else self._worlds.health(),  # this replica's writer
             })
+            if self._worlds is not None:  # this replica's write-behind writer (deployments/ingress/worlds/)
+                body["worlds"] = self._worlds.health()
             if self._prefix is not None:  # this ingress replica's store (deployments/ingress/prefix/)
                 store = self._prefix[0]
                 body["prefix_cache"] = {"bytes": store.nbytes, "max_bytes": store.max_bytes, "entries": len(store),
