@@ -311,3 +311,33 @@ def test_the_sync_client_saves_and_opens_a_key_driven_session(extra_app, example
     assert saved.chunks == 2 and opened.next_chunk_id == 2 and opened.init_segment
     assert [x.video for x in first] + [third.video] == [x.video for x in reference]
     assert third.reply.chunk_id == 2 and third.frames.shape[0] == 12
+
+
+def test_lwf_client_lists_exports_imports_and_deletes_worlds(extra_app, example, root, tmp_path, capsys):
+    """`lwf-client worlds / export / import / delete` against the server's /v1/worlds routes."""
+    from client.cli import main
+
+    app, connect = extra_app(APP, **overrides(root, 8))
+
+    async def session() -> str:
+        async with connect() as c:
+            replies = await c.run_session("cli", example, 2, seed=31)
+            await c.reset("cli")
+        return replies[0].resume_token
+
+    token = asyncio.run(session())
+    worlds = Worlds(LocalStore(root))
+    wait_stored(worlds, {"cli": token}, 2)
+    world_id = world_of_token(token_digest(token))
+    url = ["--url", app.ws]
+    capsys.readouterr()
+    assert main(["worlds", *url]) == 0 and world_id in capsys.readouterr().out
+    out = tmp_path / "w.lwf"
+    assert main(["export", world_id, "-o", str(out), *url]) == 0 and out.read_bytes()[:8] == b"LWFWORLD"
+    capsys.readouterr()
+    assert main(["import", str(out), *url]) == 0
+    copy = capsys.readouterr().out.split(" as ")[1].split()[0]
+    assert worlds.load(PRINCIPAL, copy).chunks[1].video == worlds.load(PRINCIPAL, world_id).chunks[1].video
+    assert main(["delete", copy, *url]) == 0
+    assert main(["export", copy, "-o", str(tmp_path / "gone.lwf"), *url]) == 1
+    assert "server error (world_not_found)" in capsys.readouterr().err
