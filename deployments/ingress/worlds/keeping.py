@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import weakref
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -100,6 +101,8 @@ class WorldKeeping:
         self.writer = WorldWriter(self._sink, max_queue=args.worlds.writer_queue,  # type: ignore[arg-type]
                                   on_refused=self._refused)
         self.dropped: set[str] = set()  # worlds the store refused for good (quota, deleted): not written on
+        # world id -> the record (sessions.py) that hands its chunks to the writer, while it lives
+        self.handing: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def health(self) -> dict:
         """The writer's state for /healthz, with the recent chunks' seconds from their reply to the

@@ -30,7 +30,7 @@ RETRY_S = 0.5  # a session whose chunks the full queue refused tries again this 
 RETRY_FOR_S = 600.0  # ... for this long at most
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class _Kept:
     world_id: str
     next: int = 0  # chunks of the stream handed to the writer (0 .. next-1)
@@ -74,10 +74,24 @@ class SessionWorlds:
         return await revive(self._k, self._principal, session_id, token)
 
     def resumed(self, stream: Stream) -> None:
-        """`stream` was resumed (parked, or from the store): its world has its chunks so far."""
+        """`stream` was resumed (parked, or from the store): its world has its chunks so far,
+        but for those its old connection on this replica still holds for a full writer queue:
+        this record takes them over (from the journal the session carries), and the old one
+        stops, so that one record hands the world's chunks over, in order."""
         digest = self._digest_of(stream)
-        if digest is not None:
-            self._kept[stream] = _Kept(world_of_token(digest), stream.next_chunk)
+        if digest is None:
+            return
+        rec = self._kept[stream] = _Kept(world_of_token(digest), stream.next_chunk)
+        old = self._k.handing.get(rec.world_id)
+        if old is not None and old.next < stream.next_chunk:
+            if old.retry is not None:
+                old.retry.cancel()
+            rec.next, rec.upto = old.next, stream.next_chunk - 1
+            rec.videos = {i: v for i, v in old.videos.items() if i >= old.next}
+            old.next, old.upto = 1 << 30, -1  # hands nothing more
+        self._k.handing[rec.world_id] = rec
+        if rec.next <= rec.upto:
+            self._later(stream, rec)
 
     def opened(self, stream: Stream, videos: list[Optional[bytes]]) -> None:
         """`stream` was opened from a saved world (requests.py): a world of its own, written from
@@ -87,6 +101,7 @@ class SessionWorlds:
     def _new(self, stream: Stream) -> _Kept:
         digest = self._digest_of(stream)
         rec = _Kept(world_of_token(digest) if digest else new_world_id())
+        self._k.handing[rec.world_id] = rec
         session = {"session_id": stream.spec.session_id, "image_digest": stream.spec.image_digest,
                    "clip": stream.spec.raw_frames}
         self._k.expect(rec.world_id, Opening(stream.spec, stream.image, stream.journal.context, session))
@@ -110,8 +125,7 @@ class SessionWorlds:
         if not self._hand(stream, rec):
             self._tell(f"{self._k.writer.queued} chunks wait for the world store; this session's chunks are kept "
                        "in memory and written when it catches up", stream)
-            if rec.retry is None or rec.retry.done():  # handed over once the queue has room, the stream ended or not
-                rec.retry = asyncio.get_running_loop().create_task(self._retry(stream, rec))
+            self._later(stream, rec)
             return
         if self._k.degraded:
             self._tell("the world store does not answer (or is slow): this session's chunks wait in memory "
@@ -132,6 +146,11 @@ class SessionWorlds:
         except WriterFull:
             return False
         return True
+
+    def _later(self, stream: Stream, rec: _Kept) -> None:
+        """Hand the rest over once the queue has room, whether the stream goes on or not."""
+        if rec.retry is None or rec.retry.done():
+            rec.retry = asyncio.get_running_loop().create_task(self._retry(stream, rec))
 
     async def _retry(self, stream: Stream, rec: _Kept) -> None:
         """Hand the rest over as the queue makes room (`RETRY_S`), for at most `RETRY_FOR_S` (it

@@ -211,3 +211,34 @@ def test_written_waits_for_the_sessions_own_chunks_only(tmp_path):
         await keeping.writer.close()
 
     asyncio.run(main())
+
+
+def test_a_resumed_session_takes_over_the_chunks_its_old_connection_still_held(tmp_path):
+    """Chunks 2 and 3 wait with the old connection for a full queue when the session is parked;
+    resumed on a new connection of the same replica, the new record hands them over (their
+    videos too) and the old one stops: the world gets every chunk once, in order."""
+    import threading
+    import time
+
+    async def main():
+        store = Switchable(tmp_path)
+        keeping = keeping_on(store, worlds={"enabled": True, "writer_queue": 1})
+        stream, token, old, _ = a_session(keeping, chunks=5)
+        store.hold = threading.Event()
+        old.kept(stream, 0, b"v0")
+        await asyncio.sleep(0.2)  # chunk 0 in the writer, the queue full
+        for k in (1, 2, 3):
+            old.kept(stream, k, f"v{k}".encode())
+        back = Stream.resumed(OPTIONS, stream.journal, stream.image, ("k", "k", "k"), 4, OPTIONS.prompt)
+        new = SessionWorlds(keeping, "addr:10.0.0.7", lambda n: None, lambda s: token_digest(token))
+        new.resumed(back)
+        new.kept(back, 4, b"v4")  # the resumed session's next chunk, while the store still holds
+        store.hold.set()
+        store.hold = None
+        assert await new.written(back, 30)
+        world = keeping.worlds.load("addr:10.0.0.7", new.world_of(back))
+        assert [c.video for c in world.chunks] == [b"v0", b"v1", b"v2", b"v3", b"v4"]
+        assert keeping.health()["refused"] == 0 and keeping.health()["written"] == 5  # each chunk once
+        await keeping.writer.close()
+
+    asyncio.run(main())
