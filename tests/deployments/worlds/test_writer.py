@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from deployments.config import AppArgs
-from deployments.worlds.errors import QuotaExceeded, StoreUnavailable, WriterFull
+from deployments.worlds.errors import QuotaExceeded, WriterFull
 from deployments.worlds.journal_parts import journal_from_world, journal_records
 from deployments.worlds.local import LocalStore
 from deployments.worlds.worlds import Worlds
