@@ -46,6 +46,7 @@ from client.stats import ChunkStat
 from client.streaming import ResumePolicy, StreamResult
 from client.synthetic import DEFAULT_PROMPT, default_image, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
+from client.worlds_cli import WORLD_COMMANDS, run as run_world_command
 from media.pyav import MissingPyAV
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply, Queued
@@ -310,6 +311,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser().parse_args(argv)
     args.argv = argv  # --save-session keeps the command line
+    if args.command in WORLD_COMMANDS:  # the server's saved worlds over HTTP (worlds_cli.py)
+        return run_world_command(args)
     try:
         check_local_paths(args)
     except LocalPathError as e:

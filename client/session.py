@@ -25,7 +25,8 @@ from client.streaming import StreamResult, stream_session
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, ErrorReply, Forked, ForkRequest, FrameReply,
-                               InferRequest, Queued, Reply, ResetOk, ResetRequest, Rewound, RewindRequest)
+                               InferRequest, Opened, OpenRequest, Queued, Reply, ResetOk, ResetRequest, Rewound,
+                               RewindRequest, Saved, SaveRequest)
 from protocol.requests import SessionStart, drive_request, infer_request
 
 CAMERA_PATH = "/v1/realtime/world/camera"
@@ -258,6 +259,20 @@ class WorldClient:
         chunk `to_chunk` again. `ServerError` when refused (nothing changed then)."""
         await self.send(encode(validated(RewindRequest, {"session_id": session_id, "to_chunk": int(to_chunk)})))
         return _expect(await self.receive(timeout_s), Rewound)
+
+    async def save(self, session_id: str, title: str = "", timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Saved:
+        """Save the session this connection holds as a world of its own on the server (its chunks
+        so far): `saved.world_id`. `ServerError` when refused (a server without worlds)."""
+        await self.send(encode(validated(SaveRequest, {"session_id": session_id, "title": title})))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Saved)
+
+    async def open(self, world_id: str, session_id: str, timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Opened:
+        """Open a saved world of the caller's as session `session_id` (in place of the current
+        one): its next infer produces `opened.next_chunk_id`. `ServerError` when refused."""
+        await self.send(encode(validated(OpenRequest, {"session_id": session_id, "world_id": world_id})))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Opened)
 
     async def send_reset(self, session_id: str) -> None:
         self._auto_ack.discard(session_id)

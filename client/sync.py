@@ -28,8 +28,9 @@ from client.errors import BadReply, ServerError
 from client.session import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_REPLY_TIMEOUT_S, WorldClient
 from media.reassembly import decode_fragment, split_init
 from protocol.codec import encode, validated
-from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Paused, ResetOk, ResumeOk, ResumeRequest,
-                               Rewound)
+from protocol.errors import ErrorCode
+from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Opened, Paused, ResetOk, ResumeOk,
+                               ResumeRequest, Rewound, Saved)
 from protocol.requests import SessionStart, plan_requests
 
 T = TypeVar("T")
@@ -154,6 +155,19 @@ class SyncWorldClient:
     def rewind(self, session_id: str, to_chunk: int) -> Rewound:
         """Take the session back: its next infer produces `to_chunk` again."""
         return self._run(self._client.rewind(session_id, to_chunk))
+
+    def save(self, session_id: str, title: str = "") -> Saved:
+        """Save the session as a world of its own on the server: `saved.world_id` (open it later,
+        from any connection of the same API key, or address without auth)."""
+        return self._run(self._client.save(session_id, title))
+
+    def open(self, world_id: str, session_id: str) -> Opened:
+        """Open a saved world as session `session_id`: its next `infer` / `step` (no `start`)
+        produces chunk `opened.next_chunk_id`, decoded with the world's init segment."""
+        opened = self._run(self._client.open(world_id, session_id))
+        if opened.init_segment is not None:
+            self._inits[session_id] = opened.init_segment
+        return opened
 
     def reset(self, session_id: str) -> ResetOk:
         """End the session on the server."""

@@ -53,6 +53,13 @@ class SessionLimit(ReplicaError):
     code = ErrorCode.SESSION_LIMIT
 
 
+class WorldChanged(ReplicaError):
+    """A session kept in the world store cannot continue byte-identical here: the model that
+    made it differs from the one served (deployments/ingress/worlds/revive.py names the fields)."""
+
+    code = ErrorCode.WORLD_CHANGED
+
+
 class Unsupported(ReplicaError):
     """A request this deployment cannot serve (e.g. prompt steering on a sharded DiT)."""
 

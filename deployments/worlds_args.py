@@ -14,11 +14,15 @@ DEFAULT_ROOT = "lwf-data/worlds"  # relative to the working directory of the pro
 
 class WorldsArgs(BaseModel):
     """Where worlds are kept and what one principal may keep. `local`: files under `root`;
-    `s3`: objects under `prefix` in `bucket` at `endpoint` (AWS when null). Not yet used by the
-    ingress (issue 55: the store layer, its formats and its writer come first)."""
+    `s3`: objects under `prefix` in `bucket` at `endpoint` (AWS when null). `enabled`: the
+    ingress keeps each WebSocket session's world there, written behind the stream, and a resume
+    token the parking no longer knows finds its session there (deployments/ingress/worlds/)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Off by default in code (a test's or an embedding's app writes nothing to disk unasked); the
+    # shipped serve configs turn it on.
+    enabled: bool = False
     backend: Literal["local", "s3"] = "local"
     root: str = DEFAULT_ROOT
     endpoint: Optional[str] = None  # e.g. http://seaweedfs:8333, http://minio:9000; null: AWS S3

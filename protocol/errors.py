@@ -18,6 +18,11 @@ class ErrorCode(str, Enum):
     SESSION_LIMIT = "session_limit"  # the session reached its chunk limit (RoPE table: 1024 latent frames, or its num_frames)
     YIELDED = "yielded"  # a notice: the session gave its place to those waiting (idle); its next infer waits in line
     FORBIDDEN = "forbidden"  # the socket's role in a shared world does not allow the request (a viewer's infer)
+    STORE_BEHIND = "store_behind"  # a notice: the world store does not keep up; chunks wait in memory (none lost)
+    WORLD_NOT_FOUND = "world_not_found"  # no such world of the caller's (another's answers the same)
+    WORLD_QUOTA = "world_quota"  # the caller's worlds would pass worlds.quota_mib
+    STORE_UNAVAILABLE = "store_unavailable"  # the world store did not answer; nothing was saved or opened
+    WORLD_CHANGED = "world_changed"  # a session kept in the world store was made by a model this server does not serve
 
 
 class ProtocolError(ValueError):

@@ -24,7 +24,8 @@ from protocol.handshake import CameraServerConfig
 from protocol.image import probe_image, raw_image
 from protocol.limits import Limits
 # the replies live in protocol/replies.py; this stays the wire's one module of messages
-from protocol.replies import ErrorReply, Forked, FrameReply, Paused, Queued, ResetOk, ResumeOk, Rewound
+from protocol.replies import (ErrorReply, Forked, FrameReply, Opened, Paused, Queued, ResetOk, ResumeOk, Rewound,
+                             Saved)
 from protocol.sharing import Audience, Controls, Shared, Unshared, Watching, WorldNotice
 
 
@@ -295,6 +296,29 @@ class RewindRequest(_Request):
     to_chunk: ToChunk = Field(description="the chunk_id the next infer produces: 0 ..= the chunks it produced")
 
 
+MAX_TITLE_CHARS = 200  # a saved world's title
+MAX_WORLD_ID_CHARS = 64  # a world id is 25 characters (`w` + 24 hex digits); longer is never one
+
+
+class SaveRequest(_Request):
+    """Save the session this connection holds as a world of its own (its chunks so far, in the
+    server's world store, under the caller's API key or address): the reply is `saved`."""
+
+    endpoint: Literal["save"] = "save"
+    title: Annotated[str, Strict(), Field(max_length=MAX_TITLE_CHARS)] = Field(
+        "", description="a name for people (at most 200 chars)")
+
+
+class OpenRequest(_Request):
+    """Open a saved world of the caller's as session `session_id` on this connection (in place
+    of its current one): rebuilt from the store, it continues from the world's last chunk. The
+    reply is `opened`; infers (keys or cameras) go on from its `next_chunk_id`."""
+
+    endpoint: Literal["open"] = "open"
+    world_id: Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WORLD_ID_CHARS)] = Field(
+        description="a world's id, as `saved` or `GET /v1/worlds` gave it")
+
+
 MAX_CONTROL_KEYS = 32  # entries of one `control.keys` (there are 14 distinct keys)
 
 
@@ -348,11 +372,11 @@ class UnshareRequest(_Request):
 
 
 Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-                AckRequest, ShareRequest, UnshareRequest]
+                AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest]
 Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Queued,
-                        ErrorReply, Shared, Unshared, Watching, WorldNotice],
+                        Saved, Opened, ErrorReply, Shared, Unshared, Watching, WorldNotice],
                   Field(discriminator="type")]
 REQUEST_TYPES: dict[str, type[Request]] = {
     "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest, "fork": ForkRequest,
     "rewind": RewindRequest, "control": ControlRequest, "drive": DriveRequest, "ack": AckRequest,
-    "share": ShareRequest, "unshare": UnshareRequest}
+    "share": ShareRequest, "unshare": UnshareRequest, "save": SaveRequest, "open": OpenRequest}

@@ -105,6 +105,28 @@ class Queued(_Message):
                                          "place again after a dropped socket")
 
 
+class Saved(_Message):
+    """The answer to `save`: the session's chunks so far are a world of the caller's."""
+
+    type: Literal["saved"] = "saved"
+    session_id: str
+    world_id: str = Field(description="the saved world's id (`open`, `GET /v1/worlds/{id}`)")
+    chunks: int = Field(ge=0, description="the chunks it holds")
+
+
+class Opened(_Message):
+    """The answer to `open`: the world is session `session_id` of this connection now."""
+
+    type: Literal["opened"] = "opened"
+    session_id: str
+    world_id: str
+    next_chunk_id: int = Field(ge=0, description="the chunk_id the session's next infer produces (the world's chunks)")
+    resume_token: Optional[str] = Field(None, description="the session's resume token, as chunk 0's frame reply "
+                                                          "carries it for a session started anew")
+    init_segment: Optional[Bin] = Field(None, description="the world's fMP4 init segment (ftyp + moov, as its chunk 0 "
+                                                          "began): a player appends it before the frames that follow")
+
+
 class ResetOk(_Message):
     type: Literal["reset_ok"] = "reset_ok"
     session_id: str
@@ -133,6 +155,7 @@ class ErrorReply(_Message):
 
     @property
     def is_notice(self) -> bool:
-        """A notice (the session nears its limit, or gave its place to the line), not the
-        answer to a request."""
-        return self.code is ErrorCode.YIELDED or (self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left))
+        """A notice (the session nears its limit, gave its place to the line, or the world store
+        is behind), not the answer to a request."""
+        return (self.code in (ErrorCode.YIELDED, ErrorCode.STORE_BEHIND)
+                or (self.code is ErrorCode.SESSION_LIMIT and bool(self.chunks_left)))

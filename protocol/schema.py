@@ -12,14 +12,15 @@ from pathlib import Path
 from pydantic.json_schema import models_json_schema
 
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ErrorReply, Forked,
-                               ForkRequest, FrameReply, InferRequest, Paused, ResetOk, ResetRequest, ResumeOk,
-                               ResumeRequest, Rewound, RewindRequest, ShareRequest, UnshareRequest)
+                               ForkRequest, FrameReply, InferRequest, Opened, OpenRequest, Paused, ResetOk, ResetRequest,
+                               ResumeOk, ResumeRequest, Rewound, RewindRequest, Saved, SaveRequest, ShareRequest,
+                               UnshareRequest)
 from protocol.sharing import Shared, Unshared, WatchRequest, Watching, WorldNotice
 
 REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-            AckRequest, ShareRequest, UnshareRequest, WatchRequest)
-REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, ErrorReply, Shared, Unshared,
-           Watching, WorldNotice)
+            AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest, WatchRequest)
+REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Saved, Opened, ErrorReply,
+           Shared, Unshared, Watching, WorldNotice)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
                "msgpack map; `binary` strings are msgpack bin; arrays may also be msgpack-numpy or openpi "

@@ -249,6 +249,8 @@ FLOORS = {
     # 3: the parts that keep their own per-session records: recovery and branching, prefix reuse,
     # driving, resume
     **{f"deployments.ingress.{m}": 3 for m in ("history", "prefix", "drive", "resume")},
+    # the sessions kept in the world store (issue 55): a session's world, written behind it; revived by a resume
+    "deployments.ingress.worlds": 3,
     # 4: what composes them: the connection, the peers' and the videos' modes, the server
     **{f"deployments.ingress.{m}": 4 for m in ("connection", "peers", "videos", "signposts", "server")},
     "deployments.app": 5,

@@ -2,12 +2,16 @@
 growth record), and that journal saved as a world, for the world store's tests."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from deployments.config import AppArgs
 from deployments.ingress.journal import SessionJournal
 from deployments.wire import NoiseSnapshot, SessionOptions
+from deployments.worlds.errors import StoreUnavailable
 from deployments.worlds.journal_parts import journal_records
+from deployments.worlds.local import LocalStore
 from deployments.worlds.worlds import Worlds
 
 OPTIONS = SessionOptions(session_id="s1", prompt="a quiet lake", image_digest="d", resolution=(32, 48), seed=7,
@@ -47,3 +51,28 @@ def save(worlds: Worlds, principal: str = "alice", chunks: int = 3, title: str =
         m = worlds.put_chunk(principal, m.world_id, record, previous)
         previous = record.past.y
     return journal, m
+
+
+class Switchable(LocalStore):
+    """A local store that can be taken down (every call StoreUnavailable) or held (puts wait)."""
+
+    down = False
+    hold: threading.Event | None = None
+
+    def _check(self):
+        if self.down:
+            raise StoreUnavailable("test: the store is down")
+
+    def _put(self, key, data):
+        self._check()
+        if self.hold is not None:
+            self.hold.wait(10)
+        super()._put(key, data)
+
+    def _get(self, key):
+        self._check()
+        return super()._get(key)
+
+    def _list(self, prefix):
+        self._check()
+        return super()._list(prefix)

@@ -357,6 +357,10 @@ export class LiveStream extends EventTarget {
   onError(msg) {
     const stale = msg.session_id && msg.session_id !== this.sessionId;
     if (stale || this.state === "stopped") return; // about a session that was reset or replaced
+    if (msg.code === "store_behind") { // a notice: the server's world store lags; nothing failed
+      this.status(`The server's world store is behind (${msg.message}); the stream goes on.`, "warn");
+      return;
+    }
     if (this.state === "resuming" && this.resumeWaiter) {
       if (msg.code === "unauthorized") this.resumeWaiter.resolve(false); // not parked yet: again
       else this.resumeWaiter.reject(Object.assign(new Error(`[${msg.code}] ${msg.message}`), { final: true }));

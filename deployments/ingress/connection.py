@@ -58,12 +58,13 @@ from deployments.ingress.sharing.owner import Sharing
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, oversize, session_traits
+from deployments.ingress.worlds import SessionWorlds, WorldKeeping, WorldRequests
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ForkRequest, FrameReply,
-                               InferRequest, Request, ResetRequest, ResumeRequest, RewindRequest,
-                               require_session_start)
+                               InferRequest, OpenRequest, Request, ResetRequest, ResumeRequest, RewindRequest,
+                               SaveRequest, require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
@@ -87,12 +88,12 @@ class Connection:
     def __init__(self, ws: Transport, backends: Backends, args: AppArgs, limits: Limits,
                  handshake: CameraServerConfig, metrics: IngressMetrics, quota: Optional[KeyQuota] = None,
                  key_id: Optional[str] = None, client: Optional[str] = None, resumable: bool = False,
-                 prefix: Optional[tuple[PrefixStore, str, Any]] = None) -> None:
+                 prefix: Optional[tuple[PrefixStore, str, Any]] = None, worlds: Optional[WorldKeeping] = None) -> None:
         """`quota`: the per-API-key quota this connection counts against (None: unlimited);
         `key_id`, `client`: its API key id (auth on) and address, whom a resume must match;
         `resumable`: its sessions may outlive it (a WebSocket, when the app parks sessions);
         `prefix`: the ingress replica's prefix store, the model's fingerprint and the store's
-        metrics (None: no store)."""
+        metrics (None: no store); `worlds`: the replica's world store (its sessions kept there)."""
         self._ws = ws
         self._args = args
         self._limits = limits
@@ -109,17 +110,20 @@ class Connection:
         self._jobs = LaneJobs(replicas, Recovery(backends.dit, backends.vae, args.sessions, self._log, metrics), seats)
         self._releases = Releases(replicas, quota, metrics, ended=lambda s: (seats.end(s), self._sharing.ended(s)))
         seats.yields_through(self._releases.retire, lambda notice, stream: self._outbox.reply_now(notice, stream))
+        self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
+        kept = None if worlds is None or not resumable else SessionWorlds(  # worlds/: its sessions' worlds
+            worlds, self._principal, lambda n: self._outbox.notice(n), lambda s: self._resume.digest_of(s))
         self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable, key_id=key_id, client=client,
-                                  clip_mode=lambda: bool(getattr(ws, "raw_frames", False)))  # a peer's clip mode
+                                  clip_mode=lambda: bool(getattr(ws, "raw_frames", False)), worlds=kept)
+        self._worlds = WorldRequests(kept, self._releases, self._resume, lambda: self._driving.stop())  # save, open
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
-                                token=self._resume.token)
+                                token=self._resume.token, kept=None if kept is None else kept.kept)
         self._outbox = Outbox(ws, on_sent=lambda s, r: (self._resume.record_sent(s, r), self._sharing.sent(s, r)),
                               on_reply=self._policy.on_reply)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driving = Driving(args, backends, self._controls, self._log, start=self._start_driven,  # `drive`
                                 put_paused=self._outbox.reply_now, sent_chunks=self._resume.sent_chunks)
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
-        self._principal = scope_of("principal", key_id, client, self._id)  # owns its sessions' text cache, snapshots
         self._sharing = Sharing(backends.hub, args, self._principal, self._log, self._replies.error)  # its worlds
         self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,
                                                                           self._id),
@@ -229,6 +233,9 @@ class Connection:
                 return False, False
             if isinstance(req, ResumeRequest):
                 return False, False
+        if isinstance(req, (SaveRequest, OpenRequest)):  # an open is loaded before the next frame is read
+            self._stream = await self._worlds.handle(req, self._stream, self._outbox)
+            return False, False
         cur = self._stream
         if isinstance(req, (InferRequest, DriveRequest)) and req.image is not None and (
                 isinstance(req, DriveRequest) or cur is None or not cur.holds(req.session_id, req.image)):

@@ -24,9 +24,11 @@ class Replies:
     """Builds the replies of one connection."""
 
     def __init__(self, args: AppArgs, handshake: CameraServerConfig, metrics: IngressMetrics, log: KeyValueLog,
-                 lost: Callable[[Stream], None], token: Callable[[Stream], Optional[str]]) -> None:
+                 lost: Callable[[Stream], None], token: Callable[[Stream], Optional[str]],
+                 kept: Optional[Callable[[Stream, int, Optional[bytes]], None]] = None) -> None:
         """`lost`: a stream's chunk failed (it is released); `token`: a stream's resume token,
-        which its chunk-0 reply carries (resume.py)."""
+        which its chunk-0 reply carries (resume.py); `kept`: a chunk's reply is built, with its
+        video (the session's world in the store, worlds/sessions.py)."""
         self._max_chunks = args.sessions.max_chunks
         self._debug_fields = args.debug_fields
         self._fps = handshake.fps
@@ -34,6 +36,7 @@ class Replies:
         self._log = log
         self._lost = lost
         self._token = token
+        self._kept = kept
 
     def session_limit(self, stream: Stream, chunks_left: int, declared: Optional[int] = None) -> ErrorReply:
         """The chunk cap reached (`max_chunks`), or with `declared` the chunks its `num_frames`
@@ -80,6 +83,8 @@ class Replies:
         durations["total"] = time.perf_counter() - t0
         durations["queue_wait"] = max(0.0, durations["total"] - sum(v for k, v in durations.items() if k != "total"))
         self._metrics.observe_chunk(durations)
+        if self._kept is not None:  # written behind the stream (worlds/keeping.py): never waits
+            self._kept(stream, chunk_id, dec["video"] if isinstance(dec["video"], bytes) else None)
         debug = None
         if self._debug_fields:
             debug = {"dit_replica": out.replica, "vae_replica": dec["replica"], "recoveries": stream.journal.recoveries}

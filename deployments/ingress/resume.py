@@ -28,7 +28,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol
 
 from pydantic import BaseModel
 
@@ -46,6 +46,15 @@ from protocol.messages import FrameReply, InferRequest, Request, ResumeOk, Resum
 CLIP_RESUME = "\x00clip"  # resume_token of a clip-mode extension on a new socket (never a real token)
 PARK_CALL_S = 10.0  # a parking call that takes longer is given up (the session then ends as before)
 UNKNOWN_WAIT_S = 2.0  # a claim of a token the parking does not know is made again after this long
+
+
+class StoredSessions(Protocol):
+    """The sessions kept in the world store (worlds/sessions.py): a claim the parking does not
+    know is looked up there; a resumed session writes on in its world."""
+
+    async def revive(self, session_id: str, token: str) -> Optional[ParkedSession]: ...
+
+    def resumed(self, stream: Stream) -> None: ...
 
 
 class ClaimsThrottled(Busy):
@@ -68,11 +77,11 @@ class ResumeBook:
     """Parks the open session when the socket ends; resumes parked ones."""
 
     def __init__(self, replicas: ReplicaLanes, releases: Releases, quota: Optional[KeyQuota], *, may_park: bool, clip_mode: Callable[[], bool], key_id: Optional[str],
-                 client: Optional[str]) -> None:
+                 client: Optional[str], worlds: Optional[StoredSessions] = None) -> None:
         """`may_park`: a WebSocket's connection (not an offline video's); `clip_mode`: whether the
         socket is a peer client's in clip mode, asked when needed (a peer transport chooses its
         mode with its first request, after this book is made); `key_id`, `client`: its API key id
-        (auth on) and address."""
+        (auth on) and address; `worlds`: the sessions kept in the world store (None: none)."""
         self._parking = replicas.backends.parking
         self._claims = replicas.backends.claims
         self._sessions = replicas.args.sessions
@@ -84,6 +93,7 @@ class ResumeBook:
         self._clip_mode = clip_mode
         self._key_id = key_id
         self._client = client
+        self.worlds = worlds
         self._deliveries: weakref.WeakKeyDictionary[Stream, Delivery] = weakref.WeakKeyDictionary()
 
     def _of(self, stream: Stream) -> Delivery:
@@ -101,10 +111,25 @@ class ResumeBook:
             self._deliveries[stream] = Delivery(token, token_digest(token),
                                                 replay=self.replay_ring(stream.spec.raw_frames))
 
+    def opened(self, stream: Stream) -> Optional[str]:
+        """A session opened from a saved world (worlds/requests.py): its resume token, which the
+        `opened` reply carries (no chunk-0 reply will); its client has its chunks."""
+        if not self.enabled:
+            return None
+        token = new_token()
+        self._deliveries[stream] = Delivery(token, token_digest(token), token_delivered=True, sent=stream.next_chunk,
+                                            replay=self.replay_ring(stream.spec.raw_frames))
+        return token
+
     def token(self, stream: Stream) -> Optional[str]:
         """The resume token its chunk-0 reply carries (None: none)."""
         d = self._deliveries.get(stream)
         return None if d is None else d.token
+
+    def digest_of(self, stream: Stream) -> Optional[str]:
+        """The digest of `stream`'s resume token (None: it has none)."""
+        d = self._deliveries.get(stream)
+        return None if d is None else d.digest
 
     def sent_chunks(self, stream: Stream) -> int:
         """Chunk replies of `stream` sent on this socket (a resumed one: those its client has)."""
@@ -243,6 +268,8 @@ class ResumeBook:
         resume_from = record.next_chunk if clip else min(record.sent, req.resume_from if req.resume_from is not None
                                                          else record.sent)
         stream = self._install(record, resume_from, cur)
+        if self.worlds is not None:
+            self.worlds.resumed(stream)  # it writes on in its world
         replay = [r for r in record.replies if r.chunk_id >= resume_from]
         missing = sorted(set(range(resume_from, record.next_chunk)) - {r.chunk_id for r in replay})
         if missing:
@@ -273,6 +300,13 @@ class ResumeBook:
         if isinstance(result, ClaimRefused) and result.unknown:  # its old socket's end may not be seen yet
             await asyncio.sleep(UNKNOWN_WAIT_S)
             result = await self._parking.claim.remote(session_id, token, principal, clip)
+        if isinstance(result, ClaimRefused) and result.unknown and token is not None and self.worlds is not None:
+            revived = await self.worlds.revive(session_id, token)  # a session of an earlier app (worlds/revive.py)
+            if revived is not None:
+                revived.principal, revived.clip = principal, clip
+                self._log.info("session revived from the world store", fields={"session": session_id,
+                                                                               "chunks": revived.next_chunk})
+                result = revived
         if isinstance(result, ClaimRefused):
             self._log.info("resume refused", fields={"session": session_id, "code": result.code.value,
                                                      "why": "unknown token" if result.unknown else result.message})

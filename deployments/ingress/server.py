@@ -42,6 +42,8 @@ from deployments.ingress.videos import VideoEndpoint
 from deployments.ingress.videos.runner import SessionRunner
 from deployments.ingress.videos.schema import openapi_extra as video_body_schema
 from deployments.ingress.web import mount_web
+from deployments.ingress.worlds.keeping import open_keeping
+from deployments.ingress.worlds.routes import WorldRoutes
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.limits import Limits
@@ -50,6 +52,7 @@ from deployments.ingress.signposts import CAMERA_ROUTE, answer_wrong_socket, ins
 from deployments.ingress.sizes import SizeRule
 
 OPENPI_ROUTE = "/"  # openpi clients connect to the server's root WebSocket
+WORLDS_ROUTE = "/v1/worlds"
 HEALTH_TIMEOUT_S = 10.0
 LINE_STATS_TIMEOUT_S = 2.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
@@ -132,6 +135,8 @@ class WorldIngress:
         self._viewers = None if hub is None else Viewers(hub, self._auth, self._caps, args, self._limits, self._metrics,
                                                          self._handshake.debug)  # the watch route (sharing/viewer.py)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
+        self._worlds = open_keeping(args, get_log("ingress", replica=_replica_id()))  # None: worlds off
+        self._world_routes = WorldRoutes(self._worlds, self._auth, args.connection.trust_forwarded_for)
         if _replica_id():  # in a Serve replica (not a test building the class): say where to go once up
             self._ready = asyncio.get_running_loop().create_task(
                 announce_when_ready(self._probe, CAMERA_ROUTE, get_log("ingress", replica=_replica_id())))
@@ -203,7 +208,8 @@ class WorldIngress:
         self._metrics.connections.set(self._open_connections)
         try:
             await Connection(transport, self._backends, self._args, self._limits, self._handshake, self._metrics,
-                             self._quotas.for_key(key_id), key_id, client, resumable, self._prefix).run()
+                             self._quotas.for_key(key_id), key_id, client, resumable, self._prefix,
+                             self._worlds).run()
         finally:
             self._open_connections -= 1
             self._metrics.connections.set(self._open_connections)
@@ -229,19 +235,44 @@ class WorldIngress:
         """Cancel (if unfinished) and drop the caller's job; its session is released."""
         return await self._videos.delete(job_id, request)
 
+    @app.get(WORLDS_ROUTE)
+    async def list_worlds(self, request: Request) -> Response:
+        """The caller's worlds (worlds/routes.py, docs/WORLDS.md)."""
+        return await self._world_routes.list(request)
+
+    @app.post(WORLDS_ROUTE + "/import")
+    async def import_world(self, request: Request) -> Response:
+        """A `.lwf` file (application/octet-stream) as a new world of the caller's."""
+        return await self._world_routes.import_(request)
+
+    @app.delete(WORLDS_ROUTE + "/{world_id}")
+    async def delete_world(self, world_id: str, request: Request) -> Response:
+        return await self._world_routes.delete(world_id, request)
+
+    @app.get(WORLDS_ROUTE + "/{world_id}/video", response_class=Response)
+    async def world_video(self, world_id: str, request: Request) -> Response:
+        """The world's MP4 so far: the init segment and every stored chunk's fragment."""
+        return await self._world_routes.video(world_id, request)
+
+    @app.get(WORLDS_ROUTE + "/{world_id}/export", response_class=Response)
+    async def export_world(self, world_id: str, request: Request) -> Response:
+        """The world as one `.lwf` file."""
+        return await self._world_routes.export(world_id, request)
+
     @app.get("/healthz")
     async def healthz(self, request: Request) -> JSONResponse:
         """200 when a session could be served: every replica answers its stats, and one call
         routed to each deployment the way a session's calls go (through the session-affinity
         router) comes back within the deadline; else 503. Status `degraded` (still 200) while the
-        waiting room does not answer (health.py). With auth on, the counts (replicas, sessions,
+        waiting room does not answer (health.py) or the world store is down or behind (worlds/). With auth on, the counts (replicas, sessions,
         connections) only for a valid key."""
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_S + 1.0):
                 stats, probe, line = await asyncio.gather(self._replica_stats(), self._probe.run(), self._line())
         except Exception as e:  # noqa: BLE001 - any failure means unhealthy
             return JSONResponse({"status": "unavailable", "error": f"{type(e).__name__}: {e}"}, status_code=503)
-        body: dict[str, Any] = {"status": "degraded" if line_lost(line) else "ok"}  # 200 either way (health.py)
+        store_behind = self._worlds is not None and self._worlds.degraded  # the world store down or slow
+        body: dict[str, Any] = {"status": "degraded" if line_lost(line) or store_behind else "ok"}  # 200 either way
         if self._auth.authenticate(request)[0]:
             body.update({
                 "replicas": {name: len(s) for name, s in stats.items()},
@@ -251,6 +282,8 @@ class WorldIngress:
                 "probe_s": probe,
                 "line": line,  # the application's waiting room (null: none)
             })
+            if self._worlds is not None:  # this replica's write-behind writer (deployments/ingress/worlds/)
+                body["worlds"] = self._worlds.health()
             if self._prefix is not None:  # this ingress replica's store (deployments/ingress/prefix/)
                 store = self._prefix[0]
                 body["prefix_cache"] = {"bytes": store.nbytes, "max_bytes": store.max_bytes, "entries": len(store),

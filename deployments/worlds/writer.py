@@ -83,6 +83,10 @@ class WorldWriter:
     def queued(self) -> int:
         return len(self._queue)
 
+    def pending(self, world_id: str) -> int:
+        """Chunks of `world_id` still queued (or being written)."""
+        return sum(1 for job in self._queue if job.world_id == world_id)
+
     async def flush(self, timeout_s: float) -> bool:
         """Wait until the queue is written (True) or `timeout_s` passed (False)."""
         deadline = time.monotonic() + timeout_s

@@ -11,38 +11,13 @@ import numpy as np
 import pytest
 
 from deployments.config import AppArgs
-from deployments.worlds.errors import QuotaExceeded, StoreUnavailable, WriterFull
+from deployments.worlds.errors import QuotaExceeded, WriterFull
 from deployments.worlds.journal_parts import journal_from_world, journal_records
 from deployments.worlds.local import LocalStore
 from deployments.worlds.worlds import Worlds
 from deployments.worlds.writer import WorldWriter
 from seaweed import SeaweedServer, s3_store
-from worlds_support import OPTIONS, make_journal
-
-
-class Switchable(LocalStore):
-    """A local store that can be taken down (every call StoreUnavailable) or held (puts wait)."""
-
-    down = False
-    hold: threading.Event | None = None
-
-    def _check(self):
-        if self.down:
-            raise StoreUnavailable("test: the store is down")
-
-    def _put(self, key, data):
-        self._check()
-        if self.hold is not None:
-            self.hold.wait(10)
-        super()._put(key, data)
-
-    def _get(self, key):
-        self._check()
-        return super()._get(key)
-
-    def _list(self, prefix):
-        self._check()
-        return super()._list(prefix)
+from worlds_support import OPTIONS, Switchable, make_journal
 
 
 def same_chunks(worlds: Worlds, world_id: str, journal, n: int) -> None:
