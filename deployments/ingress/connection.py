@@ -57,7 +57,7 @@ from deployments.ingress.resume import ClaimsThrottled, ResumeBook
 from deployments.ingress.sharing.owner import Sharing
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
-from deployments.ingress.transport import Transport, frame_size, oversize, session_traits
+from deployments.ingress.transport import Transport, frame_size, next_message, oversize, session_traits
 from deployments.ingress.worlds import SessionWorlds, WorldKeeping, WorldRequests
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
@@ -140,7 +140,7 @@ class Connection:
         self._outbox.reply_now(self._handshake)
         try:
             while True:
-                msg = await self._next_message()
+                msg = await next_message(self._ws, lambda: self._policy.wait_s(busy=bool(self._inflight)))
                 if msg is None:
                     await self._outbox.close_socket(POLICY_VIOLATION, self._policy.silence_reason())
                     break
@@ -179,18 +179,6 @@ class Connection:
             self._stream = None
         await self._releases.teardown(parked, self._inflight)
         self._sharing.leave(parked)  # a parked session's world waits for its resume; the others end
-
-    async def _next_message(self) -> Optional[dict[str, Any]]:
-        """The next ASGI message; None when the client stayed silent too long (ClientPolicy)."""
-        receive = asyncio.ensure_future(self._ws.receive())
-        try:
-            while (wait := self._policy.wait_s(busy=bool(self._inflight))) is not None:
-                done, _ = await asyncio.wait({receive}, timeout=wait)
-                if done:
-                    return receive.result()
-            return None
-        finally:
-            receive.cancel()  # no-op once done
 
     # ---- dispatch (synchronous: fixes the order of every call and reply) ----
 

@@ -9,6 +9,7 @@ reads the replies, so that its video runs through the very code that serves the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Optional, Protocol
 
 from starlette.websockets import WebSocketState
@@ -106,3 +107,17 @@ class LocalTransport:
     def hang_up(self) -> None:
         """The client leaves: the Connection's receive loop ends and it releases its sessions."""
         self._inbox.put_nowait({"type": "websocket.disconnect", "code": NORMAL_CLOSURE})
+
+
+async def next_message(ws: Transport, wait_s: Callable[[], Optional[float]]) -> Optional[dict[str, Any]]:
+    """`ws`'s next ASGI message; None when the client stayed silent too long: `wait_s()` is how
+    long to wait now (ClientPolicy.wait_s), None once the silence is over its bound."""
+    receive = asyncio.ensure_future(ws.receive())
+    try:
+        while (wait := wait_s()) is not None:
+            done, _ = await asyncio.wait({receive}, timeout=wait)
+            if done:
+                return receive.result()
+        return None
+    finally:
+        receive.cancel()  # no-op once done
