@@ -78,12 +78,17 @@ def branch_rows(d: dict) -> list[Row]:
         p = phase.get("path") or {}
         return "/".join(p.get(name, "?") for name in ("dit", "vae"))
 
+    def fork(phase: dict) -> str:  # a fork skipped on one seat says why (benchmarks/line/seats.py)
+        if "skipped" in phase:
+            return f"fork at the head skipped ({phase['skipped']})"
+        return (f"fork at the head to its frame {fmt(phase['fork_to_frame_s'])} s ({path(phase)}; target "
+                f"{fmt(phase['target_s'])} s)")
+
     rows = [("branch_bench", f"{d['chunks']} chunks: TTFC cold {fmt(d['cold']['ttfc_s'])} s, full hit "
                              f"{fmt(d['hit']['ttfc_s'])} s ({d['hit']['cached']} cached, {d['hit']['video_equal']} "
-                             f"videos equal); fork at the head to its frame {fmt(d['fork']['fork_to_frame_s'])} s "
-                             f"({path(d['fork'])}; target {fmt(d['fork']['target_s'])} s)")]
+                             f"videos equal); {fork(d['fork'])}")]
     for name, key in (("fork below the head", "fork_below"), ("rewind", "rewind")):
-        if key in d:
+        if key in d and "skipped" not in d[key]:
             rows.append(("branch_bench", f"{name} to its frame {fmt(d[key][key.split('_')[0] + '_to_frame_s'])} s "
                                          f"({path(d[key])})"))
     if "leave" in d:
