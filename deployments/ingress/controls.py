@@ -37,7 +37,7 @@ class ChunkCameras:
     poses: np.ndarray  # float32 [N, 4, 4]
     intrinsics: np.ndarray  # float32 [N, 4]
     event_id: Optional[int]  # the key state a key-driven chunk used (None: explicit, or no control yet)
-    last_pose: np.ndarray  # float64 [4, 4]: where the next key-driven chunk continues from
+    last_pose: np.ndarray  # float64 [4, 4]: where the next key-driven chunk continues from (poses[-1], widened)
 
 
 @dataclass(slots=True)
@@ -100,10 +100,14 @@ class ControlBook:
         held = self._session_id == stream.spec.session_id
         keys, event_id = (self._keys, self._event_id) if held else ((), None)
         last = cursor.pose if cursor is not None else _journaled_pose(stream)
-        poses = key_chunk_poses(last, keys, self._steps)
+        # float32 as sent (to the DiT, in the reply, in the journal); the next chunk continues
+        # from that float32 pose, not from the float64 one it was rounded from: so a stream
+        # with its cursor and one continuing from its journal (a rewind, a fork below the head,
+        # a resume) get the same poses, to the bit.
+        poses = key_chunk_poses(last, keys, self._steps).astype(np.float32)
         row = cursor.intrinsics if cursor is not None else _journaled_intrinsics(stream)
         intrinsics = np.tile(row, (CHUNK_VIDEO_FRAMES, 1))
-        return ChunkCameras(poses.astype(np.float32), intrinsics, event_id, poses[-1])
+        return ChunkCameras(poses, intrinsics, event_id, poses[-1].astype(np.float64))
 
     def commit(self, stream: Stream, cams: ChunkCameras, chunk_id: int) -> None:
         """Chunk `chunk_id` was accepted: the stream's camera continues from it."""

@@ -165,3 +165,29 @@ def test_a_fork_at_the_head_continues_the_sources_camera_without_a_journal():
     book.forked(below, source, 1)  # not the source's head: its cursor does not apply
     book.set(ControlRequest(session_id="below", event_id=3, keys=["d"]))
     np.testing.assert_allclose(book.keyed(below, 1).poses, key_chunk_poses(None, {"d"}, STEPS), atol=1e-6)
+
+
+def test_keys_continue_from_the_float32_pose_so_a_rewound_stream_gets_the_same_poses_to_the_bit():
+    """A stream continuing with its cursor and one continuing from its journal (a rewind, a fork
+    below the head, a resume) get the same poses, bit for bit: the cursor keeps the float32 pose
+    the chunk was sent and journaled with, not the float64 one it was rounded from (which made a
+    rewound chunk's poses differ by an ulp, its latents by ~5e-7 and its H.264 bytes)."""
+    from deployments.config import ControlArgs
+    from deployments.ingress.controls import ControlBook
+    from deployments.wire import NoiseSnapshot
+
+    noise = NoiseSnapshot(np.zeros(2, np.uint8), False)
+    for first, second in [(["w"], ["w", "j"]), (["w", "l"], ["d", "i"]), (["q", "a"], ["w", "l", "i"])]:
+        book = ControlBook(ControlArgs())
+        live, rewound = _stream("live", 0), _stream("rewound", 1)
+        rewound.journal = type(live.journal)(np.zeros((8, 8, 3), np.uint8), 1 << 30)  # one that keeps chunks
+        book.set(ControlRequest(session_id="live", event_id=1, keys=first))
+        cams = book.keyed(live, 0)
+        book.commit(live, cams, 0)
+        live.next_chunk = 1
+        assert cams.poses.dtype == np.float32
+        rewound.journal.add_chunk(cams.poses, cams.intrinsics, np.zeros(1, np.float32), np.zeros(1, np.float32), noise)
+        book.set(ControlRequest(session_id="live", event_id=2, keys=second))
+        again = book.keyed(live, 1).poses  # from the cursor
+        book.set(ControlRequest(session_id="rewound", event_id=3, keys=second))
+        np.testing.assert_array_equal(book.keyed(rewound, 1).poses, again)  # from the journal
