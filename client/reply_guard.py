@@ -9,7 +9,7 @@ written, so that a broken or hostile server ends the client's work with one `Bad
 - Sessions: a reply names a session this client named in a request (`session_id`, a fork's
   `new_session_id`), on this connection or one before it (`reconnect`).
 - Chunk ids: a session's frames come in sequence, below the handshake's `max_chunks`: from 0
-  (or the `next_chunk_id` of a `forked`, `rewound` or `resumed`), one up each; from 0 again
+  (or the `next_chunk_id` of a `forked`, `rewound`, `resumed` or `opened`), one up each; from 0 again
   after `reset_ok`, `session_lost` or a frame with `reset`. While a resume is answered (its
   replies sent again, some maybe no longer kept) they only rise.
 - Frames: `num_frames` as the handshake states (9 for chunk 0, then 12); the video fMP4
@@ -27,8 +27,8 @@ from client.errors import BadReply, shown
 from media.fragment_check import fragment_problem
 from protocol.codec import decode_reply
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Reply, ResetOk, ResumeOk,
-                               Rewound)
+from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Opened, Reply, ResetOk,
+                               ResumeOk, Rewound)
 
 MIB = 1 << 20
 HARD_MAX_REPLY_BYTES = 256 * MIB  # whatever a handshake says: 1024x1792 chunks of 12 frames are 66 MB raw
@@ -118,7 +118,7 @@ class ReplyGuard:
                 raise BadReply(f"`forked` from session {shown(reply.parent_session_id)}, which this client did "
                                "not open")
             self._sequences[sid] = _Sequence(reply.next_chunk_id)
-        elif isinstance(reply, (Rewound, ResumeOk)):
+        elif isinstance(reply, (Rewound, ResumeOk, Opened)):  # an opened world goes on from its chunks
             self._sequences[sid] = _Sequence(reply.next_chunk_id)
         elif isinstance(reply, ResetOk) or (isinstance(reply, ErrorReply) and sid is not None
                                             and reply.code is ErrorCode.SESSION_LOST):
