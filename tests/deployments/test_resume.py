@@ -12,23 +12,12 @@ import time
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, ResumeOk
 from protocol.codec import encode
+from session_holders import reference_videos
 from protocol.messages import ResumeRequest
 
 LONG_FRAMES = 57  # 5 chunks
 
 
-async def _reference(connect, sid: str, traj, chunks: int, seed: int) -> list[bytes]:
-    """The uninterrupted session's chunks (at most 2 in flight)."""
-    async with connect() as c:
-        replies, sent = [], 0
-        while len(replies) < chunks:
-            while sent < chunks and sent - len(replies) < 2:
-                await c.infer(sid, traj, sent, first=sent == 0, seed=seed)
-                sent += 1
-            replies.append(await c.recv())
-        await c.reset(sid)
-    assert all(isinstance(r, FrameReply) for r in replies), replies
-    return [r.video for r in replies]
 
 
 async def _on_other_ingress(connect, replica: str, tries: int = 40):
@@ -48,7 +37,7 @@ def test_resume_on_the_other_ingress_replica_continues_byte_for_byte(resume_serv
     resumes with the token: the concatenated video equals the uninterrupted session's, and the
     DiT replica's state was used as it was (no rebuild)."""
     async def go():
-        reference = await _reference(resume_connect, "ref", example, 3, seed=5)
+        reference = await reference_videos(resume_connect, "ref", example, 3, seed=5)
         async with resume_connect() as a:
             assert a.config.resume_grace_s == resume_grace_s
             for k in range(2):
@@ -79,7 +68,7 @@ def test_chunks_in_flight_at_the_drop_come_once_on_the_new_socket(resume_server,
     """Three chunks sent at once, the socket closed after the first reply: `resume` with
     resume_from=1 brings chunks 1 and 2 (none lost, none twice), then `resumed`."""
     async def go():
-        reference = await _reference(resume_connect, "ref2", example, 3, seed=6)
+        reference = await reference_videos(resume_connect, "ref2", example, 3, seed=6)
         async with resume_connect() as a:
             for k in range(3):
                 await a.infer("flight", example, k, first=k == 0, seed=6)
@@ -189,7 +178,7 @@ def test_soak_random_drops_and_resumes_keep_every_video_exact(resume_server, res
         return [videos[k] for k in range(5)]
 
     async def go():
-        references = [await _reference(resume_connect, f"soak-ref{i}", traj, 5, seed=20 + i) for i in range(2)]
+        references = [await reference_videos(resume_connect, f"soak-ref{i}", traj, 5, seed=20 + i) for i in range(2)]
         drops: list = []
         videos = await asyncio.gather(*(dropping(f"soak{i}", 20 + i, drops) for i in range(2)))
         return references, videos, drops

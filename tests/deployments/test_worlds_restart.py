@@ -24,6 +24,7 @@ from deployments.worlds.local import LocalStore
 from deployments.worlds.worlds import Worlds
 from protocol.errors import ErrorCode
 from protocol.codec import encode
+from session_holders import reference_videos
 from protocol.messages import ErrorReply, FrameReply, Opened, OpenRequest, Saved, SaveRequest
 from support import wait_healthy
 
@@ -59,18 +60,6 @@ def wait_stored(worlds: Worlds, tokens: dict[str, str], n: int, timeout_s: float
         time.sleep(0.1)
 
 
-async def _reference(connect, sid: str, traj, chunks: int, seed: int) -> list[bytes]:
-    """The uninterrupted session's chunks (as tests/deployments/test_resume.py makes them)."""
-    async with connect() as c:
-        replies, sent = [], 0
-        while len(replies) < chunks:
-            while sent < chunks and sent - len(replies) < 2:
-                await c.infer(sid, traj, sent, first=sent == 0, seed=seed)
-                sent += 1
-            replies.append(await c.recv())
-        await c.reset(sid)
-    assert all(isinstance(r, FrameReply) for r in replies), replies
-    return [r.video for r in replies]
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +163,7 @@ def test_save_then_open_on_a_new_socket_continues_byte_identical(extra_app, exam
     traj = dataclasses.replace(example, num_frames=LONG_FRAMES)
 
     async def go():
-        reference = await _reference(connect, "ref-open", traj, CHUNKS, 21)
+        reference = await reference_videos(connect, "ref-open", traj, CHUNKS, 21)
         async with connect() as a:
             for k in range(3):
                 await a.infer("orig", traj, k, first=k == 0, seed=21)
@@ -218,7 +207,7 @@ def test_three_sessions_survive_a_restart_a_deploy_and_a_killed_ingress(extra_ap
     videos: dict[str, list[bytes]] = {sid: [] for sid in SEEDS}
 
     async def references() -> dict[str, list[bytes]]:
-        return {sid: await _reference(connect, f"ref-{sid}", traj, CHUNKS, seed) for sid, seed in SEEDS.items()}
+        return {sid: await reference_videos(connect, f"ref-{sid}", traj, CHUNKS, seed) for sid, seed in SEEDS.items()}
 
     async def first_chunks() -> None:
         for sid, seed in SEEDS.items():
