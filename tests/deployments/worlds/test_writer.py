@@ -38,13 +38,19 @@ def submit(writer: WorldWriter, records, world_id: str, which) -> None:
         writer.submit("alice", world_id, records[k], records[k - 1].past.y if k else None)
 
 
+def started(root, **options):
+    """A world of 5 chunks on a switchable local store, and a started writer with `options`."""
+    store = Switchable(root)
+    worlds = Worlds(store)
+    journal, records, wid = start_world(worlds)
+    writer = WorldWriter(worlds, **options)
+    writer.start()
+    return store, worlds, journal, records, wid, writer
+
+
 def test_a_store_that_goes_down_degrades_to_memory_and_catches_up(tmp_path):
     async def main():
-        store = Switchable(tmp_path)
-        worlds = Worlds(store)
-        journal, records, wid = start_world(worlds)
-        writer = WorldWriter(worlds, max_queue=8, max_backoff_s=0.2)
-        writer.start()
+        store, worlds, journal, records, wid, writer = started(tmp_path, max_queue=8, max_backoff_s=0.2)
         submit(writer, records, wid, [0, 1])
         assert await writer.flush(10)
         store.down = True
@@ -64,11 +70,7 @@ def test_a_store_that_goes_down_degrades_to_memory_and_catches_up(tmp_path):
 
 def test_the_queue_is_bounded_and_what_it_accepted_is_written(tmp_path):
     async def main():
-        store = Switchable(tmp_path)
-        worlds = Worlds(store)
-        journal, records, wid = start_world(worlds)
-        writer = WorldWriter(worlds, max_queue=2, max_backoff_s=0.2)
-        writer.start()
+        store, worlds, journal, records, wid, writer = started(tmp_path, max_queue=2, max_backoff_s=0.2)
         store.down = True
         submit(writer, records, wid, [0, 1])
         with pytest.raises(WriterFull):
@@ -85,11 +87,7 @@ def test_the_queue_is_bounded_and_what_it_accepted_is_written(tmp_path):
 
 def test_submit_never_waits_for_a_slow_store(tmp_path):
     async def main():
-        store = Switchable(tmp_path)
-        worlds = Worlds(store)
-        journal, records, wid = start_world(worlds)
-        writer = WorldWriter(worlds, slow_s=0.05)
-        writer.start()
+        store, worlds, journal, records, wid, writer = started(tmp_path, slow_s=0.05)
         store.hold = threading.Event()  # every put waits until released
         submit(writer, records, wid, [0, 1, 2])  # returns at once: no I/O in submit
         await asyncio.sleep(0.2)  # the loop runs on while a put is blocked in the writer's thread
