@@ -44,29 +44,39 @@ def _child_setup() -> None:  # in the child, before exec
 
 class Stopper:
     """The launcher's SIGTERM / SIGINT / SIGHUP handler: the first asks the child for a clean
-    stop (SIGINT, said once), a second one insists (SIGTERM). Installed before the child starts:
-    a signal that comes first is acted on as soon as it runs (`attach`)."""
+    stop (SIGINT, said once), a second one insists (SIGTERM).
+
+    The handler only records the signal (one `list.append`, which a nested handler cannot
+    undo); the main thread passes them on (`act`, between waits). Sending from the handler
+    raced: a second signal whose handler ran inside the first one's, between its `send_signal`
+    and its count, sent a second SIGINT instead of the SIGTERM (seen under CI load)."""
 
     def __init__(self, out=sys.stderr) -> None:
-        self.child: Optional[subprocess.Popen] = None
         self.out = out
-        self.signals = 0
+        self.received: list[int] = []
         self.sent = 0
 
-    def attach(self, child: subprocess.Popen) -> None:
-        self.child = child
-        self._act()
-
     def __call__(self, signum: int, frame: Optional[FrameType]) -> None:
-        if self.signals == 0:
+        self.received.append(signum)
+        if len(self.received) == 1:
             print(STOPPING, file=self.out, flush=True)
-        self.signals += 1
-        self._act()
 
-    def _act(self) -> None:
-        while self.child is not None and self.sent < min(self.signals, 2) and self.child.poll() is None:
-            self.child.send_signal(signal.SIGINT if self.sent == 0 else signal.SIGTERM)
+    def act(self, child: subprocess.Popen) -> None:
+        """Send the child what the signals so far ask for and it has not had yet."""
+        while self.sent < min(len(self.received), 2) and child.poll() is None:
+            signum = signal.SIGINT if self.sent == 0 else signal.SIGTERM
             self.sent += 1
+            child.send_signal(signum)
+
+
+def wait(child: subprocess.Popen, stopper: Stopper, poll_s: float = 0.05) -> int:
+    """The child's exit status, passing the stop signals on as they come."""
+    while True:
+        stopper.act(child)
+        try:
+            return child.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -79,8 +89,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(signum, stopper)
     child = subprocess.Popen(serve_command(args), preexec_fn=_child_setup)
-    stopper.attach(child)
-    status = child.wait()
+    status = wait(child, stopper)
     return status if status >= 0 else 128 - status  # killed by a signal: the shell's convention
 
 

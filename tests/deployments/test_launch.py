@@ -131,3 +131,35 @@ def test_sigterm_stops_serve_run_without_the_signal_trace(tmp_path):
     assert "SIGTERM received" not in out and "clock_nanosleep" not in out, out[-3000:]
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+
+
+class _Child:
+    """What Stopper.act needs of a Popen: poll() and send_signal(), recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def poll(self):
+        return None
+
+    def send_signal(self, signum: int) -> None:
+        self.sent.append(signum)
+
+
+def test_two_signals_before_the_launcher_acts_send_sigint_then_sigterm():
+    """The second signal's handler may run inside the first's (CI saw it: two SIGINTs, no
+    SIGTERM): handlers only record, the main thread sends, once per signal, in order."""
+    import io
+
+    from deployments.launch import Stopper
+
+    out = io.StringIO()
+    stopper, child = Stopper(out=out), _Child()
+    stopper(signal.SIGTERM, None)
+    stopper(signal.SIGTERM, None)
+    stopper.act(child)
+    stopper.act(child)
+    stopper(signal.SIGHUP, None)  # a third asks for nothing more
+    stopper.act(child)
+    assert child.sent == [signal.SIGINT, signal.SIGTERM]
+    assert out.getvalue().splitlines() == [STOPPING]
