@@ -206,12 +206,17 @@ class LineSeats:
         """An offline session (a `/v1/videos` job) is not admitted while live sessions wait in
         line: the place that frees is theirs (`Busy`: its runner tries again). A room that does
         not answer holds nothing up."""
+        waiting = await self._waiting()
+        if waiting > 0:
+            raise Busy(f"{waiting} live session(s) wait for a place; a video starts once none waits", JOB_RETRY_S)
+
+    async def _waiting(self) -> int:
+        """How many sessions wait in the room's line; 0 when the room does not answer in time
+        (bookkeeping only: a room that does not answer holds nothing up)."""
         answered, stats = await settle(self._room.stats.remote(), ROOM_CALL_TIMEOUT_S)
-        if not answered or isinstance(stats, BaseException):  # bookkeeping only
-            return
-        if stats.get("waiting", 0) > 0:
-            raise Busy(f"{stats['waiting']} live session(s) wait for a place; a video starts once none waits",
-                       JOB_RETRY_S)
+        if not answered or isinstance(stats, BaseException):
+            return 0
+        return int(stats.get("waiting", 0))
 
     async def _asked(self, stream: Stream, seat: _Seat, place: Place, call: Callable[[], Awaitable[Any]]) -> Any:
         """`call()`'s answer (a room call of the waiting `seat`, at `place`). When the room fails
@@ -266,8 +271,7 @@ class LineSeats:
             idle_since = idle_since or now
             if now - idle_since < self._yield_idle_s or not stream.journal.recoverable or not stream.journal.chunks:
                 continue
-            answered, stats = await settle(self._room.stats.remote(), ROOM_CALL_TIMEOUT_S)
-            if not answered or isinstance(stats, BaseException) or not stats.get("waiting", 0):
+            if not await self._waiting():
                 continue
             if self._seats.get(stream) is seat and seat.seated and _idle(stream) and _activity(stream) == seen:
                 self._yield(stream, seat, f"idle for {now - idle_since:.0f} s")
@@ -283,8 +287,7 @@ class LineSeats:
                 or time.monotonic() - seat.seated_at < self._max_turn_s
                 or not stream.journal.recoverable or not stream.journal.chunks):
             return False
-        answered, stats = await settle(self._room.stats.remote(), ROOM_CALL_TIMEOUT_S)
-        if not answered or isinstance(stats, BaseException) or not stats.get("waiting", 0):
+        if not await self._waiting():
             return False
         if self._seats.get(stream) is not seat or not seat.seated:
             return False
