@@ -271,6 +271,10 @@ class WorldBook:
         """A player's key state; True when it changed what the owner's side reads (`inputs`)."""
         return self._watched(world_id, viewer_id).policy.control(viewer_id, keys, event_id, now)
 
+    def prompt(self, world_id: str, viewer_id: str, prompt: str) -> None:
+        """The director's prompt steering (Forbidden from anyone else)."""
+        self._watched(world_id, viewer_id).policy.steer(viewer_id, prompt)
+
     def pass_controls(self, world_id: str, by: Optional[str], to: Optional[str], now: float) -> None:
         """`by` (a viewer id; None: the owner, checked by the caller) passes the controls to `to`."""
         world = self._worlds.get(world_id)
@@ -316,14 +320,19 @@ class WorldBook:
 
     # ---- time ----
 
+    def tick(self, now: float) -> list[str]:
+        """Time passed for the players (policy.py `tick`): the worlds whose controls changed."""
+        changed = [w for w in self._worlds.values() if w.ended is None and w.policy.tick(now)]
+        for world in changed:
+            self._controls_notice(world)
+        return [w.world_id for w in changed]
+
     def sweep(self, now: float) -> list[World]:
         """End the worlds whose owner is gone (not back within its grace, or not heard); forget
         those that ended long enough ago; trim the join records. The worlds it ended."""
         ended = []
         for world in list(self._worlds.values()):
             if world.ended is None:
-                if world.policy is not None and world.policy.tick(now):
-                    self._controls_notice(world)
                 if world.away_until is not None and now > world.away_until:
                     self._end(world, "the owner did not come back", now)
                     ended.append(world)

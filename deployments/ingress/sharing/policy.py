@@ -58,6 +58,8 @@ class PlayerInputs:
     holder: Optional[str]
     states: dict[str, KeyState]
     director: Optional[str] = None
+    prompt_seq: int = 0  # the director's prompts so far: the owner's side takes each new one once
+    prompt: Optional[str] = None  # the director's last prompt
 
 
 @dataclass
@@ -71,6 +73,8 @@ class ControlPolicy:
     waiting: list[str] = field(default_factory=list)  # turns: players waiting for a turn, in order
     director: Optional[str] = None
     version: int = 0  # bumped on every change the owner's side must see
+    prompt_seq: int = 0
+    prompt: Optional[str] = None
     _states: dict[str, KeyState] = field(default_factory=dict)
     _last: dict[str, float] = field(default_factory=dict)  # player -> its last control (or when it got the controls)
 
@@ -142,6 +146,13 @@ class ControlPolicy:
         self._states[viewer] = (keys, event_id)
         return self._changed(True)
 
+    def steer(self, viewer: str, prompt: str) -> None:
+        """The director's prompt: the world's next chunk attends to it."""
+        if viewer != self.director:
+            raise Forbidden("only the owner and the director it names steer the prompt; nothing was changed")
+        self.prompt_seq, self.prompt = self.prompt_seq + 1, prompt
+        self._changed(True)
+
     def tick(self, now: float) -> bool:
         """Time passed: an idle holder loses the controls (turns); a silent player stops voting
         (crowd). True when something changed."""
@@ -163,7 +174,8 @@ class ControlPolicy:
             states = dict(self._states)
         else:
             states = {}
-        return PlayerInputs(self.version, self.controls, self.holder, states, self.director)
+        return PlayerInputs(self.version, self.controls, self.holder, states, self.director, self.prompt_seq,
+                            self.prompt)
 
     # ---- internals ----
 
