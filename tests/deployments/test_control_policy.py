@@ -1,13 +1,21 @@
 """ControlPolicy (deployments/ingress/sharing/policy.py) and the WorldBook's players without Ray:
 turns (ask, pass, the owner passes, an idle holder loses), crowd (majority, tie-break, players
-that sent nothing), grant / revoke / kick, the `controls` notices (issue 56)."""
+that sent nothing), grant / revoke / kick, the `controls` notices, the director; a player's
+controls coalesced on their way to the hub (playing.py) (issue 56)."""
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from deployments.ingress.sharing.book import NoSuchViewer, WorldBook
+from deployments.ingress.sharing.playing import Playing
 from deployments.ingress.sharing.policy import ControlPolicy, Forbidden, chunk_keys, crowd_keys
 from deployments.share_args import SharingArgs
+from protocol.codec import encode
+from protocol.errors import ErrorCode
+from protocol.limits import DEFAULT_LIMITS
+from protocol.messages import ControlRequest, ResetRequest
 
 IDLE_S = 15.0
 
@@ -109,3 +117,58 @@ def test_the_book_grants_revokes_kicks_and_tells_the_viewers():
     assert kicked[-1].target == b.viewer_id and b.viewer_id not in world.viewers and world.policy.players == []
     with pytest.raises(Forbidden):
         book.join(world.world_id, world.token, "key:b", "1.1.1.2", now=6.0)  # the kicked key comes back: refused
+
+
+def test_the_director_alone_steers_the_prompt():
+    p = ControlPolicy("turns", IDLE_S)
+    p.grant("a")
+    with pytest.raises(Forbidden):
+        p.steer("a", "a storm")  # a player, not the director
+    p.grant("a", director=True)
+    p.steer("a", "a storm")
+    assert (p.inputs().prompt_seq, p.inputs().prompt) == (1, "a storm")
+    p.revoke("a", now=1.0)
+    with pytest.raises(Forbidden):
+        p.steer("a", "calm")
+
+
+class _SlowHub:
+    """A hub whose `control` answers when the test lets it (`gate`), recording each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.gate = asyncio.Event()
+        self.control = self
+
+    def remote(self, *args):
+        self.calls.append(args)
+
+        async def answer() -> None:
+            await self.gate.wait()
+
+        return answer()
+
+
+def test_a_player_flooding_controls_costs_the_hub_one_call_at_a_time():
+    """Playing (playing.py): 50 controls while the hub answers the first: the hub gets that one
+    and then only the latest (a key state is the whole state), no error; a request a viewer may
+    not send is refused at once, without a hub call."""
+    async def go():
+        hub, errors = _SlowHub(), []
+        playing = Playing(hub, "w1", "v1", DEFAULT_LIMITS, errors.append)
+        for k in range(50):
+            playing.handle(encode(ControlRequest(session_id="w1", event_id=k, keys=("w",) if k % 2 else ("s",))))
+            if k == 0:
+                await asyncio.sleep(0.01)  # its call is in flight at the hub
+        playing.handle(encode(ResetRequest(session_id="w1")))
+        playing.handle(encode(ControlRequest(session_id="another", event_id=1, keys=())))
+        await asyncio.sleep(0.05)
+        assert len(hub.calls) == 1
+        hub.gate.set()
+        await asyncio.sleep(0.05)
+        playing.close()
+        return hub.calls, errors, playing.refused
+
+    calls, errors, refused = asyncio.run(go())
+    assert [c[3] for c in calls] == [0, 49] and calls[-1][2] == ("w",)
+    assert [e.code for e in errors] == [ErrorCode.FORBIDDEN] * 2 and refused == 2
