@@ -1,7 +1,8 @@
 """Players of a shared world through the real app (/resume: two ingress replicas, the WorldHub):
 a player in `turns` drives and the owner's and viewers' frames say whose input made them;
 `crowd` merges two players' keys (and the owner's vote); grant / revoke / kick; a viewer's
-infer, control, prompt and rewind refused with nothing changed (issue 56). The policy itself
+infer, control, prompt and rewind refused with nothing changed; a player's keys wake a paused
+driven world (issue 56). The policy itself
 without Ray: tests/deployments/test_control_policy.py."""
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import websockets
 from camera.keys import KeySteps, key_chunk_poses
 from protocol.codec import encode
 from protocol.errors import ErrorCode
-from protocol.messages import (AskControlsRequest, ControlRequest, ErrorReply, FrameReply, GrantRequest, KickRequest,
-                               PassControlsRequest, PromptRequest, RevokeRequest, RewindRequest)
-from protocol.requests import SessionStart, infer_request
+from protocol.messages import (AckRequest, AskControlsRequest, ControlRequest, ErrorReply, FrameReply, GrantRequest,
+                               KickRequest, PassControlsRequest, Paused, PromptRequest, RevokeRequest, RewindRequest)
+from protocol.requests import SessionStart, drive_request, infer_request
 from protocol.sharing import Players, Watching
 from world_viewers import Viewer, share
 
@@ -203,3 +204,37 @@ def test_a_viewer_without_a_role_changes_nothing(resume_server, resume_connect, 
     assert sorted(e.code.value for e in errors) == ["forbidden"] * 5, errors
     assert (mine.chunk_id, mine.player, mine.event_id) == (1, "owner", None)
     assert np.allclose(mine.poses[0], mine.poses[-1], atol=1e-6) and theirs.video == mine.video
+
+
+def test_a_players_keys_wake_a_paused_driven_world_and_its_release_pauses_it(resume_server, resume_connect, example):
+    """A `drive`n session paused (no key held), shared with `turns`: the player holding the
+    controls presses W and the driver wakes (the owner's side's inbox), its chunks say the
+    player's viewer_id and event_id; the player releases every key and the world pauses again."""
+    async def go():
+        async with resume_connect() as owner:
+            await owner.send(encode(drive_request("d1", SessionStart(example.image, example.prompt))))
+            while not isinstance(paused := await owner.recv(), Paused):
+                await owner.send(encode(AckRequest(session_id="d1", chunk_id=paused.chunk_id)))
+            shared = await share(owner, "d1", controls="turns")
+            viewer, watching = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+            await viewer.ws.send(encode(AskControlsRequest(session_id=shared.world_id)))
+            await viewer.event("controls")
+            await owner_says(owner, PassControlsRequest(session_id="d1", viewer_id=watching.viewer_id))
+            await viewer.ws.send(encode(ControlRequest(session_id=shared.world_id, event_id=5, keys=("w",))))
+            woken = await owner.recv()
+            await owner.send(encode(AckRequest(session_id="d1", chunk_id=woken.chunk_id)))
+            await viewer.ws.send(encode(ControlRequest(session_id=shared.world_id, event_id=6, keys=())))
+            driven = [woken]
+            while not isinstance(again := await owner.recv(), Paused):
+                driven.append(again)
+                await owner.send(encode(AckRequest(session_id="d1", chunk_id=again.chunk_id)))
+            await viewer.ws.close()
+            await owner.reset("d1")
+        return paused, watching, driven, again
+
+    paused, watching, driven, again = asyncio.run(go())
+    assert isinstance(paused, Paused) and paused.next_chunk_id == 1
+    assert isinstance(driven[0], FrameReply) and driven[0].chunk_id == 1
+    assert all(r.player == watching.viewer_id and r.event_id in (5, 6) for r in driven)  # each the player's
+    assert (driven[0].player, driven[0].event_id) == (watching.viewer_id, 5)
+    assert isinstance(again, Paused) and again.next_chunk_id == driven[-1].chunk_id + 1
