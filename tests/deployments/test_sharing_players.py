@@ -2,7 +2,7 @@
 a player in `turns` drives and the owner's and viewers' frames say whose input made them;
 `crowd` merges two players' keys (and the owner's vote); grant / revoke / kick; a viewer's
 infer, control, prompt and rewind refused with nothing changed; a player's keys wake a paused
-driven world (issue 56). The policy itself
+driven world; the director's prompt steers (issue 56). The policy itself
 without Ray: tests/deployments/test_control_policy.py."""
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from world_viewers import Viewer, share
 
 STEPS = KeySteps()  # the app runs the default `controls`
 TRIES = 20  # key-driven chunks at most until a player's input reached the owner's side
+DELIVERY_S = 3.0  # a director's prompt reaches the owner's side well within it (two Ray calls)
+NEW_PROMPT = "a snowy mountain village at night, lanterns glowing"
 
 
 async def start(owner, sid: str, example) -> FrameReply:
@@ -238,3 +240,36 @@ def test_a_players_keys_wake_a_paused_driven_world_and_its_release_pauses_it(res
     assert all(r.player == watching.viewer_id and r.event_id in (5, 6) for r in driven)  # each the player's
     assert (driven[0].player, driven[0].event_id) == (watching.viewer_id, 5)
     assert isinstance(again, Paused) and again.next_chunk_id == driven[-1].chunk_id + 1
+
+
+def test_the_directors_prompt_steers_the_worlds_next_chunk(resume_server, resume_connect, example):
+    """The owner names a viewer director; its `prompt` (on the watch route) steers the world's
+    next chunk exactly as the owner's own `prompt_update` would: the same bytes as a session
+    steered by its owner (same seed, same cameras). A player that is not the director is
+    `forbidden`."""
+    async def go():
+        async with resume_connect() as owner:
+            await owner.infer("ref", example, 0, first=True, seed=5)
+            await owner.infer("ref", example, 1, first=False, prompt_update=NEW_PROMPT)
+            reference = [await owner.recv(), await owner.recv()]
+            await owner.reset("ref")
+            await owner.infer("dir", example, 0, first=True, seed=5)
+            mine = [await owner.recv()]
+            shared = await share(owner, "dir")
+            viewer, watching = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+            await owner_says(owner, GrantRequest(session_id="dir", viewer_id=watching.viewer_id))
+            await viewer.ws.send(encode(PromptRequest(session_id=shared.world_id, prompt=NEW_PROMPT)))
+            refused = await viewer.error()  # a player, not yet the director
+            named = await owner_says(owner, GrantRequest(session_id="dir", viewer_id=watching.viewer_id, director=True))
+            await viewer.ws.send(encode(PromptRequest(session_id=shared.world_id, prompt=NEW_PROMPT)))
+            await asyncio.sleep(DELIVERY_S)  # viewer -> hub -> the owner's inbox (no reply to wait for)
+            await owner.infer("dir", example, 1, first=False)
+            mine.append(await owner.recv())
+            await viewer.ws.close()
+            await owner.reset("dir")
+        return reference, mine, refused, named
+
+    reference, mine, refused, named = asyncio.run(go())
+    assert isinstance(refused, ErrorReply) and refused.code is ErrorCode.FORBIDDEN
+    assert isinstance(named, Players) and named.director is not None
+    assert [r.video for r in mine] == [r.video for r in reference]  # steered by the director as by its owner
