@@ -63,7 +63,7 @@ class Watching(_Message):
     next_chunk_id: Optional[int] = Field(None, ge=0, description="the world's last chunk made so far, the first "
                                                                  "this viewer gets (absent: none yet)")
     viewer_id: Optional[str] = Field(None, description="this viewer's name in the world: the owner grants, revokes, "
-                                                       "kicks and passes the controls by it; `controls` notices list it")
+                                                       "kicks and passes the controls by it; `controls` lists it")
     holder: Optional[str] = Field(None, description="who holds the controls now: `owner` or a player's viewer_id "
                                                     "(absent in `crowd`: the players' votes drive)")
     players: list[str] = Field(default_factory=list, description="the world's players (viewer ids) now")

@@ -43,7 +43,7 @@ class ChunkCameras:
     intrinsics: np.ndarray  # float32 [N, 4]
     event_id: Optional[int]  # the key state a key-driven chunk used (None: explicit, or no control yet)
     last_pose: np.ndarray  # float64 [4, 4]: where the next key-driven chunk continues from (poses[-1], widened)
-    player: Optional[str] = None  # a shared world's key-driven chunk: whose input it was (`owner`, a viewer id, `crowd`)
+    player: Optional[str] = None  # a shared world's key-driven chunk: whose input (`owner`, a viewer id, `crowd`)
 
 
 class WorldInputs(Protocol):

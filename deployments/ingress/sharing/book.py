@@ -241,7 +241,7 @@ class WorldBook:
         principal = world.viewers.pop(viewer_id, None) if world is not None else None
         if principal is None:
             return
-        if world.policy is not None and world.policy.revoke(viewer_id, now_s() if now is None else now) and world.ended is None:
+        if world.policy.revoke(viewer_id, now_s() if now is None else now) and world.ended is None:
             self._controls_notice(world)
         left = self._views.get(principal, 1) - 1
         if left:
