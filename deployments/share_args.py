@@ -15,7 +15,9 @@ class SharingArgs(BaseModel):
     `hub_chunks` chunks (a feed that fell behind skips to them); each viewer's socket queues at
     most `viewer_queue_chunks` chunks (a slower viewer skips whole chunks). A world whose owner
     is neither heard (chunks or its keep-alive every `owner_keepalive_s`) for `owner_timeout_s`,
-    nor parked for a resume, ends."""
+    nor parked for a resume, ends. Players (policy.py): in `turns`, a player holding the controls
+    that sends no `control` for `turn_idle_s` loses them to the next player waiting (or to the
+    owner); in `crowd`, a player silent that long stops voting."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -27,3 +29,4 @@ class SharingArgs(BaseModel):
     viewer_queue_chunks: int = Field(2, ge=1)
     owner_keepalive_s: float = Field(5.0, gt=0)
     owner_timeout_s: float = Field(20.0, gt=0)
+    turn_idle_s: float = Field(15.0, gt=0)

@@ -26,7 +26,7 @@ from protocol.limits import Limits
 # the replies live in protocol/replies.py; this stays the wire's one module of messages
 from protocol.replies import (ErrorReply, Forked, FrameReply, Opened, Paused, Queued, ResetOk, ResumeOk, Rewound,
                              Saved)
-from protocol.sharing import Audience, Controls, Shared, Unshared, Watching, WorldNotice
+from protocol.sharing import Audience, Controls, Players, Shared, Unshared, ViewerId, Watching, WorldNotice
 
 
 class _Request(_Message):
@@ -362,7 +362,9 @@ class ShareRequest(_Request):
     endpoint: Literal["share"] = "share"
     audience: Audience = Field("link", description="`link`: whoever holds the token (with auth on, with a valid "
                                                    "key); `principal`: only the owner's API key (or address)")
-    controls: Controls = Field("owner", description="who drives: `owner` (only the owner)")
+    controls: Controls = Field("owner", description="who drives: `owner` (only the owner), `turns` (one player holds "
+                                                    "the controls; others ask), `crowd` (the players' keys merged "
+                                                    "per chunk, majority per key)")
 
 
 class UnshareRequest(_Request):
@@ -371,12 +373,68 @@ class UnshareRequest(_Request):
     endpoint: Literal["unshare"] = "unshare"
 
 
+class AskControlsRequest(_Request):
+    """A viewer's, on the watch route (`session_id`: the world's id): become a player of a
+    `turns` or `crowd` world (in `turns`, wait for a turn). The `controls` notice answers it."""
+
+    endpoint: Literal["ask_controls"] = "ask_controls"
+
+
+class PassControlsRequest(_Request):
+    """Pass the controls of a `turns` world: the owner's (`session_id`: its session) or the
+    holder's (on the watch route, `session_id`: the world's id). The owner gets `players`."""
+
+    endpoint: Literal["pass_controls"] = "pass_controls"
+    viewer_id: Optional[ViewerId] = Field(None, description="the player who gets them; absent: the owner")
+
+
+class GrantRequest(_Request):
+    """The owner makes a viewer of its session's world a player (`director`: its `prompt` steers
+    too). The reply is `players`."""
+
+    endpoint: Literal["grant"] = "grant"
+    viewer_id: ViewerId = Field(description="the viewer's id (its `watching`, `controls` notices)")
+    director: bool = Field(False, description="the player's `prompt` steers the world (one director at a time)")
+
+
+class RevokeRequest(_Request):
+    """The owner takes a player's role back (it holds no controls, casts no vote, steers no
+    prompt; it still watches). The reply is `players`."""
+
+    endpoint: Literal["revoke"] = "revoke"
+    viewer_id: ViewerId
+
+
+class KickRequest(_Request):
+    """The owner removes a viewer from its world: its socket gets a `kicked` notice and closes;
+    its key (or address) cannot watch the world again. The reply is `players`."""
+
+    endpoint: Literal["kick"] = "kick"
+    viewer_id: ViewerId
+
+
+class PromptRequest(_Request):
+    """The director's prompt steering, on the watch route (`session_id`: the world's id): the
+    world's next chunk attends to `prompt` (as the owner's `prompt_update`)."""
+
+    endpoint: Literal["prompt"] = "prompt"
+    prompt: Annotated[str, Strict()]
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str, info: ValidationInfo) -> str:
+        return _check_prompt(v, info)
+
+
 Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-                AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest]
+                AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest, AskControlsRequest,
+                PassControlsRequest, GrantRequest, RevokeRequest, KickRequest, PromptRequest]
 Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Queued,
-                        Saved, Opened, ErrorReply, Shared, Unshared, Watching, WorldNotice],
+                        Saved, Opened, ErrorReply, Shared, Unshared, Watching, WorldNotice, Players],
                   Field(discriminator="type")]
 REQUEST_TYPES: dict[str, type[Request]] = {
     "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest, "fork": ForkRequest,
     "rewind": RewindRequest, "control": ControlRequest, "drive": DriveRequest, "ack": AckRequest,
-    "share": ShareRequest, "unshare": UnshareRequest, "save": SaveRequest, "open": OpenRequest}
+    "share": ShareRequest, "unshare": UnshareRequest, "save": SaveRequest, "open": OpenRequest,
+    "ask_controls": AskControlsRequest, "pass_controls": PassControlsRequest, "grant": GrantRequest,
+    "revoke": RevokeRequest, "kick": KickRequest, "prompt": PromptRequest}

@@ -30,7 +30,11 @@ class FrameReply(_Message):
     mime_type: Optional[str] = Field(None, description='MSE type, e.g. video/mp4; codecs="avc1.42C01E"')
     debug: Optional[dict[str, JsonValue]] = Field(None, description="server-side debug fields (replica ids, ...)")
     event_id: Optional[int] = Field(None, description="with `from_keys`: the `event_id` of the last `control` "
-                                                      "applied to this chunk (absent: none had come)")
+                                                      "applied to this chunk (absent: none had come); in a shared "
+                                                      "world, the event id of the `player` whose control it was")
+    player: Optional[str] = Field(None, description="in a shared world, whose input made this key-driven chunk: "
+                                                    "`owner`, a player's viewer_id, or `crowd` (the players' keys "
+                                                    "merged: no event_id)")
     poses: Optional[PosesArray] = Field(None, description="the chunk's poses as the server used them: the 12 "
                                                          "integrated from the keys, or the infer's `cameras.poses`")
     resume_token: Optional[str] = Field(

@@ -14,10 +14,12 @@ from protocol.fields import _Message
 MAX_WORLD_ID_CHARS = 64
 MAX_WATCH_TOKEN_CHARS = 128
 Audience = Literal["principal", "link"]
-Controls = Literal["owner"]  # `turns` and `crowd` are not served yet (PROTOCOL.md)
+Controls = Literal["owner", "turns", "crowd"]  # who drives (PROTOCOL.md "Players")
 WorldId = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WORLD_ID_CHARS)]
 WatchToken = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WATCH_TOKEN_CHARS)]
-WorldEvent = Literal["viewers", "owner_reconnecting", "owner_back", "ended"]
+WorldEvent = Literal["viewers", "owner_reconnecting", "owner_back", "ended", "controls", "kicked"]
+MAX_VIEWER_ID_CHARS = 64
+ViewerId = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_VIEWER_ID_CHARS)]
 
 
 class Shared(_Message):
@@ -60,16 +62,39 @@ class Watching(_Message):
     controls: Controls
     next_chunk_id: Optional[int] = Field(None, ge=0, description="the world's last chunk made so far, the first "
                                                                  "this viewer gets (absent: none yet)")
+    viewer_id: Optional[str] = Field(None, description="this viewer's name in the world: the owner grants, revokes, "
+                                                       "kicks and passes the controls by it; `controls` lists it")
+    holder: Optional[str] = Field(None, description="who holds the controls now: `owner` or a player's viewer_id "
+                                                    "(absent in `crowd`: the players' votes drive)")
+    players: list[str] = Field(default_factory=list, description="the world's players (viewer ids) now")
     debug: Optional[dict[str, JsonValue]] = Field(None, description="with debug_fields: the ingress replica")
 
 
 class WorldNotice(_Message):
     """Something happened to the world a viewer watches: `viewers` (the count changed),
     `owner_reconnecting` (the owner's socket dropped; the world waits for its resume),
-    `owner_back`, `ended` (unshared, reset, or the owner did not come back: the socket closes)."""
+    `owner_back`, `ended` (unshared, reset, or the owner did not come back: the socket closes),
+    `controls` (who holds the controls or who plays changed: `holder`, `players`, `director`),
+    `kicked` (to the viewer the owner removed only: the socket closes)."""
 
     type: Literal["world"] = "world"
     world_id: str
     event: WorldEvent
     viewers: int = Field(ge=0)
-    reason: Optional[str] = Field(None, description="with `ended`: why")
+    reason: Optional[str] = Field(None, description="with `ended` or `kicked`: why")
+    holder: Optional[str] = Field(None, description="with `controls`: `owner` or the player's viewer_id holding the "
+                                                    "controls (absent in `crowd`: the players' votes drive)")
+    players: list[str] = Field(default_factory=list, description="with `controls`: the players' viewer ids")
+    director: Optional[str] = Field(None, description="with `controls`: the player whose `prompt` steers, if any")
+
+
+class Players(_Message):
+    """The answer to the owner's `grant`, `revoke`, `kick` and `pass_controls`: its world's players now."""
+
+    type: Literal["players"] = "players"
+    session_id: str
+    world_id: str
+    controls: Controls
+    holder: Optional[str] = Field(None, description="`owner` or the player holding the controls (absent in `crowd`)")
+    players: list[str] = Field(default_factory=list, description="the players' viewer ids")
+    director: Optional[str] = None

@@ -29,7 +29,7 @@ def test_every_endpoint_and_reply_type_is_named():
     tags = [d["properties"][tag]["const"] for d in MESSAGES for tag in ("endpoint", "type") if tag in d["properties"]]
     assert sorted(tags) == sorted([*REQUEST_TYPES, "config", "frame", "reset_ok", "resumed", "forked", "rewound",
                                    "paused", "saved", "opened", "error", "shared", "unshared", "watch", "watching",
-                                   "world"])
+                                   "world", "players"])
     assert [t for t in tags if not named(t)] == []
 
 

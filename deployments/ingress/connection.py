@@ -124,7 +124,9 @@ class Connection:
         self._driving = Driving(args, backends, self._controls, self._log, start=self._start_driven,  # `drive`
                                 put_paused=self._outbox.reply_now, sent_chunks=self._resume.sent_chunks)
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
-        self._sharing = Sharing(backends.hub, args, self._principal, self._log, self._replies.error)  # its worlds
+        self._sharing = Sharing(backends.hub, args, self._principal, self._log, self._replies.error,  # its worlds
+                                on_input=self._driving.wake)  # players' keys may wake its driver
+        self._controls.world = self._sharing.inputs_for  # a shared session's keys go through its world's policy
         self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,
                                                                           self._id),
                                    handshake, prefix_metrics, token=self._resume.token)  # prefix/reuse.py
@@ -311,12 +313,13 @@ class Connection:
             self._outbox.reply_now(self._replies.session_limit(stream, 0))
             return
         cams = self._controls.chunk(stream, req)  # explicit, or from the keys held
-        key = self._prefix.key(stream, cams.poses, cams.intrinsics, req.prompt_update)
+        steer = None if reset else req.prompt_update or self._sharing.steering(stream)  # or its director's
+        key = self._prefix.key(stream, cams.poses, cams.intrinsics, steer)
         hit = self._prefix.find(stream, key)  # the chunk as stored (prefix/reuse.py), or None
         if self._quota is not None:
             self._quota.take_chunk()
         self._queue_chunk(stream, cams, t0, client_chunk_id=req.client_chunk_id, reset=reset,
-                          prompt_update=None if reset else req.prompt_update, prefix_key=key, hit=hit)
+                          prompt_update=steer, prefix_key=key, hit=hit)
 
     def _queue_chunk(self, stream: Stream, cams: Optional[ChunkCameras], t0: float, *,
                      client_chunk_id: Optional[int] = None, reset: bool = False, prompt_update: Optional[str] = None,
@@ -381,7 +384,8 @@ class Connection:
     def _start_driven(self, stream: Stream, dit_started: Callable[[], None], binding: Binding) -> asyncio.Task:
         if self._quota is not None:
             self._quota.take_chunk()  # Busy: the driver waits
-        return self._queue_chunk(stream, None, time.perf_counter(), driven=(dit_started, binding))
+        return self._queue_chunk(stream, None, time.perf_counter(), driven=(dit_started, binding),
+                                 prompt_update=self._sharing.steering(stream))  # its world's director's
 
     def _stream_for(self, req: InferRequest) -> tuple[Stream, bool]:
         """The stream this infer continues, or a new one; True when a change reset the session.

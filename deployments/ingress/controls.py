@@ -8,6 +8,11 @@ order), so pipelined infers continue each other; `commit` records them once the 
 accepted, so a refused infer moves nothing. The frame reply then carries the chunk's poses
 and, for a key-driven chunk, the `event_id` of the key state it used.
 
+A shared session's world may have players (sharing/policy.py): `world(session_id)` then gives
+its players' inputs (sharing/inbox.py), and a key-driven chunk's keys are the world's policy's
+pick (the holder's in `turns`, the crowd's merge, else the owner's), its reply's `event_id`
+the one of that input and its `player` whose input it was.
+
 A cursor holds for its stream and the chunk it was left at: after a rewind to chunk k (the
 stream's `next_chunk` taken back) the camera continues from the journal's last kept chunk,
 chunk k - 1's last pose, not from the chunks taken back; a fork starts from its prefix's: at
@@ -16,9 +21,9 @@ was dropped over its budget still forks there, and its fork must not start from 
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 import numpy as np
 from pydantic import BaseModel
@@ -38,6 +43,14 @@ class ChunkCameras:
     intrinsics: np.ndarray  # float32 [N, 4]
     event_id: Optional[int]  # the key state a key-driven chunk used (None: explicit, or no control yet)
     last_pose: np.ndarray  # float64 [4, 4]: where the next key-driven chunk continues from (poses[-1], widened)
+    player: Optional[str] = None  # a shared world's key-driven chunk: whose input (`owner`, a viewer id, `crowd`)
+
+
+class WorldInputs(Protocol):
+    """A shared session's players' inputs (sharing/inbox.py `Inbox`)."""
+
+    def chunk_keys(self, owner_keys: Optional[tuple[str, ...]],
+                   owner_event: Optional[int]) -> tuple[tuple[str, ...], Optional[int], str]: ...
 
 
 @dataclass(slots=True)
@@ -59,6 +72,7 @@ class ControlBook:
         self._keys: tuple[str, ...] = ()
         self._event_id: Optional[int] = None
         self._cursors: dict[str, _Cursor] = {}  # session_id -> cursor (the current and the forked sessions held)
+        self.world: Callable[[str], Optional[WorldInputs]] = lambda session_id: None  # set by the connection
 
     def set(self, req: ControlRequest) -> None:
         """The keys held now for `req.session_id` (validated by the codec)."""
@@ -83,7 +97,11 @@ class ControlBook:
         return self._keys if self._session_id == session_id else ()
 
     def holds_keys(self, session_id: str) -> bool:
-        """Some key is held for `session_id` (a driven session goes on; none: it pauses)."""
+        """Some key is held for `session_id` (a driven session goes on; none: it pauses); in a
+        shared world, some key of the policy's pick (a player's keys wake it too)."""
+        world = self.world(session_id)
+        if world is not None:
+            return bool(world.chunk_keys(self._keys if self._session_id == session_id else None, None)[0])
         return self._session_id == session_id and bool(self._keys)
 
     def chunk(self, stream: Stream, req: InferRequest) -> ChunkCameras:
@@ -99,6 +117,10 @@ class ControlBook:
         cursor = self._cursor(stream, chunk_id)
         held = self._session_id == stream.spec.session_id
         keys, event_id = (self._keys, self._event_id) if held else ((), None)
+        player = None
+        world = self.world(stream.spec.session_id)
+        if world is not None:  # a shared world: its policy picks the keys (module doc)
+            keys, event_id, player = world.chunk_keys(keys if held else None, event_id)
         last = cursor.pose if cursor is not None else _journaled_pose(stream)
         # float32 as sent (to the DiT, in the reply, in the journal); the next chunk continues
         # from that float32 pose, not from the float64 one it was rounded from: so a stream
@@ -107,7 +129,7 @@ class ControlBook:
         poses = key_chunk_poses(last, keys, self._steps).astype(np.float32)
         row = cursor.intrinsics if cursor is not None else _journaled_intrinsics(stream)
         intrinsics = np.tile(row, (CHUNK_VIDEO_FRAMES, 1))
-        return ChunkCameras(poses, intrinsics, event_id, poses[-1].astype(np.float64))
+        return ChunkCameras(poses, intrinsics, event_id, poses[-1].astype(np.float64), player)
 
     def commit(self, stream: Stream, cams: ChunkCameras, chunk_id: int) -> None:
         """Chunk `chunk_id` was accepted: the stream's camera continues from it."""
@@ -148,7 +170,7 @@ class ControlBook:
         if isinstance(reply, FrameReply):
             if not isinstance(cams, ChunkCameras):
                 cams = await cams  # bound before the chunk's step: done once its frame exists
-            return reply.model_copy(update={"poses": cams.poses, "event_id": cams.event_id})
+            return reply.model_copy(update={"poses": cams.poses, "event_id": cams.event_id, "player": cams.player})
         return reply
 
 

@@ -83,6 +83,11 @@ class Driving:
             if self._args.controls.preempt and d.stream.spec.session_id == req.session_id:
                 preempt_running(self._b, d.stream, d.binding, req.keys)
 
+    def wake(self) -> None:
+        """Something the driver reads changed besides a control (a shared world's players' keys)."""
+        if self.driver is not None:
+            self.driver.wake()
+
     def ack(self, req: AckRequest, current: Optional[Stream]) -> None:
         d = self.driver
         if d is None or d.stream is not current or d.stream.spec.session_id != req.session_id:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from deployments.errors import Busy, ReplicaError
+from deployments.ingress.sharing.policy import OWNER, ControlPolicy, Forbidden, PlayerInputs
 from deployments.share_args import SharingArgs
 from media.reassembly import split_init
 from protocol.errors import ErrorCode
@@ -44,6 +45,12 @@ class NotShared(ReplicaError):
     code = ErrorCode.BAD_MESSAGE
 
 
+class NoSuchViewer(ReplicaError):
+    """The owner named a viewer that does not watch its world (any more)."""
+
+    code = ErrorCode.BAD_MESSAGE
+
+
 @dataclass(frozen=True, slots=True)
 class WorldChunk:
     """One chunk as the owner sent it (the same fMP4 bytes), without the owner's private fields."""
@@ -55,17 +62,24 @@ class WorldChunk:
     fps: int
     mime_type: Optional[str]
     digest: str  # of `video`: a chunk sent again (a resume's replay) is published once
+    event_id: Optional[int] = None  # the event id of the key state that made it (policy.py `chunk_keys`)
+    player: Optional[str] = None  # whose input made it: `owner`, a player's viewer id, `crowd`
 
 
 @dataclass(frozen=True, slots=True)
 class WorldItem:
-    """What viewers get, in `seq` order: a chunk, or a notice (`event`, `viewers`, `reason`)."""
+    """What viewers get, in `seq` order: a chunk, or a notice (`event`, `viewers`, `reason`;
+    `controls`: `holder`, `players`, `director`; `kicked`: `target`, the viewer kicked)."""
 
     seq: int
     chunk: Optional[WorldChunk] = None
     event: Optional[str] = None
     viewers: int = 0
     reason: Optional[str] = None
+    holder: Optional[str] = None
+    players: tuple[str, ...] = ()
+    director: Optional[str] = None
+    target: Optional[str] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +93,8 @@ class Joined:
     viewers: int
     controls: str
     last_chunk_id: Optional[int]
+    holder: Optional[str] = None  # who holds the controls now (`controls` notice)
+    players: tuple[str, ...] = ()
 
 
 @dataclass
@@ -97,6 +113,8 @@ class World:
     away_until: Optional[float] = None  # the owner's socket dropped; its session is parked until then
     ended: Optional[str] = None
     ended_at: float = 0.0
+    policy: Optional[ControlPolicy] = None  # its players and who drives (policy.py)
+    kicked: set[str] = field(default_factory=set)  # principals the owner kicked: refused from now on
 
 
 class WorldBook:
@@ -130,7 +148,8 @@ class WorldBook:
                             "started it (or share it before its socket drops)")
         if world is None:
             world = World(world_id=secrets.token_urlsafe(WORLD_ID_BYTES), token=secrets.token_urlsafe(TOKEN_BYTES),
-                          owner=owner, stream_key=stream_key, audience=audience, controls=controls, heard=now)
+                          owner=owner, stream_key=stream_key, audience=audience, controls=controls, heard=now,
+                          policy=ControlPolicy(controls, self._args.turn_idle_s))
             self._worlds[world.world_id] = world
             self._by_stream[stream_key] = world.world_id
         if world.init is None and init is not None:
@@ -192,6 +211,8 @@ class WorldBook:
                 or (world.audience == "principal" and principal != world.owner):
             raise WatchRefused("no shared world answers this world_id and watch_token (never shared, unshared, "
                                "ended, or shared with its owner's key only)")
+        if principal in world.kicked:
+            raise Forbidden("the owner of this world removed this key (or address) from it")
         joins = self._joins.setdefault(address, deque())
         while joins and joins[0] <= now - JOIN_WINDOW_S:
             joins.popleft()
@@ -211,13 +232,17 @@ class WorldBook:
         last = next((i for i in reversed(world.items) if i.chunk is not None), None)
         return Joined(viewer_id=viewer_id, init=world.init, after_seq=world.seq if last is None else last.seq - 1,
                       viewers=len(world.viewers), controls=world.controls,
-                      last_chunk_id=None if last is None else last.chunk.chunk_id)
+                      last_chunk_id=None if last is None else last.chunk.chunk_id,
+                      holder=None if world.controls == "crowd" else (world.policy.holder or OWNER),
+                      players=tuple(world.policy.players))
 
-    def leave(self, world_id: str, viewer_id: str) -> None:
+    def leave(self, world_id: str, viewer_id: str, now: Optional[float] = None) -> None:
         world = self._worlds.get(world_id)
         principal = world.viewers.pop(viewer_id, None) if world is not None else None
         if principal is None:
             return
+        if world.policy.revoke(viewer_id, now_s() if now is None else now) and world.ended is None:
+            self._controls_notice(world)
         left = self._views.get(principal, 1) - 1
         if left:
             self._views[principal] = left
@@ -234,7 +259,73 @@ class WorldBook:
             return [], seq, True
         return [i for i in world.items if i.seq > seq], world.seq, world.ended is not None
 
+    # ---- players (policy.py): the viewers' requests, then the owner's ----
+
+    def ask(self, world_id: str, viewer_id: str, now: float) -> None:
+        world = self._watched(world_id, viewer_id)
+        if world.policy.ask(viewer_id, now):
+            self._controls_notice(world)
+
+    def control(self, world_id: str, viewer_id: str, keys: tuple[str, ...], event_id: Optional[int],
+                now: float) -> bool:
+        """A player's key state; True when it changed what the owner's side reads (`inputs`)."""
+        return self._watched(world_id, viewer_id).policy.control(viewer_id, keys, event_id, now)
+
+    def prompt(self, world_id: str, viewer_id: str, prompt: str) -> None:
+        """The director's prompt steering (Forbidden from anyone else)."""
+        self._watched(world_id, viewer_id).policy.steer(viewer_id, prompt)
+
+    def pass_controls(self, world_id: str, by: Optional[str], to: Optional[str], now: float) -> None:
+        """`by` (a viewer id; None: the owner, checked by the caller) passes the controls to `to`."""
+        world = self._worlds.get(world_id)
+        if world is None or world.ended is not None or (by is not None and by not in world.viewers):
+            raise Forbidden("this socket watches no live world")
+        if to is not None and to not in world.viewers:
+            raise NoSuchViewer("no viewer of this world has that viewer_id (any more)")
+        if world.policy.pass_to(by, to, now):
+            self._controls_notice(world)
+
+    def owners(self, stream_key: str, owner: str, action: str, viewer_id: Optional[str], now: float) -> World:
+        """The owner's `grant` / `direct` / `revoke` / `kick` / `pass` of a viewer of its world."""
+        world = self.live(stream_key, owner)
+        if world is None:
+            raise NotShared("this session is not shared (share it first)")
+        if action == "pass":
+            self.pass_controls(world.world_id, None, viewer_id, now)
+            return world
+        principal = world.viewers.get(viewer_id or "")
+        if principal is None:
+            raise NoSuchViewer("no viewer of this world has that viewer_id (any more)")
+        if action == "kick":
+            world.kicked.add(principal)
+            self._notice(world, "kicked", "the owner removed this viewer", target=viewer_id)
+            self.leave(world.world_id, viewer_id, now)  # its socket closes on the notice; its place is free now
+            return world
+        changed = world.policy.revoke(viewer_id, now) if action == "revoke" else \
+            world.policy.grant(viewer_id, director=action == "direct")
+        if changed:
+            self._controls_notice(world)
+        return world
+
+    def inputs(self, stream_key: str) -> Optional[PlayerInputs]:
+        """What the owner's side of the stream's world reads per chunk; None: no world."""
+        world = self.live(stream_key)
+        return None if world is None else world.policy.inputs()
+
+    def _watched(self, world_id: str, viewer_id: str) -> World:
+        world = self._worlds.get(world_id)
+        if world is None or world.ended is not None or viewer_id not in world.viewers:
+            raise Forbidden("this socket watches no live world")
+        return world
+
     # ---- time ----
+
+    def tick(self, now: float) -> list[str]:
+        """Time passed for the players (policy.py `tick`): the worlds whose controls changed."""
+        changed = [w for w in self._worlds.values() if w.ended is None and w.policy.tick(now)]
+        for world in changed:
+            self._controls_notice(world)
+        return [w.world_id for w in changed]
 
     def sweep(self, now: float) -> list[World]:
         """End the worlds whose owner is gone (not back within its grace, or not heard); forget
@@ -250,7 +341,7 @@ class WorldBook:
                     ended.append(world)
             elif now - world.ended_at > ENDED_KEEP_S:
                 for viewer_id in list(world.viewers):
-                    self.leave(world.world_id, viewer_id)
+                    self.leave(world.world_id, viewer_id, now)
                 del self._worlds[world.world_id]
         for address in [a for a, j in self._joins.items() if not j or j[-1] <= now - JOIN_WINDOW_S]:
             del self._joins[address]
@@ -270,8 +361,14 @@ class WorldBook:
         world.token = secrets.token_urlsafe(TOKEN_BYTES)  # the shared one opens nothing from now on
         self._notice(world, "ended", reason)
 
-    def _notice(self, world: World, event: str, reason: Optional[str] = None) -> None:
-        self._append(world, WorldItem(seq=world.seq + 1, event=event, viewers=len(world.viewers), reason=reason))
+    def _notice(self, world: World, event: str, reason: Optional[str] = None, **fields) -> None:
+        self._append(world, WorldItem(seq=world.seq + 1, event=event, viewers=len(world.viewers), reason=reason,
+                                      **fields))
+
+    def _controls_notice(self, world: World) -> None:
+        policy = world.policy
+        holder = None if policy.controls == "crowd" else (policy.holder or OWNER)
+        self._notice(world, "controls", holder=holder, players=tuple(policy.players), director=policy.director)
 
     def _append(self, world: World, item: WorldItem) -> None:
         world.seq = item.seq

@@ -40,7 +40,7 @@ MAX_NOTICES = 16
 def frame_of(world_id: str, chunk: WorldChunk, video: Optional[bytes] = None) -> bytes:
     return encode(FrameReply(session_id=world_id, chunk_id=chunk.chunk_id, video=video or chunk.video,
                              num_frames=chunk.num_frames, resolution=chunk.resolution, fps=chunk.fps,
-                             mime_type=chunk.mime_type))
+                             mime_type=chunk.mime_type, event_id=chunk.event_id, player=chunk.player))
 
 
 class ViewerQueue:
@@ -55,6 +55,8 @@ class ViewerQueue:
         self._order: deque[str] = deque()  # "c" / "n": the order in which they were put
         self._wake = asyncio.Event()
         self.init: Optional[bytes] = None
+        self.viewer_id: Optional[str] = None  # its name in the world: a `kicked` notice naming it ends it
+        self.kicked = False
         self.first = True  # no chunk sent yet: the next one carries the init segment
         self.skipped = 0
         self.sent = 0
@@ -162,9 +164,14 @@ class WorldFeed:
                 viewer.put_chunk(frame, chunk)
         else:
             notice = encode(WorldNotice(world_id=self._world_id, event=item.event, viewers=item.viewers,
-                                        reason=item.reason))
+                                        reason=item.reason, holder=item.holder, players=list(item.players),
+                                        director=item.director))
             for viewer in self._viewers:
-                viewer.put_notice(notice, last=item.event == "ended")
+                if item.event != "kicked":
+                    viewer.put_notice(notice, last=item.event == "ended")
+                elif viewer.viewer_id == item.target:  # to the viewer kicked only: its socket closes
+                    viewer.kicked = True
+                    viewer.put_notice(notice, last=True)
 
     def _end(self, reason: str) -> None:
         notice = encode(WorldNotice(world_id=self._world_id, event="ended", viewers=0, reason=reason))

@@ -23,6 +23,7 @@ from ray import serve
 from deployments.log import get_log, log_routine_access_at_debug
 from deployments.share_args import SharingArgs
 from deployments.ingress.sharing.book import Joined, WorldBook, WorldChunk, WorldItem, now_s
+from deployments.ingress.sharing.policy import PlayerInputs
 
 SWEEP_PERIOD_S = 1.0
 MAX_ONGOING = 4096  # long polls of every feed, the owners' publishes: bookkeeping only
@@ -91,6 +92,8 @@ class WorldHub:
         world = self._book.end(stream_key, reason, now_s(), owner)
         self._bump(world)
         if world is not None:
+            self._changes.bump(_inputs(world.world_id))
+        if world is not None:
             self._log.info("world ended", fields={"world": world.world_id, "reason": reason})
         return None if world is None else world.world_id
 
@@ -105,6 +108,7 @@ class WorldHub:
     async def leave(self, world_id: str, viewer_id: str) -> None:
         self._book.leave(world_id, viewer_id)
         self._changes.bump(world_id)
+        self._changes.bump(_inputs(world_id))  # a player that left drives no more
 
     async def poll(self, world_id: str, after_seq: int, timeout_s: float) -> tuple[list[WorldItem], int, bool]:
         """The world's items after `after_seq` (waits up to `timeout_s` for one), its latest seq,
@@ -114,6 +118,46 @@ class WorldHub:
             await self._changes.wait(world_id, timeout_s)
             items, seq, gone = self._book.after(world_id, after_seq)
         return items, seq, gone
+
+    # ---- players (policy.py): the owner's side reads their inputs, the viewers' sides send them ----
+
+    async def owners(self, stream_key: str, owner: str, action: str, viewer_id: Optional[str]) -> tuple:
+        """The owner's grant / direct / revoke / kick / pass: (world_id, controls, holder, players, director)."""
+        world = self._book.owners(stream_key, owner, action, viewer_id, now_s())
+        self._changes.bump(world.world_id)
+        self._changes.bump(_inputs(world.world_id))
+        policy = world.policy
+        holder = None if policy.controls == "crowd" else (policy.holder or "owner")
+        return world.world_id, policy.controls, holder, list(policy.players), policy.director
+
+    async def ask(self, world_id: str, viewer_id: str) -> None:
+        self._book.ask(world_id, viewer_id, now_s())
+        self._changes.bump(world_id)
+        self._changes.bump(_inputs(world_id))
+
+    async def pass_controls(self, world_id: str, viewer_id: str, to: Optional[str]) -> None:
+        self._book.pass_controls(world_id, viewer_id, to, now_s())
+        self._changes.bump(world_id)
+        self._changes.bump(_inputs(world_id))
+
+    async def control(self, world_id: str, viewer_id: str, keys: tuple[str, ...], event_id: Optional[int]) -> None:
+        """A player's key state (Forbidden unless it may drive now): the owner's side reads it."""
+        if self._book.control(world_id, viewer_id, keys, event_id, now_s()):
+            self._changes.bump(_inputs(world_id))
+
+    async def prompt(self, world_id: str, viewer_id: str, prompt: str) -> None:
+        """The director's prompt steering: the owner's side takes it for its next chunk."""
+        self._book.prompt(world_id, viewer_id, prompt)
+        self._changes.bump(_inputs(world_id))
+
+    async def inputs(self, stream_key: str, after_version: int, timeout_s: float) -> Optional[PlayerInputs]:
+        """The players' inputs of the stream's world once their version passes `after_version`
+        (waits up to `timeout_s`); None: the stream has no world (any more)."""
+        inputs = self._book.inputs(stream_key)
+        if inputs is not None and inputs.version <= after_version:
+            await self._changes.wait(_inputs(self._world_of(stream_key) or ""), timeout_s)
+            inputs = self._book.inputs(stream_key)
+        return inputs
 
     async def stats(self) -> dict[str, int]:
         return {"worlds": len(self._book)}
@@ -131,6 +175,15 @@ class WorldHub:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_PERIOD_S)
+            for world_id in self._book.tick(now_s()):  # an idle holder lost its turn, a silent player stopped voting
+                self._changes.bump(world_id)
+                self._changes.bump(_inputs(world_id))
             for world in self._book.sweep(now_s()):
                 self._changes.bump(world.world_id)
+                self._changes.bump(_inputs(world.world_id))
                 self._log.info("world ended", fields={"world": world.world_id, "reason": world.ended})
+
+
+def _inputs(world_id: str) -> str:
+    """The `Changes` key of a world's player inputs (the owner's side long-polls them)."""
+    return f"{world_id}/inputs"

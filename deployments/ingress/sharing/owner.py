@@ -8,6 +8,10 @@ chunks to the hub one call at a time (so in order), at most `PUBLISH_BACKLOG` be
 hub is slower, the oldest unsent chunk is dropped (viewers skip it), and the owner's replies
 never wait for it. Between chunks it tells the hub that the owner is there (keep-alive).
 
+The owner also names its world's players (`grant`, `revoke`, `kick`, `pass_controls`: the hub
+answers `players`); an `Inbox` per shared session (inbox.py) keeps the players' inputs the
+connection's ControlBook reads per chunk.
+
 When the socket ends with the session parked for a resume, its world waits (viewers get
 `owner_reconnecting`); a resume on another socket (any ingress replica) attaches that
 connection to the world again (`owner_back`). A session the socket's end releases ends it.
@@ -27,12 +31,15 @@ from deployments.config import AppArgs
 from deployments.errors import ReplicaError
 from deployments.ingress.detached import detach, settle
 from deployments.ingress.sharing.book import WorldChunk
+from deployments.ingress.sharing.inbox import Inbox
 from deployments.ingress.stream import Stream, StreamState
 from deployments.log import KeyValueLog
 from media.reassembly import split_init
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import ErrorReply, FrameReply, Request, ShareRequest, UnshareRequest
-from protocol.sharing import Shared, Unshared
+from protocol.messages import (AskControlsRequest, ErrorReply, FrameReply, GrantRequest, KickRequest,
+                               PassControlsRequest, PromptRequest, Request, RevokeRequest, ShareRequest,
+                               UnshareRequest)
+from protocol.sharing import Players, Shared, Unshared
 
 WATCH_ROUTE = "/v1/realtime/world/watch"
 PUBLISH_BACKLOG = 4  # chunks of one world waiting for the hub, at most
@@ -44,7 +51,8 @@ def world_chunk(reply: FrameReply) -> WorldChunk:
     """What viewers get of the owner's frame reply: the same video bytes, nothing private."""
     return WorldChunk(chunk_id=reply.chunk_id, video=reply.video, num_frames=reply.num_frames,
                       resolution=tuple(reply.resolution), fps=reply.fps, mime_type=reply.mime_type,
-                      digest=hashlib.blake2b(reply.video, digest_size=16).hexdigest())
+                      digest=hashlib.blake2b(reply.video, digest_size=16).hexdigest(), event_id=reply.event_id,
+                      player=reply.player)
 
 
 class _Publisher:
@@ -96,10 +104,13 @@ class Sharing:
     """The worlds one connection owns (module doc). `hub` None: sharing is off (`share` refused)."""
 
     def __init__(self, hub: Optional[DeploymentHandle], args: AppArgs, principal: str, log: KeyValueLog,
-                 error: Callable[..., ErrorReply]) -> None:
+                 error: Callable[..., ErrorReply], on_input: Callable[[], None] = lambda: None) -> None:
         """`principal`: the owner's (its API key, else its address); `error(code, message,
-        session_id, retry_after_s)`: an error reply (replies.py)."""
+        session_id, retry_after_s)`: an error reply (replies.py); `on_input`: the players' inputs
+        changed (the driver looks again)."""
         self._hub = hub
+        self._on_input = on_input
+        self._inboxes: dict[str, Inbox] = {}  # stream key -> its world's players' inputs
         self._error = error
         self._args = args
         self._principal = principal
@@ -110,10 +121,36 @@ class Sharing:
         self._resumed: set[str] = set()  # stream keys resumed on this socket (their chunk 0 went elsewhere)
 
     def answer(self, req: Request, stream: Optional[Stream]) -> Optional[asyncio.Future[BaseModel]]:
-        """The reply to `share` or `unshare` (a future), None for any other request."""
+        """The reply to `share`, `unshare` or the owner's players' requests (a future), None for
+        any other request."""
         if isinstance(req, ShareRequest):
             return self.share(req, stream)
+        if isinstance(req, (GrantRequest, RevokeRequest, KickRequest, PassControlsRequest)):
+            return self.players(req, stream)
+        if isinstance(req, (AskControlsRequest, PromptRequest)):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`{req.endpoint}` is a viewer's, on the watch route; the "
+                                                       "owner drives with `control` and steers with `prompt_update`")
         return self.unshare(req, stream) if isinstance(req, UnshareRequest) else None
+
+    def players(self, req: GrantRequest | RevokeRequest | KickRequest | PassControlsRequest,
+                stream: Optional[Stream]) -> asyncio.Future[BaseModel]:
+        """The owner's `grant` / `revoke` / `kick` / `pass_controls`: the reply is `players`."""
+        if self._hub is None:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "this server does not share worlds (`sharing.enabled` is off)")
+        stream = self._open(req.session_id, stream, req.endpoint)
+        action = {"grant": "direct" if getattr(req, "director", False) else "grant", "revoke": "revoke",
+                  "kick": "kick", "pass_controls": "pass"}[req.endpoint]
+        call = self._hub.owners.remote(stream.key, self._principal, action, req.viewer_id)
+        return asyncio.ensure_future(self._players(req, call))
+
+    def inputs_for(self, session_id: str) -> Optional[Inbox]:
+        """The players' inputs of the shared session `session_id` (None: not shared here)."""
+        return next((i for i in self._inboxes.values() if i.session_id == session_id and not i.task.done()), None)
+
+    def steering(self, stream: Stream) -> Optional[str]:
+        """The director's prompt its next chunk attends to (taken now), if one came."""
+        inbox = self._inboxes.get(stream.key)
+        return None if inbox is None else inbox.steering()
 
     def share(self, req: ShareRequest, stream: Optional[Stream]) -> asyncio.Future[BaseModel]:
         """The reply to `share` (a future: the hub answers it). ProtocolError at once when the
@@ -153,6 +190,7 @@ class Sharing:
         if self._hub is not None and stream.key not in self._published:
             self._published[stream.key] = _Publisher(self._hub, stream.key, self._args.sharing.owner_keepalive_s,
                                                      self._log, first=(self._principal, "back"))
+            self._listen(stream)
 
     def ended(self, stream: Stream) -> None:
         """The session ended here (releases.py `ended`): its world ends."""
@@ -183,7 +221,16 @@ class Sharing:
                                                        "start it (or switch to it) first")
         return stream
 
+    def _listen(self, stream: Stream) -> None:
+        inbox = self._inboxes.get(stream.key)
+        if inbox is None or inbox.task.done():
+            self._inboxes[stream.key] = Inbox(self._hub, stream.key, stream.spec.session_id, self._on_input, self._log)
+
     def _stop(self, key: str) -> bool:
+        inbox = self._inboxes.pop(key, None)
+        if inbox is not None:
+            inbox.task.cancel()
+            self._on_input()  # the owner's own keys drive again
         publisher = self._published.pop(key, None)
         if publisher is not None:
             publisher.task.cancel()
@@ -205,8 +252,21 @@ class Sharing:
         if stream.state is StreamState.OPEN and (publisher is None or publisher.task.done()):
             self._published[stream.key] = _Publisher(self._hub, stream.key, self._args.sharing.owner_keepalive_s,
                                                      self._log)
+        if stream.state is StreamState.OPEN:
+            self._listen(stream)
         return Shared(session_id=req.session_id, world_id=world_id, watch_url=f"{WATCH_ROUTE}?world={world_id}",
                       watch_token=token, audience=req.audience, controls=req.controls)
+
+    async def _players(self, req: GrantRequest | RevokeRequest | KickRequest | PassControlsRequest,
+                       call) -> BaseModel:
+        ended, result = await settle(call, HUB_TIMEOUT_S)
+        if isinstance(result, ReplicaError):
+            return self._error(result.code, result.message, req.session_id, None)
+        if not ended or isinstance(result, BaseException):
+            return self._error(ErrorCode.BUSY, "the world hub did not answer; try again", req.session_id, 5.0)
+        world_id, controls, holder, players, director = result
+        return Players(session_id=req.session_id, world_id=world_id, controls=controls, holder=holder,
+                       players=players, director=director)
 
     async def _unshared(self, req: UnshareRequest, call) -> BaseModel:
         ended, result = await settle(call, HUB_TIMEOUT_S)

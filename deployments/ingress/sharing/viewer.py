@@ -4,11 +4,13 @@ A viewer's socket is admitted as the camera route's are (origin, API key when au
 connection caps), then sends `watch {world_id, watch_token}` (the token travels in a message,
 never in the URL) within `FIRST_MESSAGE_S`. The hub admits it (token, audience, limits:
 book.py `join`), it gets `watching`, then the world's frame replies and notices from this
-replica's feed of the world (feed.py). A viewer has no session: anything it sends after is
-refused (`forbidden` for the camera route's requests: infer, control, prompt steering,
-rewind..., `bad_message` for the rest) and changes nothing; beyond `MAX_REFUSED` refusals
-the socket is closed (1008). The world's end sends `ended` and closes the socket (1000);
-the socket's end, any way, leaves the world and frees its place.
+replica's feed of the world (feed.py). A viewer has no session: what it sends after goes
+through `Playing` (playing.py): a player's `ask_controls`, `control`, `pass_controls`,
+`prompt` to the hub's policy; anything else (infer, rewind, prompt steering...) is refused
+(`forbidden`, `bad_message` for what does not decode) and changes nothing; beyond
+`MAX_REFUSED` refusals the socket is closed (1008). The world's end sends `ended` and closes
+the socket (1000); the owner's `kick` sends `kicked` and closes it (1008); the socket's end,
+any way, leaves the world and frees its place.
 """
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ from deployments.ingress.guards.connection_caps import ConnectionCaps, client_ad
 from deployments.ingress.sharing.book import Joined
 from deployments.ingress.sharing.feed import Feeds, ViewerQueue
 from deployments.ingress.sharing.metrics import WorldMetrics
+from deployments.ingress.sharing.playing import Playing
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
-from protocol.codec import decode, encode, unpack, validated
+from protocol.codec import encode, unpack, validated
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
 from protocol.messages import ErrorReply
@@ -53,18 +56,6 @@ def watch_request(data: Optional[bytes], limits: Limits) -> WatchRequest:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "the first message on the watch route is `watch` with "
                                                    "`world_id` and `watch_token`")
     return validated(WatchRequest, obj, limits)
-
-
-def refusal(data: Optional[bytes], limits: Limits) -> ProtocolError:
-    """What a viewer's later frame gets: `forbidden` for a request of the camera route."""
-    try:
-        req = decode(data, limits) if data is not None else None
-    except ProtocolError as e:
-        return e
-    if req is None:
-        return ProtocolError(ErrorCode.BAD_MESSAGE, "send binary frames holding one msgpack map, not text")
-    return ProtocolError(ErrorCode.FORBIDDEN, f"a viewer cannot send `{req.endpoint}`: it watches a world that its "
-                                              "owner drives; nothing was changed", req.session_id)
 
 
 class Viewers:
@@ -147,31 +138,36 @@ class Viewers:
 
         queue = ViewerQueue(world_id, send, self._args.sharing.viewer_queue_chunks)
         queue.put_notice(encode(Watching(world_id=world_id, viewers=joined.viewers, controls=joined.controls,
-                                         next_chunk_id=joined.last_chunk_id, debug=self._debug)))  # first out
+                                         next_chunk_id=joined.last_chunk_id, viewer_id=joined.viewer_id,
+                                         holder=joined.holder, players=list(joined.players),
+                                         debug=self._debug)))  # first out
+        queue.viewer_id = joined.viewer_id
+        playing = Playing(self._hub, world_id, joined.viewer_id, self._limits,
+                          lambda e: queue.put_notice(self._error(e.code, e.message, e.session_id)))
         self._feeds.attach(world_id, joined, queue)
         self.watching += 1
         self._world_metrics.viewers.set(self.watching)
-        refused = 0
         try:
             while True:
                 receive = asyncio.ensure_future(ws.receive())
                 done, _ = await asyncio.wait({receive, queue.ended, queue.task}, return_when=asyncio.FIRST_COMPLETED)
                 if receive not in done:
                     receive.cancel()
-                    if queue.ended.done():  # the world ended: its notice was sent
+                    if queue.ended.done() and queue.kicked:  # the owner kicked it: its notice was sent
+                        await ws.close(code=POLICY_VIOLATION, reason="removed by the world's owner")
+                    elif queue.ended.done():  # the world ended: its notice was sent
                         await ws.close(code=NORMAL_CLOSURE, reason="the world ended")
                     return  # else the send task failed: the viewer is gone
                 msg = receive.result()
                 if msg["type"] == "websocket.disconnect":
                     return
-                e = refusal(msg.get("bytes"), self._limits)
-                refused += 1
-                queue.put_notice(self._error(e.code, e.message, e.session_id))
-                if refused >= MAX_REFUSED:
+                playing.handle(msg.get("bytes"))  # a player's request, or a refusal (playing.py)
+                if playing.refused >= MAX_REFUSED:
                     await asyncio.sleep(0.1)  # the last refusal goes out first (best effort)
                     await ws.close(code=POLICY_VIOLATION, reason="too many refused requests")
                     return
         finally:
+            playing.close()
             self.watching -= 1
             self._world_metrics.viewers.set(self.watching)
             self._feeds.detach(world_id, queue)
