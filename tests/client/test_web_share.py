@@ -131,3 +131,51 @@ def test_a_link_without_a_token_says_so(browser, served):
     page.wait_for_function("document.querySelector('#status').dataset.level === 'error'", timeout=TIMEOUT_MS)
     assert "no token" in page.text_content("#status")
     page.close()
+
+
+def test_a_refused_share_is_said_and_the_stream_goes_on(browser, served):
+    """The server answers in request order: a `share` sent while a chunk is in flight is answered
+    after that chunk. Here the route sends it on for another session (the server refuses it, in
+    order) and gives the refusal back as the page's: the page says so, and streams on."""
+    state: dict = {}
+
+    def route(ws) -> None:
+        server = ws.connect_to_server()
+
+        def to_server(message) -> None:
+            req = decode(message) if isinstance(message, bytes) else None
+            if isinstance(req, ShareRequest):
+                state["sid"] = req.session_id
+                message = encode(ShareRequest(session_id="someone-else"))
+            server.send(message)
+
+        def to_page(message) -> None:
+            reply = msgpack.unpackb(message, raw=False) if isinstance(message, bytes) else None
+            if isinstance(reply, dict) and reply.get("session_id") == "someone-else":
+                state["refused"] = reply["code"]
+                message = msgpack.packb({**reply, "session_id": state["sid"], "message": "not shared here"})
+            ws.send(message)
+
+        ws.on_message(to_server)
+        server.on_message(to_page)
+
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route_web_socket("**/v1/realtime/world/camera*", route)
+    page.goto(served.http + "/")
+    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    page.click("#start")
+    chunks_shown(page, 1)
+    page.click("#share")
+    page.wait_for_function("document.querySelector('#status').textContent.startsWith('Cannot share')",
+                           timeout=TIMEOUT_MS)
+    assert state["refused"] == "bad_message"
+    assert page.text_content("#status") == "Cannot share (bad_message): not shared here"
+    shown = int(page.get_attribute("#stat-chunks", "data-chunks"))
+    chunks_shown(page, shown + 2)  # the stream went on
+    assert page.get_attribute("#connection", "data-state") == "streaming"
+    assert page.is_hidden("#share-panel") and not page.is_disabled("#share")
+    page.click("#reset")
+    assert errors == []
+    page.close()
