@@ -60,10 +60,12 @@ def test_a_shared_session_plays_on_the_viewer_page_until_unshared(browser, serve
     viewer, viewer_errors, urls = _viewer_page(browser, link, on_socket)
     viewer.wait_for_selector("#connection[data-state=watching]", timeout=TIMEOUT_MS)
     viewer.wait_for_function("Number(document.querySelector('#stat-chunks').dataset.chunks) >= 2", timeout=TIMEOUT_MS)
-    viewer.wait_for_function("document.querySelector('video').currentTime > 0.5", timeout=TIMEOUT_MS)
-    decoded = viewer.evaluate("document.querySelector('video').getVideoPlaybackQuality().totalVideoFrames")
-    assert decoded > 12
+    # more than its first chunk played: frames decoded past 12, the video's time past 12 / 16 s
+    viewer.wait_for_function("document.querySelector('video').getVideoPlaybackQuality().totalVideoFrames > 12 "
+                             "&& document.querySelector('video').currentTime > 0.8", timeout=TIMEOUT_MS)
     assert viewer.text_content("#viewers") == "1 watching"
+    # it joined at the world's current chunk (9 / 16 s or later on the owner's clock); it plays from 0
+    assert viewer.evaluate("document.querySelector('video').buffered.start(0)") == 0
     assert viewer.text_content("#world") == f"world {world_id}"
     ARTIFACTS.mkdir(exist_ok=True)
     viewer.screenshot(path=str(ARTIFACTS / "web_viewer.png"))
@@ -76,6 +78,7 @@ def test_a_shared_session_plays_on_the_viewer_page_until_unshared(browser, serve
     assert Watching.model_validate(replies[0]).world_id == world_id
     frames = [r for r in replies if r["type"] == "frame"]
     assert frames[0]["video"][4:8] == b"ftyp" and all(f["session_id"] == world_id for f in frames)
+    assert frames[0]["chunk_id"] == replies[0].get("next_chunk_id")  # the world's current chunk, first
 
     page.click("#unshare")
     page.wait_for_function("document.querySelector('#share-panel').hidden", timeout=TIMEOUT_MS)
