@@ -6,6 +6,7 @@
     lwf-client ... --fork-at K | --rewind-to K [--branch-trajectory ...|--branch-keys ...] [--branch-prompt ...]
     lwf-client ... --save-session DIR                          (client/recorder.py)
     lwf-client compare A.mp4 B.mp4 ... -o side_by_side.mp4     (client/compare.py)
+    lwf-client watch 'http://HOST:8000/w/WORLD#token=TOKEN' --out watched.mp4   (client/watch_cli.py)
 
 The parser is client/cli_args.py; the exploration after the main session client/branch_run.py.
 
@@ -37,7 +38,7 @@ from client.branch_run import BranchSpec, MainSession, run_branch
 from client.cli_args import API_KEY_ENV, parser, prompt_at  # noqa: F401 (re-exported: the CLI's names)
 from client.compare import compare
 from client.compare_page import compare_page
-from client.errors import BadReply, ReplyTimeout, ServerError
+from client.errors import BadReply, ReplyTimeout, ServerError, one_line
 from client.local_paths import LocalPathError, check_folder, check_input, check_output, write_or_keep
 from client.keydrive import KEYS_TRANSLATION_SCALE, KeyDriveLog, drive_keys, keys_num_frames
 from client.recorder import SessionRecorder
@@ -46,6 +47,7 @@ from client.stats import ChunkStat
 from client.streaming import ResumePolicy, StreamResult
 from client.synthetic import DEFAULT_PROMPT, default_image, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
+from client.watch_cli import run as run_watch
 from client.worlds_cli import WORLD_COMMANDS, run as run_world_command
 from media.pyav import MissingPyAV
 from protocol.errors import ErrorCode, ProtocolError
@@ -300,19 +302,14 @@ async def _reset_quietly(client: WorldClient, session_id: str) -> None:
         pass  # the server frees the session when the socket closes anyway
 
 
-def one_line(text: str, limit: int = 300) -> str:
-    """A server's text on one line of at most `limit` chars (a hostile server's message may hold
-    newlines, terminal escapes or megabytes)."""
-    flat = " ".join("".join(c if c.isprintable() else " " for c in text[:4 * limit]).split())
-    return flat if len(flat) <= limit else flat[:limit] + "..."
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser().parse_args(argv)
     args.argv = argv  # --save-session keeps the command line
     if args.command in WORLD_COMMANDS:  # the server's saved worlds over HTTP (worlds_cli.py)
         return run_world_command(args)
+    if args.command == "watch":  # a world someone shares (watch_cli.py)
+        return run_watch(args)
     try:
         check_local_paths(args)
     except LocalPathError as e:

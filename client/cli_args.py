@@ -8,6 +8,7 @@ from pathlib import Path
 from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from client.keyscript import chunk_keys, parse_keyscript
 from client.session import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_REPLY_TIMEOUT_S, DEFAULT_URL, URL_ENV, default_url
+from client.watch_cli import add_parser as add_watch_parser
 from client.worlds_cli import add_parsers as add_world_parsers
 
 API_KEY_ENV = "LWF_API_KEY"
@@ -19,6 +20,7 @@ EXAMPLES = f"""examples (a server from `serve run serve_config.yaml` on this mac
   lwf-client orbit --fork-at 3 --branch-keys l:4 --out o.mp4  o.mp4 and o.branch.mp4
   lwf-client play ../shared/examples/00 --frames 33 --out ex.mp4
   lwf-client compare o.mp4 o.branch.mp4 -o side_by_side.mp4
+  lwf-client watch 'http://HOST:8000/w/WORLD#token=TOKEN' --out watched.mp4   a shared world
 
 exit status: 0 done, 1 server or connection error, 2 bad input or local path, 130 interrupted"""
 
@@ -134,6 +136,7 @@ def parser() -> argparse.ArgumentParser:
                        help="keys held per chunk: KEYS:CHUNKS entries joined by commas, KEYS joined by + "
                             "(w a s d move, q e up/down, i j k l or arrows look, none for no key), e.g. w:3,j+w:2,none:1")
     add_world_parsers(sub, API_KEY_ENV)  # worlds, export, import, delete (client/worlds_cli.py)
+    add_watch_parser(sub, API_KEY_ENV, seconds)  # watch a shared world (client/watch_cli.py)
     compare = sub.add_parser("compare", help="play videos side by side (e.g. a session and its branches)")
     compare.add_argument("videos", nargs="+", type=Path, metavar="VIDEO",
                          help="MP4 files to put side by side, left to right (e.g. OUT.mp4 OUT.branch.mp4)")

@@ -49,3 +49,10 @@ def shown(value: object, limit: int = 40) -> str:
     """A value from the server, quoted on one line and cut to `limit` chars (messages name it)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A server's text on one line of at most `limit` chars (a hostile server's message may hold
+    newlines, terminal escapes or megabytes)."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text[:4 * limit]).split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."

@@ -14,6 +14,11 @@ written, so that a broken or hostile server ends the client's work with one `Bad
   replies sent again, some maybe no longer kept) they only rise.
 - Frames: `num_frames` as the handshake states (9 for chunk 0, then 12); the video fMP4
   (media/fragment_check.py: chunk 0 with its init segment).
+
+A viewer of a shared world (the watch route: no handshake, no request of its own after
+`watch`) is checked by `WatchGuard`: the first reply is `watching` (or the refusal), then frames
+of that world only (`session_id` = its id; ids below `max_chunks`, rising except when the owner
+rewinds, so any id is taken), the first one starting with the init segment, and its notices.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from protocol.codec import decode_reply
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Opened, Reply, ResetOk,
                                ResumeOk, Rewound)
+from protocol.sharing import Watching, WorldNotice
 
 MIB = 1 << 20
 HARD_MAX_REPLY_BYTES = 256 * MIB  # whatever a handshake says: 1024x1792 chunks of 12 frames are 66 MB raw
@@ -146,3 +152,57 @@ class ReplyGuard:
         if problem is not None:
             raise BadReply(f"{what}: its video is not fragmented MP4 ({problem})")
         self._sequences[sid] = _Sequence(k + 1, seq.exact)
+
+
+class WatchGuard:
+    """A viewer's record of the world it asked for; `take` checks a frame (module doc)."""
+
+    def __init__(self, world_id: str, max_bytes: int = DEFAULT_REPLY_MAX_BYTES) -> None:
+        self.world_id = world_id
+        self.max_bytes = max_bytes  # no handshake on the watch route: a default server's frame bound
+        self.watching: Optional[Watching] = None
+        self.frames = 0
+
+    def take(self, data: object) -> Reply:
+        if not isinstance(data, bytes):
+            raise BadReply("the server sent a text frame; replies are binary msgpack")
+        if len(data) > self.max_bytes:
+            raise BadReply(f"a reply of {len(data)} bytes, over the {self.max_bytes} a viewer takes")
+        try:
+            reply = decode_reply(data, max_bytes=self.max_bytes)
+        except ProtocolError as e:
+            raise BadReply(e.message) from None
+        if isinstance(reply, ErrorReply):
+            return reply
+        if self.watching is None:
+            if not isinstance(reply, Watching) or reply.world_id != self.world_id:
+                raise BadReply(f"expected `watching` for world {shown(self.world_id)}, got "
+                               f"`{reply.type}`{'' if not isinstance(reply, Watching) else ' of another world'}")
+            self.watching = reply
+            return reply
+        if isinstance(reply, WorldNotice):
+            if reply.world_id != self.world_id:
+                raise BadReply(f"a `world` notice of world {shown(reply.world_id)}, which this viewer does not watch")
+            return reply
+        if not isinstance(reply, FrameReply):
+            raise BadReply(f"a viewer gets frames and `world` notices, not `{reply.type}`")
+        self._frame(reply)
+        return reply
+
+    def _frame(self, reply: FrameReply) -> None:
+        k = reply.chunk_id
+        what = f"chunk {k} of world {shown(reply.session_id)}"
+        if reply.session_id != self.world_id:
+            raise BadReply(f"{what}, which this viewer does not watch")
+        if k >= MAX_CHUNKS:
+            raise BadReply(f"{what}: a session has at most {MAX_CHUNKS} chunks")
+        default = CameraServerConfig(model="default")
+        frames = default.first_chunk_video_frames if k == 0 else default.chunk_video_frames
+        if reply.num_frames != frames:
+            raise BadReply(f"{what} has {reply.num_frames} frames; a chunk {k} has {frames}")
+        problem = fragment_problem(bytes(reply.video), first=self.frames == 0)
+        if problem is not None:
+            if self.frames == 0:
+                problem = problem.replace("chunk 0 does not", "the first frame reply does not")
+            raise BadReply(f"{what}: its video is not fragmented MP4 ({problem})")
+        self.frames += 1

@@ -26,7 +26,8 @@ from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, ErrorReply, Forked, ForkRequest, FrameReply,
                                InferRequest, Opened, OpenRequest, Queued, Reply, ResetOk, ResetRequest, Rewound,
-                               RewindRequest, Saved, SaveRequest)
+                               RewindRequest, Saved, SaveRequest, ShareRequest, UnshareRequest)
+from protocol.sharing import Shared, Unshared
 from protocol.requests import SessionStart, drive_request, infer_request
 
 CAMERA_PATH = "/v1/realtime/world/camera"
@@ -273,6 +274,22 @@ class WorldClient:
         await self.send(encode(validated(OpenRequest, {"session_id": session_id, "world_id": world_id})))
         async with asyncio.timeout(timeout_s):
             return _expect(await self.receive(), Opened)
+
+    async def share(self, session_id: str, audience: str = "link", controls: str = "owner",
+                    timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Shared:
+        """Share the session this connection holds as a world others watch (PROTOCOL.md "share /
+        unshare"): `shared.world_id`, `shared.watch_token` (`audience` `link`: whoever holds it;
+        `principal`: this API key only). Between chunks: replies come in request order."""
+        await self.send(encode(validated(ShareRequest, {"session_id": session_id, "audience": audience,
+                                                        "controls": controls})))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Shared)
+
+    async def unshare(self, session_id: str, timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Unshared:
+        """End the session's share: its token opens nothing any more, its viewers get `ended`."""
+        await self.send(encode(validated(UnshareRequest, {"session_id": session_id})))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Unshared)
 
     async def send_reset(self, session_id: str) -> None:
         self._auto_ack.discard(session_id)

@@ -4,6 +4,9 @@
         chunk = c.infer("s1", poses, intrinsics, start=SessionStart(image, "a street"))
         chunk.video           # the chunk's fMP4 bytes (the session's first holds the init segment)
         chunk.frames          # uint8 [T, H, W, 3], decoded with PyAV when first read
+        shared = c.share("s1")                                   # a world others watch
+        with c.watch(shared.world_id, shared.watch_token) as w:  # or watch(link): no session needed
+            item = next(w)    # a Chunk of the world, or a `world` notice (viewers, ended, ...)
 
 Each method sends one request and waits for its answer, on an event loop of its own thread
 (so it works where a loop already runs, as in Jupyter). Frames are decoded chunk by chunk:
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Optional, TypeVar
@@ -25,13 +28,15 @@ import numpy as np
 
 from camera.plan import plan_session
 from client.errors import BadReply, ServerError
-from client.session import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_REPLY_TIMEOUT_S, WorldClient
+from client.session import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_REPLY_TIMEOUT_S, WorldClient, default_url
+from client.watching import Watcher, watch_target
 from media.reassembly import decode_fragment, split_init
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
 from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Opened, Paused, ResetOk, ResumeOk,
                                ResumeRequest, Rewound, Saved)
 from protocol.requests import SessionStart, plan_requests
+from protocol.sharing import Shared, Unshared, Watching, WorldNotice
 
 T = TypeVar("T")
 
@@ -90,6 +95,7 @@ class SyncWorldClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name="lwf-client-loop", daemon=True)
         self._thread.start()
         self._inits: dict[str, bytes] = {}  # session -> its init segment (ftyp + moov)
+        self._url, self._api_key = url or default_url(), api_key  # (watch: the same server and key)
         try:
             self._client: WorldClient = self._run(WorldClient.connect(url, api_key=api_key,
                                                                       reply_timeout_s=reply_timeout_s,
@@ -169,6 +175,26 @@ class SyncWorldClient:
             self._inits[session_id] = opened.init_segment
         return opened
 
+    def share(self, session_id: str, audience: str = "link") -> Shared:
+        """Share the session as a world others watch: `shared.world_id` and `shared.watch_token`
+        (give both to `watch`, or the link `<server>/w/<world_id>#token=<watch_token>`, the web
+        page's). `audience`: `link` (whoever holds the token) or `principal` (this API key only)."""
+        return self._run(self._client.share(session_id, audience))
+
+    def unshare(self, session_id: str) -> Unshared:
+        """End the share: the token opens nothing any more, the viewers get `ended`."""
+        return self._run(self._client.unshare(session_id))
+
+    def watch(self, link: str, token: Optional[str] = None, *, api_key: Optional[str] = None,
+              idle_timeout_s: Optional[float] = None) -> SyncWatch:
+        """Watch a shared world on a viewer socket of its own (this client's server and key by
+        default): `link` a world id (with `token`), a share link or a watch URL
+        (client/watching.py `watch_target`). Runs on this client's loop: read it between this
+        client's own calls."""
+        target = watch_target(link, token, self._url)
+        key = api_key if api_key is not None else self._api_key
+        return SyncWatch(self._run(Watcher.open(target, key, idle_timeout_s=idle_timeout_s)), self._run)
+
     def reset(self, session_id: str) -> ResetOk:
         """End the session on the server."""
         self._inits.pop(session_id, None)
@@ -234,3 +260,83 @@ class SyncWorldClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SyncWatch:
+    """A viewer of a shared world for synchronous code (client/watching.py `Watcher`): iterate it
+    for `Chunk`s (`frames` decoded with the world's init segment) and `WorldNotice`s, until the
+    world ends (`ended`, the last); `with` or `close()` leaves it."""
+
+    def __init__(self, watcher: Watcher, run: Callable[[Coroutine[Any, Any, Any]], Any],
+                 on_close: Optional[Callable[[], None]] = None) -> None:
+        self._watcher = watcher
+        self._run = run
+        self._on_close = on_close
+        self._init = b""
+
+    @property
+    def watching(self) -> Watching:
+        return self._watcher.watching
+
+    @property
+    def viewers(self) -> int:
+        return self._watcher.viewers
+
+    @property
+    def ended(self) -> Optional[WorldNotice]:
+        return self._watcher.ended
+
+    def __iter__(self) -> SyncWatch:
+        return self
+
+    def __next__(self) -> Chunk | WorldNotice:
+        reply = self._run(self._watcher.next())
+        if reply is None:
+            raise StopIteration
+        if isinstance(reply, WorldNotice):
+            return reply
+        video = bytes(reply.video)
+        if video[4:8] == b"ftyp":
+            self._init = split_init(video)[0]
+            return Chunk(video, reply)
+        if not self._init:
+            raise BadReply("a frame came before the world's init segment")
+        return Chunk(video, reply, self._init)
+
+    def close(self) -> None:
+        try:
+            self._run(self._watcher.close())
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    def __enter__(self) -> SyncWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def watch(link: str, token: Optional[str] = None, api_key: Optional[str] = None, *, server: Optional[str] = None,
+          idle_timeout_s: Optional[float] = None) -> SyncWatch:
+    """Watch a shared world without a camera connection of one's own (`watch_target` reads
+    `link`): a `SyncWatch` on an event loop of its own thread (closed with it)."""
+    target = watch_target(link, token, server)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="lwf-watch-loop", daemon=True)
+    thread.start()
+
+    def run(coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+    try:
+        watcher = run(Watcher.open(target, api_key, idle_timeout_s=idle_timeout_s))
+    except BaseException:
+        stop()
+        raise
+    return SyncWatch(watcher, run, stop)

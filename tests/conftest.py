@@ -38,7 +38,7 @@ RAY_FIXTURES = frozenset({
     "serve_instance",  # tests/deployments/test_sp_dit.py: Ray for the two-rank replica
     "cluster",         # tests/deployments/test_multinode.py: a local multi-node cluster
 })
-BROWSER_FIXTURES = frozenset({"browser"})  # tests/client/test_web.py: Chromium through Playwright
+BROWSER_FIXTURES = frozenset({"browser"})  # tests/web_support.py: Chromium through Playwright (tests/client/test_web*.py)
 BROWSER_TESTS = frozenset({"media/test_fmp4.py::test_plays_in_a_browser_through_media_source_extensions"})
 GPU_FOLDER = "gpu"  # tests/gpu/ (none yet): tests that need a CUDA GPU, or a test marks itself @pytest.mark.gpu
 # Slow without Ray (5-60 s each on 2 cores, 85 % of the rest's time; `--durations=40`): whole tiny-model

@@ -3,6 +3,10 @@
 // decode time (tfdt), so the SourceBuffer runs in 'segments' mode. A new session (timestamps
 // from 0 again) gets a fresh MediaSource. `dropFrom(t)` takes the video from t on out of the
 // buffer (an undone chunk): the chunk that replaces it has the same timestamps.
+// A viewer of a shared world opens it with `{ sequence: true }` ('sequence' mode): each chunk
+// plays right after the one before whatever its timestamps, the first one at 0, so a late join
+// (its first chunk not at 0), a skipped chunk or the owner's Undo (timestamps back) plays on
+// without a gap.
 
 const KEEP_BEHIND_S = 10; // played video kept in the buffer (older data is removed)
 
@@ -30,8 +34,9 @@ export class MsePlayer {
     return "MediaSource" in window && MediaSource.isTypeSupported(mimeType);
   }
 
-  /** Attach a fresh MediaSource for a session whose chunks have MIME type `mimeType`. */
-  async open(mimeType) {
+  /** Attach a fresh MediaSource for a session whose chunks have MIME type `mimeType`
+   *  (`sequence`: chunks placed one after the other, their own timestamps ignored). */
+  async open(mimeType, { sequence = false } = {}) {
     this.close();
     if (!MediaSource.isTypeSupported(mimeType)) {
       throw new Error(`this browser cannot play ${mimeType} through Media Source Extensions`);
@@ -42,7 +47,8 @@ export class MsePlayer {
     await new Promise((resolve) => source.addEventListener("sourceopen", resolve, { once: true }));
     URL.revokeObjectURL(this.video.src);
     this.buffer = source.addSourceBuffer(mimeType);
-    this.buffer.mode = "segments";
+    this.buffer.mode = sequence ? "sequence" : "segments";
+    if (sequence) this.buffer.timestampOffset = 0; // the first chunk at 0 too, whatever its own time (MSE: sets the group start)
     this.buffer.addEventListener("updateend", () => this.pump());
     this.buffer.addEventListener("error", () => this.onerror(new Error("the video decoder rejected a chunk")));
   }

@@ -21,6 +21,7 @@
 // Resume: when the socket drops while streaming and the server offers it (handshake
 // `resume_grace_s`, the session's `resume_token`), a new socket sends `resume` with the count of
 // frames it has; the missed frames come again, then `resumed` says which chunk to request next.
+// Share: `stream.shares.share({audience})` / `.unshare()` (share.js): a world others watch by link.
 
 import { encode, decode } from "./msgpack.js";
 import { KeyControl, CHUNK_FRAMES, TRANSLATION_SCALE } from "./camera.js";
@@ -30,8 +31,9 @@ import { nextStep } from "./sizes.js";
 import { MODULE_SERVER, cameraUrl, keyProtocols } from "./server.js";
 import { statsDetail } from "./stats.js";
 import { rejoinLine, resumeAfterDrop } from "./reconnect.js";
+import { ShareRequests } from "./share.js";
 
-export { CAMERA_PATH, MODULE_SERVER, cameraUrl, keyProtocols } from "./server.js";
+export { CAMERA_PATH, MODULE_SERVER, cameraUrl, keyProtocols, watchUrl } from "./server.js";
 export { CONTROL_CODES } from "./camera.js"; // the KeyboardEvent.code values `stream.keys` takes
 export { MsePlayer } from "./player.js"; // MsePlayer.supported(): can this browser play the stream
 
@@ -78,6 +80,7 @@ export class LiveStream extends EventTarget {
     this.resumeWaiter = null; // {resolve, reject} of the `resume` in flight
     this.timer = null;
     this.replies = Promise.resolve(); // replies are handled one after the other, in order
+    this.shares = new ShareRequests(this); // share / unshare of the session (share.js)
     this.resetStats();
   }
 
@@ -146,6 +149,7 @@ export class LiveStream extends EventTarget {
       ws.onclose = (ev) => {
         if (this.ws === ws) this.ws = null;
         this.stopTimer();
+        this.shares.dropped("the connection closed");
         const was = this.state;
         const why = `code ${ev.code}${ev.reason ? `: ${ev.reason}` : ""}`;
         if (was === "resuming") { // a resume's socket: its attempt failed
@@ -160,7 +164,7 @@ export class LiveStream extends EventTarget {
           return;
         }
         if (opened && was === "streaming" && this.canResume()) {
-          this.resumeAfterDrop(why);
+          resumeAfterDrop(this, why); // reconnect.js
           return;
         }
         if (opened && was === "starting" && this.queueToken) { // dropped while in line: its place again
@@ -176,11 +180,6 @@ export class LiveStream extends EventTarget {
 
   canResume() {
     return Boolean(this.resumeToken && this.config && this.config.resume_grace_s > 0);
-  }
-
-  /** The socket dropped mid-session: reconnect and resume (reconnect.js), else fail. */
-  resumeAfterDrop(why) {
-    return resumeAfterDrop(this, why);
   }
 
   onResumed(msg) {
@@ -206,6 +205,7 @@ export class LiveStream extends EventTarget {
     this.resumeToken = null;
     this.queueToken = this.queued = null;
     this.sessionId = `web-${Math.random().toString(36).slice(2, 10)}`;
+    this.shares.forget(); // the last session's world ended with it
     this.keys.reset();
     this.undoTo = null;
     this.player.close();
@@ -298,6 +298,7 @@ export class LiveStream extends EventTarget {
   }
 
   onReply(msg) {
+    if (this.shares.take(msg)) return; // the answer to a share or unshare (share.js)
     if (msg.type === "frame") return this.onFrame(msg);
     if (msg.type === "reset_ok") return;
     if (msg.type === "resumed") return this.onResumed(msg);
@@ -322,6 +323,7 @@ export class LiveStream extends EventTarget {
     const now = performance.now();
     const s = this.stats;
     s.inFlight = Math.max(0, s.inFlight - 1);
+    this.shares.inferAnswered();
     s.lastFps = msg.num_frames / ((now - s.sentAt) / 1000); // frames per second of waiting for this chunk
     if (msg.event_id !== undefined && msg.event_id !== null) {
       s.lastEventId = msg.event_id;
@@ -382,6 +384,7 @@ export class LiveStream extends EventTarget {
       return;
     }
     this.stats.inFlight = Math.max(0, this.stats.inFlight - 1);
+    this.shares.inferAnswered();
     if (msg.code === "busy" && this.state === "starting") {
       const wait = msg.retry_after_s || 1;
       this.status(`Server busy: ${msg.message}. Retrying in ${wait} s…`, "warn");
@@ -419,6 +422,7 @@ export class LiveStream extends EventTarget {
     }
     if (this.state !== "disconnected") this.setState("stopped");
     this.stats.inFlight = 0;
+    this.shares.forget();
     this.status("Session reset. Press Start for a new one.");
     this.emitStats();
   }
@@ -445,5 +449,4 @@ export class LiveStream extends EventTarget {
   emitStats() {
     this.dispatchEvent(new CustomEvent("stats", { detail: statsDetail(this) }));
   }
-
 }

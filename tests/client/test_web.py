@@ -23,40 +23,7 @@ from protocol.codec import decode, decode_reply, encode
 from protocol.errors import ErrorCode
 from protocol.messages import (ControlRequest, ErrorReply, FrameReply, InferRequest, ResetRequest, ResumeRequest,
                                RewindRequest, Rewound)
-from support import REPO
-
-CHROMIUM = "/usr/bin/chromium"  # Debian's package (scripts/browser_deps.sh); no browser download
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run"]
-ARTIFACTS = REPO / "artifacts"
-TIMEOUT_MS = 60_000
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        yield b
-        b.close()
-
-
-def open_page(browser, url: str, on_socket=None):
-    """The page, connected (handshake read), and the list its script errors go to."""
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    if on_socket is not None:
-        page.on("websocket", on_socket)
-    page.goto(url)
-    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
-    return page, errors
-
-
-def chunks_shown(page, n: int) -> None:
-    page.wait_for_function(f"Number(document.querySelector('#stat-chunks').dataset.chunks) >= {n}",
-                           timeout=TIMEOUT_MS)
+from web_support import ARTIFACTS, TIMEOUT_MS, browser, chunks_shown, open_page  # noqa: F401 (the fixture)
 
 
 def test_live_session_plays_and_follows_the_keyboard(browser, served):

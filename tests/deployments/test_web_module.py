@@ -3,29 +3,13 @@
 embeds it is served too. In-process (FastAPI TestClient)."""
 from __future__ import annotations
 
-import re
-
 import pytest
 from fastapi.testclient import TestClient
 
 from deployments.ingress.server import app
-from support import REPO
+from web_support import _IMPORT, module_graph
 
-WEB = REPO / "web"
 FOREIGN = {"Origin": "https://game.example"}
-_IMPORT = re.compile(r"""^\s*(?:import|export)\b[^;]*?\bfrom\s+["'](\./[^"']+)["']""", re.M)
-
-
-def module_graph(entry: str) -> list[str]:
-    """The files `entry` (in web/) imports, transitively, itself included."""
-    seen, todo = [], [entry]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.append(name)
-        todo += [m.removeprefix("./") for m in _IMPORT.findall((WEB / name).read_text(encoding="utf-8"))]
-    return sorted(seen)
 
 
 @pytest.fixture(scope="module")
