@@ -15,7 +15,10 @@ class SharingArgs(BaseModel):
     `hub_chunks` chunks (a feed that fell behind skips to them); each viewer's socket queues at
     most `viewer_queue_chunks` chunks (a slower viewer skips whole chunks). A world whose owner
     is neither heard (chunks or its keep-alive every `owner_keepalive_s`) for `owner_timeout_s`,
-    nor parked for a resume, ends."""
+    nor parked for a resume, ends. With auth on, a viewer presents an API key like any client,
+    unless `anonymous_viewers`: then a viewer without a key (none presented; a wrong key is
+    still refused) watches `link` shares as its address; `principal` shares never admit it.
+    A `watch`'s `catch_up` gives at most `hub_chunks` chunks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -27,3 +30,4 @@ class SharingArgs(BaseModel):
     viewer_queue_chunks: int = Field(2, ge=1)
     owner_keepalive_s: float = Field(5.0, gt=0)
     owner_timeout_s: float = Field(20.0, gt=0)
+    anonymous_viewers: bool = False

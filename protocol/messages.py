@@ -363,6 +363,8 @@ class ShareRequest(_Request):
     audience: Audience = Field("link", description="`link`: whoever holds the token (with auth on, with a valid "
                                                    "key); `principal`: only the owner's API key (or address)")
     controls: Controls = Field("owner", description="who drives: `owner` (only the owner)")
+    show_prompt: bool = Field(False, description="viewers get the prompt the world attends to, and a `world` notice "
+                                                 "`prompt` at each prompt update (default: they never see it)")
 
 
 class UnshareRequest(_Request):

@@ -17,7 +17,8 @@ Audience = Literal["principal", "link"]
 Controls = Literal["owner"]  # `turns` and `crowd` are not served yet (PROTOCOL.md)
 WorldId = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WORLD_ID_CHARS)]
 WatchToken = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WATCH_TOKEN_CHARS)]
-WorldEvent = Literal["viewers", "owner_reconnecting", "owner_back", "ended"]
+WorldEvent = Literal["viewers", "owner_reconnecting", "owner_back", "ended", "prompt", "paused", "resumed"]
+MAX_CATCH_UP = 64  # a `watch`'s `catch_up` at most (the server gives at most `sharing.hub_chunks`)
 
 
 class Shared(_Message):
@@ -32,6 +33,7 @@ class Shared(_Message):
                                          "the share's `audience`; `unshare` and the world's end revoke it")
     audience: Audience
     controls: Controls
+    show_prompt: bool = Field(False, description="viewers get the prompt (`watching`, `world` notices `prompt`)")
 
 
 class Unshared(_Message):
@@ -48,6 +50,9 @@ class WatchRequest(_Message):
     endpoint: Literal["watch"] = "watch"
     world_id: WorldId
     watch_token: WatchToken
+    catch_up: int = Field(0, ge=0, le=MAX_CATCH_UP, description="the world's last K chunks first (the current one the "
+                          "last of them), then live; 0 or 1: the current one only. At most `sharing.hub_chunks` "
+                          "are given (more asks for every chunk the server keeps)")
 
 
 class Watching(_Message):
@@ -58,18 +63,27 @@ class Watching(_Message):
     world_id: str
     viewers: int = Field(ge=0, description="viewers of the world now, this one included")
     controls: Controls
-    next_chunk_id: Optional[int] = Field(None, ge=0, description="the world's last chunk made so far, the first "
-                                                                 "this viewer gets (absent: none yet)")
+    next_chunk_id: Optional[int] = Field(None, ge=0, description="the first chunk this viewer gets: the world's "
+                                                                 "last one made so far, or with `catch_up` the "
+                                                                 "oldest of those it gets first (absent: none yet)")
+    paused: bool = Field(False, description="the owner's drive is paused now (`world` notices `paused`, `resumed`)")
+    prompt: Optional[str] = Field(None, description="the prompt the world attends to now, only if its share has "
+                                                    "`show_prompt` (text, as the owner sent it)")
     debug: Optional[dict[str, JsonValue]] = Field(None, description="with debug_fields: the ingress replica")
 
 
 class WorldNotice(_Message):
     """Something happened to the world a viewer watches: `viewers` (the count changed),
     `owner_reconnecting` (the owner's socket dropped; the world waits for its resume),
-    `owner_back`, `ended` (unshared, reset, or the owner did not come back: the socket closes)."""
+    `owner_back`, `ended` (unshared, reset, or the owner did not come back: the socket closes),
+    `prompt` (the owner steered the prompt: the chunks after this notice attend to `prompt`;
+    only with the share's `show_prompt`), `paused` (the owner's drive paused: no key held) and
+    `resumed` (its next chunk follows)."""
 
     type: Literal["world"] = "world"
     world_id: str
     event: WorldEvent
     viewers: int = Field(ge=0)
     reason: Optional[str] = Field(None, description="with `ended`: why")
+    prompt: Optional[str] = Field(None, description="with `prompt`: the new prompt (text: show it as text, never "
+                                                    "as markup)")

@@ -118,11 +118,13 @@ class Connection:
         self._worlds = WorldRequests(kept, self._releases, self._resume, lambda: self._driving.stop())  # save, open
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
                                 token=self._resume.token, kept=None if kept is None else kept.kept)
-        self._outbox = Outbox(ws, on_sent=lambda s, r: (self._resume.record_sent(s, r), self._sharing.sent(s, r)),
+        self._outbox = Outbox(ws, on_sent=lambda s, r: (isinstance(r, FrameReply) and self._resume.record_sent(s, r),
+                                                        self._sharing.sent(s, r)),  # (a pause: its world's notice)
                               on_reply=self._policy.on_reply)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driving = Driving(args, backends, self._controls, self._log, start=self._start_driven,  # `drive`
-                                put_paused=self._outbox.reply_now, sent_chunks=self._resume.sent_chunks)
+                                put_paused=lambda p: self._outbox.reply_now(p, self._stream),
+                                sent_chunks=self._resume.sent_chunks)
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
         self._sharing = Sharing(backends.hub, args, self._principal, self._log, self._replies.error)  # its worlds
         self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,

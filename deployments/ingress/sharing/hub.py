@@ -61,9 +61,10 @@ class WorldHub:
     # ---- the owner's ingress replica ----
 
     async def share(self, owner: str, stream_key: str, audience: str, controls: str, init: Optional[bytes] = None,
-                    need_init: bool = False, current: Optional[WorldChunk] = None) -> tuple[str, str]:
+                    need_init: bool = False, current: Optional[WorldChunk] = None,
+                    prompt: Optional[str] = None) -> tuple[str, str]:
         """(world_id, watch_token) of the stream's world, made now if it has none (book.py `share`)."""
-        world = self._book.share(owner, stream_key, audience, controls, now_s(), init, need_init, current)
+        world = self._book.share(owner, stream_key, audience, controls, now_s(), init, need_init, current, prompt)
         self._changes.bump(world.world_id)
         self._log.info("world shared", fields={"world": world.world_id, "audience": audience})
         return world.world_id, world.token
@@ -71,6 +72,13 @@ class WorldHub:
     async def publish(self, stream_key: str, chunk: WorldChunk) -> bool:
         world = self._book.world(self._world_of(stream_key) or "")
         if self._book.publish(stream_key, chunk, now_s()) and world is not None:
+            self._changes.bump(world.world_id)
+        return world is not None
+
+    async def note(self, stream_key: str, event: str, prompt: Optional[str] = None) -> bool:
+        """A notice of the owner's session (`prompt`, `paused`, `resumed`; book.py `note`)."""
+        world = self._book.live(stream_key)
+        if self._book.note(stream_key, event, now_s(), prompt) and world is not None:
             self._changes.bump(world.world_id)
         return world is not None
 
@@ -96,9 +104,9 @@ class WorldHub:
 
     # ---- the viewers' ingress replicas ----
 
-    async def join(self, world_id: str, token: str, principal: str, address: str) -> Joined:
+    async def join(self, world_id: str, token: str, principal: str, address: str, catch_up: int = 0) -> Joined:
         """Admit a viewer: WatchRefused (unauthorized) or Busy (a limit)."""
-        joined = self._book.join(world_id, token, principal, address, now_s())
+        joined = self._book.join(world_id, token, principal, address, now_s(), catch_up)
         self._changes.bump(world_id)
         return joined
 
