@@ -54,6 +54,7 @@ from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies
 from deployments.ingress.resume import ClaimsThrottled, ResumeBook
+from deployments.ingress.sharing.fork import WatchForks
 from deployments.ingress.sharing.owner import Sharing
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
@@ -116,6 +117,8 @@ class Connection:
         self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable, key_id=key_id, client=client,
                                   clip_mode=lambda: bool(getattr(ws, "raw_frames", False)), worlds=kept)
         self._worlds = WorldRequests(kept, self._releases, self._resume, lambda: self._driving.stop())  # save, open
+        self._watch_forks = WatchForks(backends.hub, args, self._principal, self._releases, self._resume,
+                                       lambda: self._driving.stop())  # a fork of a shared world (sharing/fork.py)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
                                 token=self._resume.token, kept=None if kept is None else kept.kept)
         self._outbox = Outbox(ws, on_sent=lambda s, r: (isinstance(r, FrameReply) and self._resume.record_sent(s, r),
@@ -223,8 +226,9 @@ class Connection:
                 return False, False
             if isinstance(req, ResumeRequest):
                 return False, False
-        if isinstance(req, (SaveRequest, OpenRequest)):  # an open is loaded before the next frame is read
-            self._stream = await self._worlds.handle(req, self._stream, self._outbox)
+        if isinstance(req, (SaveRequest, OpenRequest)) or getattr(req, "of_world", False):  # an open, a fork of a
+            handler = self._watch_forks if isinstance(req, ForkRequest) else self._worlds  # shared world: loaded
+            self._stream = await handler.handle(req, self._stream, self._outbox)  # before the next frame is read
             return False, False
         cur = self._stream
         if isinstance(req, (InferRequest, DriveRequest)) and req.image is not None and (

@@ -246,6 +246,16 @@ class WorldBook:
                       kept_after=kept[0].seq - 1 if kept else notices_after, notices_after=notices_after,
                       paused=world.paused, prompt=world.prompt)
 
+    def may_fork(self, world_id: str, token: str, principal: str) -> World:
+        """The live world `principal` may fork with `token` (as `join` checks it: the token and
+        the audience; no viewer limit, the fork is a session); WatchRefused otherwise."""
+        world = self._worlds.get(world_id)
+        if world is None or world.ended is not None or not hmac.compare_digest(world.token.encode(), token.encode()) \
+                or (world.audience == "principal" and principal != world.owner):
+            raise WatchRefused("no shared world answers this world_id and watch_token (never shared, unshared, "
+                               "ended, or shared with its owner's key only)")
+        return world
+
     def leave(self, world_id: str, viewer_id: str) -> None:
         world = self._worlds.get(world_id)
         principal = world.viewers.pop(viewer_id, None) if world is not None else None

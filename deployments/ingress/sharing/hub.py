@@ -16,13 +16,14 @@ gone (`ended`).
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+from typing import Any, Optional
 
 from ray import serve
 
 from deployments.log import get_log, log_routine_access_at_debug
 from deployments.share_args import SharingArgs
 from deployments.ingress.sharing.book import Joined, WorldBook, WorldChunk, WorldItem, now_s
+from deployments.ingress.sharing.fork_asks import ForkAsks
 
 SWEEP_PERIOD_S = 1.0
 MAX_ONGOING = 4096  # long polls of every feed, the owners' publishes: bookkeeping only
@@ -55,6 +56,7 @@ class WorldHub:
         log_routine_access_at_debug()  # a CALL line per long poll: DEBUG
         self._book = WorldBook(args)
         self._changes = Changes()
+        self._forks = ForkAsks()  # forks of the worlds' heads (fork_asks.py)
         self._log = get_log("worlds")
         self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())
 
@@ -98,6 +100,7 @@ class WorldHub:
     async def end(self, stream_key: str, reason: str, owner: Optional[str] = None) -> Optional[str]:
         world = self._book.end(stream_key, reason, now_s(), owner)
         self._bump(world)
+        self._forks.forget(stream_key)
         if world is not None:
             self._log.info("world ended", fields={"world": world.world_id, "reason": reason})
         return None if world is None else world.world_id
@@ -122,6 +125,23 @@ class WorldHub:
             await self._changes.wait(world_id, timeout_s)
             items, seq, gone = self._book.after(world_id, after_seq)
         return items, seq, gone
+
+    # ---- a fork of a world (fork_asks.py, fork.py) ----
+
+    async def fork_head(self, world_id: str, token: str, principal: str, timeout_s: float) -> tuple[Any, Optional[bytes]]:
+        """(the owner side's answer, the world's init segment) to a fork of the world's head by
+        `principal`: WatchRefused (the token, the audience), Busy (no answer in time)."""
+        world = self._book.may_fork(world_id, token, principal)
+        return await self._forks.ask(world.stream_key, timeout_s), world.init
+
+    async def fork_wanted(self, stream_key: str, timeout_s: float) -> Optional[list[str]]:
+        """The fork asks of the owner's stream (waits up to `timeout_s`); None: it has no world."""
+        if self._book.live(stream_key) is None:
+            return None
+        return await self._forks.wanted(stream_key, timeout_s)
+
+    async def fork_answer(self, ask_id: str, answer: Any) -> bool:
+        return self._forks.answer(ask_id, answer)
 
     async def stats(self) -> dict[str, int]:
         return {"worlds": len(self._book)}

@@ -14,6 +14,7 @@ session's `paused` was sent, `resumed` before its next chunk, and, only when the
 When the socket ends with the session parked for a resume, its world waits (viewers get
 `owner_reconnecting`); a resume on another socket (any ingress replica) attaches that
 connection to the world again (`owner_back`). A session the socket's end releases ends it.
+While it publishes a session, it also answers the forks of its world's head (fork_source.py).
 """
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ from pydantic import BaseModel
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppArgs
-from deployments.errors import ReplicaError
+from deployments.errors import ReplicaError, SessionLost
 from deployments.ingress.detached import detach, settle
 from deployments.ingress.sharing.book import WorldChunk
+from deployments.ingress.sharing.fork_source import ForkSources, world_head
 from deployments.ingress.stream import Stream, StreamState
 from deployments.log import KeyValueLog
 from media.reassembly import split_init
@@ -130,7 +132,9 @@ class Sharing:
         self._published: dict[str, _Publisher] = {}  # stream key -> its publisher (shared, or resumed)
         self._resumed: set[str] = set()  # stream keys resumed on this socket (their chunk 0 went elsewhere)
         self._shown: dict[str, str] = {}  # stream key -> the prompt its viewers were told (a `show_prompt` share)
-        self._paused: set[str] = set()  # stream keys whose viewers were told `paused`
+        self._paused: set[str] = set()  # stream keys whose drive is paused (their `paused` was sent)
+        self._streams: dict[str, Stream] = {}  # stream key -> the stream it publishes (its head for forks)
+        self._sources = None if hub is None else ForkSources(hub, log)  # forks of its worlds (fork_source.py)
 
     def answer(self, req: Request, stream: Optional[Stream]) -> Optional[asyncio.Future[BaseModel]]:
         """The reply to `share` or `unshare` (a future), None for any other request."""
@@ -175,13 +179,15 @@ class Sharing:
         `paused` goes as `paused`."""
         publisher = self._published.get(stream.key)
         if isinstance(reply, Paused):
-            if publisher is not None and stream.key not in self._paused:
+            if stream.key not in self._paused:
                 self._paused.add(stream.key)
-                publisher.put(WorldNote("paused"))
+                if publisher is not None:
+                    publisher.put(WorldNote("paused"))
             return
-        if publisher is not None and stream.key in self._paused:
+        if stream.key in self._paused:
             self._paused.discard(stream.key)
-            publisher.put(WorldNote("resumed"))
+            if publisher is not None:
+                publisher.put(WorldNote("resumed"))
         if publisher is not None and stream.key in self._shown:
             prompt = chunk_prompt(stream, reply.chunk_id)
             if prompt != self._shown[stream.key]:
@@ -197,8 +203,7 @@ class Sharing:
         """A parked session resumed on this socket: it attaches to its world, if it has one."""
         self._resumed.add(stream.key)
         if self._hub is not None and stream.key not in self._published:
-            self._published[stream.key] = _Publisher(self._hub, stream.key, self._args.sharing.owner_keepalive_s,
-                                                     self._log, first=(self._principal, "back"))
+            self._publish(stream, first=(self._principal, "back"))
 
     def ended(self, stream: Stream) -> None:
         """The session ended here (releases.py `ended`): its world ends."""
@@ -233,7 +238,25 @@ class Sharing:
                                                        "start it (or switch to it) first")
         return stream
 
+    def _head(self, key: str):
+        """The head of stream `key` for a fork of its world (fork_source.py): the chunks sent."""
+        stream, last = self._streams.get(key), self._last.get(key)
+        if stream is None:
+            return SessionLost("this world's session just ended; it cannot be forked")
+        return world_head(stream, stream.next_chunk if last is None else last.chunk_id + 1)
+
+    def _publish(self, stream: Stream, first: Optional[tuple[str, str]] = None) -> _Publisher:
+        """Publish `stream`'s chunks to its world, and answer the forks of its head."""
+        publisher = self._published[stream.key] = _Publisher(self._hub, stream.key,
+                                                             self._args.sharing.owner_keepalive_s, self._log, first)
+        self._streams[stream.key] = stream
+        self._sources.start(stream.key, lambda key=stream.key: self._head(key))
+        return publisher
+
     def _stop(self, key: str) -> bool:
+        self._streams.pop(key, None)
+        if self._sources is not None:
+            self._sources.stop(key)
         publisher = self._published.pop(key, None)
         if publisher is not None:
             publisher.task.cancel()
@@ -253,8 +276,9 @@ class Sharing:
         world_id, token = result
         publisher = self._published.get(stream.key)
         if stream.state is StreamState.OPEN and (publisher is None or publisher.task.done()):
-            self._published[stream.key] = _Publisher(self._hub, stream.key, self._args.sharing.owner_keepalive_s,
-                                                     self._log)
+            publisher = self._publish(stream)
+            if stream.key in self._paused:  # paused before it was shared
+                publisher.put(WorldNote("paused"))
         return Shared(session_id=req.session_id, world_id=world_id, watch_url=f"{WATCH_ROUTE}?world={world_id}",
                       watch_token=token, audience=req.audience, controls=req.controls, show_prompt=req.show_prompt)
 
