@@ -1,7 +1,7 @@
 """Watch extras through the real app (issue 56): catch-up, the prompt and pause notices, a fork
 of a watched world, anonymous viewers, tokens bound to one share. One app of this module
 (/watchx: API keys, `sharing.anonymous_viewers` on, two ingress replicas, one DiT replica of
-two slots); the strict app (API keys, anonymous viewers off) for the refusal."""
+two slots, sessions parked for a resume); the strict app (API keys, anonymous viewers off) for the refusal."""
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +23,7 @@ WATCH_PATH = "/v1/realtime/world/watch"
 OWNER, OTHER = "key-share", "key-share-2"
 STORM = "<b>a storm</b> & <script>x</script>"  # markup: text to the viewers, never interpreted
 API_KEYS_ENV = "LWF_TEST_API_KEYS"  # conftest.py sets it before Ray starts (its API_KEYS)
+RESUME_GRACE_S = 4.0  # a dropped owner's session is parked this long (every test resets its sessions)
 
 
 def key(k: str | None) -> dict:
@@ -35,7 +36,8 @@ def watchx(extra_app, connect_url):
     from ray import serve
 
     app, _ = extra_app("watchx", auth={"api_keys_env": API_KEYS_ENV}, sharing={"anonymous_viewers": True},
-                       dit={"num_replicas": 1}, ingress={"num_replicas": 2})
+                       dit={"num_replicas": 1}, ingress={"num_replicas": 2},
+                       sessions={"resume": {"grace_s": RESUME_GRACE_S}})
     yield app, lambda k=OWNER: connect_url(app.ws, key(k))
     serve.delete("watchx")
 
@@ -156,6 +158,34 @@ def test_the_prompt_reaches_viewers_only_when_the_share_shows_it(watchx, example
     assert all(n.event != "prompt" and n.prompt is None for n in hidden[2]) and hidden[4].video == hidden[3].video
 
 
+def test_a_resumed_owner_goes_on_telling_its_prompt(watchx, example):
+    """A `show_prompt` world whose owner drops and resumes on a new socket (any ingress
+    replica): the new socket's prompt update still reaches the viewer as a `prompt` notice."""
+    server, connect = watchx
+
+    async def go():
+        async with connect() as owner:
+            await owner.infer("back", example, 0, first=True)
+            first = await owner.recv()
+            shared = await share(owner, "back", show_prompt=True)
+            viewer, watching = await Viewer.open(server, shared)
+            await viewer.frame()
+        await viewer.event("owner_reconnecting")
+        async with connect() as again:
+            await again.infer("back", example, 1, first=False, resume_token=first.resume_token, resume_from=1,
+                              prompt_update=STORM)
+            mine = await again.recv()
+            told = await viewer.event("prompt")
+            theirs = await viewer.frame()
+            await again.reset("back")
+        await viewer.ws.close()
+        return watching, told, mine, theirs
+
+    watching, told, mine, theirs = asyncio.run(go())
+    assert watching.prompt == example.prompt and told.prompt == STORM
+    assert isinstance(mine, FrameReply) and mine.chunk_id == 1 and theirs.video == mine.video
+
+
 def test_viewers_see_the_owners_drive_pause_and_resume(watchx, example):
     """A driven session with no key held pauses after chunk 0 (before it is shared): `watching`
     or a notice says `paused`; keys held again: `resumed`, then chunk 1."""
@@ -224,8 +254,7 @@ def test_a_fork_of_a_watched_world_is_the_viewers_own_and_continues_identical(wa
     own, forked, mine, theirs, forker, owner = asyncio.run(go())
     assert forker.debug["ingress_replica"] != owner.debug["ingress_replica"]
     assert isinstance(forked, Forked) and forked.session_id == "mine" and forked.next_chunk_id == 2, forked
-    assert forked.init_segment == own[0].video[:len(forked.init_segment)]
-    assert forked.resume_token is None  # this app parks no session (resume grace 0): no token to give
+    assert forked.init_segment == own[0].video[:len(forked.init_segment)] and forked.resume_token
     assert isinstance(theirs, FrameReply) and theirs.session_id == "mine" and theirs.chunk_id == 2, theirs
     assert theirs.video == mine.video
     np.testing.assert_array_equal(decoded([forked.init_segment, theirs.video]), decoded([r.video for r in own]

@@ -97,6 +97,11 @@ class WorldHub:
         self._bump(world)
         return None if world is None else world.world_id
 
+    async def shown_prompt(self, stream_key: str) -> Optional[str]:
+        """The prompt the stream's world shows its viewers (None: not a `show_prompt` share, or no world)."""
+        world = self._book.live(stream_key)
+        return None if world is None else world.prompt
+
     async def end(self, stream_key: str, reason: str, owner: Optional[str] = None) -> Optional[str]:
         world = self._book.end(stream_key, reason, now_s(), owner)
         self._bump(world)
@@ -128,7 +133,8 @@ class WorldHub:
 
     # ---- a fork of a world (fork_asks.py, fork.py) ----
 
-    async def fork_head(self, world_id: str, token: str, principal: str, timeout_s: float) -> tuple[Any, Optional[bytes]]:
+    async def fork_head(self, world_id: str, token: str, principal: str,
+                        timeout_s: float) -> tuple[Any, Optional[bytes]]:
         """(the owner side's answer, the world's init segment) to a fork of the world's head by
         `principal`: WatchRefused (the token, the audience), Busy (no answer in time)."""
         world = self._book.may_fork(world_id, token, principal)

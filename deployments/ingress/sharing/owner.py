@@ -71,12 +71,13 @@ class _Publisher:
     """One shared session's chunks (and notes) to the hub, in order (module doc)."""
 
     def __init__(self, hub: DeploymentHandle, key: str, keepalive_s: float, log: KeyValueLog,
-                 first: Optional[tuple[str, str]] = None) -> None:
+                 first: Optional[tuple[str, Callable[[str], object]]] = None) -> None:
         self._hub, self._key, self._keepalive_s, self._log = hub, key, keepalive_s, log
         self._queue: list[WorldChunk | WorldNote] = []
         self._wake = asyncio.Event()
         self.dropped = 0
-        self._first = first  # (owner, "back"): a resumed session attaches to its world first
+        self._first = first  # (owner, shown): a resumed session attaches to its world first; `shown(prompt)`:
+        # its world shows the prompt (the last one told)
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"publish-{key}")
 
     def put(self, item: WorldChunk | WorldNote) -> None:
@@ -92,6 +93,9 @@ class _Publisher:
             ended, world = await settle(self._hub.back.remote(self._key, self._first[0]), HUB_TIMEOUT_S)
             if not ended or world is None or isinstance(world, BaseException):
                 return  # the session was not shared (or the hub is gone): nothing to publish
+            ended, prompt = await settle(self._hub.shown_prompt.remote(self._key), HUB_TIMEOUT_S)
+            if ended and isinstance(prompt, str):
+                self._first[1](prompt)  # a `show_prompt` share: its prompt updates go on being told
         while True:
             try:
                 async with asyncio.timeout(self._keepalive_s):
@@ -203,7 +207,7 @@ class Sharing:
         """A parked session resumed on this socket: it attaches to its world, if it has one."""
         self._resumed.add(stream.key)
         if self._hub is not None and stream.key not in self._published:
-            self._publish(stream, first=(self._principal, "back"))
+            self._publish(stream, first=(self._principal, lambda prompt: self._shown.setdefault(stream.key, prompt)))
 
     def ended(self, stream: Stream) -> None:
         """The session ended here (releases.py `ended`): its world ends."""
@@ -245,7 +249,7 @@ class Sharing:
             return SessionLost("this world's session just ended; it cannot be forked")
         return world_head(stream, stream.next_chunk if last is None else last.chunk_id + 1)
 
-    def _publish(self, stream: Stream, first: Optional[tuple[str, str]] = None) -> _Publisher:
+    def _publish(self, stream: Stream, first: Optional[tuple[str, Callable[[str], object]]] = None) -> _Publisher:
         """Publish `stream`'s chunks to its world, and answer the forks of its head."""
         publisher = self._published[stream.key] = _Publisher(self._hub, stream.key,
                                                              self._args.sharing.owner_keepalive_s, self._log, first)
