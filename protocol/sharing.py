@@ -50,7 +50,7 @@ class WatchRequest(_Message):
     endpoint: Literal["watch"] = "watch"
     world_id: WorldId
     watch_token: WatchToken
-    catch_up: int = Field(0, ge=0, le=MAX_CATCH_UP, description="the world's last K chunks first (the current one the "
+    catch_up: Annotated[int, Strict()] = Field(0, ge=0, le=MAX_CATCH_UP, description="the world's last K chunks first (the current one the "
                           "last of them), then live; 0 or 1: the current one only. At most `sharing.hub_chunks` "
                           "are given (more asks for every chunk the server keeps)")
 

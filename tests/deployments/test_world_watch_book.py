@@ -1,16 +1,29 @@
 """Watch extras without Ray (issue 56): a viewer's catch-up (book.py `join`, the feed's recent
-chunks), the owner's notes (`prompt`, `paused`, `resumed`: book.py `note`), and what a viewer
-gets of the notices."""
+chunks), the owner's notes (`prompt`, `paused`, `resumed`: book.py `note`), what a viewer
+gets of the notices, and a fork's checks and meeting at the hub (book.py `may_fork`,
+fork_asks.py)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
-from deployments.ingress.sharing.book import WorldBook, WorldChunk
+import numpy as np
+import pytest
+
+from deployments.errors import Busy, SessionLost, TooLarge
+from deployments.ingress.journal import SessionJournal
+from deployments.ingress.sharing.book import WatchRefused, WorldBook, WorldChunk
+from deployments.ingress.sharing.fork_asks import ForkAsks
+from deployments.ingress.sharing.fork_source import WorldHead, world_head
+from deployments.ingress.stream import StreamState
 from deployments.ingress.sharing.feed import Feeds, ViewerQueue
 from deployments.share_args import SharingArgs
+from deployments.wire import NoiseSnapshot
 from protocol import decode_reply
+from protocol.codec import validated
+from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply
-from protocol.sharing import WorldNotice
+from protocol.sharing import WatchRequest, WorldNotice
 
 INIT = b"\x00\x00\x00\x10ftypisom" + b"\x00" * 4 + b"\x00\x00\x00\x08moov"
 
@@ -117,3 +130,81 @@ def test_a_viewer_joining_a_running_feed_gets_its_catch_up_from_the_feeds_recent
     events = [r.event for r in b if isinstance(r, WorldNotice)]
     assert events == ["viewers", "ended"]  # not the `paused` (and viewer counts) from before it joined
     assert "paused" in [r.event for r in a if isinstance(r, WorldNotice)]
+
+
+def test_a_fork_is_allowed_by_the_token_and_audience_of_a_live_world():
+    book = WorldBook(SharingArgs(max_viewers=1))
+    link = book.share("key:o", "s", "link", "owner", now=0.0)
+    book.join(link.world_id, link.token, "key:v", "a", now=0.0)  # the world is full of viewers: a fork is no viewer
+    assert book.may_fork(link.world_id, link.token, "key:other") is link
+    mine = book.share("key:o", "t", "principal", "owner", now=0.0)
+    assert book.may_fork(mine.world_id, mine.token, "key:o") is mine
+    with pytest.raises(WatchRefused):
+        book.may_fork(mine.world_id, mine.token, "key:other")
+    with pytest.raises(WatchRefused):
+        book.may_fork(link.world_id, mine.token, "key:o")
+    book.end("s", "unshared", now=1.0)
+    with pytest.raises(WatchRefused):
+        book.may_fork(link.world_id, link.token, "key:other")
+
+
+def test_fork_asks_meet_their_owners_answer_or_time_out():
+    """An ask waits for the owner side's answer to it (`wanted` takes every waiting ask once);
+    unanswered, it is `busy`; an answer to a gone ask is dropped; `forget` ends the owner's poll."""
+    async def go():
+        asks = ForkAsks()
+        first = asyncio.ensure_future(asks.ask("s", timeout_s=5.0))
+        second = asyncio.ensure_future(asks.ask("s", timeout_s=5.0))
+        await asyncio.sleep(0)
+        taken = await asks.wanted("s", timeout_s=5.0)
+        assert len(taken) == 2 and await asks.wanted("s", timeout_s=0.01) == []  # taken once
+        assert asks.answer(taken[0], "head-1") and asks.answer(taken[1], "head-2")
+        answers = (await first, await second)
+        with pytest.raises(Busy, match="did not answer"):
+            await asks.ask("s", timeout_s=0.01)
+        late = await asks.wanted("s", timeout_s=0.01)
+        poll = asyncio.ensure_future(asks.wanted("t", timeout_s=5.0))
+        await asyncio.sleep(0)
+        asks.forget("t")
+        return answers, late, asks.answer("gone", "x"), await asyncio.wait_for(poll, 1.0)
+
+    answers, late, gone, forgotten = asyncio.run(go())
+    assert answers == ("head-1", "head-2") and late == [] and not gone and forgotten == []
+
+
+def test_a_watch_asks_for_at_most_64_chunks_of_catch_up():
+    ok = validated(WatchRequest, {"endpoint": "watch", "world_id": "w", "watch_token": "t", "catch_up": 64})
+    assert ok.catch_up == 64 and validated(WatchRequest, {"world_id": "w", "watch_token": "t"}).catch_up == 0
+    for bad in (65, -1, "3", 2.0):
+        with pytest.raises(ProtocolError) as e:
+            validated(WatchRequest, {"endpoint": "watch", "world_id": "w", "watch_token": "t", "catch_up": bad})
+        assert e.value.code is ErrorCode.BAD_MESSAGE
+
+
+def _journal(chunks: int, max_bytes: int | None = 1 << 20) -> SessionJournal:
+    j = SessionJournal(np.zeros((4, 4, 3), np.uint8), max_bytes)
+    j.set_context(np.zeros((2, 4), np.float32))
+    for k in range(chunks):
+        j.add_chunk(np.zeros((1, 4, 4)), np.zeros((1, 4)), np.zeros(2), np.full(3, k, np.float32),
+                    NoiseSnapshot(rng=np.full(4, k, np.uint8), whole_drawn=False))
+    j.steer(1, "a storm")
+    j.inherit_snapshot(1, ("dit-snap", "vae-snap"))
+    return j
+
+
+def test_a_worlds_head_is_its_sent_chunks_journal_without_the_owners_snapshots():
+    """world_head (fork_source.py): the journal's first `chunks` chunks (a copy: the owner's goes
+    on), the prompt updates before them, no replica snapshot ids of the owner's; a typed error
+    when there is no chunk yet, the session ended, or its journal is over budget."""
+    def stream(journal, state=StreamState.OPEN):
+        return SimpleNamespace(journal=journal, state=state, spec="spec", image="image")
+
+    own = _journal(3)
+    head = world_head(stream(own), 2)
+    assert isinstance(head, WorldHead) and head.chunks == 2 and len(head.journal.chunks) == 2
+    assert head.journal.prompt_after(2, "opened") == "a storm" and head.journal.snapshots == {}
+    assert len(own.chunks) == 3 and own.snapshots  # the owner's journal unchanged
+    assert isinstance(world_head(stream(own), 0), SessionLost)
+    assert isinstance(world_head(stream(own, StreamState.CLOSED), 2), SessionLost)
+    assert isinstance(world_head(stream(_journal(3, max_bytes=None)), 2), TooLarge)
+    assert isinstance(world_head(stream(own), 4), TooLarge)  # (more than it journaled: never a partial head)
