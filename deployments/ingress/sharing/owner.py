@@ -247,7 +247,9 @@ class Sharing:
         stream, last = self._streams.get(key), self._last.get(key)
         if stream is None:
             return SessionLost("this world's session just ended; it cannot be forked")
-        return world_head(stream, stream.next_chunk if last is None else last.chunk_id + 1)
+        if last is None:  # resumed on this socket, nothing sent here yet: the chunks journaled, at most
+            return world_head(stream, min(stream.next_chunk, len(stream.journal.chunks)))
+        return world_head(stream, last.chunk_id + 1)
 
     def _publish(self, stream: Stream, first: Optional[tuple[str, Callable[[str], object]]] = None) -> _Publisher:
         """Publish `stream`'s chunks to its world, and answer the forks of its head."""
