@@ -43,11 +43,13 @@ class WorldHead:
 def world_head(stream: Stream, chunks: int) -> WorldHead | ReplicaError:
     """The head of `stream` after `chunks` chunks (those its viewers were sent), or why not."""
     j = stream.journal
-    if stream.state is not StreamState.OPEN or chunks < 1:
-        return SessionLost("this world has no chunk to fork yet (or its session just ended); try again")
-    if not j.recoverable or j.context is None or len(j.chunks) < chunks:
+    if stream.state is not StreamState.OPEN:
+        return SessionLost("this world's session just ended; it cannot be forked")
+    if not j.recoverable or len(j.chunks) < chunks:
         return TooLarge("this world's session is larger than the server rebuilds (sessions.journal_max_mib) "
                         "or not rebuildable (sessions.recovery off): it cannot be forked")
+    if chunks < 1 or j.context is None:
+        return SessionLost("this world has no chunk to fork yet; try again after its first chunk")
     journal = j.prefix(chunks)
     journal.snapshots = {}  # the owner's replicas' snapshots stay the owner's: the fork replays
     return WorldHead(spec=stream.spec, journal=journal, image=stream.image, chunks=chunks)
