@@ -17,7 +17,10 @@ class SharingArgs(BaseModel):
     is neither heard (chunks or its keep-alive every `owner_keepalive_s`) for `owner_timeout_s`,
     nor parked for a resume, ends. Players (policy.py): in `turns`, a player holding the controls
     that sends no `control` for `turn_idle_s` loses them to the next player waiting (or to the
-    owner); in `crowd`, a player silent that long stops voting."""
+    owner); in `crowd`, a player silent that long stops voting. With auth on, a viewer presents
+    an API key like any client, unless `anonymous_viewers`: then a viewer without a key (none
+    presented; a wrong key is still refused) watches `link` shares as its address; `principal`
+    shares never admit it. A `watch`'s `catch_up` gives at most `hub_chunks` chunks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -30,3 +33,4 @@ class SharingArgs(BaseModel):
     owner_keepalive_s: float = Field(5.0, gt=0)
     owner_timeout_s: float = Field(20.0, gt=0)
     turn_idle_s: float = Field(15.0, gt=0)
+    anonymous_viewers: bool = False

@@ -26,7 +26,8 @@ from protocol.limits import Limits
 # the replies live in protocol/replies.py; this stays the wire's one module of messages
 from protocol.replies import (ErrorReply, Forked, FrameReply, Opened, Paused, Queued, ResetOk, ResumeOk, Rewound,
                              Saved)
-from protocol.sharing import Audience, Controls, Players, Shared, Unshared, ViewerId, Watching, WorldNotice
+from protocol.sharing import (Audience, Controls, Players, Shared, Unshared, ViewerId, WatchToken, Watching, WorldId,
+                              WorldNotice)
 
 
 class _Request(_Message):
@@ -274,17 +275,41 @@ ToChunk = Annotated[int, Strict(), Field(ge=0, le=MAX_CHUNKS)]
 class ForkRequest(_Request):
     """Branch a session: a new session `new_session_id` on this connection continues from this
     one's state after chunk `at_chunk` - 1 (its first infer produces chunk `at_chunk`); this one
-    is unaffected. The reply is `forked`."""
+    is unaffected. The reply is `forked`. With `world_id` + `watch_token` (and no `at_chunk`)
+    it forks a shared world the caller may watch, at its head: `session_id` names that world
+    (its frame replies' `session_id`, = `world_id`) and the new session is the caller's own."""
 
     endpoint: Literal["fork"] = "fork"
     new_session_id: Annotated[str, Strict()] = Field(description="the new session's id: non-empty, not in use on "
                                                                  "this connection; at most 128 chars by default")
-    at_chunk: AtChunk = Field(description="chunks of this session the new one keeps: 1 ..= the chunks it produced")
+    at_chunk: Optional[AtChunk] = Field(None, description="chunks of this session the new one keeps: 1 ..= the "
+                                                          "chunks it produced (absent only with `watch_token`)")
+    world_id: Optional[WorldId] = Field(None, description="a shared world to fork at its head (with `watch_token`)")
+    watch_token: Optional[WatchToken] = Field(None, description="the shared world's token (PROTOCOL.md `share`)")
 
     @field_validator("new_session_id")
     @classmethod
     def _new_session_id(cls, v: str, info: ValidationInfo) -> str:
         return cls._session_id(v, info)
+
+    @model_validator(mode="after")
+    def _source(self) -> "ForkRequest":
+        if self.watch_token is None and self.world_id is None:
+            if self.at_chunk is None:
+                raise ProtocolError(ErrorCode.BAD_MESSAGE, "`fork` needs `at_chunk` (or `world_id` and `watch_token` "
+                                                           "to fork a shared world)", self.session_id)
+            return self
+        if self.watch_token is None or self.world_id is None or self.at_chunk is not None \
+                or self.session_id != self.world_id:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "a fork of a shared world has `world_id` and `watch_token`, "
+                                                       "`session_id` = `world_id`, and no `at_chunk` (it forks the "
+                                                       "world's head)", self.session_id)
+        return self
+
+    @property
+    def of_world(self) -> bool:
+        """A fork of a shared world (deployments/ingress/sharing/fork.py), not of an own session."""
+        return self.watch_token is not None
 
 
 class RewindRequest(_Request):
@@ -365,6 +390,8 @@ class ShareRequest(_Request):
     controls: Controls = Field("owner", description="who drives: `owner` (only the owner), `turns` (one player holds "
                                                     "the controls; others ask), `crowd` (the players' keys merged "
                                                     "per chunk, majority per key)")
+    show_prompt: bool = Field(False, description="viewers get the prompt the world attends to, and a `world` notice "
+                                                 "`prompt` at each prompt update (default: they never see it)")
 
 
 class UnshareRequest(_Request):

@@ -73,6 +73,10 @@ class Forked(_Message):
     session_id: str = Field(description="the new session (the fork's `new_session_id`)")
     parent_session_id: str = Field(description="the session it was forked from (unaffected)")
     next_chunk_id: int = Field(ge=1, description="the chunk_id the new session's next infer produces (`at_chunk`)")
+    resume_token: Optional[str] = Field(None, description="a fork of a shared world only: the new session's resume "
+                                                          "token (no chunk-0 reply of its will carry one)")
+    init_segment: Optional[Bin] = Field(None, description="a fork of a shared world only: the fMP4 init segment "
+                                                            "its frames continue (the world's)")
 
 
 class Rewound(_Message):

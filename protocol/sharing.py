@@ -17,9 +17,11 @@ Audience = Literal["principal", "link"]
 Controls = Literal["owner", "turns", "crowd"]  # who drives (PROTOCOL.md "Players")
 WorldId = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WORLD_ID_CHARS)]
 WatchToken = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WATCH_TOKEN_CHARS)]
-WorldEvent = Literal["viewers", "owner_reconnecting", "owner_back", "ended", "controls", "kicked"]
+WorldEvent = Literal["viewers", "owner_reconnecting", "owner_back", "ended", "controls", "kicked", "prompt", "paused",
+                     "resumed"]
 MAX_VIEWER_ID_CHARS = 64
 ViewerId = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_VIEWER_ID_CHARS)]
+MAX_CATCH_UP = 64  # a `watch`'s `catch_up` at most (the server gives at most `sharing.hub_chunks`)
 
 
 class Shared(_Message):
@@ -34,6 +36,7 @@ class Shared(_Message):
                                          "the share's `audience`; `unshare` and the world's end revoke it")
     audience: Audience
     controls: Controls
+    show_prompt: bool = Field(False, description="viewers get the prompt (`watching`, `world` notices `prompt`)")
 
 
 class Unshared(_Message):
@@ -50,6 +53,9 @@ class WatchRequest(_Message):
     endpoint: Literal["watch"] = "watch"
     world_id: WorldId
     watch_token: WatchToken
+    catch_up: Annotated[int, Strict()] = Field(0, ge=0, le=MAX_CATCH_UP, description="the world's last K chunks first (the current one the "
+                          "last of them), then live; 0 or 1: the current one only. At most `sharing.hub_chunks` "
+                          "are given (more asks for every chunk the server keeps)")
 
 
 class Watching(_Message):
@@ -60,13 +66,17 @@ class Watching(_Message):
     world_id: str
     viewers: int = Field(ge=0, description="viewers of the world now, this one included")
     controls: Controls
-    next_chunk_id: Optional[int] = Field(None, ge=0, description="the world's last chunk made so far, the first "
-                                                                 "this viewer gets (absent: none yet)")
+    next_chunk_id: Optional[int] = Field(None, ge=0, description="the first chunk this viewer gets: the world's "
+                                                                 "last one made so far, or with `catch_up` the "
+                                                                 "oldest of those it gets first (absent: none yet)")
     viewer_id: Optional[str] = Field(None, description="this viewer's name in the world: the owner grants, revokes, "
                                                        "kicks and passes the controls by it; `controls` lists it")
     holder: Optional[str] = Field(None, description="who holds the controls now: `owner` or a player's viewer_id "
                                                     "(absent in `crowd`: the players' votes drive)")
     players: list[str] = Field(default_factory=list, description="the world's players (viewer ids) now")
+    paused: bool = Field(False, description="the owner's drive is paused now (`world` notices `paused`, `resumed`)")
+    prompt: Optional[str] = Field(None, description="the prompt the world attends to now, only if its share has "
+                                                    "`show_prompt` (text, as the owner sent it)")
     debug: Optional[dict[str, JsonValue]] = Field(None, description="with debug_fields: the ingress replica")
 
 
@@ -75,7 +85,10 @@ class WorldNotice(_Message):
     `owner_reconnecting` (the owner's socket dropped; the world waits for its resume),
     `owner_back`, `ended` (unshared, reset, or the owner did not come back: the socket closes),
     `controls` (who holds the controls or who plays changed: `holder`, `players`, `director`),
-    `kicked` (to the viewer the owner removed only: the socket closes)."""
+    `kicked` (to the viewer the owner removed only: the socket closes), `prompt` (the owner
+    steered the prompt: the chunks after this notice attend to `prompt`; only with the share's
+    `show_prompt`), `paused` (the owner's drive paused: no key held) and `resumed` (its next
+    chunk follows)."""
 
     type: Literal["world"] = "world"
     world_id: str
@@ -86,6 +99,8 @@ class WorldNotice(_Message):
                                                     "controls (absent in `crowd`: the players' votes drive)")
     players: list[str] = Field(default_factory=list, description="with `controls`: the players' viewer ids")
     director: Optional[str] = Field(None, description="with `controls`: the player whose `prompt` steers, if any")
+    prompt: Optional[str] = Field(None, description="with `prompt`: the new prompt (text: show it as text, never "
+                                                    "as markup)")
 
 
 class Players(_Message):

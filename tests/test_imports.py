@@ -245,10 +245,10 @@ FLOORS = {
     "deployments.proxy_guard": 1, "deployments.ingress": 1,
     # 2: a session as a connection holds it, and the calls it makes on the lanes
     **{f"deployments.ingress.{m}": 2 for m in ("stream", "lanes", "lane_jobs", "outbox", "controls", "replies",
-                                              "releases", "line.seat", "sharing.owner")},
+                                              "releases", "line.seat", "sharing.owner", "sharing.fork_source")},
     # 3: the parts that keep their own per-session records: recovery and branching, prefix reuse,
     # driving, resume
-    **{f"deployments.ingress.{m}": 3 for m in ("history", "prefix", "drive", "resume")},
+    **{f"deployments.ingress.{m}": 3 for m in ("history", "prefix", "drive", "resume", "sharing.fork")},
     # the sessions kept in the world store (issue 55): a session's world, written behind it; revived by a resume
     "deployments.ingress.worlds": 3,
     # 4: what composes them: the connection, the peers' and the videos' modes, the server

@@ -54,6 +54,7 @@ from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies
 from deployments.ingress.resume import ClaimsThrottled, ResumeBook
+from deployments.ingress.sharing.fork import WatchForks
 from deployments.ingress.sharing.owner import Sharing
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
@@ -116,13 +117,17 @@ class Connection:
         self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable, key_id=key_id, client=client,
                                   clip_mode=lambda: bool(getattr(ws, "raw_frames", False)), worlds=kept)
         self._worlds = WorldRequests(kept, self._releases, self._resume, lambda: self._driving.stop())  # save, open
+        self._watch_forks = WatchForks(backends.hub, args, self._principal, self._releases, self._resume,
+                                       lambda: self._driving.stop())  # a fork of a shared world (sharing/fork.py)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
                                 token=self._resume.token, kept=None if kept is None else kept.kept)
-        self._outbox = Outbox(ws, on_sent=lambda s, r: (self._resume.record_sent(s, r), self._sharing.sent(s, r)),
+        self._outbox = Outbox(ws, on_sent=lambda s, r: (isinstance(r, FrameReply) and self._resume.record_sent(s, r),
+                                                        self._sharing.sent(s, r)),  # (a pause: its world's notice)
                               on_reply=self._policy.on_reply)
         self._controls = ControlBook(args.controls)  # the keys held and the camera they move (controls.py)
         self._driving = Driving(args, backends, self._controls, self._log, start=self._start_driven,  # `drive`
-                                put_paused=self._outbox.reply_now, sent_chunks=self._resume.sent_chunks)
+                                put_paused=lambda p: self._outbox.reply_now(p, self._stream),
+                                sent_chunks=self._resume.sent_chunks)
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
         self._sharing = Sharing(backends.hub, args, self._principal, self._log, self._replies.error,  # its worlds
                                 on_input=self._driving.wake)  # players' keys may wake its driver
@@ -223,8 +228,9 @@ class Connection:
                 return False, False
             if isinstance(req, ResumeRequest):
                 return False, False
-        if isinstance(req, (SaveRequest, OpenRequest)):  # an open is loaded before the next frame is read
-            self._stream = await self._worlds.handle(req, self._stream, self._outbox)
+        if isinstance(req, (SaveRequest, OpenRequest)) or getattr(req, "of_world", False):  # an open, a fork of a
+            handler = self._watch_forks if isinstance(req, ForkRequest) else self._worlds  # shared world: loaded
+            self._stream = await handler.handle(req, self._stream, self._outbox)  # before the next frame is read
             return False, False
         cur = self._stream
         if isinstance(req, (InferRequest, DriveRequest)) and req.image is not None and (

@@ -20,9 +20,9 @@ from deployments.ingress.detached import retrieved
 from deployments.ingress.stream import Stream
 from deployments.ingress.transport import Transport
 from protocol.codec import encode
-from protocol.messages import FrameReply
+from protocol.messages import FrameReply, Paused
 
-OnSent = Callable[[Stream, FrameReply], None]
+OnSent = Callable[[Stream, FrameReply | Paused], None]
 
 
 class Outbox:
@@ -66,7 +66,7 @@ class Outbox:
             reply = await asyncio.shield(fut)  # the sender's cancel (socket end) must not cancel a chunk (resume)
             async with self._sending:
                 await self._ws.send_bytes(encode(reply))
-            if stream is not None and isinstance(reply, FrameReply):
+            if stream is not None and isinstance(reply, (FrameReply, Paused)):  # (a driven stream's pause)
                 self._on_sent(stream, reply)
             self._queue.task_done()
             self._on_reply()

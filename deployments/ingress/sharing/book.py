@@ -80,21 +80,27 @@ class WorldItem:
     players: tuple[str, ...] = ()
     director: Optional[str] = None
     target: Optional[str] = None
+    prompt: Optional[str] = None  # with `prompt` (only a `show_prompt` share sends one)
 
 
 @dataclass(frozen=True, slots=True)
 class Joined:
     """A viewer's admission: its id, the world's init segment (None until chunk 0 came), the seq
-    to read after (its first item is the world's last chunk) and the world's state."""
+    to read after (its first item is the world's last chunk, or the oldest of its catch-up)
+    and the world's state."""
 
     viewer_id: str
     init: Optional[bytes]
     after_seq: int
     viewers: int
     controls: str
-    last_chunk_id: Optional[int]
+    last_chunk_id: Optional[int]  # the first chunk it gets (with catch-up: the oldest of them)
     holder: Optional[str] = None  # who holds the controls now (`controls` notice)
     players: tuple[str, ...] = ()
+    kept_after: int = 0  # the seq before the oldest chunk the hub keeps: a new feed reads from there
+    notices_after: int = 0  # the notices it gets: those after this seq (its own `viewers` the first)
+    paused: bool = False
+    prompt: Optional[str] = None  # only a `show_prompt` share has one
 
 
 @dataclass
@@ -115,6 +121,8 @@ class World:
     ended_at: float = 0.0
     policy: Optional[ControlPolicy] = None  # its players and who drives (policy.py)
     kicked: set[str] = field(default_factory=set)  # principals the owner kicked: refused from now on
+    paused: bool = False  # the owner's drive is paused (notices `paused`, `resumed`)
+    prompt: Optional[str] = None  # the prompt it attends to: only a `show_prompt` share has one
 
 
 class WorldBook:
@@ -136,11 +144,13 @@ class WorldBook:
     # ---- the owner's side ----
 
     def share(self, owner: str, stream_key: str, audience: str, controls: str, now: float,
-              init: Optional[bytes] = None, need_init: bool = False, current: Optional[WorldChunk] = None) -> World:
+              init: Optional[bytes] = None, need_init: bool = False, current: Optional[WorldChunk] = None,
+              prompt: Optional[str] = None) -> World:
         """The stream's world (the one it has, else a new one with a new token); `init`: the
         session's init segment when the owner's side has it. `need_init`: the session's chunk 0
         was sent on another socket; without a world that has its init segment, NotShared.
-        `current`: the last chunk the owner was sent, a new world's first (late joiners start there)."""
+        `current`: the last chunk the owner was sent, a new world's first (late joiners start there).
+        `prompt`: the prompt it attends to now, when the share shows it (None: it is not shown)."""
         world = self.live(stream_key, owner)
         if world is None and need_init and init is None:
             raise NotShared("this session's first chunk was sent on an earlier socket and it was not shared then: "
@@ -154,6 +164,7 @@ class WorldBook:
             self._by_stream[stream_key] = world.world_id
         if world.init is None and init is not None:
             world.init = init
+        world.prompt = prompt
         if current is not None:
             self.publish(stream_key, current, now)
         return world
@@ -170,6 +181,22 @@ class WorldBook:
         if chunk.video[4:8] == b"ftyp":
             world.init = split_init(chunk.video)[0]
         self._append(world, WorldItem(seq=world.seq + 1, chunk=chunk))
+        return True
+
+    def note(self, stream_key: str, event: str, now: float, prompt: Optional[str] = None) -> bool:
+        """A notice of the owner's session, in its chunks' order: `prompt` (with the new prompt),
+        `paused`, `resumed`; False when the stream has no world."""
+        world = self.live(stream_key)
+        if world is None:
+            return False
+        world.heard = now
+        if event == "prompt":
+            world.prompt = prompt
+        elif event in ("paused", "resumed"):
+            if world.paused == (event == "paused"):
+                return True  # told already
+            world.paused = event == "paused"
+        self._append(world, WorldItem(seq=world.seq + 1, event=event, viewers=len(world.viewers), prompt=prompt))
         return True
 
     def heard(self, stream_key: str, now: float) -> bool:
@@ -205,7 +232,9 @@ class WorldBook:
 
     # ---- the viewers' side ----
 
-    def join(self, world_id: str, token: str, principal: str, address: str, now: float) -> Joined:
+    def join(self, world_id: str, token: str, principal: str, address: str, now: float, catch_up: int = 0) -> Joined:
+        """Admit a viewer (WatchRefused, Busy): it starts at the world's last chunk, or with
+        `catch_up` K at the oldest of its last K (at most `hub_chunks`, what the hub keeps)."""
         world = self._worlds.get(world_id)
         if world is None or world.ended is not None or not hmac.compare_digest(world.token.encode(), token.encode()) \
                 or (world.audience == "principal" and principal != world.owner):
@@ -228,13 +257,28 @@ class WorldBook:
         viewer_id = secrets.token_hex(8)
         world.viewers[viewer_id] = principal
         self._views[principal] = self._views.get(principal, 0) + 1
+        notices_after = world.seq
         self._notice(world, "viewers")
-        last = next((i for i in reversed(world.items) if i.chunk is not None), None)
-        return Joined(viewer_id=viewer_id, init=world.init, after_seq=world.seq if last is None else last.seq - 1,
+        kept = [i for i in world.items if i.chunk is not None]
+        first = kept[-max(1, min(catch_up, self._args.hub_chunks)):] if kept else []
+        return Joined(viewer_id=viewer_id, init=world.init, after_seq=first[0].seq - 1 if first else notices_after,
                       viewers=len(world.viewers), controls=world.controls,
-                      last_chunk_id=None if last is None else last.chunk.chunk_id,
+                      last_chunk_id=first[0].chunk.chunk_id if first else None,
                       holder=None if world.controls == "crowd" else (world.policy.holder or OWNER),
-                      players=tuple(world.policy.players))
+                      players=tuple(world.policy.players),
+                      kept_after=kept[0].seq - 1 if kept else notices_after, notices_after=notices_after,
+                      paused=world.paused, prompt=world.prompt)
+
+    def may_fork(self, world_id: str, token: str, principal: str) -> World:
+        """The live world `principal` may fork with `token` (as `join` checks it: the token, the
+        audience and the owner's kicks; no viewer limit, the fork is a session); WatchRefused
+        otherwise."""
+        world = self._worlds.get(world_id)
+        if world is None or world.ended is not None or not hmac.compare_digest(world.token.encode(), token.encode()) \
+                or (world.audience == "principal" and principal != world.owner) or principal in world.kicked:
+            raise WatchRefused("no shared world answers this world_id and watch_token (never shared, unshared, "
+                               "ended, or shared with its owner's key only)")
+        return world
 
     def leave(self, world_id: str, viewer_id: str, now: Optional[float] = None) -> None:
         world = self._worlds.get(world_id)

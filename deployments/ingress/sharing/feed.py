@@ -6,13 +6,17 @@ notice) and puts the same bytes in the queue of every viewer on this replica. No
 waits for a viewer: each `ViewerQueue` has its own send task, and holds at most
 `viewer_queue_chunks` chunks: a chunk that comes while it is full replaces the oldest one
 queued (`skipped` counts them), so a viewer that reads too slowly skips whole chunks and goes
-on at the next one (every chunk starts with an IDR). Notices queue beside the chunks (at most
-`MAX_NOTICES` of them, the oldest dropped). A viewer's first chunk carries the init segment
+on at the next one (every chunk starts with an IDR); a viewer's catch-up (the last K chunks
+first) is queued at once, so its queue holds at most max(`viewer_queue_chunks`, K). A feed
+reads from the oldest chunk the hub keeps and keeps the last `hub_chunks` it read: a viewer
+that joins it later starts from them (its catch-up), later items follow. Notices queue beside
+the chunks (at most `MAX_NOTICES` of them, the oldest dropped); a viewer gets those after its
+admission (its own `viewers` the first). A viewer's first chunk carries the init segment
 in front (a copy made for it once): it decodes from its first frame reply on.
 
 Memory per viewer: the queued references (the bytes are the feed's, shared by every viewer of
 the replica), plus its first chunk's copy and the frame being sent; at most
-`viewer_queue_chunks` + 2 chunks' bytes while it is behind.
+max(`viewer_queue_chunks`, its catch-up) + 2 chunks' bytes while it is behind.
 """
 from __future__ import annotations
 
@@ -60,6 +64,7 @@ class ViewerQueue:
         self.first = True  # no chunk sent yet: the next one carries the init segment
         self.skipped = 0
         self.sent = 0
+        self.after_seq = self.notices_after = -1  # the world's items it gets: after these seqs (feed `add`)
         self.ended = asyncio.get_running_loop().create_future()  # set when the world ended (after its notice)
         self.task = asyncio.get_running_loop().create_task(self._run())
         self.task.add_done_callback(retrieved)
@@ -104,21 +109,26 @@ class ViewerQueue:
 class WorldFeed:
     """One world's items on this replica, to its viewers here (module doc)."""
 
-    def __init__(self, hub: DeploymentHandle, world_id: str, joined: Joined) -> None:
+    def __init__(self, hub: DeploymentHandle, world_id: str, joined: Joined, keep: int = 1) -> None:
+        """`keep`: the chunks read last that a new viewer here may start from (its catch-up)."""
         self._hub = hub
         self._world_id = world_id
-        self._seq = joined.after_seq
+        self._seq = min(joined.kept_after, joined.after_seq)  # from the oldest chunk the hub keeps
         self._init = joined.init
-        self._last: Optional[tuple[bytes, WorldChunk]] = None  # the current chunk: a new viewer's first
+        self._recent: deque[tuple[int, bytes, WorldChunk]] = deque(maxlen=max(1, keep))  # (seq, frame, chunk)
         self._viewers: set[ViewerQueue] = set()
         self._log = get_log("feed", world=world_id)
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"feed-{world_id}")
         self.task.add_done_callback(retrieved)
 
     def add(self, viewer: ViewerQueue, joined: Joined) -> None:
+        """A viewer from its first chunk (`joined.after_seq`): those the feed read already come
+        from its recent chunks, the rest as the feed reads them."""
         viewer.init = self._init or joined.init
-        if self._last is not None and self._seq > joined.after_seq:  # the feed read the viewer's first chunk already
-            viewer.put_chunk(*self._last)
+        viewer.after_seq, viewer.notices_after = joined.after_seq, joined.notices_after
+        for seq, frame, chunk in self._recent:
+            if seq > joined.after_seq:
+                viewer.put_chunk(frame, chunk)
         self._viewers.add(viewer)
 
     def remove(self, viewer: ViewerQueue) -> bool:
@@ -145,6 +155,7 @@ class WorldFeed:
             items, seq, gone = result
             for item in items:
                 self._deliver(item)
+                self._seq = max(self._seq, item.seq)
             self._seq = max(self._seq, seq)
             if gone:
                 if not any(i.event == "ended" for i in items):
@@ -152,21 +163,28 @@ class WorldFeed:
                 return
 
     def _deliver(self, item: WorldItem) -> None:
+        """An item to each viewer here whose start is before it (a chunk: its first chunk's seq;
+        a notice: its admission's)."""
+        if item.seq <= self._seq:
+            return  # read already (a feed that started behind its hub's items)
         if item.chunk is not None:
             chunk = item.chunk
             if chunk.video[4:8] == b"ftyp":
                 self._init = split_init(chunk.video)[0]
             frame = frame_of(self._world_id, chunk)
-            self._last = (frame, chunk)
+            self._recent.append((item.seq, frame, chunk))
             for viewer in self._viewers:
                 if viewer.init is None:
                     viewer.init = self._init
-                viewer.put_chunk(frame, chunk)
+                if item.seq > viewer.after_seq:
+                    viewer.put_chunk(frame, chunk)
         else:
             notice = encode(WorldNotice(world_id=self._world_id, event=item.event, viewers=item.viewers,
                                         reason=item.reason, holder=item.holder, players=list(item.players),
-                                        director=item.director))
+                                        director=item.director, prompt=item.prompt))
             for viewer in self._viewers:
+                if item.seq <= viewer.notices_after and item.event != "ended":
+                    continue  # a notice from before it joined
                 if item.event != "kicked":
                     viewer.put_notice(notice, last=item.event == "ended")
                 elif viewer.viewer_id == item.target:  # to the viewer kicked only: its socket closes
@@ -182,8 +200,10 @@ class WorldFeed:
 class Feeds:
     """The feeds of one ingress replica, one per watched world."""
 
-    def __init__(self, hub: DeploymentHandle) -> None:
+    def __init__(self, hub: DeploymentHandle, keep: int = 1) -> None:
+        """`keep`: the chunks a feed keeps for viewers that join it later (`sharing.hub_chunks`)."""
         self._hub = hub
+        self._keep = keep
         self._feeds: dict[str, WorldFeed] = {}
 
     def __len__(self) -> int:
@@ -192,7 +212,7 @@ class Feeds:
     def attach(self, world_id: str, joined: Joined, viewer: ViewerQueue) -> None:
         feed = self._feeds.get(world_id)
         if feed is None or feed.task.done():
-            feed = self._feeds[world_id] = WorldFeed(self._hub, world_id, joined)
+            feed = self._feeds[world_id] = WorldFeed(self._hub, world_id, joined, self._keep)
         feed.add(viewer, joined)
 
     def detach(self, world_id: str, viewer: ViewerQueue) -> None:

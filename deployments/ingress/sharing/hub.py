@@ -16,7 +16,7 @@ gone (`ended`).
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+from typing import Any, Optional
 
 from ray import serve
 
@@ -24,6 +24,7 @@ from deployments.log import get_log, log_routine_access_at_debug
 from deployments.share_args import SharingArgs
 from deployments.ingress.sharing.book import Joined, WorldBook, WorldChunk, WorldItem, now_s
 from deployments.ingress.sharing.policy import PlayerInputs
+from deployments.ingress.sharing.fork_asks import ForkAsks
 
 SWEEP_PERIOD_S = 1.0
 MAX_ONGOING = 4096  # long polls of every feed, the owners' publishes: bookkeeping only
@@ -56,15 +57,17 @@ class WorldHub:
         log_routine_access_at_debug()  # a CALL line per long poll: DEBUG
         self._book = WorldBook(args)
         self._changes = Changes()
+        self._forks = ForkAsks()  # forks of the worlds' heads (fork_asks.py)
         self._log = get_log("worlds")
         self._sweeper = asyncio.get_event_loop().create_task(self._sweep_loop())
 
     # ---- the owner's ingress replica ----
 
     async def share(self, owner: str, stream_key: str, audience: str, controls: str, init: Optional[bytes] = None,
-                    need_init: bool = False, current: Optional[WorldChunk] = None) -> tuple[str, str]:
+                    need_init: bool = False, current: Optional[WorldChunk] = None,
+                    prompt: Optional[str] = None) -> tuple[str, str]:
         """(world_id, watch_token) of the stream's world, made now if it has none (book.py `share`)."""
-        world = self._book.share(owner, stream_key, audience, controls, now_s(), init, need_init, current)
+        world = self._book.share(owner, stream_key, audience, controls, now_s(), init, need_init, current, prompt)
         self._changes.bump(world.world_id)
         self._log.info("world shared", fields={"world": world.world_id, "audience": audience})
         return world.world_id, world.token
@@ -72,6 +75,13 @@ class WorldHub:
     async def publish(self, stream_key: str, chunk: WorldChunk) -> bool:
         world = self._book.world(self._world_of(stream_key) or "")
         if self._book.publish(stream_key, chunk, now_s()) and world is not None:
+            self._changes.bump(world.world_id)
+        return world is not None
+
+    async def note(self, stream_key: str, event: str, prompt: Optional[str] = None) -> bool:
+        """A notice of the owner's session (`prompt`, `paused`, `resumed`; book.py `note`)."""
+        world = self._book.live(stream_key)
+        if self._book.note(stream_key, event, now_s(), prompt) and world is not None:
             self._changes.bump(world.world_id)
         return world is not None
 
@@ -88,9 +98,15 @@ class WorldHub:
         self._bump(world)
         return None if world is None else world.world_id
 
+    async def shown_prompt(self, stream_key: str) -> Optional[str]:
+        """The prompt the stream's world shows its viewers (None: not a `show_prompt` share, or no world)."""
+        world = self._book.live(stream_key)
+        return None if world is None else world.prompt
+
     async def end(self, stream_key: str, reason: str, owner: Optional[str] = None) -> Optional[str]:
         world = self._book.end(stream_key, reason, now_s(), owner)
         self._bump(world)
+        self._forks.forget(stream_key)
         if world is not None:
             self._changes.bump(_inputs(world.world_id))
         if world is not None:
@@ -99,9 +115,9 @@ class WorldHub:
 
     # ---- the viewers' ingress replicas ----
 
-    async def join(self, world_id: str, token: str, principal: str, address: str) -> Joined:
+    async def join(self, world_id: str, token: str, principal: str, address: str, catch_up: int = 0) -> Joined:
         """Admit a viewer: WatchRefused (unauthorized) or Busy (a limit)."""
-        joined = self._book.join(world_id, token, principal, address, now_s())
+        joined = self._book.join(world_id, token, principal, address, now_s(), catch_up)
         self._changes.bump(world_id)
         return joined
 
@@ -158,6 +174,23 @@ class WorldHub:
             await self._changes.wait(_inputs(self._world_of(stream_key) or ""), timeout_s)
             inputs = self._book.inputs(stream_key)
         return inputs
+    # ---- a fork of a world (fork_asks.py, fork.py) ----
+
+    async def fork_head(self, world_id: str, token: str, principal: str,
+                        timeout_s: float) -> tuple[Any, Optional[bytes]]:
+        """(the owner side's answer, the world's init segment) to a fork of the world's head by
+        `principal`: WatchRefused (the token, the audience), Busy (no answer in time)."""
+        world = self._book.may_fork(world_id, token, principal)
+        return await self._forks.ask(world.stream_key, timeout_s), world.init
+
+    async def fork_wanted(self, stream_key: str, timeout_s: float) -> Optional[list[str]]:
+        """The fork asks of the owner's stream (waits up to `timeout_s`); None: it has no world."""
+        if self._book.live(stream_key) is None:
+            return None
+        return await self._forks.wanted(stream_key, timeout_s)
+
+    async def fork_answer(self, ask_id: str, answer: Any) -> bool:
+        return self._forks.answer(ask_id, answer)
 
     async def stats(self) -> dict[str, int]:
         return {"worlds": len(self._book)}

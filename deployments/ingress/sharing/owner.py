@@ -7,6 +7,9 @@ debug), and the session's end ends the world. One publisher task per shared sess
 chunks to the hub one call at a time (so in order), at most `PUBLISH_BACKLOG` behind: if the
 hub is slower, the oldest unsent chunk is dropped (viewers skip it), and the owner's replies
 never wait for it. Between chunks it tells the hub that the owner is there (keep-alive).
+In the chunks' order it also sends the session's notes (`WorldNote`): `paused` when a driven
+session's `paused` was sent, `resumed` before its next chunk, and, only when the share has
+`show_prompt`, `prompt` with the new text before the first chunk that attends to it.
 
 The owner also names its world's players (`grant`, `revoke`, `kick`, `pass_controls`: the hub
 answers `players`); an `Inbox` per shared session (inbox.py) keeps the players' inputs the
@@ -15,11 +18,13 @@ connection's ControlBook reads per chunk.
 When the socket ends with the session parked for a resume, its world waits (viewers get
 `owner_reconnecting`); a resume on another socket (any ingress replica) attaches that
 connection to the world again (`owner_back`). A session the socket's end releases ends it.
+While it publishes a session, it also answers the forks of its world's head (fork_source.py).
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from dataclasses import dataclass
 from typing import Optional
 
 from collections.abc import Callable
@@ -28,16 +33,17 @@ from pydantic import BaseModel
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppArgs
-from deployments.errors import ReplicaError
+from deployments.errors import ReplicaError, SessionLost
 from deployments.ingress.detached import detach, settle
 from deployments.ingress.sharing.book import WorldChunk
+from deployments.ingress.sharing.fork_source import ForkSources, world_head
 from deployments.ingress.sharing.inbox import Inbox
 from deployments.ingress.stream import Stream, StreamState
 from deployments.log import KeyValueLog
 from media.reassembly import split_init
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import (AskControlsRequest, ErrorReply, FrameReply, GrantRequest, KickRequest,
-                               PassControlsRequest, PromptRequest, Request, RevokeRequest, ShareRequest,
+                               PassControlsRequest, Paused, PromptRequest, Request, RevokeRequest, ShareRequest,
                                UnshareRequest)
 from protocol.sharing import Players, Shared, Unshared
 
@@ -55,23 +61,39 @@ def world_chunk(reply: FrameReply) -> WorldChunk:
                       player=reply.player)
 
 
+def chunk_prompt(stream: Stream, chunk_id: int) -> str:
+    """The prompt chunk `chunk_id` of `stream` attended to (its prompt updates, journal.py)."""
+    return stream.journal.prompt_after(chunk_id + 1, stream.spec.prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class WorldNote:
+    """A notice of the owner's session, in its chunks' order: `prompt` (with the prompt the
+    chunks after it attend to), `paused`, `resumed` (book.py `note`)."""
+
+    event: str
+    prompt: Optional[str] = None
+
+
 class _Publisher:
-    """One shared session's chunks to the hub, in order (module doc)."""
+    """One shared session's chunks (and notes) to the hub, in order (module doc)."""
 
     def __init__(self, hub: DeploymentHandle, key: str, keepalive_s: float, log: KeyValueLog,
-                 first: Optional[tuple[str, str]] = None) -> None:
+                 first: Optional[tuple[str, Callable[[str], object]]] = None) -> None:
         self._hub, self._key, self._keepalive_s, self._log = hub, key, keepalive_s, log
-        self._queue: list[WorldChunk] = []
+        self._queue: list[WorldChunk | WorldNote] = []
         self._wake = asyncio.Event()
         self.dropped = 0
-        self._first = first  # (owner, "back"): a resumed session attaches to its world first
+        self._first = first  # (owner, shown): a resumed session attaches to its world first; `shown(prompt)`:
+        # its world shows the prompt (the last one told)
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"publish-{key}")
 
-    def put(self, chunk: WorldChunk) -> None:
-        if len(self._queue) >= PUBLISH_BACKLOG:
-            self._queue.pop(0)
+    def put(self, item: WorldChunk | WorldNote) -> None:
+        chunks = [i for i in self._queue if isinstance(i, WorldChunk)]
+        if isinstance(item, WorldChunk) and len(chunks) >= PUBLISH_BACKLOG:
+            self._queue.remove(chunks[0])  # (notes are never dropped: a few words each)
             self.dropped += 1
-        self._queue.append(chunk)
+        self._queue.append(item)
         self._wake.set()
 
     async def _run(self) -> None:
@@ -79,6 +101,9 @@ class _Publisher:
             ended, world = await settle(self._hub.back.remote(self._key, self._first[0]), HUB_TIMEOUT_S)
             if not ended or world is None or isinstance(world, BaseException):
                 return  # the session was not shared (or the hub is gone): nothing to publish
+            ended, prompt = await settle(self._hub.shown_prompt.remote(self._key), HUB_TIMEOUT_S)
+            if ended and isinstance(prompt, str):
+                self._first[1](prompt)  # a `show_prompt` share: its prompt updates go on being told
         while True:
             try:
                 async with asyncio.timeout(self._keepalive_s):
@@ -89,7 +114,9 @@ class _Publisher:
             if not self._queue:
                 call = self._hub.heard.remote(self._key)
             else:
-                call = self._hub.publish.remote(self._key, self._queue.pop(0))
+                item = self._queue.pop(0)
+                call = self._hub.publish.remote(self._key, item) if isinstance(item, WorldChunk) else \
+                    self._hub.note.remote(self._key, item.event, item.prompt)
                 if self._queue:
                     self._wake.set()
             ended, live = await settle(call, HUB_TIMEOUT_S)
@@ -119,6 +146,10 @@ class Sharing:
         self._last: dict[str, FrameReply] = {}  # stream key -> the last chunk sent: a new world's first
         self._published: dict[str, _Publisher] = {}  # stream key -> its publisher (shared, or resumed)
         self._resumed: set[str] = set()  # stream keys resumed on this socket (their chunk 0 went elsewhere)
+        self._shown: dict[str, str] = {}  # stream key -> the prompt its viewers were told (a `show_prompt` share)
+        self._paused: set[str] = set()  # stream keys whose drive is paused (their `paused` was sent)
+        self._streams: dict[str, Stream] = {}  # stream key -> the stream it publishes (its head for forks)
+        self._sources = None if hub is None else ForkSources(hub, log)  # forks of its worlds (fork_source.py)
 
     def answer(self, req: Request, stream: Optional[Stream]) -> Optional[asyncio.Future[BaseModel]]:
         """The reply to `share`, `unshare` or the owner's players' requests (a future), None for
@@ -163,8 +194,15 @@ class Sharing:
                                                        "viewers get the fMP4 stream")
         init = self._inits.get(stream.key)
         need_init = init is None and stream.key in self._resumed
+        last = self._last.get(stream.key)
+        prompt = None
+        if req.show_prompt:  # the prompt of the chunk viewers get first (else the session's now)
+            prompt = stream.prompt if last is None else chunk_prompt(stream, last.chunk_id)
+            self._shown[stream.key] = prompt
+        else:
+            self._shown.pop(stream.key, None)
         call = self._hub.share.remote(self._principal, stream.key, req.audience, req.controls, init, need_init,
-                                      None if (last := self._last.get(stream.key)) is None else world_chunk(last))
+                                      None if last is None else world_chunk(last), prompt)
         return asyncio.ensure_future(self._shared(req, stream, call))
 
     def unshare(self, req: UnshareRequest, stream: Optional[Stream]) -> asyncio.Future[BaseModel]:
@@ -175,12 +213,30 @@ class Sharing:
         call = self._hub.end.remote(stream.key, "the owner unshared it", self._principal)
         return asyncio.ensure_future(self._unshared(req, call))
 
-    def sent(self, stream: Stream, reply: FrameReply) -> None:
-        """The send loop sent `reply` (the outbox's `on_sent`): its chunk goes to the stream's world."""
+    def sent(self, stream: Stream, reply: FrameReply | Paused) -> None:
+        """The send loop sent `reply` (the outbox's `on_sent`): its chunk goes to the stream's
+        world, after a `resumed` (the drive paused before it) and a `prompt` (a prompt update
+        made it attend to another prompt, shown when the share says so); a driven session's
+        `paused` goes as `paused`."""
+        publisher = self._published.get(stream.key)
+        if isinstance(reply, Paused):
+            if stream.key not in self._paused:
+                self._paused.add(stream.key)
+                if publisher is not None:
+                    publisher.put(WorldNote("paused"))
+            return
+        if stream.key in self._paused:
+            self._paused.discard(stream.key)
+            if publisher is not None:
+                publisher.put(WorldNote("resumed"))
+        if publisher is not None and stream.key in self._shown:
+            prompt = chunk_prompt(stream, reply.chunk_id)
+            if prompt != self._shown[stream.key]:
+                self._shown[stream.key] = prompt
+                publisher.put(WorldNote("prompt", prompt))
         if reply.chunk_id == 0 and reply.video[4:8] == b"ftyp":
             self._inits[stream.key] = split_init(reply.video)[0]
         self._last[stream.key] = reply  # (the ResumeBook keeps its last replies too: no copy)
-        publisher = self._published.get(stream.key)
         if publisher is not None:
             publisher.put(world_chunk(reply))
 
@@ -188,14 +244,15 @@ class Sharing:
         """A parked session resumed on this socket: it attaches to its world, if it has one."""
         self._resumed.add(stream.key)
         if self._hub is not None and stream.key not in self._published:
-            self._published[stream.key] = _Publisher(self._hub, stream.key, self._args.sharing.owner_keepalive_s,
-                                                     self._log, first=(self._principal, "back"))
+            self._publish(stream, first=(self._principal, lambda prompt: self._shown.setdefault(stream.key, prompt)))
             self._listen(stream)
 
     def ended(self, stream: Stream) -> None:
         """The session ended here (releases.py `ended`): its world ends."""
         self._last.pop(stream.key, None)
         self._inits.pop(stream.key, None)
+        self._shown.pop(stream.key, None)
+        self._paused.discard(stream.key)
         if self._stop(stream.key):
             detach(self._tell("end", stream.key, "the owner's session ended"), name=f"world-end-{stream.key}")
 
@@ -212,6 +269,8 @@ class Sharing:
         self._inits.clear()
         self._last.clear()
         self._resumed.clear()
+        self._shown.clear()
+        self._paused.clear()
 
     # ---- internals ----
 
@@ -226,11 +285,31 @@ class Sharing:
         if inbox is None or inbox.task.done():
             self._inboxes[stream.key] = Inbox(self._hub, stream.key, stream.spec.session_id, self._on_input, self._log)
 
+    def _head(self, key: str):
+        """The head of stream `key` for a fork of its world (fork_source.py): the chunks sent."""
+        stream, last = self._streams.get(key), self._last.get(key)
+        if stream is None:
+            return SessionLost("this world's session just ended; it cannot be forked")
+        if last is None:  # resumed on this socket, nothing sent here yet: the chunks journaled, at most
+            return world_head(stream, min(stream.next_chunk, len(stream.journal.chunks)))
+        return world_head(stream, last.chunk_id + 1)
+
+    def _publish(self, stream: Stream, first: Optional[tuple[str, Callable[[str], object]]] = None) -> _Publisher:
+        """Publish `stream`'s chunks to its world, and answer the forks of its head."""
+        publisher = self._published[stream.key] = _Publisher(self._hub, stream.key,
+                                                             self._args.sharing.owner_keepalive_s, self._log, first)
+        self._streams[stream.key] = stream
+        self._sources.start(stream.key, lambda key=stream.key: self._head(key))
+        return publisher
+
     def _stop(self, key: str) -> bool:
         inbox = self._inboxes.pop(key, None)
         if inbox is not None:
             inbox.task.cancel()
             self._on_input()  # the owner's own keys drive again
+        self._streams.pop(key, None)
+        if self._sources is not None:
+            self._sources.stop(key)
         publisher = self._published.pop(key, None)
         if publisher is not None:
             publisher.task.cancel()
@@ -250,12 +329,13 @@ class Sharing:
         world_id, token = result
         publisher = self._published.get(stream.key)
         if stream.state is StreamState.OPEN and (publisher is None or publisher.task.done()):
-            self._published[stream.key] = _Publisher(self._hub, stream.key, self._args.sharing.owner_keepalive_s,
-                                                     self._log)
+            publisher = self._publish(stream)
+            if stream.key in self._paused:  # paused before it was shared
+                publisher.put(WorldNote("paused"))
         if stream.state is StreamState.OPEN:
             self._listen(stream)
         return Shared(session_id=req.session_id, world_id=world_id, watch_url=f"{WATCH_ROUTE}?world={world_id}",
-                      watch_token=token, audience=req.audience, controls=req.controls)
+                      watch_token=token, audience=req.audience, controls=req.controls, show_prompt=req.show_prompt)
 
     async def _players(self, req: GrantRequest | RevokeRequest | KickRequest | PassControlsRequest,
                        call) -> BaseModel:

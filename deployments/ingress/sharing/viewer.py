@@ -1,7 +1,8 @@
 """Viewers: the watch route (`/v1/realtime/world/watch`, PROTOCOL.md "Shared worlds").
 
 A viewer's socket is admitted as the camera route's are (origin, API key when auth is on,
-connection caps), then sends `watch {world_id, watch_token}` (the token travels in a message,
+unless `sharing.anonymous_viewers` lets one without a key watch as its address; connection
+caps), then sends `watch {world_id, watch_token, catch_up}` (the token travels in a message,
 never in the URL) within `FIRST_MESSAGE_S`. The hub admits it (token, audience, limits:
 book.py `join`), it gets `watching`, then the world's frame replies and notices from this
 replica's feed of the world (feed.py). A viewer has no session: what it sends after goes
@@ -25,7 +26,7 @@ from starlette.websockets import WebSocketState
 from deployments.config import AppArgs
 from deployments.errors import ReplicaError
 from deployments.ingress.detached import detach, settle
-from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
+from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol, presented_key
 from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 from deployments.ingress.sharing.book import Joined
 from deployments.ingress.sharing.feed import Feeds, ViewerQueue
@@ -71,7 +72,7 @@ class Viewers:
         self._args = args
         self._limits = limits
         self._metrics = metrics
-        self._feeds = Feeds(hub)
+        self._feeds = Feeds(hub, args.sharing.hub_chunks)
         self._world_metrics = WorldMetrics()
         self.watching = 0  # viewers on this replica now
 
@@ -83,6 +84,8 @@ class Viewers:
         subprotocol = bearer_subprotocol(ws)
         await (ws.accept(subprotocol=subprotocol) if subprotocol else ws.accept())
         accepted, key_id = self._auth.authenticate(ws)
+        if not accepted and self._args.sharing.anonymous_viewers and not presented_key(ws):
+            accepted = True  # a viewer without a key: its address is its principal (share_args.py)
         if not accepted:
             self._metrics.refuse_connection("unauthorized")
             await self._refuse(ws, ErrorCode.UNAUTHORIZED, UNAUTHORIZED_MESSAGE, POLICY_VIOLATION, "unauthorized")
@@ -115,8 +118,8 @@ class Viewers:
         except ProtocolError as e:
             await self._refuse(ws, e.code, e.message, POLICY_VIOLATION, "bad watch request")
             return
-        ended, joined = await settle(self._hub.join.remote(req.world_id, req.watch_token, principal, client),
-                                     HUB_TIMEOUT_S)
+        ended, joined = await settle(self._hub.join.remote(req.world_id, req.watch_token, principal, client,
+                                                           req.catch_up), HUB_TIMEOUT_S)
         if isinstance(joined, ReplicaError):
             busy = joined.code is ErrorCode.BUSY
             await self._refuse(ws, joined.code, joined.message, TRY_AGAIN_LATER if busy else POLICY_VIOLATION,
@@ -126,9 +129,9 @@ class Viewers:
             await self._refuse(ws, ErrorCode.BUSY, "the world hub did not answer; try again", TRY_AGAIN_LATER,
                                "hub unavailable", 5.0)
             return
-        await self._follow(ws, req.world_id, joined)
+        await self._follow(ws, req.world_id, joined, min(req.catch_up, self._args.sharing.hub_chunks))
 
-    async def _follow(self, ws: WebSocket, world_id: str, joined: Joined) -> None:
+    async def _follow(self, ws: WebSocket, world_id: str, joined: Joined, catch_up: int = 0) -> None:
         """Send the world to the viewer until either ends; then leave it (always: the hub frees its place)."""
         log = get_log("viewer", viewer=uuid.uuid4().hex[:8], world=world_id)
 
@@ -136,11 +139,11 @@ class Viewers:
             await ws.send_bytes(data)
             self._world_metrics.fanout_bytes.inc(len(data))
 
-        queue = ViewerQueue(world_id, send, self._args.sharing.viewer_queue_chunks)
+        queue = ViewerQueue(world_id, send, max(self._args.sharing.viewer_queue_chunks, catch_up))
         queue.put_notice(encode(Watching(world_id=world_id, viewers=joined.viewers, controls=joined.controls,
                                          next_chunk_id=joined.last_chunk_id, viewer_id=joined.viewer_id,
-                                         holder=joined.holder, players=list(joined.players),
-                                         debug=self._debug)))  # first out
+                                         holder=joined.holder, players=list(joined.players), paused=joined.paused,
+                                         prompt=joined.prompt, debug=self._debug)))  # first out
         queue.viewer_id = joined.viewer_id
         playing = Playing(self._hub, world_id, joined.viewer_id, self._limits,
                           lambda e: queue.put_notice(self._error(e.code, e.message, e.session_id)))
