@@ -13,14 +13,15 @@ from pydantic.json_schema import models_json_schema
 
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ErrorReply, Forked,
                                ForkRequest, FrameReply, InferRequest, Opened, OpenRequest, Paused, ResetOk, ResetRequest,
-                               ResumeOk, ResumeRequest, Rewound, RewindRequest, Saved, SaveRequest, ShareRequest,
-                               UnshareRequest)
+                               Reopened, ReopenRequest, ResumeOk, ResumeRequest, Rewound, RewindRequest, Saved,
+                               SaveRequest, ShareRequest, UnshareRequest)
 from protocol.sharing import Shared, Unshared, WatchRequest, Watching, WorldNotice
 
 REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-            AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest, WatchRequest)
+            AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest, WatchRequest,
+            ReopenRequest)
 REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Saved, Opened, ErrorReply,
-           Shared, Unshared, Watching, WorldNotice)
+           Shared, Unshared, Watching, WorldNotice, Reopened)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
                "msgpack map; `binary` strings are msgpack bin; arrays may also be msgpack-numpy or openpi "
