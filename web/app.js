@@ -12,6 +12,7 @@ import { SCENES, drawScene, canvasPng } from "./scenes.js";
 import { showModel, showStats } from "./hud.js";
 import { fillSizes, relabelSizes } from "./sizes.js";
 import { bindPads, isTouch } from "./touch.js";
+import { bindWorlds } from "./worlds.js";
 
 const $ = (id) => document.getElementById(id);
 const UPLOAD = "upload";
@@ -162,6 +163,7 @@ ui.viewport.addEventListener("pointerup", endDrag);
 ui.viewport.addEventListener("pointercancel", endDrag);
 ui.video.addEventListener("click", () => { if (ui.video.paused) ui.video.play().catch(() => {}); });
 bindPads($("pads"), stream.keys);
+bindWorlds(stream, { apiKey: () => ui.apiKey.value.trim(), say: setStatus }); // Save, My worlds (worlds.js)
 document.body.classList.toggle("touch", isTouch());
 $("weights-link").addEventListener("click", (e) => {
   e.preventDefault();

@@ -298,6 +298,7 @@ export class LiveStream extends EventTarget {
   }
 
   onReply(msg) {
+    if (this.intercept && this.intercept(msg)) return; // a reply worlds.js waits for (save, open)
     if (msg.type === "frame") return this.onFrame(msg);
     if (msg.type === "reset_ok") return;
     if (msg.type === "resumed") return this.onResumed(msg);
