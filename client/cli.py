@@ -6,6 +6,9 @@
     lwf-client ... --fork-at K | --rewind-to K [--branch-trajectory ...|--branch-keys ...] [--branch-prompt ...]
     lwf-client ... --save-session DIR                          (client/recorder.py)
     lwf-client compare A.mp4 B.mp4 ... -o side_by_side.mp4     (client/compare.py)
+    lwf-client ... --save TITLE                                  saves the session at the end as a world (its id printed)
+    lwf-client open|reopen WORLD_ID [--keys SCRIPT | --trajectory DIR]   (client/world_session.py)
+    lwf-client worlds | export | import | delete ...             (client/worlds_cli.py)
 
 The parser is client/cli_args.py; the exploration after the main session client/branch_run.py.
 
