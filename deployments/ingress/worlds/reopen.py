@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Optional
 
+from camera import parse_size
 from deployments.config import AppArgs
 from deployments.errors import ReplicaError
 from deployments.ingress.outbox import Outbox
@@ -36,9 +37,9 @@ from deployments.worlds.manifest import fingerprint_changes, served_model
 from deployments.worlds.worlds import World
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
-from camera import parse_size
 from protocol.messages import ErrorReply, InferRequest, Reopened, ReopenRequest
 from protocol.requests import SessionStart, infer_request
+
 
 def num_frames_of(total_latent_frames: Optional[int]) -> Optional[int]:
     """The `num_frames` a first infer declares for a session of that many latent frames."""
