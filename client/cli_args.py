@@ -20,6 +20,8 @@ EXAMPLES = f"""examples (a server from `serve run serve_config.yaml` on this mac
   lwf-client orbit --fork-at 3 --branch-keys l:4 --out o.mp4  o.mp4 and o.branch.mp4
   lwf-client play ../shared/examples/00 --frames 33 --out ex.mp4
   lwf-client compare o.mp4 o.branch.mp4 -o side_by_side.mp4
+  lwf-client drive w:3 --save "a walk"                      saved on the server: prints the world id
+  lwf-client open WORLD_ID --keys d:2 --out more.mp4         continue a saved world (reopen: run it again)
 
 exit status: 0 done, 1 server or connection error, 2 bad input or local path, 130 interrupted"""
 
