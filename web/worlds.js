@@ -5,7 +5,8 @@
 //   title, chunks and last update, and three buttons: Open (the stored video plays from its
 //   start, GET /v1/worlds/{id}/video, while `open` makes the world the socket's session; when
 //   the stored video is nearly played the keys held continue it live), Download (the `.lwf`
-//   export) and Delete.
+//   export), Reopen (`reopen`: the world's inputs made again by the served model, from chunk 0,
+//   for a world Open refuses as `world_changed`) and Delete.
 // Titles and ids come from the server and are set as text (textContent), never as HTML.
 
 import { encode } from "./msgpack.js";
@@ -61,15 +62,16 @@ export async function downloadWorld(server, apiKey, id) {
   setTimeout(() => URL.revokeObjectURL(a.href), 60_000);
 }
 
-/** The reply of a `save` / `open` just sent on the stream's socket: `type`, or its error. */
-function replyOf(stream, type, sessionId) {
+/** The reply of a `save` / `open` / `reopen` just sent on the stream's socket: `type`, or its
+ *  error; `onAnswer(msg)` runs as it is read, before the replies after it. */
+function replyOf(stream, type, sessionId, onAnswer = () => {}) {
   return new Promise((resolve, reject) => {
     const done = () => { stream.intercept = null; clearTimeout(timer); };
     const timer = setTimeout(() => { done(); reject(Object.assign(new Error("the server did not answer"),
                                                                   { code: "connection" })); }, REPLY_TIMEOUT_MS);
     stream.intercept = (msg) => {
       if (msg.session_id !== sessionId) return false;
-      if (msg.type === type) { done(); resolve(msg); return true; }
+      if (msg.type === type) { done(); onAnswer(msg); resolve(msg); return true; }
       if (msg.type === "error" && WORLD_ERRORS.has(msg.code)) {
         done();
         reject(Object.assign(new Error(msg.message), { code: msg.code, world_id: msg.world_id, changed: msg.changed }));
@@ -122,6 +124,52 @@ export async function openWorld(stream, server, apiKey, id) {
   return opened;
 }
 
+/** Run a saved world's inputs again through the served model as a new session (`reopen`: for a
+ *  world `open` refuses as `world_changed`): its new chunks play from chunk 0, then the keys
+ *  held continue it; the `reopened` answer. */
+export async function reopenWorld(stream, apiKey, id) {
+  if (stream.ws === null || stream.ws.readyState !== WebSocket.OPEN) await stream.connect(apiKey);
+  if (["starting", "streaming", "resuming"].includes(stream.state)) stream.reset();
+  const sessionId = `web-${Math.random().toString(36).slice(2, 10)}`;
+  // the session's frames are the page's from now on (chunk 0 opens the player, as for Start)
+  stream.sessionId = sessionId;
+  stream.options = null;
+  stream.resumeToken = null;
+  stream.queueToken = stream.queued = null;
+  stream.keys.reset();
+  stream.undoTo = null;
+  stream.player.close();
+  stream.resetStats();
+  stream.nextChunk = 0;
+  stream.stats.inFlight = 1;
+  stream.stats.startedAt = stream.stats.sentAt = performance.now();
+  stream.setState("starting");
+  const answer = replyOf(stream, "reopened", sessionId, (msg) => {
+    stream.nextChunk = msg.chunks; // the server sends chunks 0 .. n-1 itself: the page asks for n on
+    stream.stats.inFlight = msg.chunks;
+    stream.intercept = (reply) => { // until chunk 0 came, a refusal stops the session (no Start to retry)
+      if (reply.session_id !== sessionId) return false;
+      if (reply.type === "frame") { stream.intercept = null; return false; }
+      if (reply.type !== "error" || ["store_behind", "yielded"].includes(reply.code)) return false;
+      stream.intercept = null;
+      stream.fail(reply.code, reply.message);
+      return true;
+    };
+  });
+  stream.ws.send(encode({ endpoint: "reopen", session_id: sessionId, world_id: id }));
+  let reopened;
+  try {
+    reopened = await answer;
+  } catch (e) {
+    stream.setState("stopped");
+    throw e;
+  }
+  const changed = reopened.changed.length ? `the served model differs in ${reopened.changed.join(", ")}` : "same model";
+  stream.status(`Reopened a saved world: its ${reopened.chunks} chunks made again (${changed}); new chunks, not the stored ones.`);
+  stream.startTimer();
+  return reopened;
+}
+
 /**
  * The page's Save button and "My worlds" list (index.html's #worlds-panel).
  * @param {LiveStream} stream the page's stream
@@ -171,6 +219,7 @@ export function bindWorlds(stream, page) {
     };
     li.append(title, meta,
               button("Open", () => openWorld(stream, server, page.apiKey(), world.id)),
+              button("Reopen", () => reopenWorld(stream, page.apiKey(), world.id)),
               button("Download", () => downloadWorld(server, page.apiKey(), world.id)),
               button("Delete", async () => { await deleteWorld(server, page.apiKey(), world.id); await refresh(); }));
     return li;

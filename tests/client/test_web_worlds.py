@@ -1,7 +1,8 @@
 """The page's saved worlds (web/worlds.js) in a real headless Chromium against the served app
 (worlds kept in a local folder, tests/client/conftest.py): a session streams, Save answers with
 the new world's id, My worlds lists it (its title set as text, not HTML), Open plays its stored
-video and continues it live with `open` (frames play, chunks after the world's), Download gives
+video and continues it live with `open` (frames play, chunks after the world's), Reopen makes
+its chunks again from chunk 0 (`reopen`) and goes on with the keys, Download gives
 its `.lwf` file and Delete takes it off the list and the server."""
 from __future__ import annotations
 
@@ -76,6 +77,22 @@ def test_save_list_open_download_and_delete_a_world(browser, served, tmp_path):
     infers = [m for m in sent if m.get("endpoint") == "infer" and m.get("session_id") == opened["session_id"]]
     assert infers and infers[0]["client_chunk_id"] == chunks and "image" not in infers[0]  # continued, not restarted
     page.wait_for_function("document.querySelector('#video').currentTime > 1.0", timeout=TIMEOUT_MS)  # it plays
+
+    page.click(f"{row} button[data-action=reopen]")  # its inputs made again, from chunk 0, then on
+    reopen = next(m for m in sent if m.get("endpoint") == "reopen")
+    assert reopen["world_id"] == world and reopen["session_id"] != opened["session_id"]
+    def again() -> list[dict]:  # the page's own infers of the reopened session
+        return [m for m in sent if m.get("endpoint") == "infer" and m.get("session_id") == reopen["session_id"]]
+
+    for _ in range(TIMEOUT_MS // 200):  # the world's chunks made anew come first, then the page asks on
+        if again():
+            break
+        page.wait_for_timeout(200)
+    again = again()
+    assert again and again[0]["client_chunk_id"] == chunks and "image" not in again[0]  # the server sent 0 .. n-1
+    chunks_shown(page, chunks + 1)
+    assert page.get_attribute("#connection", "data-state") == "streaming"
+    page.wait_for_function("document.querySelector('#video').currentTime > 1.0", timeout=TIMEOUT_MS)
 
     with page.expect_download(timeout=TIMEOUT_MS) as download:
         page.click(f"{row} button[data-action=download]")
