@@ -15,6 +15,7 @@ import pytest
 from ray import serve
 
 from media.reassembly import split_init
+from support import EXAMPLES
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.messages import ErrorReply, FrameReply, OpenRequest, Reopened, ReopenRequest, Saved, SaveRequest
@@ -61,6 +62,11 @@ def test_lwf_client_saves_a_drive_and_opens_it_with_keys(extra_app, root, tmp_pa
     continued = more.read_bytes()
     assert continued.startswith(init) and len(continued) > len(init)
     assert ref.read_bytes() == first.read_bytes() + continued[len(init):]  # chunk 2 as the uninterrupted drive's
+    traj = tmp_path / "traj.mp4"  # the cameras of a trajectory's chunks 1 and 2 go on from the world's chunk 2
+    assert main(["open", world, "--trajectory", str(EXAMPLES / "00"), "--frames", "33", "--out", str(traj),
+                 "--url", app.ws]) == 0
+    assert "wrote" in capsys.readouterr().out and traj.read_bytes().startswith(init)
+    assert traj.read_bytes().count(b"moof") == 2
     assert main(["open", "w" + "0" * 24, "--keys", "d:1", "--out", str(tmp_path / "x.mp4"), "--url", app.ws]) == 1
     assert "server error (world_not_found)" in capsys.readouterr().err
 
