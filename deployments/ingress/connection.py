@@ -118,8 +118,7 @@ class Connection:
         self._resume = ResumeBook(replicas, self._releases, quota, may_park=resumable, key_id=key_id, client=client,
                                   clip_mode=lambda: bool(getattr(ws, "raw_frames", False)), worlds=kept)
         self._worlds = WorldRequests(kept, self._releases, self._resume, lambda: self._driving.stop())  # save, open
-        self._reopen = Reopening(kept, args, limits, lambda: self._inflight, lambda: self._stream,  # reopen.py
-                                 self._dispatch)
+        self._reopen = Reopening(kept, args, limits, lambda: self._inflight, lambda: self._stream, self._dispatch)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
                                 token=self._resume.token, kept=None if kept is None else kept.kept)
         self._outbox = Outbox(ws, on_sent=lambda s, r: (self._resume.record_sent(s, r), self._sharing.sent(s, r)),
