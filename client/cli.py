@@ -7,6 +7,9 @@
     lwf-client ... --save-session DIR                          (client/recorder.py)
     lwf-client compare A.mp4 B.mp4 ... -o side_by_side.mp4     (client/compare.py)
     lwf-client watch 'http://HOST:8000/w/WORLD#token=TOKEN' --out watched.mp4   (client/watch_cli.py)
+    lwf-client ... --save TITLE                                  saves the session at the end as a world (its id printed)
+    lwf-client open|reopen WORLD_ID [--keys SCRIPT | --trajectory DIR]   (client/world_session.py)
+    lwf-client worlds | export | import | delete ...             (client/worlds_cli.py)
 
 The parser is client/cli_args.py; the exploration after the main session client/branch_run.py.
 
@@ -48,10 +51,11 @@ from client.streaming import ResumePolicy, StreamResult
 from client.synthetic import DEFAULT_PROMPT, default_image, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
 from client.watch_cli import run as run_watch
+from client.world_session import WORLD_SESSION_COMMANDS, run_world_session, world_changed_hint
 from client.worlds_cli import WORLD_COMMANDS, run as run_world_command
 from media.pyav import MissingPyAV
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import FrameReply, Queued
+from protocol.messages import FrameReply, Queued, Saved
 from protocol.requests import SessionStart
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -114,6 +118,8 @@ class _Run:
     waiting_at: Optional[float] = None  # the first `queued` notice (the session waited in line)
     position: Optional[int] = None  # in line, as last told
     first_frame_at: Optional[float] = None
+    saved: Optional[Saved] = None  # --save: the world it made
+    save_error: Optional[ServerError] = None  # --save: why the server refused it
 
     def on_chunk(self, branch: str):
         def take(stat: ChunkStat, reply: FrameReply) -> None:
@@ -145,7 +151,8 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
     if spec is not None:
         spec.check(chunks)
     sid = args.session_id or f"lwf-client-{uuid.uuid4().hex[:8]}"
-    messages = None if traj is None else traj.messages(plan, sid, seed=args.seed, size=args.size,
+    open_ended = args.save is not None  # a world to continue declares no length (`open` goes on past it)
+    messages = None if traj is None else traj.messages(plan, sid, seed=args.seed, size=args.size, open_ended=open_ended,
                                                        prompt_schedule=dict(getattr(args, "prompt_at", None) or []))
     recorder = SessionRecorder(args.save_session) if args.save_session is not None else None
     if recorder is not None:
@@ -182,9 +189,15 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
         else:
             image = args.image.read_bytes() if args.image is not None else default_image()
             start = SessionStart(image, args.prompt if args.prompt is not None else DEFAULT_PROMPT, seed=args.seed,
-                                 size=args.size, num_frames=frames, translation_scale=KEYS_TRANSLATION_SCALE)
+                                 size=args.size, num_frames=None if open_ended else frames,
+                                 translation_scale=KEYS_TRANSLATION_SCALE)
             drive_log = await drive_keys(client, sid, args.script, into=result, start=start,
                                          on_chunk=run.on_chunk("main"))
+        if args.save is not None:  # the main session, whole, as a world of the caller's (--save TITLE)
+            try:
+                run.saved = await client.save(sid, args.save)
+            except ServerError as e:  # said after the video is written
+                run.save_error = e
         if spec is not None:
             main = MainSession(sid, run.fragments, chunks,
                                chunk_cameras=None if plan is None else
@@ -237,6 +250,11 @@ async def play(args: argparse.Namespace, traj: Optional[Trajectory]) -> None:
             _print_lags(blog)
     if recorder is not None:
         print(f"saved the session in {recorder.folder}")
+    if run.saved is not None:
+        print(f"saved session {sid} as world {run.saved.world_id} ({run.saved.chunks} chunks, \"{args.save}\"): "
+              f"lwf-client open {run.saved.world_id} --keys w:2 continues it")
+    if run.save_error is not None:
+        raise run.save_error
 
 
 def _print_lags(log: KeyDriveLog) -> None:
@@ -286,7 +304,7 @@ def check_local_paths(args: argparse.Namespace) -> None:
         check_output(args.out, "-o")
         return
     check_output(args.out, "--out")
-    if args.fork_at is not None or args.rewind_to is not None:
+    if getattr(args, "fork_at", None) is not None or getattr(args, "rewind_to", None) is not None:
         check_output(branch_out(args), "--branch-out")
     if getattr(args, "image", None) is not None:
         check_input(args.image, "--image")
@@ -342,12 +360,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"wrote {args.out} ({frames} frames, {w}x{h}: {len(args.videos)} videos side by side)")
         return 0
     try:
-        traj = trajectory_from_args(args)
+        traj = None if args.command in WORLD_SESSION_COMMANDS else trajectory_from_args(args)
     except (ValueError, OSError) as e:  # unreadable or inconsistent input files
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        asyncio.run(play(args, traj))
+    try:  # open / reopen: a saved world continued (client/world_session.py)
+        asyncio.run(run_world_session(args) if args.command in WORLD_SESSION_COMMANDS else play(args, traj))
     except LocalPathError as e:  # a write that failed after the checks (the video was kept elsewhere)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -363,6 +381,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_ERROR
     except ServerError as e:
         print(f"server error ({e.code.value}): {one_line(e.message)}", file=sys.stderr)
+        if e.code is ErrorCode.WORLD_CHANGED and args.command == "open":
+            print(world_changed_hint(args.world_id), file=sys.stderr)
         return EXIT_ERROR
     except ProtocolError as e:  # caught before sending: the server would answer the same code
         print(f"invalid input ({e.code.value}): {e.message}", file=sys.stderr)

@@ -9,6 +9,7 @@ from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from client.keyscript import chunk_keys, parse_keyscript
 from client.session import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_REPLY_TIMEOUT_S, DEFAULT_URL, URL_ENV, default_url
 from client.watch_cli import add_parser as add_watch_parser
+from client.world_session import add_parsers as add_world_session_parsers
 from client.worlds_cli import add_parsers as add_world_parsers
 
 API_KEY_ENV = "LWF_API_KEY"
@@ -21,6 +22,8 @@ EXAMPLES = f"""examples (a server from `serve run serve_config.yaml` on this mac
   lwf-client play ../shared/examples/00 --frames 33 --out ex.mp4
   lwf-client compare o.mp4 o.branch.mp4 -o side_by_side.mp4
   lwf-client watch 'http://HOST:8000/w/WORLD#token=TOKEN' --out watched.mp4   a shared world
+  lwf-client drive w:3 --save "a walk"                      saved on the server: prints the world id
+  lwf-client open WORLD_ID --keys d:2 --out more.mp4         continue a saved world (reopen: run it again)
 
 exit status: 0 done, 1 server or connection error, 2 bad input or local path, 130 interrupted"""
 
@@ -58,25 +61,34 @@ def chunk_index(value: str) -> int:
     return int(value)
 
 
+def _connection(p: argparse.ArgumentParser) -> None:
+    """The options of every command that opens a session: the server, its timeouts, the MP4, the save."""
+    p.add_argument("--url", default=default_url(),
+                   help=f"server WebSocket (or http) address (default: ${URL_ENV}, else {DEFAULT_URL})")
+    p.add_argument("--timeout", type=seconds, default=DEFAULT_REPLY_TIMEOUT_S, metavar="S",
+                   help=f"the longest the server may go without answering (default {DEFAULT_REPLY_TIMEOUT_S:g})")
+    p.add_argument("--queue-timeout", type=seconds, default=DEFAULT_QUEUE_TIMEOUT_S, metavar="S",
+                   help="the longest the session may wait in the server's line for a place (`queued`; "
+                        f"default {DEFAULT_QUEUE_TIMEOUT_S:g})")
+    p.add_argument("--out", type=Path, default=Path("video.mp4"), help="MP4 to write (default video.mp4)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"API key when the server requires one (default: ${API_KEY_ENV})")
+    p.add_argument("--session-id", default=None, help="session id (default: random)")
+    p.add_argument("--save", default=None, metavar="TITLE",
+                   help="at the end, save the session as a world titled TITLE on a server that keeps worlds "
+                        "(`worlds.enabled`) and print its id: `lwf-client open WORLD_ID` continues it. The "
+                        "session declares no length (open-ended: per-chunk noise), so that it can go on past it")
+
+
 def _base() -> argparse.ArgumentParser:
     """Options of every streaming command (play, orbit, dolly, pan, drive)."""
     base = argparse.ArgumentParser(add_help=False)
-    base.add_argument("--url", default=default_url(),
-                      help=f"server WebSocket (or http) address (default: ${URL_ENV}, else {DEFAULT_URL})")
-    base.add_argument("--timeout", type=seconds, default=DEFAULT_REPLY_TIMEOUT_S, metavar="S",
-                      help=f"the longest the server may go without answering (default {DEFAULT_REPLY_TIMEOUT_S:g})")
-    base.add_argument("--queue-timeout", type=seconds, default=DEFAULT_QUEUE_TIMEOUT_S, metavar="S",
-                      help="the longest the session may wait in the server's line for a place (`queued`; "
-                           f"default {DEFAULT_QUEUE_TIMEOUT_S:g})")
+    _connection(base)
     base.add_argument("--seed", type=int, default=None, help="noise seed (server default 42)")
     base.add_argument("--size", default=None,
                       help='max output area "H*W" (default: the server\'s, stated in its handshake: "128*224" for '
                            'serve_config.yaml on a CPU, which accepts up to 256*448; "480*832" on a GPU)')
-    base.add_argument("--out", type=Path, default=Path("video.mp4"), help="MP4 to write (default video.mp4)")
-    base.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                      help=f"API key when the server requires one (default: ${API_KEY_ENV})")
     base.add_argument("--pipeline", type=int, default=2, metavar="N", help="requests kept in flight (default 2)")
-    base.add_argument("--session-id", default=None, help="session id (default: random)")
     base.add_argument("--no-resume", action="store_true",
                       help="end on a dropped connection (default: reconnect and resume the session "
                            "when the server allows it, handshake `resume_grace_s`)")
@@ -137,6 +149,9 @@ def parser() -> argparse.ArgumentParser:
                             "(w a s d move, q e up/down, i j k l or arrows look, none for no key), e.g. w:3,j+w:2,none:1")
     add_world_parsers(sub, API_KEY_ENV)  # worlds, export, import, delete (client/worlds_cli.py)
     add_watch_parser(sub, API_KEY_ENV, seconds)  # watch a shared world (client/watch_cli.py)
+    session = argparse.ArgumentParser(add_help=False)
+    _connection(session)
+    add_world_session_parsers(sub, session, keyscript)  # open, reopen (client/world_session.py)
     compare = sub.add_parser("compare", help="play videos side by side (e.g. a session and its branches)")
     compare.add_argument("videos", nargs="+", type=Path, metavar="VIDEO",
                          help="MP4 files to put side by side, left to right (e.g. OUT.mp4 OUT.branch.mp4)")

@@ -32,7 +32,7 @@ from client.errors import BadReply, shown
 from media.fragment_check import fragment_problem
 from protocol.codec import decode_reply
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Opened, Reply, ResetOk,
+from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Opened, Reopened, Reply, ResetOk,
                                ResumeOk, Rewound)
 from protocol.sharing import Watching, WorldNotice
 
@@ -126,6 +126,8 @@ class ReplyGuard:
             self._sequences[sid] = _Sequence(reply.next_chunk_id)
         elif isinstance(reply, (Rewound, ResumeOk, Opened)):  # an opened world goes on from its chunks
             self._sequences[sid] = _Sequence(reply.next_chunk_id)
+        elif isinstance(reply, Reopened):  # a new session: its chunks from 0
+            self._sequences[sid] = _Sequence(0)
         elif isinstance(reply, ResetOk) or (isinstance(reply, ErrorReply) and sid is not None
                                             and reply.code is ErrorCode.SESSION_LOST):
             self._sequences[sid] = _Sequence(0)

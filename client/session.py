@@ -25,8 +25,8 @@ from client.streaming import StreamResult, stream_session
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, ErrorReply, Forked, ForkRequest, FrameReply,
-                               InferRequest, Opened, OpenRequest, Queued, Reply, ResetOk, ResetRequest, Rewound,
-                               RewindRequest, Saved, SaveRequest, ShareRequest, UnshareRequest)
+                               InferRequest, Opened, OpenRequest, Queued, Reopened, ReopenRequest, Reply, ResetOk,
+                               ResetRequest, Rewound, RewindRequest, Saved, SaveRequest, ShareRequest, UnshareRequest)
 from protocol.sharing import Shared, Unshared
 from protocol.requests import SessionStart, drive_request, infer_request
 
@@ -290,6 +290,13 @@ class WorldClient:
         await self.send(encode(validated(UnshareRequest, {"session_id": session_id})))
         async with asyncio.timeout(timeout_s):
             return _expect(await self.receive(), Unshared)
+    async def reopen(self, world_id: str, session_id: str, timeout_s: Optional[float] = BRANCH_TIMEOUT_S) -> Reopened:
+        """Run a saved world's inputs again through the served model as the new session
+        `session_id` (for a world `open` refuses as `world_changed`): `reopened.chunks` frame
+        replies follow (`receive` them), new chunks from chunk 0. `ServerError` when refused."""
+        await self.send(encode(validated(ReopenRequest, {"session_id": session_id, "world_id": world_id})))
+        async with asyncio.timeout(timeout_s):
+            return _expect(await self.receive(), Reopened)
 
     async def send_reset(self, session_id: str) -> None:
         self._auto_ack.discard(session_id)

@@ -34,7 +34,7 @@ from media.reassembly import decode_fragment, split_init
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
 from protocol.messages import (CameraServerConfig, ErrorReply, Forked, FrameReply, Opened, Paused, ResetOk, ResumeOk,
-                               ResumeRequest, Rewound, Saved)
+                               ResumeRequest, Reopened, Rewound, Saved)
 from protocol.requests import SessionStart, plan_requests
 from protocol.sharing import Shared, Unshared, Watching, WorldNotice
 
@@ -194,6 +194,25 @@ class SyncWorldClient:
         target = watch_target(link, token, self._url)
         key = api_key if api_key is not None else self._api_key
         return SyncWatch(self._run(Watcher.open(target, key, idle_timeout_s=idle_timeout_s)), self._run)
+    def reopen(self, world_id: str, session_id: str, *,
+               timeout_s: Optional[float] = None) -> tuple[Reopened, list[Chunk]]:
+        """Run a saved world's inputs (image, prompts, cameras by chunk) again through the
+        served model as the new session `session_id`, for a world `open` refuses as
+        `world_changed`: the `reopened` answer and its chunks (new ones, from chunk 0; not
+        byte-identical where the model setup changed). The session then goes on as any other.
+        `timeout_s`: the longest wait for each reply (None: the client's reply timeout)."""
+        async def go() -> tuple[Reopened, list[FrameReply]]:
+            reopened = await self._client.reopen(world_id, session_id)
+            replies = []
+            while len(replies) < reopened.chunks:
+                reply = await self._client.receive(timeout_s)
+                if isinstance(reply, ErrorReply) and not reply.is_notice:
+                    raise ServerError.from_reply(reply)
+                if isinstance(reply, FrameReply):
+                    replies.append(reply)
+            return reopened, replies
+        reopened, replies = self._run(go())
+        return reopened, [self._chunk(r) for r in replies]
 
     def reset(self, session_id: str) -> ResetOk:
         """End the session on the server."""

@@ -59,6 +59,15 @@ class WorldChanged(ReplicaError):
 
     code = ErrorCode.WORLD_CHANGED
 
+    def __init__(self, message: str, world_id: str | None = None, changed: tuple[str, ...] = ()) -> None:
+        """`world_id`: the world a `reopen` runs again; `changed`: the fields that differ."""
+        super().__init__(message)
+        self.world_id = world_id
+        self.changed = tuple(changed)
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.world_id, self.changed))
+
 
 class Unsupported(ReplicaError):
     """A request this deployment cannot serve (e.g. prompt steering on a sharded DiT)."""

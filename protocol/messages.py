@@ -24,8 +24,8 @@ from protocol.handshake import CameraServerConfig
 from protocol.image import probe_image, raw_image
 from protocol.limits import Limits
 # the replies live in protocol/replies.py; this stays the wire's one module of messages
-from protocol.replies import (ErrorReply, Forked, FrameReply, Opened, Paused, Queued, ResetOk, ResumeOk, Rewound,
-                             Saved)
+from protocol.replies import (ErrorReply, Forked, FrameReply, Opened, Paused, Queued, Reopened, ResetOk, ResumeOk,
+                             Rewound, Saved)
 from protocol.sharing import (Audience, Controls, Players, Shared, Unshared, ViewerId, WatchToken, Watching, WorldId,
                               WorldNotice)
 
@@ -344,6 +344,18 @@ class OpenRequest(_Request):
         description="a world's id, as `saved` or `GET /v1/worlds` gave it")
 
 
+class ReopenRequest(_Request):
+    """Run a saved world's inputs again through the model served now, from its first chunk, as
+    the new session `session_id` of this connection (in place of its current one): for a world
+    `open` refuses as `world_changed`. The reply is `reopened`, then one frame reply per chunk
+    of the world: new chunks, made by the served model, not the stored ones (not byte-identical
+    where the model setup changed)."""
+
+    endpoint: Literal["reopen"] = "reopen"
+    world_id: Annotated[str, Strict(), Field(min_length=1, max_length=MAX_WORLD_ID_CHARS)] = Field(
+        description="a world's id, as `saved`, `GET /v1/worlds` or a `world_changed` error gave it")
+
+
 MAX_CONTROL_KEYS = 32  # entries of one `control.keys` (there are 14 distinct keys)
 
 
@@ -454,14 +466,14 @@ class PromptRequest(_Request):
 
 
 Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-                AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest, AskControlsRequest,
+                AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest, ReopenRequest, AskControlsRequest,
                 PassControlsRequest, GrantRequest, RevokeRequest, KickRequest, PromptRequest]
 Reply = Annotated[Union[CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Queued,
-                        Saved, Opened, ErrorReply, Shared, Unshared, Watching, WorldNotice, Players],
+                        Saved, Opened, Reopened, ErrorReply, Shared, Unshared, Watching, WorldNotice, Players],
                   Field(discriminator="type")]
 REQUEST_TYPES: dict[str, type[Request]] = {
     "infer": InferRequest, "reset": ResetRequest, "resume": ResumeRequest, "fork": ForkRequest,
     "rewind": RewindRequest, "control": ControlRequest, "drive": DriveRequest, "ack": AckRequest,
     "share": ShareRequest, "unshare": UnshareRequest, "save": SaveRequest, "open": OpenRequest,
-    "ask_controls": AskControlsRequest, "pass_controls": PassControlsRequest, "grant": GrantRequest,
-    "revoke": RevokeRequest, "kick": KickRequest, "prompt": PromptRequest}
+    "reopen": ReopenRequest, "ask_controls": AskControlsRequest, "pass_controls": PassControlsRequest,
+    "grant": GrantRequest, "revoke": RevokeRequest, "kick": KickRequest, "prompt": PromptRequest}

@@ -135,6 +135,19 @@ class Opened(_Message):
                                                           "began): a player appends it before the frames that follow")
 
 
+class Reopened(_Message):
+    """The answer to `reopen`: the world's inputs run again as session `session_id`; its
+    `chunks` frame replies follow (chunk 0 carries the session's resume token, as for any new
+    session)."""
+
+    type: Literal["reopened"] = "reopened"
+    session_id: str
+    world_id: str
+    chunks: int = Field(ge=1, description="the chunks the world holds: the frame replies that follow")
+    changed: list[str] = Field(default_factory=list, description="the model setup's fields that differ from the "
+                                                                 "world's (empty: the same setup)")
+
+
 class ResetOk(_Message):
     type: Literal["reset_ok"] = "reset_ok"
     session_id: str
@@ -152,6 +165,9 @@ class ErrorReply(_Message):
         None, ge=0, description="with code session_limit only: chunks the session may still produce; 1 on the "
                                 "notice that follows the frame before the last one (no request failed), 0 when an "
                                 "infer past the limit (`max_chunks`, or the chunks `num_frames` declared) was refused")
+    world_id: Optional[str] = Field(None, description="with code world_changed only: the world to `reopen`")
+    changed: Optional[list[str]] = Field(None, description="with code world_changed only: the fields of the model "
+                                                           "setup that differ (e.g. model.dtype)")
 
     @model_validator(mode="after")
     def _retry_only_when_busy(self) -> ErrorReply:
@@ -159,6 +175,8 @@ class ErrorReply(_Message):
             raise ValueError("retry_after_s is required with code busy and only with it")
         if self.chunks_left is not None and self.code is not ErrorCode.SESSION_LIMIT:
             raise ValueError("chunks_left comes with code session_limit only")
+        if (self.world_id is not None or self.changed is not None) and self.code is not ErrorCode.WORLD_CHANGED:
+            raise ValueError("world_id and changed come with code world_changed only")
         return self
 
     @property

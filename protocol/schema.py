@@ -13,17 +13,17 @@ from pydantic.json_schema import models_json_schema
 
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ErrorReply, Forked,
                                ForkRequest, FrameReply, InferRequest, Opened, OpenRequest, Paused, ResetOk, ResetRequest,
-                               ResumeOk, ResumeRequest, Rewound, RewindRequest, Saved, SaveRequest, ShareRequest,
-                               UnshareRequest)
+                               Reopened, ReopenRequest, ResumeOk, ResumeRequest, Rewound, RewindRequest, Saved,
+                               SaveRequest, ShareRequest, UnshareRequest)
 from protocol.messages import (AskControlsRequest, GrantRequest, KickRequest, PassControlsRequest, PromptRequest,
                                RevokeRequest)
 from protocol.sharing import Players, Shared, Unshared, WatchRequest, Watching, WorldNotice
 
 REQUESTS = (InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,
-            AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest, WatchRequest, AskControlsRequest,
-            PassControlsRequest, GrantRequest, RevokeRequest, KickRequest, PromptRequest)
+            AckRequest, ShareRequest, UnshareRequest, SaveRequest, OpenRequest, WatchRequest, ReopenRequest,
+            AskControlsRequest, PassControlsRequest, GrantRequest, RevokeRequest, KickRequest, PromptRequest)
 REPLIES = (CameraServerConfig, FrameReply, ResetOk, ResumeOk, Forked, Rewound, Paused, Saved, Opened, ErrorReply,
-           Shared, Unshared, Watching, WorldNotice, Players)
+           Shared, Unshared, Watching, WorldNotice, Players, Reopened)
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 DESCRIPTION = ("Messages of /v1/realtime/world/camera (see PROTOCOL.md). Each WebSocket binary frame is one "
                "msgpack map; `binary` strings are msgpack bin; arrays may also be msgpack-numpy or openpi "

@@ -28,8 +28,8 @@ def test_every_field_of_every_message_in_the_schema_is_named():
 def test_every_endpoint_and_reply_type_is_named():
     tags = [d["properties"][tag]["const"] for d in MESSAGES for tag in ("endpoint", "type") if tag in d["properties"]]
     assert sorted(tags) == sorted([*REQUEST_TYPES, "config", "frame", "reset_ok", "resumed", "forked", "rewound",
-                                   "paused", "saved", "opened", "error", "shared", "unshared", "watch", "watching",
-                                   "world", "players"])
+                                   "paused", "saved", "opened", "reopened", "error", "shared", "unshared", "watch",
+                                   "watching", "world", "players"])
     assert [t for t in tags if not named(t)] == []
 
 

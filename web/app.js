@@ -13,6 +13,7 @@ import { showModel, showStats } from "./hud.js";
 import { fillSizes, relabelSizes } from "./sizes.js";
 import { bindPads, isTouch } from "./touch.js";
 import { bindShare } from "./share_panel.js";
+import { bindWorlds } from "./worlds.js";
 
 const $ = (id) => document.getElementById(id);
 const UPLOAD = "upload";
@@ -165,6 +166,7 @@ ui.viewport.addEventListener("pointerup", endDrag);
 ui.viewport.addEventListener("pointercancel", endDrag);
 ui.video.addEventListener("click", () => { if (ui.video.paused) ui.video.play().catch(() => {}); });
 bindPads($("pads"), stream.keys);
+bindWorlds(stream, { apiKey: () => ui.apiKey.value.trim(), say: setStatus }); // Save, My worlds (worlds.js)
 document.body.classList.toggle("touch", isTouch());
 $("weights-link").addEventListener("click", (e) => {
   e.preventDefault();

@@ -299,6 +299,7 @@ export class LiveStream extends EventTarget {
 
   onReply(msg) {
     if (this.shares.take(msg)) return; // the answer to a share or unshare (share.js)
+    if (this.intercept && this.intercept(msg)) return; // a reply worlds.js waits for (save, open)
     if (msg.type === "frame") return this.onFrame(msg);
     if (msg.type === "reset_ok") return;
     if (msg.type === "resumed") return this.onResumed(msg);

@@ -60,12 +60,14 @@ from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, next_message, oversize, session_traits
 from deployments.ingress.worlds import SessionWorlds, WorldKeeping, WorldRequests
+from deployments.ingress.worlds.changes import with_world
+from deployments.ingress.worlds.reopen import Reopening
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import Limits
 from protocol.messages import (AckRequest, CameraServerConfig, ControlRequest, DriveRequest, ForkRequest, FrameReply,
                                InferRequest, OpenRequest, Request, ResetRequest, ResumeRequest, RewindRequest,
-                               SaveRequest, require_session_start)
+                               ReopenRequest, SaveRequest, require_session_start)
 
 PIPELINE_RETRY_S = 0.5  # retry hint when a client has max_pending_chunks infers in flight
 POLICY_VIOLATION = 1008
@@ -119,6 +121,7 @@ class Connection:
         self._worlds = WorldRequests(kept, self._releases, self._resume, lambda: self._driving.stop())  # save, open
         self._watch_forks = WatchForks(backends.hub, args, self._principal, self._releases, self._resume,
                                        lambda: self._driving.stop())  # a fork of a shared world (sharing/fork.py)
+        self._reopen = Reopening(kept, args, limits, lambda: self._inflight, lambda: self._stream, self._dispatch)
         self._replies = Replies(args, handshake, metrics, self._log, lost=self._releases.fail,
                                 token=self._resume.token, kept=None if kept is None else kept.kept)
         self._outbox = Outbox(ws, on_sent=lambda s, r: (isinstance(r, FrameReply) and self._resume.record_sent(s, r),
@@ -181,6 +184,7 @@ class Connection:
         """The open session goes to the parking if it can (resume.py); every other is released."""
         driven = self._driving.drives(self._stream)
         self._driving.stop()  # no chunk starts after the socket's end
+        self._reopen.stop()  # nor a reopened world's next infer
         parked = self._stream if await self._resume.park(self._stream, driven) else None
         if parked is not None:
             self._stream = None
@@ -216,9 +220,9 @@ class Connection:
                     self._driving.stop()  # a driven session it replaced
                     if driven:  # paused until a control with keys (PROTOCOL.md, drive)
                         self._driving.start(self._stream)
-            except ReplicaError as e:
-                self._outbox.reply_now(self._replies.error(e.code, e.message, req.session_id,
-                                                           getattr(e, "retry_after_s", None)))
+            except ReplicaError as e:  # world_changed: with the world to `reopen` (worlds/changes.py)
+                self._outbox.reply_now(with_world(self._replies.error(e.code, e.message, req.session_id,
+                                                                      getattr(e, "retry_after_s", None)), e))
                 return e.code is not ErrorCode.BUSY or isinstance(e, ClaimsThrottled), False
             except Exception as e:  # noqa: BLE001 - the parking is unreachable: nothing was claimed
                 self._log.warning("resume failed", fields={"session": req.session_id, "error": repr(e)})
@@ -232,6 +236,13 @@ class Connection:
             handler = self._watch_forks if isinstance(req, ForkRequest) else self._worlds  # shared world: loaded
             self._stream = await handler.handle(req, self._stream, self._outbox)  # before the next frame is read
             return False, False
+        if isinstance(req, ReopenRequest):  # its first infer now, the others as chunks finish (worlds/reopen.py)
+            await self._reopen.handle(req, self._outbox, lambda infer: self._accept(infer, t0))
+            return False, False
+        return await self._accept(req, t0)
+
+    async def _accept(self, req: Request, t0: float) -> tuple[bool, bool]:
+        """A decoded request that resumes nothing: its image decoded, then dispatched."""
         cur = self._stream
         if isinstance(req, (InferRequest, DriveRequest)) and req.image is not None and (
                 isinstance(req, DriveRequest) or cur is None or not cur.holds(req.session_id, req.image)):

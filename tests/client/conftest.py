@@ -8,7 +8,9 @@ own (another origin), bound before the app starts so that its `auth.allowed_orig
 """
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ APP_ARGS = {
     "text_encoder": {"num_cpus": 0.1},
     "ingress": {"num_cpus": 0.1, "max_ongoing_requests": 64},
     "videos": {"max_body_mib": 4, "max_jobs": 1},  # test_videos.py: the body cap and the job bound
+    # test_web_worlds.py: the page's Save and My worlds; the folder is made when the app starts
+    "worlds": {"enabled": True},
 }
 STARTUP_TIMEOUT_S = 180.0
 
@@ -72,7 +76,8 @@ def _start() -> Served:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     _running["ray"] = ray
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    args = {**APP_ARGS, "auth": {"allowed_origins": [examples]}}  # the server's own page needs no entry
+    args = {**APP_ARGS, "auth": {"allowed_origins": [examples]},  # the server's own page needs no entry
+            "worlds": {**APP_ARGS["worlds"], "root": _running.setdefault("worlds", tempfile.mkdtemp(prefix="lwf-worlds-"))}}
     serve.run(build_app(AppArgs.model_validate(args)), name="lwf-client-tests", route_prefix="/", blocking=False)
     http = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -99,6 +104,9 @@ def _stop() -> None:
 
         serve.shutdown()
         ray.shutdown()
+    worlds = _running.pop("worlds", None)
+    if worlds is not None:  # after the app: its writer is gone
+        shutil.rmtree(worlds, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,8 @@
   resume's claim), so that the infers after `open` continue it; `opened {next_chunk_id,
   resume_token}`. A world of another model setup is `world_changed` naming the fields.
   The opened session keeps a world of its own from then on (its chunks and their videos).
+  `world_changed` carries the world's id and the changed fields: `reopen` (reopen.py) runs its
+  inputs again through the served model.
 """
 from __future__ import annotations
 
@@ -31,13 +33,14 @@ from deployments.ingress.outbox import Outbox
 from deployments.ingress.releases import Releases
 from deployments.ingress.resume import ResumeBook
 from deployments.ingress.stream import Stream, StreamState, image_digest
+from deployments.ingress.worlds.changes import world_changed
 from deployments.ingress.worlds.sessions import SessionWorlds
 from deployments.wire import SessionOptions, owner_tag, routing_key
 from deployments.worlds.errors import BadWorldFile, QuotaExceeded, StoreUnavailable, WorldError
 from deployments.worlds.ids import new_world_id, principal_dir
 from deployments.worlds.journal_parts import journal_from_world
 from deployments.worlds.lwf import export_world, read_lwf
-from deployments.worlds.manifest import Manifest, fingerprint_changes, served_model
+from deployments.worlds.manifest import Manifest, served_model
 from deployments.worlds.worlds import Worlds
 from media.reassembly import split_init
 from protocol.errors import ErrorCode
@@ -58,7 +61,7 @@ def copy_world(worlds: Worlds, principal: str, world_id: str, title: str) -> Man
     return worlds.put_world(principal, mine, parts)
 
 
-def _world_error(e: WorldError, session_id: str) -> ErrorReply:
+def world_error(e: WorldError, session_id: str) -> ErrorReply:
     if isinstance(e, QuotaExceeded):
         code = ErrorCode.WORLD_QUOTA
     elif isinstance(e, StoreUnavailable):
@@ -120,7 +123,7 @@ class WorldRequests:
         try:
             m = await asyncio.to_thread(copy_world, w.keeping.worlds, w.principal, source, req.title)
         except WorldError as e:
-            return _world_error(e, req.session_id)
+            return world_error(e, req.session_id)
         return Saved(session_id=req.session_id, world_id=m.world_id, chunks=m.chunks)
 
     async def _open(self, req: OpenRequest, cur: Optional[Stream]) -> tuple[Optional[Stream], BaseModel]:
@@ -129,13 +132,12 @@ class WorldRequests:
         try:
             world = await asyncio.to_thread(keeping.worlds.load, w.principal, req.world_id)
         except WorldError as e:  # not found (another's), not an id, damaged, the store down
-            return None, _world_error(e, sid)
+            return None, world_error(e, sid)
         m, args = world.manifest, keeping.args
-        changes = fingerprint_changes(m.model, served_model(args))
-        if changes:
-            return None, ErrorReply(code=ErrorCode.WORLD_CHANGED, session_id=sid, message=(
-                f"this world was made by another model setup than the one served now ({', '.join(changes)} "
-                "changed): it cannot continue byte-identical"))
+        changed = world_changed(m.world_id, m.model, served_model(args), "this world")
+        if changed is not None:  # field by field, and the `reopen` that runs it again (reopen.py)
+            return None, ErrorReply(code=ErrorCode.WORLD_CHANGED, session_id=sid, message=changed.message,
+                                    world_id=changed.world_id, changed=list(changed.changed))
         journal = journal_from_world(world, int(args.sessions.journal_max_mib * MIB) if args.sessions.recovery
                                      else None)
         if not world.chunks or world.context is None or not journal.recoverable:

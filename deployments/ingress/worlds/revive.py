@@ -4,7 +4,8 @@ After `serve shutdown` + `serve run`, a `serve deploy` with changed args or a ki
 replica, the new parking knows no session; a claim of a token it does not know comes here
 (resume.py) before it is refused. The token's digest names the session's world under the
 claimant's principal (keeping.py `world_of_token`): the world is loaded (every part checked),
-its model compared with the one served (a change: `world_changed`, naming the fields), and the
+its model compared with the one served (a change: `world_changed`, naming the fields and the
+world to `reopen`), and the
 session made back as the parking would hand it over: its journal (`journal_from_world`), its
 options (the manifest and `session.json`), its chunk count. No replica holds it: its first call
 on each deployment finds the session gone and rebuilds it from the journal (history/
@@ -16,13 +17,14 @@ from __future__ import annotations
 import asyncio
 from typing import Optional
 
-from deployments.errors import SessionLost, WorldChanged
+from deployments.errors import SessionLost
 from deployments.ingress.parking import ParkedSession, token_digest
+from deployments.ingress.worlds.changes import world_changed
 from deployments.ingress.worlds.keeping import WorldKeeping, world_of_token
 from deployments.wire import SessionOptions, owner_tag, routing_key
 from deployments.worlds.errors import BadWorldKey, StoreUnavailable, WorldError, WorldNotFound
 from deployments.worlds.journal_parts import journal_from_world
-from deployments.worlds.manifest import fingerprint_changes, served_model
+from deployments.worlds.manifest import served_model
 
 MIB = 1024 * 1024
 
@@ -43,10 +45,9 @@ async def revive(keeping: WorldKeeping, principal: str, session_id: str, token: 
     if session.get("session_id") != session_id or not isinstance(session.get("image_digest"), str):
         return None
     m = world.manifest
-    changes = fingerprint_changes(m.model, served_model(args))
-    if changes:
-        raise WorldChanged(f"this session was made by another model setup than the one served now ({', '.join(changes)} "
-                           "changed): it cannot continue byte-identical; start it again")
+    changed = world_changed(m.world_id, m.model, served_model(args), "this session")
+    if changed is not None:  # field by field, with the world to `reopen` (reopen.py)
+        raise changed
     if not args.sessions.recovery or world.context is None:
         raise SessionLost("this server does not rebuild sessions (sessions.recovery is off); start it again")
     journal = journal_from_world(world, int(args.sessions.journal_max_mib * MIB))

@@ -93,6 +93,9 @@ def test_a_changed_model_is_refused_naming_what_changed(tmp_path):
             await later.revive(OPTIONS.session_id, token)
         assert e.value.code is ErrorCode.WORLD_CHANGED and "model.dtype" in e.value.message
         assert "max_sessions" not in e.value.message  # not part of what a continuation needs
+        # field by field, with its values, and the world a `reopen` runs again (ingress/worlds/changes.py)
+        assert e.value.changed == ("model.dtype",) and "model.dtype: 'float32' -> 'bfloat16'" in e.value.message
+        assert e.value.world_id == world_of_token(token_digest(token)) and "reopen" in e.value.message
 
     asyncio.run(main())
 
