@@ -8,8 +8,8 @@
     lwf-client compare A.mp4 B.mp4 ... -o side_by_side.mp4     (client/compare.py)
     lwf-client watch 'http://HOST:8000/w/WORLD#token=TOKEN' --out watched.mp4   (client/watch_cli.py)
     lwf-client ... --save TITLE                                  saves the session at the end as a world (its id printed)
-    lwf-client open|reopen WORLD_ID [--keys SCRIPT | --trajectory DIR]   (client/world_session.py)
-    lwf-client worlds | export | import | delete ...             (client/worlds_cli.py)
+    lwf-client open|reopen WORLD_ID [--keys SCRIPT | --trajectory DIR]   (client/worlds/session.py)
+    lwf-client worlds | export | import | delete ...             (client/worlds/commands.py)
 
 The parser is client/cli_args.py; the exploration after the main session client/branch_run.py.
 
@@ -51,8 +51,8 @@ from client.streaming import ResumePolicy, StreamResult
 from client.synthetic import DEFAULT_PROMPT, default_image, synthetic_trajectory
 from client.trajectory import Trajectory, plan_session
 from client.watch_cli import run as run_watch
-from client.world_session import WORLD_SESSION_COMMANDS, run_world_session, world_changed_hint
-from client.worlds_cli import WORLD_COMMANDS, run as run_world_command
+from client.worlds.session import WORLD_SESSION_COMMANDS, run_world_session, world_changed_hint
+from client.worlds.commands import WORLD_COMMANDS, run as run_world_command
 from media.pyav import MissingPyAV
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply, Queued, Saved
@@ -324,7 +324,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser().parse_args(argv)
     args.argv = argv  # --save-session keeps the command line
-    if args.command in WORLD_COMMANDS:  # the server's saved worlds over HTTP (worlds_cli.py)
+    if args.command in WORLD_COMMANDS:  # the server's saved worlds over HTTP (worlds/commands.py)
         return run_world_command(args)
     if args.command == "watch":  # a world someone shares (watch_cli.py)
         return run_watch(args)
@@ -364,7 +364,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, OSError) as e:  # unreadable or inconsistent input files
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    try:  # open / reopen: a saved world continued (client/world_session.py)
+    try:  # open / reopen: a saved world continued (client/worlds/session.py)
         asyncio.run(run_world_session(args) if args.command in WORLD_SESSION_COMMANDS else play(args, traj))
     except LocalPathError as e:  # a write that failed after the checks (the video was kept elsewhere)
         print(f"error: {e}", file=sys.stderr)

@@ -9,8 +9,8 @@ from camera.frames import CHUNK_VIDEO_FRAMES, FIRST_CHUNK_VIDEO_FRAMES
 from client.keyscript import chunk_keys, parse_keyscript
 from client.session import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_REPLY_TIMEOUT_S, DEFAULT_URL, URL_ENV, default_url
 from client.watch_cli import add_parser as add_watch_parser
-from client.world_session import add_parsers as add_world_session_parsers
-from client.worlds_cli import add_parsers as add_world_parsers
+from client.worlds.session import add_parsers as add_world_session_parsers
+from client.worlds.commands import add_parsers as add_world_parsers
 
 API_KEY_ENV = "LWF_API_KEY"
 EXAMPLES = f"""examples (a server from `serve run serve_config.yaml` on this machine; elsewhere
@@ -147,11 +147,11 @@ def parser() -> argparse.ArgumentParser:
     drive.add_argument("script", type=keyscript, metavar="SCRIPT",
                        help="keys held per chunk: KEYS:CHUNKS entries joined by commas, KEYS joined by + "
                             "(w a s d move, q e up/down, i j k l or arrows look, none for no key), e.g. w:3,j+w:2,none:1")
-    add_world_parsers(sub, API_KEY_ENV)  # worlds, export, import, delete (client/worlds_cli.py)
+    add_world_parsers(sub, API_KEY_ENV)  # worlds, export, import, delete (client/worlds/commands.py)
     add_watch_parser(sub, API_KEY_ENV, seconds)  # watch a shared world (client/watch_cli.py)
     session = argparse.ArgumentParser(add_help=False)
     _connection(session)
-    add_world_session_parsers(sub, session, keyscript)  # open, reopen (client/world_session.py)
+    add_world_session_parsers(sub, session, keyscript)  # open, reopen (client/worlds/session.py)
     compare = sub.add_parser("compare", help="play videos side by side (e.g. a session and its branches)")
     compare.add_argument("videos", nargs="+", type=Path, metavar="VIDEO",
                          help="MP4 files to put side by side, left to right (e.g. OUT.mp4 OUT.branch.mp4)")
