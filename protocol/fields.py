@@ -1,5 +1,6 @@
 """Field types and the message base shared by the wire's requests (protocol/messages.py) and
-replies (protocol/replies.py): arrays as msgpack-numpy maps, images, resume tokens."""
+replies (protocol/replies.py): arrays as msgpack-numpy maps, images, resume tokens; `_Request`,
+whose `session_id` every request has, and the prompt's length check."""
 from __future__ import annotations
 
 import re
@@ -7,9 +8,11 @@ import re
 from typing import Annotated, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, Strict, ValidationInfo, WithJsonSchema
+from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, Strict, ValidationInfo, WithJsonSchema,
+                      field_validator)
 
 from camera.frames import MAX_CHUNKS
+from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import DEFAULT_LIMITS, Limits
 
 _SIZE = re.compile(r"([0-9]{1,5})\*([0-9]{1,5})")  # used with fullmatch
@@ -60,3 +63,25 @@ def _limits(info: ValidationInfo) -> Limits:
 class _Message(BaseModel):
     # JSON mode (logs, docs) writes bytes as base64; the wire itself is msgpack with bin.
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="ignore", ser_json_bytes="base64")
+
+
+class _Request(_Message):
+    session_id: Annotated[str, Strict()] = Field(description="non-empty; at most 128 chars by default")
+
+    @field_validator("session_id")
+    @classmethod
+    def _session_id(cls, v: str, info: ValidationInfo) -> str:
+        limit = _limits(info).max_session_id_chars
+        name = info.field_name or "session_id"
+        if not v:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`{name}` must be a non-empty string")
+        if len(v) > limit:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"`{name}` has {len(v)} chars; at most {limit}")
+        return v
+
+
+def _check_prompt(v: str | None, info: ValidationInfo) -> str | None:
+    limit = _limits(info).max_prompt_chars
+    if v is not None and len(v) > limit:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"`{info.field_name}` has {len(v)} chars; at most {limit}")
+    return v

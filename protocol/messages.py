@@ -19,30 +19,17 @@ from camera.poses import rigid_errors
 from protocol.arrays import finite_float32, wire_array
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.fields import (_RESUME_FROM_DOC, _RESUME_TOKEN_DOC, _SIZE, ImageField, IntrinsicsArray, PosesArray,
-                             PositiveInt, ResumeFrom, ResumeToken, StrictInt, _limits, _Message)
+                             PositiveInt, ResumeFrom, ResumeToken, StrictInt, _check_prompt, _limits, _Message, _Request)
 from protocol.handshake import CameraServerConfig
 from protocol.image import probe_image, raw_image
 from protocol.limits import Limits
 # the replies live in protocol/replies.py; this stays the wire's one module of messages
 from protocol.replies import (ErrorReply, Forked, FrameReply, Opened, Paused, Queued, Reopened, ResetOk, ResumeOk,
                              Rewound, Saved)
-from protocol.sharing import (Audience, Controls, Players, Shared, Unshared, ViewerId, WatchToken, Watching, WorldId,
-                              WorldNotice)
-
-
-class _Request(_Message):
-    session_id: Annotated[str, Strict()] = Field(description="non-empty; at most 128 chars by default")
-
-    @field_validator("session_id")
-    @classmethod
-    def _session_id(cls, v: str, info: ValidationInfo) -> str:
-        limit = _limits(info).max_session_id_chars
-        name = info.field_name or "session_id"
-        if not v:
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"`{name}` must be a non-empty string")
-        if len(v) > limit:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"`{name}` has {len(v)} chars; at most {limit}")
-        return v
+# the owner's share and players' requests live with the other shared-world messages in protocol/sharing.py
+from protocol.sharing import (AskControlsRequest, GrantRequest, KickRequest, PassControlsRequest, Players,
+                              PromptRequest, RevokeRequest, Shared, ShareRequest, Unshared, UnshareRequest, WatchToken,
+                              Watching, WorldId, WorldNotice)
 
 
 class Cameras(_Message):
@@ -184,13 +171,6 @@ class _Opening(_Request):
     def max_area(self) -> int | None:
         """H*W of `size`, or None when the session keeps the server default."""
         return None if self.size is None else math.prod(int(s) for s in self.size.split("*"))
-
-
-def _check_prompt(v: str | None, info: ValidationInfo) -> str | None:
-    limit = _limits(info).max_prompt_chars
-    if v is not None and len(v) > limit:
-        raise ProtocolError(ErrorCode.TOO_LARGE, f"`{info.field_name}` has {len(v)} chars; at most {limit}")
-    return v
 
 
 class InferRequest(_Opening):
@@ -390,79 +370,6 @@ class AckRequest(_Request):
     endpoint: Literal["ack"] = "ack"
     chunk_id: Annotated[int, Strict(), Field(ge=0, le=MAX_CHUNKS)] = Field(
         description="the highest chunk_id whose frame reply the client has (every lower one too)")
-
-
-class ShareRequest(_Request):
-    """Share the open session as a world others watch (`/v1/realtime/world/watch`); the reply
-    is `shared`. Sharing a shared session again answers the same world."""
-
-    endpoint: Literal["share"] = "share"
-    audience: Audience = Field("link", description="`link`: whoever holds the token (with auth on, with a valid "
-                                                   "key); `principal`: only the owner's API key (or address)")
-    controls: Controls = Field("owner", description="who drives: `owner` (only the owner), `turns` (one player holds "
-                                                    "the controls; others ask), `crowd` (the players' keys merged "
-                                                    "per chunk, majority per key)")
-    show_prompt: bool = Field(False, description="viewers get the prompt the world attends to, and a `world` notice "
-                                                 "`prompt` at each prompt update (default: they never see it)")
-
-
-class UnshareRequest(_Request):
-    """End the session's share: its token is revoked, its viewers get `ended`. The reply is `unshared`."""
-
-    endpoint: Literal["unshare"] = "unshare"
-
-
-class AskControlsRequest(_Request):
-    """A viewer's, on the watch route (`session_id`: the world's id): become a player of a
-    `turns` or `crowd` world (in `turns`, wait for a turn). The `controls` notice answers it."""
-
-    endpoint: Literal["ask_controls"] = "ask_controls"
-
-
-class PassControlsRequest(_Request):
-    """Pass the controls of a `turns` world: the owner's (`session_id`: its session) or the
-    holder's (on the watch route, `session_id`: the world's id). The owner gets `players`."""
-
-    endpoint: Literal["pass_controls"] = "pass_controls"
-    viewer_id: Optional[ViewerId] = Field(None, description="the player who gets them; absent: the owner")
-
-
-class GrantRequest(_Request):
-    """The owner makes a viewer of its session's world a player (`director`: its `prompt` steers
-    too). The reply is `players`."""
-
-    endpoint: Literal["grant"] = "grant"
-    viewer_id: ViewerId = Field(description="the viewer's id (its `watching`, `controls` notices)")
-    director: bool = Field(False, description="the player's `prompt` steers the world (one director at a time)")
-
-
-class RevokeRequest(_Request):
-    """The owner takes a player's role back (it holds no controls, casts no vote, steers no
-    prompt; it still watches). The reply is `players`."""
-
-    endpoint: Literal["revoke"] = "revoke"
-    viewer_id: ViewerId
-
-
-class KickRequest(_Request):
-    """The owner removes a viewer from its world: its socket gets a `kicked` notice and closes;
-    its key (or address) cannot watch the world again. The reply is `players`."""
-
-    endpoint: Literal["kick"] = "kick"
-    viewer_id: ViewerId
-
-
-class PromptRequest(_Request):
-    """The director's prompt steering, on the watch route (`session_id`: the world's id): the
-    world's next chunk attends to `prompt` (as the owner's `prompt_update`)."""
-
-    endpoint: Literal["prompt"] = "prompt"
-    prompt: Annotated[str, Strict()]
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, v: str, info: ValidationInfo) -> str:
-        return _check_prompt(v, info)
 
 
 Request = Union[InferRequest, ResetRequest, ResumeRequest, ForkRequest, RewindRequest, ControlRequest, DriveRequest,

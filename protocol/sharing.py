@@ -1,15 +1,15 @@
-"""Worlds people share (PROTOCOL.md, "Shared worlds"): the owner's `share` / `unshare` answers
-and the viewer's side of `/v1/realtime/world/watch` (its `watch` request, `watching`, the
-world's notices). The owner's requests (`share`, `unshare`) live with the other requests of
-the camera route in protocol/messages.py; this module holds what they answer and the watch
-route's messages."""
+"""Worlds people share (PROTOCOL.md, "Shared worlds" and "Players"): the owner's requests
+(`share`, `unshare`, `grant`, `revoke`, `kick`, `pass_controls`) and their answers, the
+viewer's side of `/v1/realtime/world/watch` (its `watch` request, `watching`, the world's
+notices) and a player's requests there (`ask_controls`, `pass_controls`, `prompt`).
+protocol/messages.py puts the requests in the camera route's REQUEST_TYPES."""
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field, JsonValue, Strict
+from pydantic import Field, JsonValue, Strict, ValidationInfo, field_validator
 
-from protocol.fields import _Message
+from protocol.fields import _check_prompt, _Message, _Request
 
 MAX_WORLD_ID_CHARS = 64
 MAX_WATCH_TOKEN_CHARS = 128
@@ -113,3 +113,76 @@ class Players(_Message):
     holder: Optional[str] = Field(None, description="`owner` or the player holding the controls (absent in `crowd`)")
     players: list[str] = Field(default_factory=list, description="the players' viewer ids")
     director: Optional[str] = None
+
+
+class ShareRequest(_Request):
+    """Share the open session as a world others watch (`/v1/realtime/world/watch`); the reply
+    is `shared`. Sharing a shared session again answers the same world."""
+
+    endpoint: Literal["share"] = "share"
+    audience: Audience = Field("link", description="`link`: whoever holds the token (with auth on, with a valid "
+                                                   "key); `principal`: only the owner's API key (or address)")
+    controls: Controls = Field("owner", description="who drives: `owner` (only the owner), `turns` (one player holds "
+                                                    "the controls; others ask), `crowd` (the players' keys merged "
+                                                    "per chunk, majority per key)")
+    show_prompt: bool = Field(False, description="viewers get the prompt the world attends to, and a `world` notice "
+                                                 "`prompt` at each prompt update (default: they never see it)")
+
+
+class UnshareRequest(_Request):
+    """End the session's share: its token is revoked, its viewers get `ended`. The reply is `unshared`."""
+
+    endpoint: Literal["unshare"] = "unshare"
+
+
+class AskControlsRequest(_Request):
+    """A viewer's, on the watch route (`session_id`: the world's id): become a player of a
+    `turns` or `crowd` world (in `turns`, wait for a turn). The `controls` notice answers it."""
+
+    endpoint: Literal["ask_controls"] = "ask_controls"
+
+
+class PassControlsRequest(_Request):
+    """Pass the controls of a `turns` world: the owner's (`session_id`: its session) or the
+    holder's (on the watch route, `session_id`: the world's id). The owner gets `players`."""
+
+    endpoint: Literal["pass_controls"] = "pass_controls"
+    viewer_id: Optional[ViewerId] = Field(None, description="the player who gets them; absent: the owner")
+
+
+class GrantRequest(_Request):
+    """The owner makes a viewer of its session's world a player (`director`: its `prompt` steers
+    too). The reply is `players`."""
+
+    endpoint: Literal["grant"] = "grant"
+    viewer_id: ViewerId = Field(description="the viewer's id (its `watching`, `controls` notices)")
+    director: bool = Field(False, description="the player's `prompt` steers the world (one director at a time)")
+
+
+class RevokeRequest(_Request):
+    """The owner takes a player's role back (it holds no controls, casts no vote, steers no
+    prompt; it still watches). The reply is `players`."""
+
+    endpoint: Literal["revoke"] = "revoke"
+    viewer_id: ViewerId
+
+
+class KickRequest(_Request):
+    """The owner removes a viewer from its world: its socket gets a `kicked` notice and closes;
+    its key (or address) cannot watch the world again. The reply is `players`."""
+
+    endpoint: Literal["kick"] = "kick"
+    viewer_id: ViewerId
+
+
+class PromptRequest(_Request):
+    """The director's prompt steering, on the watch route (`session_id`: the world's id): the
+    world's next chunk attends to `prompt` (as the owner's `prompt_update`)."""
+
+    endpoint: Literal["prompt"] = "prompt"
+    prompt: Annotated[str, Strict()]
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str, info: ValidationInfo) -> str:
+        return _check_prompt(v, info)
