@@ -9,13 +9,15 @@ embedded tiny model on the CPU, its world store on) with `--set SECTION.FIELD=VA
 (YAML values), waits for /healthz, then runs the benchmark module's `main` with `--url` of this
 app added to its arguments (and with `--pass-app`, `--app` and the application's name), and
 shuts everything down. The world store's folder is `--worlds-root` (default: a fresh temporary
-folder, deleted after).
+folder, deleted after). SIGTERM shuts them down as the end does.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import socket
+import sys
 import tempfile
 import time
 import urllib.request
@@ -68,6 +70,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("module", help="the benchmark module, e.g. benchmarks.sharing.watch_load")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="its arguments")
     a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: Serve and Ray shut down (finally)
     import ray
     from ray import serve
 

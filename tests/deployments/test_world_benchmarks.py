@@ -87,5 +87,6 @@ def test_watch_load_every_viewer_gets_every_chunk_and_memory_is_measured(world_a
         assert run["chunks_skipped"] == 0 and len(run["owner_intervals_s"]) == 2 and run["interval_ratio"] > 0
         if run["viewers"]:
             assert run["lag_s"]["samples"] == 3 * run["viewers"], run  # chunks 1..3, each viewer
+            assert run["lag_s"]["first_viewer_p50"] <= run["lag_s"]["p50"] <= run["lag_s"]["p95"]
             assert sum(run["viewers_per_ingress_replica"].values()) == run["viewers"]
             assert run["ingress_rss_mib"]["before"] > 0 and "per_viewer_kib" in run["ingress_rss_mib"]
