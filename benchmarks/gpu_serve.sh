@@ -383,7 +383,7 @@ if [ "${WATCH_LOAD:-0}" = 1 ]; then  # issue 56: one owner, WATCH_VIEWERS viewer
     if [ "$(left)" -gt 10 ]; then
         log "watch_load: $WATCH_VIEWERS viewers (at most $(left) s)"
         timeout "$(left)" $PY -m benchmarks.sharing.watch_load --url ws://127.0.0.1:8000/v1/realtime/world/camera \
-            --viewers "$WATCH_VIEWERS" --chunks "${WATCH_CHUNKS:-10}" --app "${APP_NAME:-lingbot-world}" \
+            --viewers "$WATCH_VIEWERS" --chunks "${WATCH_CHUNKS:-10}" --app "${APP_NAME:-lingbot-world}" --server-pid "$SERVE_PID" \
             $([ "${OPEN_ENDED:-0}" = 1 ] && echo --open-ended) --out "$OUT/watch_load_gpu.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
     else
         log "watch_load skipped: no budget left"

@@ -16,9 +16,11 @@ Reported per run: the owner's chunk interval (median of the gaps between its rep
 2..C) and its ratio to the baseline's (the mean of the two 0-viewer runs); viewer lag (a
 viewer's receipt of chunk k minus the owner's receipt of chunk k) p50 / p95 / max over every
 (viewer, chunk), and the p50 over chunks of the first viewer's lag (the path's latency: owner's
-replica -> hub -> each replica's feed -> proxy; the rest of the lag is the fan-out's queue); chunks skipped (a chunk after a viewer's first that it never got); viewers per
-ingress replica (`watching.debug`, with debug_fields on); and the ingress replicas' memory: RSS
-(from /proc of their processes: run it on the server's machine; `--no-rss` skips it) summed
+replica -> hub -> each replica's feed -> proxy; the rest of the lag is the fan-out's queue);
+chunks skipped (a chunk after a viewer's first that it never got); viewers per ingress replica
+(`watching.debug`, with debug_fields on); and the ingress replicas' memory: RSS
+(from /proc of their processes, benchmarks/sharing/ingress_memory.py: run it on the server's
+machine, `--server-pid` the process that started its Ray; `--no-rss` skips it) summed
 before the viewers join and with them joined, its delta divided by N. Viewers run in this one
 process (one event loop): on a loaded machine its own scheduling is part of the lag it sees.
 """
@@ -106,7 +108,9 @@ def memory(args: argparse.Namespace) -> Optional[int]:
     if not args.rss:
         return None
     try:
-        return ingress_rss(args.app)
+        rss, replicas = ingress_rss(args.app, args.server_pid)
+        args.ingress_replicas_measured = replicas
+        return rss
     except Exception as e:  # noqa: BLE001 - another machine, another app name: the rest is still measured
         print(f"ingress memory not measured: {e!r}", file=sys.stderr)
         args.rss = False
@@ -170,7 +174,8 @@ async def one_run(args: argparse.Namespace, n: int, label: str) -> dict:
                         "max": round(max(lags), 4), "samples": len(lags),
                         "first_viewer_p50": round(percentile(first_lags, 0.5), 4)}
     if rss_before is not None and rss_joined is not None:
-        run["ingress_rss_mib"] = {"before": round(rss_before / 2**20, 1), "joined": round(rss_joined / 2**20, 1),
+        run["ingress_rss_mib"] = {"replicas": args.ingress_replicas_measured,
+                                  "before": round(rss_before / 2**20, 1), "joined": round(rss_joined / 2**20, 1),
                                   "per_viewer_kib": round((rss_joined - rss_before) / n / 1024, 1)}
     print(json.dumps({k: v for k, v in run.items() if k != "owner_intervals_s"}), flush=True)
     return run
@@ -199,6 +204,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--drain-s", type=float, default=10.0, help="how long the viewers may take for the last chunk")
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--app", default="lingbot-world", help="the Serve application (its ingress replicas' memory)")
+    p.add_argument("--server-pid", type=int, help="the process that started the server's Ray (`serve run`'s; "
+                                                 "default: this one, a driver that serves the app itself)")
     p.add_argument("--no-rss", dest="rss", action="store_false", help="not on the server's machine: no memory")
     p.add_argument("--out", type=Path, default=Path("watch_load.json"))
     args = p.parse_args(argv)

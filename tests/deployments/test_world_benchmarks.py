@@ -89,4 +89,5 @@ def test_watch_load_every_viewer_gets_every_chunk_and_memory_is_measured(world_a
             assert run["lag_s"]["samples"] == 3 * run["viewers"], run  # chunks 1..3, each viewer
             assert run["lag_s"]["first_viewer_p50"] <= run["lag_s"]["p50"] <= run["lag_s"]["p95"]
             assert sum(run["viewers_per_ingress_replica"].values()) == run["viewers"]
-            assert run["ingress_rss_mib"]["before"] > 0 and "per_viewer_kib" in run["ingress_rss_mib"]
+            assert run["ingress_rss_mib"]["replicas"] == 2 and run["ingress_rss_mib"]["before"] > 0  # both, this app's
+            assert "per_viewer_kib" in run["ingress_rss_mib"]
