@@ -81,7 +81,11 @@
 # serve_run_restart.log; serve_logs_before_restart.tar.gz), then --phase resume: each session
 # resumes with its token on the new app and plays to the end: restart_drill.json (identical chunks
 # of all, time to healthy, stop -> both resumed). Each hook is bounded by the budget left (the
-# restart's health wait too) and skipped, saying so, when too little is left.
+# restart's health wait too) and skipped, saying so, when too little is left. On one H100 (a cold
+# start ~150 s, a warm one ~85 s) the three do not fit one call's 540 s: `WORLD_OPEN=1 WATCH_LOAD=1`
+# in one, `RESTART_DRILL=1 KEEP_COMPILE_CACHE=1` in the next on the warm machine (its cache kept).
+# Run on the CPU (SKIP_WHEELS=1 KEEP_COMPILE_CACHE=1 CONFIG=serve_config.yaml, small counts) every
+# hook completed: docs/PERFORMANCE.md round 7.
 #
 # Wall-time budget (BUDGET_S, default 540 s of the device tool's 600): wheels ~30 s, Ray + models
 # + warm-up ~2-3 min (waits at most HEALTH_WAIT_S), the load runs ~2 min (no run starts later than
