@@ -74,7 +74,8 @@
 # OPEN_ENDED=1 passes --open-ended); the config's viewer limits (sharing.max_viewers,
 # max_views_per_principal, joins_per_minute), connection.max_connections_per_client and the
 # ingress's max_ongoing_requests are raised to fit them (all come from one address here).
-# RESTART_DRILL=1, last of all: benchmarks/worlds/restart_drill.py --phase start (two sessions, each
+# RESTART_DRILL=1, last of all: benchmarks/worlds/restart_drill.py --phase start ($RESTART_SESSIONS
+# sessions, default 2, fewer where the config has fewer seats; each
 # first played uninterrupted for $RESTART_CHUNKS (5) chunks as the reference, then both live at once
 # for $RESTART_BEFORE (2) chunks and left without a reset once the store has them), Serve stopped
 # and `serve run` started again with the compile cache kept (time_to_healthy_restart_s,
@@ -394,8 +395,14 @@ if [ "${WATCH_LOAD:-0}" = 1 ]; then  # issue 56: one owner, WATCH_VIEWERS viewer
     fi
 fi
 if [ "${RESTART_DRILL:-0}" = 1 ]; then  # issue 55: two live sessions across `serve run` again; last: it restarts Serve
+    RESTART_SESSIONS=${RESTART_SESSIONS:-2}  # live at once, at most the seats: one more would wait in line for a seat nobody frees
+    SEATS=$($PY -m benchmarks.line.seats "$CONFIG" 2>/dev/null || echo "$RESTART_SESSIONS")
+    if [ "$SEATS" -lt "$RESTART_SESSIONS" ]; then
+        log "restart drill: $SEATS seat(s) in $CONFIG: $SEATS live session(s), not $RESTART_SESSIONS"
+        RESTART_SESSIONS=$SEATS
+    fi
     if [ "$(left)" -gt 150 ]; then
-        DRILL=(--url ws://127.0.0.1:8000/v1/realtime/world/camera --state "$OUT/restart_state.json" --sessions 2
+        DRILL=(--url ws://127.0.0.1:8000/v1/realtime/world/camera --state "$OUT/restart_state.json" --sessions "$RESTART_SESSIONS"
                --chunks "${RESTART_CHUNKS:-5}" --before "${RESTART_BEFORE:-2}" $([ "${OPEN_ENDED:-0}" = 1 ] && echo --open-ended))
         log "restart drill: two sessions live (at most $(( $(left) - 120 )) s)"
         if timeout "$(( $(left) - 120 ))" $PY -m benchmarks.worlds.restart_drill --phase start "${DRILL[@]}" \
