@@ -61,6 +61,33 @@
 # models_store.json, ready_store.json (each replica's `compile_store`: what it fetched and
 # loaded), serve_run_store.log; ready.json's "store" entry. SESSIONS="" skips the load runs.
 #
+# Worlds and sharing (issues 55 and 56; tested on the CPU: tests/deployments/test_world_benchmarks.py):
+# WORLD_OPEN=1 and RESTART_DRILL=1 turn the config's world store on in a local folder (`worlds:
+# {enabled: true, backend: local, root: $WORLDS_ROOT}`, default /tmp/lwf-worlds-bench, emptied before
+# the start; with STORE_WARM=1 its store, $STORE_ROOT). WORLD_OPEN=1: benchmarks/worlds/open_replay.py
+# --open-ended --open $WORLD_OPEN_CHUNKS (default 50): one session of 51 chunks saved after chunk 50,
+# the world opened on a new socket, open -> its first new chunk timed (issue 55's target <= 15 s on
+# the FP8 window config) and the chunk's bytes against the session's; then the same 51 chunks
+# replayed from the inputs (world_open.json, written before the replay too; WORLD_OPEN_ARGS).
+# WATCH_LOAD=1: benchmarks/sharing/watch_load.py with $WATCH_VIEWERS (default 100) viewers of one
+# owner's world, runs of 0 viewers before and after (watch_load_gpu.json; WATCH_CHUNKS, default 10;
+# OPEN_ENDED=1 passes --open-ended); the config's viewer limits (sharing.max_viewers,
+# max_views_per_principal, joins_per_minute), connection.max_connections_per_client and the
+# ingress's max_ongoing_requests are raised to fit them (all come from one address here).
+# RESTART_DRILL=1, last of all: benchmarks/worlds/restart_drill.py --phase start ($RESTART_SESSIONS
+# sessions, default 2, fewer where the config has fewer seats; each
+# first played uninterrupted for $RESTART_CHUNKS (5) chunks as the reference, then both live at once
+# for $RESTART_BEFORE (2) chunks and left without a reset once the store has them), Serve stopped
+# and `serve run` started again with the compile cache kept (time_to_healthy_restart_s,
+# serve_run_restart.log; serve_logs_before_restart.tar.gz), then --phase resume: each session
+# resumes with its token on the new app and plays to the end: restart_drill.json (identical chunks
+# of all, time to healthy, stop -> both resumed). Each hook is bounded by the budget left (the
+# restart's health wait too) and skipped, saying so, when too little is left. On one H100 (a cold
+# start ~150 s, a warm one ~85 s) the three do not fit one call's 540 s: `WORLD_OPEN=1 WATCH_LOAD=1`
+# in one, `RESTART_DRILL=1 KEEP_COMPILE_CACHE=1` in the next on the warm machine (its cache kept).
+# Run on the CPU (SKIP_WHEELS=1 KEEP_COMPILE_CACHE=1 CONFIG=serve_config.yaml, small counts) every
+# hook completed: docs/PERFORMANCE.md round 7.
+#
 # Wall-time budget (BUDGET_S, default 540 s of the device tool's 600): wheels ~30 s, Ray + models
 # + warm-up ~2-3 min (waits at most HEALTH_WAIT_S), the load runs ~2 min (no run starts later than
 # the budget minus 60 s), shutdown ~20 s. Frames: 81 per session (7 chunks), the engine
@@ -128,6 +155,32 @@ yaml.safe_dump(c, open(sys.argv[3], 'w'), sort_keys=False)" "$CONFIG" "$STORE_RO
         || { log "STORE_WARM=1: could not add the store to $CONFIG"; exit 1; }
     CONFIG="$OUT/serve_config.store.yaml"
     log "STORE_WARM=1: compile artefacts kept in the world store at $STORE_ROOT ($CONFIG)"
+fi
+patch_config() {  # patch_config NAME JSON: the config's args with JSON merged in (benchmarks/overlay.py's merge)
+    $PY -c "
+import json, sys, yaml
+from benchmarks.overlay import merge
+c = yaml.safe_load(open(sys.argv[1]))
+c['applications'][0]['args'] = merge(c['applications'][0]['args'], json.loads(sys.argv[2]))
+yaml.safe_dump(c, open(sys.argv[3], 'w'), sort_keys=False)" "$CONFIG" "$2" "$OUT/serve_config.$1.yaml" \
+        || { log "could not patch $CONFIG for $1"; exit 1; }
+    CONFIG="$OUT/serve_config.$1.yaml"
+}
+if [ "${WORLD_OPEN:-0}" = 1 ] || [ "${RESTART_DRILL:-0}" = 1 ]; then  # issue 55: sessions kept in a world store
+    if [ "${STORE_WARM:-0}" = 1 ]; then
+        patch_config worlds '{"worlds": {"enabled": true}}'
+    else
+        WORLDS_ROOT=${WORLDS_ROOT:-/tmp/lwf-worlds-bench}
+        rm -rf "$WORLDS_ROOT"
+        patch_config worlds "{\"worlds\": {\"enabled\": true, \"backend\": \"local\", \"root\": \"$WORLDS_ROOT\"}}"
+    fi
+    log "WORLD_OPEN / RESTART_DRILL: the world store on ($CONFIG)"
+fi
+if [ "${WATCH_LOAD:-0}" = 1 ]; then  # issue 56: room for the viewers, all from this machine's address
+    WATCH_VIEWERS=${WATCH_VIEWERS:-100}
+    ONGOING=$(( WATCH_VIEWERS + 32 > 256 ? WATCH_VIEWERS + 32 : 256 ))
+    patch_config watch "{\"sharing\": {\"max_viewers\": $(( WATCH_VIEWERS + 8 )), \"max_views_per_principal\": $(( WATCH_VIEWERS + 8 )), \"joins_per_minute\": 100000}, \"connection\": {\"max_connections_per_client\": $(( WATCH_VIEWERS + 16 ))}, \"ingress\": {\"max_ongoing_requests\": $ONGOING}}"
+    log "WATCH_LOAD=1: room for $WATCH_VIEWERS viewers ($CONFIG)"
 fi
 CACHE_DIR=$($PY -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); print(c['applications'][0]['args'].get('model', {}).get('compile_cache_dir') or '')" "$CONFIG")
 empty_compile_caches() {  # the config's compile_cache_dir and torch's default caches (a fresh node's)
@@ -319,5 +372,55 @@ if [ "${RECOVERY_DRILL:-0}" = 1 ]; then  # issue 44.3: the DiT replica killed mi
             --stores --kill-app "${APP_NAME:-lingbot-world}" --out "$OUT/recovery_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
     else
         log "recovery drill skipped: no budget left"
+    fi
+fi
+if [ "${WORLD_OPEN:-0}" = 1 ]; then  # issue 55: a saved world of WORLD_OPEN_CHUNKS opened, against its replay
+    if [ "$(left)" -gt 10 ]; then
+        log "world open (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.worlds.open_replay --url ws://127.0.0.1:8000/v1/realtime/world/camera \
+            --open-ended --open "${WORLD_OPEN_CHUNKS:-50}" ${WORLD_OPEN_ARGS:-} --out "$OUT/world_open.json" 2>&1 \
+            | tee -a "$OUT/gpu_serve.log"
+    else
+        log "world open skipped: no budget left"
+    fi
+fi
+if [ "${WATCH_LOAD:-0}" = 1 ]; then  # issue 56: one owner, WATCH_VIEWERS viewers, 0-viewer runs around them
+    if [ "$(left)" -gt 10 ]; then
+        log "watch_load: $WATCH_VIEWERS viewers (at most $(left) s)"
+        timeout "$(left)" $PY -m benchmarks.sharing.watch_load --url ws://127.0.0.1:8000/v1/realtime/world/camera \
+            --viewers "$WATCH_VIEWERS" --chunks "${WATCH_CHUNKS:-10}" --app "${APP_NAME:-lingbot-world}" --server-pid "$SERVE_PID" \
+            $([ "${OPEN_ENDED:-0}" = 1 ] && echo --open-ended) --out "$OUT/watch_load_gpu.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+    else
+        log "watch_load skipped: no budget left"
+    fi
+fi
+if [ "${RESTART_DRILL:-0}" = 1 ]; then  # issue 55: two live sessions across `serve run` again; last: it restarts Serve
+    RESTART_SESSIONS=${RESTART_SESSIONS:-2}  # live at once, at most the seats: one more would wait in line for a seat nobody frees
+    SEATS=$($PY -m benchmarks.line.seats "$CONFIG" 2>/dev/null || echo "$RESTART_SESSIONS")
+    if [ "$SEATS" -lt "$RESTART_SESSIONS" ]; then
+        log "restart drill: $SEATS seat(s) in $CONFIG: $SEATS live session(s), not $RESTART_SESSIONS"
+        RESTART_SESSIONS=$SEATS
+    fi
+    if [ "$(left)" -gt 150 ]; then
+        DRILL=(--url ws://127.0.0.1:8000/v1/realtime/world/camera --state "$OUT/restart_state.json" --sessions "$RESTART_SESSIONS"
+               --chunks "${RESTART_CHUNKS:-5}" --before "${RESTART_BEFORE:-2}" $([ "${OPEN_ENDED:-0}" = 1 ] && echo --open-ended))
+        log "restart drill: two sessions live (at most $(( $(left) - 120 )) s)"
+        if timeout "$(( $(left) - 120 ))" $PY -m benchmarks.worlds.restart_drill --phase start "${DRILL[@]}" \
+                >> "$OUT/gpu_serve.log" 2>&1; then
+            STOPPED_AT=$(date +%s.%N)
+            stop_serve serve_logs_before_restart.tar.gz
+            wait_gpu_memory
+            HEALTH_WAIT_S=$(( $(left) - 40 < HEALTH_WAIT_S ? $(left) - 40 : HEALTH_WAIT_S ))
+            log "restart drill: serve run again, the compile cache kept (health wait at most $HEALTH_WAIT_S s)"
+            start_serve _restart
+            log "restart drill: both sessions resume (at most $(left) s)"
+            timeout "$(left)" $PY -m benchmarks.worlds.restart_drill --phase resume "${DRILL[@]}" \
+                --healthy-s "$(cat "$OUT/time_to_healthy_restart_s")" --stopped-at "$STOPPED_AT" \
+                --out "$OUT/restart_drill.json" 2>&1 | tee -a "$OUT/gpu_serve.log"
+        else
+            log "restart drill: the live sessions failed (gpu_serve.log); Serve not restarted"
+        fi
+    else
+        log "restart drill skipped: under 150 s of budget left (a restart alone takes ~85 s warm)"
     fi
 fi

@@ -222,6 +222,51 @@ def line_bench_rows(d: dict) -> list[Row]:
     return rows
 
 
+def world_store_rows(d: dict) -> list[Row]:
+    """benchmarks/worlds/store.py: one backend's bytes, writes and opens."""
+    b, w, o = d["bytes_per_chunk"], d["write_s"], d["open_s"]
+    opens = ", ".join(f"{n} chunks {fmt(s)} s" for n, s in o.items())
+    return [(f"world store ({d['backend']})", f"{d['size'][0]}x{d['size'][1]}: {fmt(b['median'] / 2**20)} MiB a chunk "
+                                              f"(first {fmt(b['first'] / 2**20)}), write p50 {fmt(w['p50'])} s, p95 "
+                                              f"{fmt(w['p95'])} s; open {opens}")]
+
+
+def open_replay_rows(d: dict) -> list[Row]:
+    """benchmarks/worlds/open_replay.py: open -> first new chunk, against the replay of the same inputs."""
+    rows = []
+    for n, o in d["opened"].items():
+        replay = d.get("replay", {}).get("to_chunk_s", {}).get(n)
+        rows.append(("world open vs replay", f"{n} chunks: open -> first new chunk {fmt(o['open_to_first_new_chunk_s'])} s"
+                                             f"{'' if replay is None else f', replay {fmt(replay)} s'}, "
+                                             f"identical {o['identical']}"))
+    return rows
+
+
+def watch_load_rows(d: dict) -> list[Row]:
+    """benchmarks/sharing/watch_load.py: per viewer count, the owner's interval ratio, lag, skips, memory."""
+    rows = []
+    for r in d["runs"]:
+        if not r["viewers"]:
+            continue
+        lag, mem = r.get("lag_s", {}), r.get("ingress_rss_mib", {})
+        rows.append(("watch_load", f"{r['viewers']} viewers: owner's interval {fmt(r['interval_ratio'])} x none, lag p50 "
+                                   f"{fmt(lag.get('p50', 0))} s, p95 {fmt(lag.get('p95', 0))} s, {r['chunks_skipped']} "
+                                   f"skipped, ingress {mem.get('per_viewer_kib', '?')} KiB a viewer"))
+    return rows
+
+
+def restart_drill_rows(d: dict) -> list[Row]:
+    """benchmarks/worlds/restart_drill.py: sessions across a restart of Serve."""
+    return [("restart_drill", f"{len(d['sessions'])} sessions resumed after the restart: identical "
+                              f"{d['identical_chunks']} of {d['of_chunks']}, healthy again "
+                              f"{d.get('time_to_healthy_s', '?')} s after serve run")]
+
+
+def bundle_rows(d: dict) -> list[Row]:
+    """A file of several results (`parts`: name -> one benchmark's result): each part's rows."""
+    return [(f"{kind} [{name}]", text) for name, part in d["parts"].items() for kind, text in rows_of(part)]
+
+
 KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: "stages" in d, run_rows),
     (lambda d: "runs" in d and isinstance(d["runs"], dict), window_rows),
@@ -235,6 +280,11 @@ KINDS: list[tuple[Callable[[dict], bool], Callable[[dict], list[Row]]]] = [
     (lambda d: isinstance(d.get("sessions"), list) and "warmup_s" in d and "load_s" in d, first_chunk_rows),
     (lambda d: "scenarios" in d, capacity_rows),
     (lambda d: "world" in d and "steady_chunk_s" in d, sp_rows),
+    (lambda d: isinstance(d.get("parts"), dict), bundle_rows),
+    (lambda d: "bytes_per_chunk" in d and "open_s" in d, world_store_rows),
+    (lambda d: "opened" in d and "chunks_built" in d, open_replay_rows),
+    (lambda d: "baseline_interval_s" in d and isinstance(d.get("runs"), list), watch_load_rows),
+    (lambda d: "resumed_at_chunk" in d and "identical_chunks" in d, restart_drill_rows),
     (_is_resume_drill, resume_rows),
     (lambda d: "busy_fraction" in d, gaps_rows),
     (lambda d: isinstance(d.get("attention"), dict) and "kv_1_chunks" in d["attention"], attention_rows),

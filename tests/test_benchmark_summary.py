@@ -65,3 +65,27 @@ def test_summary_reads_a_folder_it_is_given(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"kill": kill}))
     assert ("| `c.json` | recovery_drill | DiT replica killed, first frame after the kill 41.5 s, identical 5 of 5 |"
             in render(tmp_path))
+
+
+def test_rows_of_the_world_and_sharing_benchmarks():
+    """benchmarks/worlds/ and benchmarks/sharing/ results (issues 55, 56), alone or in a bundle of parts."""
+    store = {"backend": "s3", "size": [464, 832], "bytes_per_chunk": {"first": 2678744, "median": 1230836},
+             "write_s": {"p50": 0.0214, "p95": 0.0541}, "open_s": {"10": 0.0992, "100": 1.82}}
+    assert rows_of(store) == [("world store (s3)", "464x832: 1.17 MiB a chunk (first 2.55), write p50 0.0214 s, "
+                                                   "p95 0.0541 s; open 10 chunks 0.0992 s, 100 chunks 1.82 s")]
+    opened = {"chunks_built": 51, "opened": {"50": {"open_to_first_new_chunk_s": 4.2, "identical": True}},
+              "replay": {"to_chunk_s": {"50": 40.5}}}
+    assert rows_of(opened) == [("world open vs replay", "50 chunks: open -> first new chunk 4.2 s, replay 40.5 s, "
+                                                        "identical True")]
+    watch = {"baseline_interval_s": 1.2, "runs": [
+        {"viewers": 0, "interval_ratio": 1.0, "chunks_skipped": 0},
+        {"viewers": 100, "interval_ratio": 1.02, "chunks_skipped": 0, "lag_s": {"p50": 0.012, "p95": 0.05},
+         "ingress_rss_mib": {"per_viewer_kib": 61.5}}]}
+    assert rows_of(watch) == [("watch_load", "100 viewers: owner's interval 1.02 x none, lag p50 0.012 s, p95 0.05 s, "
+                                             "0 skipped, ingress 61.5 KiB a viewer")]
+    drill = {"sessions": {"a": {}, "b": {}}, "resumed_at_chunk": 2, "identical_chunks": 10, "of_chunks": 10,
+             "time_to_healthy_s": 85.1}
+    assert rows_of(drill) == [("restart_drill", "2 sessions resumed after the restart: identical 10 of 10, healthy "
+                                                "again 85.1 s after serve run")]
+    assert rows_of({"what": "cpu", "parts": {"s3": store, "watch": watch}}) == [
+        ("world store (s3) [s3]", rows_of(store)[0][1]), ("watch_load [watch]", rows_of(watch)[0][1])]

@@ -1,9 +1,9 @@
-"""benchmarks/probes/world_store.py runs through on a local folder at a small size and says what it measured."""
+"""benchmarks/worlds/store.py runs through on a local folder at a small size and says what it measured."""
 from __future__ import annotations
 
 import json
 
-from benchmarks.probes.world_store import main
+from benchmarks.worlds.store import main
 
 
 def test_the_world_store_benchmark_runs_on_a_local_folder(tmp_path):
