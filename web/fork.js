@@ -11,7 +11,6 @@
 import { encode } from "./msgpack.js";
 import { codecFromInit } from "./player.js";
 
-const FPS = 16;
 const FIRST_CHUNK_FRAMES = 9;
 const CHUNK_FRAMES = 12;
 
@@ -78,8 +77,6 @@ async function continueFork(stream, forked) {
   const init = forked.init_segment;
   if (!init) throw Object.assign(new Error("the server sent no init segment for the fork"), { code: "client" });
   await stream.player.open(`video/mp4; codecs="${codecFromInit(init) || "avc1.42E01E"}"`);
-  const video = stream.player.video;
-  video.addEventListener("loadedmetadata", () => { video.currentTime = framesBefore(k) / FPS; }, { once: true });
   stream.player.append(init);
   stream.setState("streaming");
   stream.status(`Forked the shared world at chunk ${k}: your own session — drive with WASD, Q/E, arrows/IJKL or drag.`);
