@@ -10,9 +10,9 @@
 
 import { encode } from "./msgpack.js";
 import { codecFromInit } from "./player.js";
+import { CHUNK_FRAMES } from "./camera.js";
 
-const FIRST_CHUNK_FRAMES = 9;
-const CHUNK_FRAMES = 12;
+const FIRST_CHUNK_FRAMES = 9; // as stream.js: chunk 0 has 9 frames, every later one 12
 
 /** The main page's link that forks `worldId` (`base`: any URL of the viewer page, `<server>/w/<id>`). */
 export function forkLink(base, worldId, token, apiKey = "") {
@@ -32,12 +32,16 @@ export function forkOfFragment(fragment) {
 const framesBefore = (k) => (k === 0 ? 0 : FIRST_CHUNK_FRAMES + CHUNK_FRAMES * (k - 1));
 
 /**
- * Fork the shared world `worldId` on `stream`'s socket (connected) and go on with the new session.
+ * Fork the shared world `worldId` on `stream`'s socket (connecting first when none is open) and
+ * go on with the new session; the page runs no session then (app.js: at boot).
  * @param {import("./stream.js").LiveStream} stream
  * @returns {Promise<object>} the `forked` answer; rejects with an Error whose `code` is the
  *   server's (`unauthorized`, `busy`, `session_lost`, `too_large`, ...) or "connection"
  */
 export async function forkWorld(stream, worldId, token) {
+  if (["starting", "streaming", "resuming"].includes(stream.state)) { // the fork would replace it on the server
+    throw Object.assign(new Error("a session runs on this page: Reset it first"), { code: "client" });
+  }
   if (stream.ws === null || stream.ws.readyState !== WebSocket.OPEN) await stream.connect();
   const sessionId = `web-${Math.random().toString(36).slice(2, 10)}`;
   stream.status("Forking the shared world: a session of your own from its last chunk…");
