@@ -3,10 +3,11 @@
 // error sizes.js's (both from the handshake); the touch pads touch.js's; Share share_panel.js's.
 // URL query parameters prefill the form: ?prompt=…&size=480*832&seed=7; an API key only from
 // the fragment, #api_key=… (a fragment never reaches a server; stream.js sends the key as the
-// socket's subprotocol, never in a URL).
+// socket's subprotocol, never in a URL). A viewer page's "Fork from here" opens this page at
+// #fork=<world_id>&token=<watch_token>: it forks that world on boot and plays on (fork.js).
 
 import { LiveStream } from "./stream.js";
-import { CONTROL_CODES } from "./camera.js";
+import { bindKeyboard } from "./keyboard.js";
 import { MsePlayer } from "./player.js";
 import { SCENES, drawScene, canvasPng } from "./scenes.js";
 import { showModel, showStats } from "./hud.js";
@@ -14,6 +15,7 @@ import { fillSizes, relabelSizes } from "./sizes.js";
 import { bindPads, isTouch } from "./touch.js";
 import { bindShare } from "./share_panel.js";
 import { bindWorlds } from "./worlds.js";
+import { forkOfFragment, forkWorld } from "./fork.js";
 
 const $ = (id) => document.getElementById(id);
 const UPLOAD = "upload";
@@ -125,7 +127,7 @@ ui.form.addEventListener("submit", async (e) => {
   }
 });
 ui.reset.addEventListener("click", () => stream.reset());
-bindShare(stream, { share: $("share"), audience: $("share-audience"), panel: $("share-panel"), link: $("share-link"),
+bindShare(stream, { share: $("share"), audience: $("share-audience"), controls: $("share-controls"), panel: $("share-panel"), link: $("share-link"),
                    copy: $("share-copy"), unshare: $("unshare"), note: $("share-note") }, setStatus);
 ui.undo.addEventListener("click", () => stream.undo());
 // Prompt steering: the next chunk's infer carries prompt_update; the session keeps its scene.
@@ -138,16 +140,7 @@ ui.steer.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.prevent
 
 // ---- input ----
 
-const typing = (el) => el instanceof HTMLInputElement || el instanceof HTMLTextAreaElement || el instanceof HTMLSelectElement;
-window.addEventListener("keydown", (e) => {
-  if (typing(e.target) || !CONTROL_CODES.has(e.code)) return;
-  e.preventDefault();
-  stream.keys.keyDown(e.code);
-});
-window.addEventListener("keyup", (e) => {
-  if (CONTROL_CODES.has(e.code)) stream.keys.keyUp(e.code);
-});
-window.addEventListener("blur", () => stream.keys.releaseAll());
+bindKeyboard(stream.keys); // keyboard.js: the same keys drive a viewer's turn (viewer.js)
 
 let dragging = null;
 ui.viewport.addEventListener("pointerdown", (e) => {
@@ -182,12 +175,21 @@ for (const [param, input] of [["prompt", ui.prompt], ["seed", ui.seed]]) {
 }
 const fragment = new URLSearchParams(window.location.hash.slice(1));
 if (fragment.has("api_key")) ui.apiKey.value = fragment.get("api_key");
+const fork = forkOfFragment(fragment); // "Fork from here" on a viewer page (fork.js)
+if (fork !== null) history.replaceState(null, "", window.location.pathname + window.location.search); // read once
 drawScene(ui.preview, ui.scene.value);
 if (!MsePlayer.supported()) {
   ui.start.disabled = true;
   setStatus("This browser cannot play H.264 through Media Source Extensions; use a recent Chrome, Edge, Firefox or Safari.", "error");
 } else {
-  stream.connect(ui.apiKey.value.trim()).catch((err) => {
+  stream.connect(ui.apiKey.value.trim()).then(() => {
+    if (fork === null) return;
+    return forkWorld(stream, fork.worldId, fork.token).then(() => { if (!isTouch()) ui.viewport.focus(); }, (err) => {
+      setStatus(`Cannot fork the shared world (${err.code || "client"}): ${err.message}. Press Start for a session of your own.`,
+                err.code === "busy" ? "warn" : "error");
+      logError(err.code || "client", err.message);
+    });
+  }, (err) => {
     setStatus(`${err.message}. Press Start to try again.`, "error");
     logError(err.code || "connection", err.message);
   });

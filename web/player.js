@@ -6,7 +6,8 @@
 // A viewer of a shared world opens it with `{ sequence: true }` ('sequence' mode): each chunk
 // plays right after the one before whatever its timestamps, the first one at 0, so a late join
 // (its first chunk not at 0), a skipped chunk or the owner's Undo (timestamps back) plays on
-// without a gap.
+// without a gap. A playhead before the first video buffered jumps to it: a fork's stream
+// (fork.js) starts at the world's head, its timestamps continuing the world's.
 
 const KEEP_BEHIND_S = 10; // played video kept in the buffer (older data is removed)
 
@@ -82,6 +83,9 @@ export class MsePlayer {
       if (this.video.currentTime > op.dropFrom) this.video.currentTime = op.dropFrom;
       const end = b.buffered.length ? b.buffered.end(b.buffered.length - 1) : 0;
       if (end > op.dropFrom) { b.remove(op.dropFrom, end + 1); return; } // updateend calls pump again
+    }
+    if (b.buffered.length && this.video.currentTime < b.buffered.start(0)) { // a stream not starting at 0
+      this.video.currentTime = b.buffered.start(0); // (a fork of a shared world: fork.js): play from its start
     }
     const played = this.video.currentTime - KEEP_BEHIND_S;
     if (b.buffered.length && played > b.buffered.start(0) + 1) {

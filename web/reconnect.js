@@ -1,7 +1,8 @@
 // Resume after a dropped socket (PROTOCOL.md, resume): a new socket to the same server sends
 // `resume` with the session's token and the count of frames the page has; the missed frames
 // come again, then `resumed` says which chunk to request next (LiveStream.onResumed). A socket
-// that drops while the session waits in the server's line takes its place again (rejoinLine).
+// that drops while the session waits in the server's line takes its place again (rejoinLine),
+// with the `queue_token` of the line's `queued` reply (onQueued).
 
 import { encode } from "./msgpack.js";
 
@@ -63,4 +64,14 @@ export async function rejoinLine(stream, why) {
   }
   stream.setState("stopped");
   stream.fail("connection", `connection lost (${why}) while waiting in line. Press Start to try again`);
+}
+
+/** The session waits in the server's line for a place (PROTOCOL.md, the waiting room). */
+export function onQueued(stream, msg) {
+  if (msg.session_id !== stream.sessionId || stream.state !== "starting") return;
+  stream.queueToken = msg.queue_token; // a dropped socket takes its place again with it (rejoinLine)
+  stream.queued = { position: msg.position, eta_s: msg.eta_s };
+  const eta = msg.eta_s == null ? "" : `; it should start in about ${Math.round(msg.eta_s)} s`;
+  stream.status(`The server is full: your session waits in line, position ${msg.position}${eta}…`, "warn");
+  stream.dispatchEvent(new CustomEvent("queued", { detail: stream.queued }));
 }

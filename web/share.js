@@ -27,9 +27,10 @@ export class ShareRequests {
     this.shared = null; // the last `shared` answer of the current session
   }
 
-  /** Send `share`; resolves with the `shared` answer, rejects with an Error whose `code` is the server's. */
-  share({ audience = "link" } = {}) {
-    return this.send({ endpoint: "share", audience, controls: "owner" }, "shared");
+  /** Send `share` (`controls`: who drives, `owner` | `turns` | `crowd`: PROTOCOL.md "Players");
+   *  resolves with the `shared` answer, rejects with an Error whose `code` is the server's. */
+  share({ audience = "link", controls = "owner" } = {}) {
+    return this.send({ endpoint: "share", audience, controls }, "shared");
   }
 
   /** Send `unshare`; resolves with the `unshared` answer (its token opens nothing any more). */

@@ -1,6 +1,7 @@
 // The demo page's Share button (index.html): while a session streams, Share sends `share` with
 // the audience chosen beside it (`link`: anyone holding the link; `principal`: only this API
-// key, or this address without auth), shows the viewer page's link
+// key, or this address without auth) and who drives (`owner`; `turns`: a viewer who asks gets
+// the controls when passed them; `crowd`: the players' keys are merged), shows the viewer page's link
 // `<server>/w/<world_id>#token=<watch_token>` (share.js) and copies it; Unshare revokes it. The
 // world ends with the session (Reset, Start, a failure), and the link is taken off the page then.
 
@@ -10,14 +11,14 @@ const LIVE = new Set(["streaming", "resuming"]); // a share made stays across a 
 
 /**
  * @param {import("./stream.js").LiveStream} stream
- * @param {{share, audience, panel, link, copy, unshare, note}} ui the elements (index.html)
+ * @param {{share, audience, controls, panel, link, copy, unshare, note}} ui the elements (index.html)
  * @param {(text: string, level?: string) => void} say the page's status line
  */
 export function bindShare(stream, ui, say) {
   const show = (shared) => {
     ui.panel.hidden = shared === null;
     ui.link.value = shared === null ? "" : shareLink(stream.server, shared.world_id, shared.watch_token);
-    ui.audience.disabled = shared !== null; // a shared session answers the same world again
+    ui.audience.disabled = ui.controls.disabled = shared !== null; // a shared session answers the same world again
     ui.share.textContent = shared === null ? "Share" : "Copy link";
   };
 
@@ -35,7 +36,7 @@ export function bindShare(stream, ui, say) {
     if (stream.shares.shared !== null) { copy(); return; }
     ui.share.disabled = true;
     try {
-      const shared = await stream.shares.share({ audience: ui.audience.value });
+      const shared = await stream.shares.share({ audience: ui.audience.value, controls: ui.controls.value });
       show(shared);
       copy();
       say(shared.audience === "principal" ? "Shared with your own API key only: open the link where you use it."

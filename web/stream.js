@@ -21,7 +21,8 @@
 // Resume: when the socket drops while streaming and the server offers it (handshake
 // `resume_grace_s`, the session's `resume_token`), a new socket sends `resume` with the count of
 // frames it has; the missed frames come again, then `resumed` says which chunk to request next.
-// Share: `stream.shares.share({audience})` / `.unshare()` (share.js): a world others watch by link.
+// Share: `stream.shares.share({audience, controls})` / `.unshare()` (share.js): a world others watch by link.
+// Fork of a shared world: fork.js `forkWorld(stream, worldId, token)`: the page's session becomes the fork.
 
 import { encode, decode } from "./msgpack.js";
 import { KeyControl, CHUNK_FRAMES, TRANSLATION_SCALE } from "./camera.js";
@@ -30,7 +31,7 @@ import { RatePacer } from "./playback.js";
 import { nextStep } from "./sizes.js";
 import { MODULE_SERVER, cameraUrl, keyProtocols } from "./server.js";
 import { statsDetail } from "./stats.js";
-import { rejoinLine, resumeAfterDrop } from "./reconnect.js";
+import { onQueued, rejoinLine, resumeAfterDrop } from "./reconnect.js";
 import { ShareRequests } from "./share.js";
 
 export { CAMERA_PATH, MODULE_SERVER, cameraUrl, keyProtocols, watchUrl } from "./server.js";
@@ -81,6 +82,7 @@ export class LiveStream extends EventTarget {
     this.timer = null;
     this.replies = Promise.resolve(); // replies are handled one after the other, in order
     this.shares = new ShareRequests(this); // share / unshare of the session (share.js)
+    this.taker = null; // (msg) => true when it took the reply: a request of fork.js waiting for its answer
     this.resetStats();
   }
 
@@ -298,6 +300,7 @@ export class LiveStream extends EventTarget {
   }
 
   onReply(msg) {
+    if (this.taker !== null && this.taker(msg)) return; // the answer to a fork of a shared world (fork.js)
     if (this.shares.take(msg)) return; // the answer to a share or unshare (share.js)
     if (this.intercept && this.intercept(msg)) return; // a reply worlds.js waits for (save, open)
     if (msg.type === "frame") return this.onFrame(msg);
@@ -305,17 +308,7 @@ export class LiveStream extends EventTarget {
     if (msg.type === "resumed") return this.onResumed(msg);
     if (msg.type === "rewound") return this.onRewound(msg);
     if (msg.type === "error") return this.onError(msg);
-    if (msg.type === "queued") return this.onQueued(msg);
-  }
-
-  /** The session waits in the server's line for a place (PROTOCOL.md, the waiting room). */
-  onQueued(msg) {
-    if (msg.session_id !== this.sessionId || this.state !== "starting") return;
-    this.queueToken = msg.queue_token; // a dropped socket takes its place again with it (reconnect.js)
-    this.queued = { position: msg.position, eta_s: msg.eta_s };
-    const eta = msg.eta_s == null ? "" : `; it should start in about ${Math.round(msg.eta_s)} s`;
-    this.status(`The server is full: your session waits in line, position ${msg.position}${eta}…`, "warn");
-    this.dispatchEvent(new CustomEvent("queued", { detail: this.queued }));
+    if (msg.type === "queued") return onQueued(this, msg);
   }
 
   async onFrame(msg) {

@@ -3,20 +3,26 @@
 // `#token=<watch_token>` (a fragment never reaches a server; watch.js sends the token in the
 // socket's first message), and so does an API key, `#api_key=…` (or the key form, shown when
 // the server asks for one). It shows how many watch, who drives (a `controls` notice: its
-// `holder` and `players`), the owner reconnecting, the end.
+// `holder` and `players`), the owner reconnecting, the end. In a `turns` or `crowd` world,
+// "Ask for the controls" makes this viewer a player; while it may drive, the keyboard drives
+// (controls.js), and the chunks its keys made say "your input". "Fork from here" opens the main
+// page on a session of one's own, forked from the world's head (fork.js).
 //
 // Everything the server says (names, prompts, reasons) reaches the page as text
 // (`textContent`), never as HTML.
 
 import { WorldWatch } from "./watch.js";
 import { MsePlayer } from "./player.js";
+import { WorldControls } from "./controls.js";
+import { bindKeyboard } from "./keyboard.js";
+import { forkLink } from "./fork.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
   video: $("video"), overlay: $("overlay"), status: $("status"), connection: $("connection"), world: $("world"),
   viewers: $("viewers"), driver: $("driver"), players: $("players"), prompt: $("world-prompt"),
   chunks: $("stat-chunks"), skipped: $("stat-skipped"), keyForm: $("key-form"), apiKey: $("api-key"),
-  ask: $("ask-controls"), fork: $("fork-here"), rewatch: $("rewatch"),
+  ask: $("ask-controls"), fork: $("fork-here"), rewatch: $("rewatch"), role: $("role"), mine: $("your-input"),
 };
 
 const worldId = window.location.pathname.replace(/\/+$/, "").split("/").pop() || ""; // url-safe characters
@@ -114,17 +120,34 @@ ui.keyForm.addEventListener("submit", (e) => { e.preventDefault(); start(); });
 ui.rewatch.addEventListener("click", () => start());
 ui.video.addEventListener("click", () => { if (ui.video.paused) ui.video.play().catch(() => {}); });
 
-// ---- for the lead to wire (issue 56 items 4 and 5: the server messages are being added) ----
-// "Ask for the controls" (a world with `controls: turns`: ask its holder) and "Fork from here"
-// (`fork` with the watch token: a session of one's own from the world's head). Each stays
-// hidden while its request is null; set it to a function that sends the request on `watch`
-// (WorldWatch.send) and shows the answer (a `world` notice reaches the handler above).
-const ASK_FOR_CONTROLS = null; // (watch) => watch.send({ endpoint: ..., ... })
-const FORK_FROM_HERE = null; // (watch, token) => ... then open the main page on the new session
-ui.ask.hidden = ASK_FOR_CONTROLS === null;
-ui.fork.hidden = FORK_FROM_HERE === null;
-if (ASK_FOR_CONTROLS !== null) ui.ask.addEventListener("click", () => ASK_FOR_CONTROLS(watch));
-if (FORK_FROM_HERE !== null) ui.fork.addEventListener("click", () => FORK_FROM_HERE(watch, token));
+// ---- the controls (a `turns` or `crowd` world: controls.js) and "Fork from here" (fork.js) ----
+
+const controls = new WorldControls(watch);
+const ROLE_TEXT = { waiting: "waiting for a turn", driving: "you drive: WASD, Q/E, arrows/IJKL" };
+controls.addEventListener("role", (e) => {
+  const role = e.detail.role;
+  ui.ask.hidden = role !== "watcher";
+  ui.ask.disabled = false;
+  ui.role.textContent = ROLE_TEXT[role] || "";
+  ui.role.dataset.role = role;
+  ui.role.hidden = !(role in ROLE_TEXT);
+});
+ui.ask.addEventListener("click", () => {
+  if (controls.ask()) { ui.ask.disabled = true; ui.role.textContent = "asked for the controls…"; ui.role.hidden = false; }
+});
+watch.addEventListener("error", (e) => { // a refused ask or control (`forbidden`): said above, as text
+  if (e.detail.code === "forbidden" && controls.role === "watcher") { ui.ask.disabled = false; ui.role.hidden = true; }
+});
+bindKeyboard(controls.keys, () => controls.driving); // keyboard.js: the main page's keys
+watch.addEventListener("chunk", (e) => { // a chunk this viewer's keys made
+  const mine = controls.viewerId !== null && e.detail.player === controls.viewerId;
+  ui.mine.hidden = !mine;
+  if (mine) ui.mine.dataset.chunks = String(Number(ui.mine.dataset.chunks || 0) + 1);
+});
+watch.addEventListener("state", (e) => { ui.fork.hidden = e.detail.state !== "watching"; });
+// The main page forks the world and plays on as a session of its own (the link's fragment: fork.js).
+ui.fork.addEventListener("click", () => window.location.assign(forkLink(window.location.href, worldId, token,
+                                                                         ui.apiKey.value.trim())));
 
 // ---- boot ----
 

@@ -31,7 +31,8 @@ const TICK_MS = 100;
  * - "state" {state}: "disconnected" | "connecting" | "watching" | "ended"
  * - "watching" the server's `watching` answer {world_id, viewers, controls, next_chunk_id}
  * - "world" a `world` notice {event, viewers, reason, ...}: every event, those of today and later ones
- * - "chunk" {chunkId, chunks, frames, skipped}: a chunk arrived (`skipped`: chunks this viewer missed)
+ * - "chunk" {chunkId, chunks, frames, skipped, resolution, player, eventId}: a chunk arrived (`skipped`:
+ *   chunks this viewer missed; `player`, `eventId`: whose input made a key-driven chunk, and its event id)
  * - "error" {code, message}: the server's error code (PROTOCOL.md) or "connection" | "player" | "client"
  *
  * Read-only: `state`, `worldId`, `viewers`, `controls`, `chunks`, `frames`, `skipped`, `lastChunkId`.
@@ -184,7 +185,7 @@ export class WorldWatch extends EventTarget {
     this.frames += msg.num_frames;
     this.player.append(msg.video);
     this.emit("chunk", { chunkId: msg.chunk_id, chunks: this.chunks, frames: this.frames, skipped: this.skipped,
-                         resolution: msg.resolution });
+                         resolution: msg.resolution, player: msg.player, eventId: msg.event_id });
   }
 
   tick() {

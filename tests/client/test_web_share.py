@@ -123,7 +123,7 @@ def test_names_prompts_and_reasons_render_as_text(browser, served):
     assert page.text_content("#viewers") == "2 watching"
     assert page.evaluate("document.querySelectorAll('img, b, i, u').length") == 0
     assert page.evaluate("window.__pwned") is None
-    assert page.is_hidden("#ask-controls") and page.is_hidden("#fork-here")  # not served yet
+    assert page.is_hidden("#ask-controls") and page.is_hidden("#fork-here")  # an `owner` world that ended
     assert errors == []
     page.close()
 

@@ -1,0 +1,186 @@
+"""The viewer page's "Ask for the controls" and "Fork from here" in headless Chromium against
+the served app (issue 56 item 8). The owner's page shares with `controls: turns`; a viewer page
+asks, the owner passes it the controls (sent on the owner's socket by the test: the page has no
+players panel), and the viewer's keys drive: `control`s on the watch route naming the world,
+the chunks they made marked on both sides. Then "Fork from here" takes the viewer to the main
+page, which forks the world and plays the fork's new chunks as a session of its own.
+"""
+from __future__ import annotations
+
+import re
+
+import msgpack
+
+from protocol.codec import decode, encode
+from protocol.messages import ErrorReply, ForkRequest, PassControlsRequest, ShareRequest
+from protocol.sharing import Watching
+from web_support import TIMEOUT_MS, browser, chunks_shown  # noqa: F401 (the fixture)
+
+
+def _owner_page(browser, served):
+    """The main page with its socket routed through the test: what it sends and gets, and the
+    server side, on which the test speaks as the owner."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    sock: dict = {"sent": [], "got": []}
+
+    def route(ws) -> None:
+        server = ws.connect_to_server()
+        sock["server"] = server
+
+        def to_server(message) -> None:
+            sock["sent"].append(message)
+            server.send(message)
+
+        def to_page(message) -> None:
+            sock["got"].append(msgpack.unpackb(message, raw=False) if isinstance(message, bytes) else message)
+            ws.send(message)
+
+        ws.on_message(to_server)
+        server.on_message(to_page)
+
+    page.route_web_socket("**/v1/realtime/world/camera*", route)
+    page.goto(served.http + "/")
+    page.wait_for_selector("#connection[data-state=idle]", timeout=TIMEOUT_MS)
+    return page, errors, sock
+
+
+def _share(page, controls: str) -> tuple[str, str, str]:
+    page.click("#start")
+    chunks_shown(page, 1)
+    page.select_option("#share-controls", controls)
+    page.click("#share")
+    page.wait_for_function("document.querySelector('#share-link').value !== ''", timeout=TIMEOUT_MS)
+    link = page.input_value("#share-link")
+    world_id, token = re.search(r"/w/([A-Za-z0-9_-]+)#token=([A-Za-z0-9_-]+)$", link).groups()
+    return link, world_id, token
+
+
+def _viewer_page(browser, link: str):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    sock: dict = {"sent": [], "got": [], "urls": []}
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: sock["urls"].append(r.url))
+
+    def on_socket(ws) -> None:
+        sock["urls"].append(ws.url)
+        ws.on("framesent", lambda m: sock["sent"].append(msgpack.unpackb(m, raw=False)))
+        ws.on("framereceived", lambda m: sock["got"].append(msgpack.unpackb(m, raw=False)))
+
+    page.on("websocket", on_socket)
+    page.goto(link)
+    page.wait_for_selector("#connection[data-state=watching]", timeout=TIMEOUT_MS)
+    return page, errors, sock
+
+
+def test_a_viewer_asks_gets_the_controls_and_its_keys_drive_the_world(browser, served):
+    owner, owner_errors, own = _owner_page(browser, served)
+    link, world_id, _ = _share(owner, "turns")
+    shares = [r for r in map(decode, own["sent"]) if isinstance(r, ShareRequest)]
+    assert [s.controls for s in shares] == ["turns"]
+
+    viewer, viewer_errors, view = _viewer_page(browser, link)
+    viewer_id = view["got"][0]["viewer_id"]
+    assert viewer.is_visible("#ask-controls") and viewer.is_visible("#fork-here")
+    viewer.keyboard.down("KeyW")  # not this viewer's turn: nothing is sent
+    viewer.keyboard.up("KeyW")
+    viewer.click("#ask-controls")
+    viewer.wait_for_selector("#role[data-role=waiting]", timeout=TIMEOUT_MS)
+    assert viewer.text_content("#role") == "waiting for a turn" and viewer.is_hidden("#ask-controls")
+
+    own["server"].send(encode(PassControlsRequest(session_id=shares[0].session_id, viewer_id=viewer_id)))
+    viewer.wait_for_selector("#role[data-role=driving]", timeout=TIMEOUT_MS)
+    assert viewer.text_content("#role").startswith("you drive")
+    viewer.keyboard.down("KeyW")
+    viewer.wait_for_function("Number(document.querySelector('#your-input').dataset.chunks) >= 1", timeout=TIMEOUT_MS)
+    assert viewer.is_visible("#your-input")
+    viewer.keyboard.up("KeyW")
+
+    sent = [m for m in view["sent"] if m["endpoint"] != "watch"]
+    assert sent[0] == {"endpoint": "ask_controls", "session_id": world_id}
+    controls = [m for m in sent[1:] if m["endpoint"] == "control"]
+    assert len(controls) == len(sent) - 1 and all(m["session_id"] == world_id for m in controls)
+    assert [m["event_id"] for m in controls] == sorted({m["event_id"] for m in controls})  # increasing
+    assert ["w"] in [m["keys"] for m in controls]
+    mine = _until(owner, lambda: [r for r in own["got"] if isinstance(r, dict) and r.get("type") == "frame"
+                                  and r.get("player") == viewer_id])  # the owner's frames say whose input made them
+    assert {r["event_id"] for r in mine} <= {m["event_id"] for m in controls}
+    assert owner.get_attribute("#connection", "data-state") == "streaming"  # the `players` answer stopped nothing
+    owner.click("#reset")
+    assert owner_errors == [] and viewer_errors == []
+    viewer.close()
+    owner.close()
+
+
+def test_fork_from_here_opens_the_main_page_on_a_session_of_its_own(browser, served):
+    owner, owner_errors, _ = _owner_page(browser, served)
+    link, world_id, token = _share(owner, "owner")
+    viewer, errors, view = _viewer_page(browser, link)
+    assert viewer.is_hidden("#ask-controls")  # the owner's controls: nobody asks
+    viewer.click("#fork-here")
+    viewer.wait_for_selector("#connection[data-state=streaming]", timeout=TIMEOUT_MS)  # the main page now
+    assert viewer.evaluate("window.location.hash") == ""  # the fragment was read and cleared
+    fork = ForkRequest.model_validate(next(m for m in view["sent"] if m.get("endpoint") == "fork"))
+    assert (fork.session_id, fork.world_id, fork.watch_token, fork.at_chunk) == (world_id, world_id, token, None)
+    forked = next(r for r in view["got"] if r.get("type") == "forked")
+    k = forked["next_chunk_id"]
+    chunks_shown(viewer, k + 2)  # the fork's own chunks: k on, played from the world's head's time
+    viewer.wait_for_function(f"document.querySelector('video').currentTime > {(9 + 12 * (k - 1)) / 16 + 0.5}",
+                             timeout=TIMEOUT_MS)
+    frames = [r for r in view["got"] if r.get("type") == "frame" and r.get("session_id") == forked["session_id"]]
+    assert [f["chunk_id"] for f in frames[:2]] == [k, k + 1]
+    assert all(token not in url for url in view["urls"])  # the token never left in a URL
+    assert owner.get_attribute("#connection", "data-state") == "streaming"  # the world goes on
+    viewer.keyboard.down("KeyD")  # driven with the keys, as any session of the page
+    _until(viewer, lambda: [m for m in view["sent"] if m.get("endpoint") == "control"
+                            and m["session_id"] == forked["session_id"] and m["keys"] == ["d"]])
+    viewer.click("#reset")
+    owner.click("#reset")
+    assert errors == [] and owner_errors == []
+    viewer.close()
+    owner.close()
+
+
+def test_a_refused_fork_and_a_refused_ask_are_said_as_text(browser, served):
+    """A fork link whose token opens nothing: the server's `unauthorized`, said on the main page
+    (which stays ready to Start). A routed watch socket refuses the viewer's ask (`forbidden`):
+    said as text, and the viewer may ask again."""
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(served.http + "/#fork=wX&token=no-such-token")
+    page.wait_for_function("document.querySelector('#status').textContent.startsWith('Cannot fork')",
+                           timeout=TIMEOUT_MS)
+    assert page.text_content("#status").startswith("Cannot fork the shared world (unauthorized): ")
+    assert page.evaluate("window.location.hash") == "" and not page.is_disabled("#start")
+
+    def route(ws) -> None:
+        def on_message(message) -> None:
+            msg = msgpack.unpackb(message, raw=False)
+            if msg["endpoint"] == "watch":
+                ws.send(encode(Watching(world_id="wX", viewers=1, controls="turns", viewer_id="00000000000000aa",
+                                        holder="owner")))
+            else:
+                ws.send(encode(ErrorReply(code="forbidden", message="<b>not</b> now", session_id="wX")))
+        ws.on_message(on_message)
+
+    page.route_web_socket("**/v1/realtime/world/watch*", route)
+    page.goto(served.http + "/w/wX#token=t0k")
+    page.wait_for_selector("#connection[data-state=watching]", timeout=TIMEOUT_MS)
+    page.click("#ask-controls")
+    page.wait_for_function("document.querySelector('#status').dataset.level === 'error'", timeout=TIMEOUT_MS)
+    assert page.text_content("#status") == "Error (forbidden): <b>not</b> now"
+    assert not page.is_disabled("#ask-controls") and page.evaluate("document.querySelectorAll('b').length") == 0
+    assert errors == []
+    page.close()
+
+
+def _until(page, found, timeout_s: float = TIMEOUT_MS / 1000):
+    """What `found()` returns once it is truthy (the page's socket events are handled meanwhile)."""
+    for _ in range(int(timeout_s * 10)):
+        if got := found():
+            return got
+        page.wait_for_timeout(100)
+    raise AssertionError("not found in time")
