@@ -50,9 +50,9 @@ export async function forkWorld(stream, worldId, token) {
     const closed = () => reject(Object.assign(new Error("the connection closed before the fork's answer"),
                                               { code: "connection" }));
     ws.addEventListener("close", closed, { once: true });
-    stream.taker = (msg) => { // the next reply about the new session answers the fork
+    stream.intercept = (msg) => { // the next reply about the new session answers the fork
       if (msg.session_id !== sessionId || (msg.type !== "forked" && msg.type !== "error")) return false;
-      stream.taker = null;
+      stream.intercept = null;
       ws.removeEventListener("close", closed);
       if (msg.type === "forked") resolve(msg);
       else reject(Object.assign(new Error(msg.message), { code: msg.code }));
@@ -60,7 +60,7 @@ export async function forkWorld(stream, worldId, token) {
     };
     ws.send(encode({ endpoint: "fork", session_id: worldId, new_session_id: sessionId, world_id: worldId,
                      watch_token: token }));
-  }).finally(() => { stream.taker = null; });
+  }).finally(() => { stream.intercept = null; });
   await continueFork(stream, forked);
   return forked;
 }

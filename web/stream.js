@@ -82,7 +82,7 @@ export class LiveStream extends EventTarget {
     this.timer = null;
     this.replies = Promise.resolve(); // replies are handled one after the other, in order
     this.shares = new ShareRequests(this); // share / unshare of the session (share.js)
-    this.taker = null; // (msg) => true when it took the reply: a request of fork.js waiting for its answer
+    this.intercept = null; // (msg) => true when it took the reply: a request of worlds.js or fork.js waiting for its answer
     this.resetStats();
   }
 
@@ -300,9 +300,8 @@ export class LiveStream extends EventTarget {
   }
 
   onReply(msg) {
-    if (this.taker !== null && this.taker(msg)) return; // the answer to a fork of a shared world (fork.js)
     if (this.shares.take(msg)) return; // the answer to a share or unshare (share.js)
-    if (this.intercept && this.intercept(msg)) return; // a reply worlds.js waits for (save, open)
+    if (this.intercept && this.intercept(msg)) return; // a reply worlds.js (save, open) or fork.js waits for
     if (msg.type === "frame") return this.onFrame(msg);
     if (msg.type === "reset_ok") return;
     if (msg.type === "resumed") return this.onResumed(msg);
