@@ -44,12 +44,14 @@ class ChunkJob:
 
 class WorldWriter:
     def __init__(self, worlds: Worlds, max_queue: int = 256, slow_s: float = 2.0, max_backoff_s: float = 5.0,
-                 on_refused: Optional[Callable[[ChunkJob, WorldError], None]] = None) -> None:
+                 on_refused: Optional[Callable[[ChunkJob, WorldError], None]] = None,
+                 on_written: Optional[Callable[[ChunkJob], None]] = None) -> None:
         self.worlds = worlds
         self.max_queue = max_queue
         self.slow_s = slow_s
         self.max_backoff_s = max_backoff_s
         self.on_refused = on_refused
+        self.on_written = on_written  # told of each chunk once it is in the store (a journal may spill it)
         self._queue: collections.deque[ChunkJob] = collections.deque()
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
@@ -138,3 +140,8 @@ class WorldWriter:
             self.failing, backoff = False, 0.2
             self.written += 1
             self.write_s = self.write_s[-1023:] + [time.monotonic() - job.queued_at]
+            if self.on_written is not None:
+                try:
+                    self.on_written(job)
+                except Exception:  # noqa: BLE001 - a bug must not stop the writer
+                    log.exception("world writer: on_written failed")

@@ -22,6 +22,8 @@ journal_parts.py has the same mapping), its video is the fMP4 bytes the client g
 - A store that fails or lags (`WorldWriter.health()` degraded): the stream goes on, `/healthz`
   says `degraded`, and the connection sends one `store_behind` notice per outage.
 - With `worlds.retention_days`, a timer sweeps the store for worlds past it (retention.py).
+- A session's journal over `sessions.journal_max_mib` lets go of the chunks its world has
+  (written: `_written`) and reads them back to rebuild (spill.py, deployments/worlds/journal_spill.py).
 - A session whose journal is not recoverable (recovery off, over its budget) is not kept from
   then on (the journal holds no chunks to write); nor is a `/v1/videos` job's session, nor a
   fork's branch's before its first computed chunk (it gets a world of its own, from then on).
@@ -101,7 +103,7 @@ class WorldKeeping:
         self.worlds = worlds
         self._sink = _Sink(worlds, args)
         self.writer = WorldWriter(self._sink, max_queue=args.worlds.writer_queue,  # type: ignore[arg-type]
-                                  on_refused=self._refused)
+                                  on_refused=self._refused, on_written=self._written)
         self.dropped: set[str] = set()  # worlds the store refused for good (quota, deleted): not written on
         # world id -> the record (sessions.py) that hands its chunks to the writer, while it lives
         self.handing: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -122,6 +124,14 @@ class WorldKeeping:
 
     def expect(self, world_id: str, opening: Opening) -> None:
         self._sink.pending[world_id] = opening
+
+    def _written(self, job: ChunkJob) -> None:
+        """A chunk is in the store: its session's journal may let it go over its budget
+        (deployments/worlds/journal_spill.py)."""
+        rec = self.handing.get(job.world_id)
+        stream = None if rec is None or rec.stream is None else rec.stream()
+        if stream is not None:
+            stream.journal.in_store(job.record.index, job.record.past, rec.spill)
 
     def _refused(self, job: ChunkJob, error: WorldError) -> None:
         log.warning("world store refused chunk %d of a world (%s): the world is not written on", job.record.index,

@@ -32,6 +32,7 @@ from deployments.ingress.releases import Releases
 from deployments.ingress.resume import ResumeBook
 from deployments.ingress.stream import Stream, StreamState, image_digest
 from deployments.ingress.worlds.sessions import SessionWorlds
+from deployments.ingress.worlds.spill import WorldSpill
 from deployments.wire import SessionOptions, owner_tag, routing_key
 from deployments.worlds.errors import BadWorldFile, QuotaExceeded, StoreUnavailable, WorldError
 from deployments.worlds.ids import new_world_id, principal_dir
@@ -137,7 +138,7 @@ class WorldRequests:
                 f"this world was made by another model setup than the one served now ({', '.join(changes)} "
                 "changed): it cannot continue byte-identical"))
         journal = journal_from_world(world, int(args.sessions.journal_max_mib * MIB) if args.sessions.recovery
-                                     else None)
+                                     else None, WorldSpill(keeping.worlds, w.principal, req.world_id))  # over budget
         if not world.chunks or world.context is None or not journal.recoverable:
             return None, ErrorReply(code=ErrorCode.TOO_LARGE, session_id=sid, message=(
                 "this world cannot be opened here: it has no chunk, or it is larger than sessions.journal_max_mib "

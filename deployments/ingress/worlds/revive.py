@@ -22,6 +22,7 @@ from deployments.errors import SessionLost, WorldChanged
 from deployments.ingress.parking import ParkedSession, token_digest
 from deployments.ingress.worlds.keeping import WorldKeeping, world_of_token
 from deployments.ingress.worlds.replays import stored_replies
+from deployments.ingress.worlds.spill import WorldSpill
 from deployments.wire import SessionOptions, owner_tag, routing_key
 from deployments.worlds.errors import BadWorldKey, StoreUnavailable, WorldError, WorldNotFound
 from deployments.worlds.journal_parts import journal_from_world
@@ -52,7 +53,9 @@ async def revive(keeping: WorldKeeping, principal: str, session_id: str, token: 
                            "changed): it cannot continue byte-identical; start it again")
     if not args.sessions.recovery or world.context is None:
         raise SessionLost("this server does not rebuild sessions (sessions.recovery is off); start it again")
-    journal = journal_from_world(world, int(args.sessions.journal_max_mib * MIB))
+    world_id = world_of_token(token_digest(token))  # a journal over its budget leaves its chunks there
+    journal = journal_from_world(world, int(args.sessions.journal_max_mib * MIB),
+                                 WorldSpill(keeping.worlds, principal, world_id))
     if not journal.recoverable:
         raise SessionLost("this session is larger than sessions.journal_max_mib: it cannot be rebuilt here")
     spec = SessionOptions(session_id=session_id, prompt=m.prompt, image_digest=session["image_digest"],
