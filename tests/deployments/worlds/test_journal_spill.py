@@ -4,6 +4,7 @@ rebuild (before: the journal dropped everything and the session could not be reb
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -122,6 +123,26 @@ def test_a_fork_reads_its_first_chunks_from_the_parents_world(tmp_path):
 
     fork, full = asyncio.run(main())
     assert fork.chunks[0].latents is None and same_latents(full, REFERENCE.chunks[:3])
+
+
+def test_a_forks_own_world_is_written_from_its_spilled_chunks_read_back(tmp_path):
+    """A fork at chunk 3 of a spilled journal gets a world of its own when its chunk is kept:
+    chunks 0 and 1 (spilled) are read back from the parent's world and written into it."""
+    async def main():
+        keeping, stream, worlds, _, make = kept_session(tmp_path, budget_for(2))
+        await make(range(CHUNKS))
+        fork = Stream(dataclasses.replace(OPTIONS, session_id="fork"), stream.journal.prefix(3), stream.image)
+        mine = SessionWorlds(keeping, PRINCIPAL, lambda n: None, lambda s: None)  # no token: a world id of its own
+        mine.kept(fork, 2, b"fork video 2")
+        assert await mine.written(fork, 30)
+        world = keeping.worlds.load(PRINCIPAL, mine.world_of(fork))
+        await keeping.writer.close()
+        return fork, world
+
+    fork, world = asyncio.run(main())
+    assert fork.journal.chunks[0].latents is None
+    assert same_latents([c.past for c in world.chunks], REFERENCE.chunks[:3])
+    assert world.chunks[2].video == b"fork video 2"
 
 
 def test_a_world_deleted_or_changed_meanwhile_is_session_lost(tmp_path):
