@@ -67,6 +67,14 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("worlds")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def app_deleted_after(ray_port):
+    """The module's app goes after its last test (its last tests leave it running: an idle app's
+    replicas take CPU from the modules after it)."""
+    yield
+    serve.delete(APP)
+
+
 def test_a_store_that_fails_mid_session_degrades_and_catches_up(extra_app, example, root):
     worlds = Worlds(LocalStore(root))
     traj = dataclasses.replace(example, num_frames=LONG_FRAMES)

@@ -41,6 +41,7 @@ import numpy as np
 
 from deployments.config import AppArgs
 from deployments.ingress.worlds.retention import RetentionSweeper
+from deployments.ingress.worlds.spill import use_worlds
 from deployments.wire import SessionOptions
 from deployments.worlds.chunks import ChunkRecord, encode_array
 from deployments.worlds.errors import WorldError, WorldNotFound
@@ -108,6 +109,7 @@ class WorldKeeping:
         # world id -> the record (sessions.py) that hands its chunks to the writer, while it lives
         self.handing: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.sweeper: Optional[RetentionSweeper] = None  # the retention timer (open_keeping starts it)
+        use_worlds(worlds)  # a parked journal's spill, claimed here, reads through this store (spill.py)
 
     def health(self) -> dict:
         """The writer's state for /healthz, with the recent chunks' seconds from their reply to the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pickle
 
 import numpy as np
 import pytest
@@ -143,6 +144,23 @@ def test_a_forks_own_world_is_written_from_its_spilled_chunks_read_back(tmp_path
     assert fork.journal.chunks[0].latents is None
     assert same_latents([c.past for c in world.chunks], REFERENCE.chunks[:3])
     assert world.chunks[2].video == b"fork video 2"
+
+
+def test_a_parked_spilled_journal_travels_and_reads_back_through_the_claimants_store(tmp_path):
+    """Parking pickles the journal (Ray, to the parking deployment and back): the spill goes as
+    its principal and world id (a store handle holds locks: it cannot be pickled) and reads
+    through the store of the process that claims it."""
+    async def main():
+        keeping, stream, worlds, _, make = kept_session(tmp_path, budget_for(2))
+        await make(range(CHUNKS))
+        travelled = pickle.loads(pickle.dumps(stream.journal))
+        WorldKeeping(keeping.args, Worlds(Switchable(tmp_path)))  # the claiming replica's (the same store)
+        full = await travelled.full_chunks()
+        await keeping.writer.close()
+        return travelled, full
+
+    travelled, full = asyncio.run(main())
+    assert travelled.recoverable and travelled.chunks[0].latents is None and same_latents(full)
 
 
 def test_a_world_deleted_or_changed_meanwhile_is_session_lost(tmp_path):
