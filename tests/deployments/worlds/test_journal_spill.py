@@ -90,6 +90,60 @@ def test_the_chunks_its_world_has_are_let_go_and_read_back_to_rebuild(tmp_path):
     assert all(np.array_equal(a.y, b.y) and np.array_equal(a.poses, b.poses) for a, b in zip(full, REFERENCE.chunks))
 
 
+class _Method:
+    def __init__(self, calls: list, name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def remote(self, *args):
+        self.calls.append((self.name, args))
+
+        async def answer() -> str:
+            return "replica-2"
+        return answer()
+
+
+class _Handle:
+    """A deployment handle that records `restore` and `close` (recovery.py's calls)."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.restore, self.close = _Method(self.calls, "restore"), _Method(self.calls, "close")
+
+    def options(self, **_):
+        return self
+
+
+def test_a_lost_replica_is_rebuilt_from_the_chunks_read_back(tmp_path):
+    """history/recovery.py: the DiT's `restore` gets every chunk with its latents, the VAE's every
+    decoded chunk's latents, the spilled ones read back from the store."""
+    import logging
+
+    from deployments.config import SessionArgs
+    from deployments.ingress.history.recovery import Recovery
+    from deployments.log import KeyValueLog
+
+    class Metrics:
+        def count_recovery(self, *_, **__) -> None:
+            pass
+
+    dit, vae = _Handle(), _Handle()
+
+    async def main():
+        keeping, stream, worlds, _, make = kept_session(tmp_path, budget_for(2))
+        await make(range(CHUNKS))
+        assert stream.journal.chunks[0].latents is None  # spilled
+        recovery = Recovery(dit, vae, SessionArgs(), KeyValueLog(logging.getLogger("t"), {}), Metrics())
+        await recovery.dit(stream, RuntimeError("the DiT replica died"))
+        await recovery.vae(stream, RuntimeError("the VAE replica died"))
+        await keeping.writer.close()
+
+    asyncio.run(main())
+    past = next(args for name, args in dit.calls if name == "restore")[3]
+    decoded = next(args for name, args in vae.calls if name == "restore")[4]
+    assert same_latents(past) and len(decoded) == CHUNKS
+    assert all(np.array_equal(a, c.latents) for a, c in zip(decoded, REFERENCE.chunks))
+
+
 def test_a_rewound_session_reads_back_only_its_own_branch(tmp_path):
     """Rewound to chunk 1 and made anew from other inputs: chunk 1 of the new branch is not the
     spilled one of the old; the rebuild gets the new branch's chunks (the store's, once written)."""
