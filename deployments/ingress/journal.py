@@ -15,9 +15,9 @@ truncates it and a fork copies a prefix (branching.py); the rebuild is the same.
 Consecutive chunks' y converge to one value (zero frames through the causal encoder), so
 equal y are stored once. A journal that outgrows its byte budget drops its contents: the
 session can no longer be recovered and a lost replica then means `session_lost`; unless it
-spills (deployments/worlds/journal_spill.py): where the session's world is kept in the world store, the clean
-latents of the chunks the store has are let go from memory instead, and read back from the
-store when a rebuild needs them (`full_chunks`, `full_decoded_latents`).
+spills (deployments/worlds/journal_spill.py): where the session's world is kept in the world
+store, the clean latents of the chunks the store has are let go from memory instead, and read
+back from the store when a rebuild needs them (`full_chunks`, `full_decoded_latents`).
 """
 from __future__ import annotations
 
@@ -190,4 +190,5 @@ class SessionJournal:
         if self._enabled and self.nbytes > self._max_bytes:
             self._enabled = False  # over budget: free everything, the session is no longer recoverable
             self.image, self.context, self.chunks, self.noise = None, None, [], None
+            self.spill = Spill()
             self.noises, self.steering = [], {}

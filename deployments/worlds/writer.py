@@ -13,7 +13,8 @@ way: the oldest queued chunk waiting longer than `slow_s` is `degraded` too. The
 at most `max_queue` chunks; a chunk beyond it is refused at once (WriterFull) and the caller
 still holds it (the session's journal). A write the store refuses for good (QuotaExceeded, a
 world deleted meanwhile, a damaged manifest) is not retried: it is dropped, counted, and passed
-to `on_refused` (the caller tells the client with a typed notice).
+to `on_refused` (the caller tells the client with a typed notice). A chunk written is passed to
+`on_written` (its session's journal may then let it go over its budget: journal_spill.py).
 """
 from __future__ import annotations
 

@@ -70,6 +70,22 @@ def test_without_a_store_a_journal_over_its_budget_is_dropped():
     assert not journal.recoverable and journal.chunks == []
 
 
+def test_chunks_the_store_has_not_confirmed_are_kept_up_to_twice_the_budget():
+    """A store down or behind confirms nothing: the journal keeps its chunks past its budget (they
+    go once written) until it holds twice its budget; then it is dropped as without a store."""
+    budget = REFERENCE.nbytes // 3
+    journal = SessionJournal(REFERENCE.image, budget)
+    journal.spill_to(object())  # a world that never confirms a chunk
+    journal.set_context(REFERENCE.context)
+    kept = []
+    for k in range(CHUNKS):
+        add(journal, k)
+        kept.append((journal.recoverable, journal.nbytes > budget))
+    first_over = next(i for i, (_, over) in enumerate(kept) if over)
+    assert kept[first_over][0]  # over its budget, still recoverable
+    assert not journal.recoverable and journal.chunks == []  # past twice the budget: dropped
+
+
 def test_the_chunks_its_world_has_are_let_go_and_read_back_to_rebuild(tmp_path):
     budget = budget_for(2)
 
