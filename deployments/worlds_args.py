@@ -36,6 +36,9 @@ class WorldsArgs(BaseModel):
     quota_mib: Optional[float] = Field(None, gt=0)
     # A world not updated for this long is deleted by the store's sweep (None: kept until deleted).
     retention_days: Optional[float] = Field(None, gt=0)
+    # How often each ingress replica sweeps the store for worlds past `retention_days` (jittered
+    # +-20 %: deployments/ingress/worlds/retention.py); unused without a retention.
+    sweep_period_s: float = Field(3600.0, gt=0)
     max_import_mib: float = Field(1024.0, gt=0)  # the largest `.lwf` file an import reads
     # Chunks waiting for the store (write-behind, per ingress replica); beyond it a chunk is not
     # queued and its world is marked behind (the session's journal still holds it).

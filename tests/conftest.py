@@ -63,7 +63,25 @@ SLOW_TESTS = frozenset({
 TESTS = Path(__file__).resolve().parent
 
 
+def _folder(item: pytest.Item) -> str:
+    """The top-level test folder an item is in ("" for tests/ itself and paths outside it)."""
+    if not item.path.is_relative_to(TESTS):
+        return ""
+    parts = item.path.relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Each folder's tests run together, the folders in the order the command line first names
+    # them and the tests within each in theirs: tests/deployments and tests/client each start Ray
+    # once (their session fixtures) and stop it when the run leaves the folder, so a run that came
+    # back (deployments, client, deployments) found the first Ray's cached fixtures stale: every
+    # later Ray test of the folder errored (`pytest tests/deployments/a.py tests/client/b.py
+    # tests/deployments/c.py`). A stable sort: one folder's run is unchanged.
+    first: dict[str, int] = {}
+    for item in items:
+        first.setdefault(_folder(item), len(first))
+    items.sort(key=lambda item: first[_folder(item)])
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         module = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else item.path.name

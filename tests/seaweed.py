@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from deployments.worlds.s3 import S3WorldStore
 
 BUCKET = "worlds"
+# SeaweedFS without an identity config takes any key: the names the tests' S3 stores read, and
+# values (tests/deployments/conftest.py sets them before Ray starts, so Serve's replicas have them)
+CREDENTIALS_ENV = {"LWF_TEST_S3_KEY": "any", "LWF_TEST_S3_SECRET": "any"}
 
 
 def weed_binary() -> str:

@@ -14,7 +14,10 @@ truncates it and a fork copies a prefix (branching.py); the rebuild is the same.
 
 Consecutive chunks' y converge to one value (zero frames through the causal encoder), so
 equal y are stored once. A journal that outgrows its byte budget drops its contents: the
-session can no longer be recovered and a lost replica then means `session_lost`.
+session can no longer be recovered and a lost replica then means `session_lost`; unless it
+spills (deployments/worlds/journal_spill.py): where the session's world is kept in the world
+store, the clean latents of the chunks the store has are let go from memory instead, and read
+back from the store when a rebuild needs them (`full_chunks`, `full_decoded_latents`).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Optional
 
 import numpy as np
 
+from deployments.worlds.journal_spill import Spill, SpillSource
 from deployments.wire import NoiseSnapshot, PastChunk
 
 
@@ -49,6 +53,7 @@ class SessionJournal:
         self.recoveries = 0  # times the session was rebuilt on another replica (recovery.py)
         self._max_bytes = max_bytes
         self._enabled = max_bytes is not None
+        self.spill = Spill()  # the chunks whose latents live in the world store only (journal_spill.py)
         self.nbytes = image.nbytes
         if not self._enabled:
             self.image = None
@@ -74,9 +79,10 @@ class SessionJournal:
         new_bytes = poses.nbytes + intrinsics.nbytes + latents.nbytes + (0 if y is previous else y.nbytes)
         new_bytes += (0 if context is None else context.nbytes) + noise.rng.nbytes
         new_bytes += 0 if kv_growth is None else kv_growth.nbytes
+        if self._enabled:  # counted once held: a spill over the budget may let older chunks go
+            self.chunks.append(PastChunk(poses, intrinsics, y, latents, context, kv_growth))
         self._keep(new_bytes)
         if self._enabled:
-            self.chunks.append(PastChunk(poses, intrinsics, y, latents, context, kv_growth))
             self.noise = noise
             self.noises.append(noise)
 
@@ -118,6 +124,7 @@ class SessionJournal:
         self.noise = self.noises[-1] if chunks else None
         self.steering = {c: p for c, p in self.steering.items() if c < chunks}
         self.snapshots = {c: ids for c, ids in self.snapshots.items() if c <= chunks}
+        self.spill = self.spill.prefix(chunks)
         self.conditioned = self.decoded = chunks
         self.nbytes = self._measure()
 
@@ -127,6 +134,7 @@ class SessionJournal:
         other = copy.copy(self)
         other.snapshots = {c: ids for c, ids in self.snapshots.items() if c <= chunks}
         other.text_encode_s, other.recoveries = 0.0, 0  # a new session: its own open and rebuilds
+        other.spill = self.spill.prefix(chunks)  # its spilled chunks are read from this one's world
         if not self._enabled:  # nothing kept (a fork at the head copies the live session: branching.py)
             other.conditioned = other.decoded = chunks
             return other
@@ -146,13 +154,41 @@ class SessionJournal:
         return total
 
     def decoded_latents(self) -> list[np.ndarray]:
-        """Latents of the chunks the VAE has decoded, in order (to rebuild its decoder)."""
+        """Latents of the chunks the VAE has decoded, in order (to rebuild its decoder); None for
+        a spilled chunk's (`full_decoded_latents` reads them back)."""
         assert self.decoded <= len(self.chunks), "a chunk was decoded before the journal saw it"
         return [c.latents for c in self.chunks[: self.decoded]]
 
+    # ---- spilling to the world store (journal_spill.py) ----
+
+    def spill_to(self, source: SpillSource) -> None:
+        """From now on, over the budget, chunks the store confirms (`in_store`) may be let go."""
+        self.spill.source = source
+
+    def in_store(self, k: int, past: PastChunk, source: SpillSource) -> None:
+        """Chunk k was written to `source`'s world as `past` (a chunk of another branch since,
+        e.g. after a rewind, is not this one): older chunks may go while over budget."""
+        if self._enabled and k < len(self.chunks) and self.chunks[k] is past:
+            self.spill.stored[k] = source
+            if self.nbytes > self._max_bytes:
+                self.nbytes -= self.spill.let_go(self.chunks, self.nbytes - self._max_bytes)
+
+    async def full_chunks(self) -> list[PastChunk]:
+        """Every chunk with its latents (a spilled chunk's read back and checked); SessionLost
+        when the store cannot give them."""
+        return await self.spill.filled(self.chunks)
+
+    async def full_decoded_latents(self) -> list[np.ndarray]:
+        return [c.latents for c in (await self.full_chunks())[: self.decoded]]
+
     def _keep(self, nbytes: int) -> None:
         self.nbytes += nbytes
+        if self._enabled and self.nbytes > self._max_bytes and self.spill.source is not None:
+            self.nbytes -= self.spill.let_go(self.chunks, self.nbytes - self._max_bytes)
+            if self.nbytes <= self.spill.hard_limit(self._max_bytes):
+                return  # over the budget by chunks not in the store yet: they go once written
         if self._enabled and self.nbytes > self._max_bytes:
             self._enabled = False  # over budget: free everything, the session is no longer recoverable
             self.image, self.context, self.chunks, self.noise = None, None, [], None
+            self.spill = Spill()
             self.noises, self.steering = [], {}

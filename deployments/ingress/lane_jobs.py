@@ -144,7 +144,8 @@ class LaneJobs:
         stream.new_key("dit")
         await reserve_dit(self._b.dit, stream, self.seats)
         key, j = stream.dit_key, stream.journal  # a try after a `busy` took another key
-        await self._b.dit.options(session_id=key).restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
+        past = await j.full_chunks()  # spilled chunks read back from the store (journal_spill.py)
+        await self._b.dit.options(session_id=key).restore.remote(key, stream.spec, j.context, past, j.noise)
 
     async def decode(self, stream: Stream, latents: np.ndarray) -> dict[str, Any]:
         """VAE lane: decode and mux one chunk."""

@@ -135,7 +135,8 @@ class WorldIngress:
         self._viewers = None if hub is None else Viewers(hub, self._auth, self._caps, args, self._limits, self._metrics,
                                                          self._handshake.debug)  # the watch route (sharing/viewer.py)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
-        self._worlds = open_keeping(args, get_log("ingress", replica=_replica_id()))  # None: worlds off
+        # None: worlds off; in a Serve replica, the retention sweeps (worlds/retention.py) start
+        self._worlds = open_keeping(args, get_log("ingress", replica=_replica_id()), sweeps=bool(_replica_id()))
         self._world_routes = WorldRoutes(self._worlds, self._auth, args.connection.trust_forwarded_for)
         if _replica_id():  # in a Serve replica (not a test building the class): say where to go once up
             self._ready = asyncio.get_running_loop().create_task(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from deployments.ingress.journal import SessionJournal
+from deployments.worlds.journal_spill import SpillSource
 from deployments.worlds.chunks import ChunkRecord
 from deployments.worlds.worlds import World
 
@@ -29,11 +30,15 @@ def journal_records(journal: SessionJournal, first: int = 0,
     return out
 
 
-def journal_from_world(world: World, max_bytes: Optional[int]) -> SessionJournal:
+def journal_from_world(world: World, max_bytes: Optional[int],
+                       spill: Optional[SpillSource] = None) -> SessionJournal:
     """A journal of the world's chunks, as the session had it after its last chunk; `max_bytes`:
     the session's journal budget (a world larger than it gives a journal that is not
-    recoverable, as a live session's would be)."""
+    recoverable, as a live session's would be, unless `spill`: the world they came from, where
+    the journal over its budget leaves them, deployments/worlds/journal_spill.py)."""
     journal = SessionJournal(world.image, max_bytes)
+    if spill is not None:
+        journal.spill_to(spill)
     if world.context is not None:
         journal.set_context(world.context)
     for record in world.chunks:
@@ -41,5 +46,7 @@ def journal_from_world(world: World, max_bytes: Optional[int]) -> SessionJournal
             journal.steer(record.index, record.prompt)
         p = record.past
         journal.add_chunk(p.poses, p.intrinsics, p.y, p.latents, record.noise, p.context, p.kv_growth)
+        if spill is not None and journal.recoverable:
+            journal.in_store(record.index, journal.chunks[record.index], spill)
     journal.conditioned = journal.decoded = len(world.chunks)
     return journal

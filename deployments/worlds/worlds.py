@@ -25,7 +25,7 @@ import numpy as np
 from deployments.config import AppArgs
 from deployments.wire import SessionOptions
 from deployments.worlds.chunks import (COMMIT, ChunkRecord, chunk_dir, chunk_from_parts, chunk_parts, decode_array,
-                                       encode_array, read_commit)
+                                       encode_array, read_commit, sha256)
 from deployments.worlds.errors import BadWorldFile, QuotaExceeded, WorldError, WorldNotFound
 from deployments.worlds.ids import check_world_id, new_world_id, principal_dir, world_dir
 from deployments.worlds.manifest import Manifest, digest, served_model
@@ -227,6 +227,16 @@ class Worlds:
         if len(chunks) < m.chunks:
             raise BadWorldFile(f"the world has {m.chunks} chunks; {len(chunks)} are committed in the store")
         return World(m, image, context, chunks)
+
+    def chunk_latents(self, principal: str, world_id: str, k: int) -> np.ndarray:
+        """Chunk k's clean latents, checked against its commit record (a spilled journal's read,
+        deployments/worlds/journal_spill.py); WorldNotFound where it is not committed."""
+        where = f"{world_dir(principal, check_world_id(world_id))}/{chunk_dir(k)}"
+        meta = read_commit(self.store.get(f"{where}/{COMMIT}"), k)
+        want, data = meta["parts"]["latents.npy"], self.store.get(f"{where}/latents.npy")
+        if len(data) != want["size"] or sha256(data) != want["sha256"]:
+            raise BadWorldFile(f"chunk {k}: its latents do not match their checksum")
+        return decode_array(data)
 
     def delete(self, principal: str, world_id: str) -> None:
         """The world and everything in it (the manifest first: it is no longer listed); a

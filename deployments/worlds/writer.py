@@ -13,7 +13,8 @@ way: the oldest queued chunk waiting longer than `slow_s` is `degraded` too. The
 at most `max_queue` chunks; a chunk beyond it is refused at once (WriterFull) and the caller
 still holds it (the session's journal). A write the store refuses for good (QuotaExceeded, a
 world deleted meanwhile, a damaged manifest) is not retried: it is dropped, counted, and passed
-to `on_refused` (the caller tells the client with a typed notice).
+to `on_refused` (the caller tells the client with a typed notice). A chunk written is passed to
+`on_written` (its session's journal may then let it go over its budget: journal_spill.py).
 """
 from __future__ import annotations
 
@@ -44,12 +45,14 @@ class ChunkJob:
 
 class WorldWriter:
     def __init__(self, worlds: Worlds, max_queue: int = 256, slow_s: float = 2.0, max_backoff_s: float = 5.0,
-                 on_refused: Optional[Callable[[ChunkJob, WorldError], None]] = None) -> None:
+                 on_refused: Optional[Callable[[ChunkJob, WorldError], None]] = None,
+                 on_written: Optional[Callable[[ChunkJob], None]] = None) -> None:
         self.worlds = worlds
         self.max_queue = max_queue
         self.slow_s = slow_s
         self.max_backoff_s = max_backoff_s
         self.on_refused = on_refused
+        self.on_written = on_written  # told of each chunk once it is in the store (a journal may spill it)
         self._queue: collections.deque[ChunkJob] = collections.deque()
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
@@ -138,3 +141,8 @@ class WorldWriter:
             self.failing, backoff = False, 0.2
             self.written += 1
             self.write_s = self.write_s[-1023:] + [time.monotonic() - job.queued_at]
+            if self.on_written is not None:
+                try:
+                    self.on_written(job)
+                except Exception:  # noqa: BLE001 - a bug must not stop the writer
+                    log.exception("world writer: on_written failed")

@@ -33,6 +33,7 @@ from protocol import decode_reply
 from protocol.messages import CameraServerConfig, FrameReply, ResetOk
 from protocol.codec import encode, validated
 from protocol.messages import InferRequest, ResetRequest
+from seaweed import CREDENTIALS_ENV as S3_CREDENTIALS_ENV
 from support import EXAMPLES, wait_healthy
 from deployments.replicas.allocator import MALLOC_ENV
 from deployments.proxy_guard import PROXY_GUARD_ENV
@@ -137,6 +138,7 @@ def _start_ray() -> int:
     from ray import serve
 
     os.environ[API_KEYS_ENV] = ",".join(API_KEYS)
+    os.environ.update(S3_CREDENTIALS_ENV)  # the SeaweedFS test server's (any) keys: an S3 world store's replicas
     port = _free_port()
     os.environ.update(MALLOC_ENV)  # as the shipped configs run the Ray processes (see MALLOC_ENV)
     os.environ.update(PROXY_GUARD_ENV)  # the proxy's byte budget per WebSocket (deployments/proxy_guard.py)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
-
 import os
+import time
+from typing import Optional
 
 import httpx
 import pytest
@@ -65,6 +65,14 @@ def wait_stored(worlds: Worlds, tokens: dict[str, str], n: int, timeout_s: float
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("worlds")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def app_deleted_after(ray_port):
+    """The module's app goes after its last test (its last tests leave it running: an idle app's
+    replicas take CPU from the modules after it)."""
+    yield
+    serve.delete(APP)
 
 
 def test_a_store_that_fails_mid_session_degrades_and_catches_up(extra_app, example, root):
@@ -205,6 +213,7 @@ def test_three_sessions_survive_a_restart_a_deploy_and_a_killed_ingress(extra_ap
     app, connect = extra_app(APP, **overrides(root, 8))
     tokens: dict[str, str] = {}
     videos: dict[str, list[bytes]] = {sid: [] for sid in SEEDS}
+    replies_mime: dict[str, str] = {}
 
     async def references() -> dict[str, list[bytes]]:
         return {sid: await reference_videos(connect, f"ref-{sid}", traj, CHUNKS, seed) for sid, seed in SEEDS.items()}
@@ -217,12 +226,19 @@ def test_three_sessions_survive_a_restart_a_deploy_and_a_killed_ingress(extra_ap
                 assert isinstance(reply, FrameReply) and reply.chunk_id == 0, reply
                 tokens[sid] = reply.resume_token
                 videos[sid].append(reply.video)
+                replies_mime[sid] = reply.mime_type
 
-    async def resumed_chunk(k: int) -> None:
-        """Chunk k of each session on a new socket, resumed with its token."""
+    async def resumed_chunk(k: int, acknowledged: Optional[int] = None) -> None:
+        """Chunk k of each session on a new socket, resumed with its token; `acknowledged`: the
+        chunks its client says it has (resume_from), those from it on come again first."""
         for sid in SEEDS:
             async with connect() as c:
-                await c.infer(sid, traj, k, first=False, resume_token=tokens[sid], resume_from=k)
+                start = k if acknowledged is None else acknowledged
+                await c.infer(sid, traj, k, first=False, resume_token=tokens[sid], resume_from=start)
+                for j in range(start, k):  # sent again from the store's fMP4 bytes
+                    again = await c.recv()
+                    assert isinstance(again, FrameReply) and again.chunk_id == j, again
+                    assert again.video == videos[sid][j] and again.mime_type == replies_mime[sid]
                 reply = await c.recv()
                 assert isinstance(reply, FrameReply) and reply.chunk_id == k, reply
                 videos[sid].append(reply.video)
@@ -233,7 +249,7 @@ def test_three_sessions_survive_a_restart_a_deploy_and_a_killed_ingress(extra_ap
 
     serve.delete(APP)  # serve shutdown ... serve run: a new app, its parking knows no session
     app, connect = extra_app(APP, **overrides(root, 8))
-    asyncio.run(resumed_chunk(1))
+    asyncio.run(resumed_chunk(1, acknowledged=0))  # chunk 0 unacknowledged: sent again from the store
     wait_stored(worlds, tokens, 2)
 
     app, connect = extra_app(APP, **overrides(root, 9))  # serve deploy with changed args: every replica replaced

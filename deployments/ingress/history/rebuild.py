@@ -57,7 +57,8 @@ class Rebuild:
         if self._line is not None and self._line.queues(stream):  # yielded: nothing held before its turn
             await dit_admitted(stream)
         key, j = stream.vae_key, stream.journal
-        await self._b.vae.options(session_id=key).restore.remote(key, stream.spec, j.image, chunks, j.decoded_latents())
+        decoded = await j.full_decoded_latents()  # spilled chunks read back from the store
+        await self._b.vae.options(session_id=key).restore.remote(key, stream.spec, j.image, chunks, decoded)
 
     async def dit(self, stream: Stream, source_key: Optional[str], paths: dict[str, str]) -> None:
         """DiT lane: a copy of the source's session on its replica (`source_key` given: admitted
@@ -81,7 +82,8 @@ class Rebuild:
         paths["dit"] = "replay"
         await reserve_dit(self._b.dit, stream, self._line)
         key, j = stream.dit_key, stream.journal
-        await self._b.dit.options(session_id=key).restore.remote(key, stream.spec, j.context, list(j.chunks), j.noise)
+        past = await j.full_chunks()  # spilled chunks read back from the store
+        await self._b.dit.options(session_id=key).restore.remote(key, stream.spec, j.context, past, j.noise)
 
     def replayable(self, stream: Stream) -> None:
         """A session that must replay (a replica could not copy) needs its journal: TooLarge without."""

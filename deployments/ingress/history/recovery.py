@@ -44,7 +44,7 @@ class Recovery:
             raise self._lost("dit", cause)
         await self._forget(self._dit, stream.dit_key)
         key = stream.new_key("dit")
-        context, past = j.context, list(j.chunks)
+        context, past = j.context, await j.full_chunks()  # spilled chunks read back from the store
         t0 = time.perf_counter()
         dit = self._dit.options(session_id=key)
         replica = await self._until_placed("dit", stream, cause,
@@ -62,7 +62,7 @@ class Recovery:
             raise self._lost("vae", cause)
         await self._forget(self._vae, stream.vae_key)
         key = stream.new_key("vae")
-        decoded = j.decoded_latents()
+        decoded = await j.full_decoded_latents()
         t0 = time.perf_counter()
         vae = self._vae.options(session_id=key)
         replica = await self._until_placed("vae", stream, cause, lambda: vae.restore.remote(

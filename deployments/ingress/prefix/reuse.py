@@ -158,8 +158,8 @@ class PrefixReuse:
     def _write(self, stream: Stream, chunk_id: int, reply: FrameReply) -> None:
         cursor, j = self._cursors.get(stream), stream.journal
         if (self._store is None or cursor is None or len(cursor.keys) <= chunk_id or not j.recoverable
-                or j.context is None or len(j.chunks) <= chunk_id):
-            return
+                or j.context is None or len(j.chunks) <= chunk_id or j.chunks[chunk_id].latents is None):
+            return  # (latents None: spilled to the world store, journal_spill.py)
         snapshots = stream.snapshot_ids(chunk_id + 1) if self._rebuild.snapshots else None
         chunk = StoredChunk(reply.video, reply.num_frames, reply.mime_type, j.chunks[chunk_id], j.noises[chunk_id],
                             snapshots)

@@ -21,6 +21,9 @@ journal_parts.py has the same mapping), its video is the fMP4 bytes the client g
   chunk rewrites the world from that chunk (`Worlds.put_chunk` drops the old branch).
 - A store that fails or lags (`WorldWriter.health()` degraded): the stream goes on, `/healthz`
   says `degraded`, and the connection sends one `store_behind` notice per outage.
+- With `worlds.retention_days`, a timer sweeps the store for worlds past it (retention.py).
+- A session's journal over `sessions.journal_max_mib` lets go of the chunks its world has
+  (written: `_written`) and reads them back to rebuild (spill.py, deployments/worlds/journal_spill.py).
 - A session whose journal is not recoverable (recovery off, over its budget) is not kept from
   then on (the journal holds no chunks to write); nor is a `/v1/videos` job's session, nor a
   fork's branch's before its first computed chunk (it gets a world of its own, from then on).
@@ -37,6 +40,8 @@ from typing import Optional
 import numpy as np
 
 from deployments.config import AppArgs
+from deployments.ingress.worlds.retention import RetentionSweeper
+from deployments.ingress.worlds.spill import use_worlds
 from deployments.wire import SessionOptions
 from deployments.worlds.chunks import ChunkRecord, encode_array
 from deployments.worlds.errors import WorldError, WorldNotFound
@@ -99,10 +104,12 @@ class WorldKeeping:
         self.worlds = worlds
         self._sink = _Sink(worlds, args)
         self.writer = WorldWriter(self._sink, max_queue=args.worlds.writer_queue,  # type: ignore[arg-type]
-                                  on_refused=self._refused)
+                                  on_refused=self._refused, on_written=self._written)
         self.dropped: set[str] = set()  # worlds the store refused for good (quota, deleted): not written on
         # world id -> the record (sessions.py) that hands its chunks to the writer, while it lives
         self.handing: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.sweeper: Optional[RetentionSweeper] = None  # the retention timer (open_keeping starts it)
+        use_worlds(worlds)  # a parked journal's spill, claimed here, reads through this store (spill.py)
 
     def health(self) -> dict:
         """The writer's state for /healthz, with the recent chunks' seconds from their reply to the
@@ -120,6 +127,14 @@ class WorldKeeping:
     def expect(self, world_id: str, opening: Opening) -> None:
         self._sink.pending[world_id] = opening
 
+    def _written(self, job: ChunkJob) -> None:
+        """A chunk is in the store: its session's journal may let it go over its budget
+        (deployments/worlds/journal_spill.py)."""
+        rec = self.handing.get(job.world_id)
+        stream = None if rec is None or rec.stream is None else rec.stream()
+        if stream is not None:
+            stream.journal.in_store(job.record.index, job.record.past, rec.spill)
+
     def _refused(self, job: ChunkJob, error: WorldError) -> None:
         log.warning("world store refused chunk %d of a world (%s): the world is not written on", job.record.index,
                     error.code)
@@ -136,13 +151,17 @@ class WorldKeeping:
         return session, self.worlds.load(principal, world_id)
 
 
-def open_keeping(args: AppArgs, log) -> Optional[WorldKeeping]:
+def open_keeping(args: AppArgs, log, sweeps: bool = False) -> Optional[WorldKeeping]:
     """The ingress replica's world store from `worlds` (None when `worlds.enabled` is off); its
-    place is logged (a local folder: its absolute path)."""
+    place is logged (a local folder: its absolute path). `sweeps` (in a replica's event loop):
+    with a `retention_days`, the retention timer starts (retention.py)."""
     if not args.worlds.enabled:
         return None
     from deployments.worlds.backends import describe, open_worlds
 
     keeping = WorldKeeping(args, open_worlds(args.worlds))
     log.info("worlds kept in the world store", fields={"where": describe(args.worlds)})
+    if sweeps and keeping.worlds.retention_s is not None:
+        keeping.sweeper = RetentionSweeper(keeping.worlds, args.worlds.sweep_period_s, log)
+        keeping.sweeper.start()
     return keeping

@@ -35,6 +35,7 @@ from deployments.ingress.resume import ResumeBook
 from deployments.ingress.stream import Stream, StreamState, image_digest
 from deployments.ingress.worlds.changes import world_changed
 from deployments.ingress.worlds.sessions import SessionWorlds
+from deployments.ingress.worlds.spill import WorldSpill
 from deployments.wire import SessionOptions, owner_tag, routing_key
 from deployments.worlds.errors import BadWorldFile, QuotaExceeded, StoreUnavailable, WorldError
 from deployments.worlds.ids import new_world_id, principal_dir
@@ -139,7 +140,7 @@ class WorldRequests:
             return None, ErrorReply(code=ErrorCode.WORLD_CHANGED, session_id=sid, message=changed.message,
                                     world_id=changed.world_id, changed=list(changed.changed))
         journal = journal_from_world(world, int(args.sessions.journal_max_mib * MIB) if args.sessions.recovery
-                                     else None)
+                                     else None, WorldSpill(keeping.worlds, w.principal, req.world_id))  # over budget
         if not world.chunks or world.context is None or not journal.recoverable:
             return None, ErrorReply(code=ErrorCode.TOO_LARGE, session_id=sid, message=(
                 "this world cannot be opened here: it has no chunk, or it is larger than sessions.journal_max_mib "

@@ -10,7 +10,9 @@ session made back as the parking would hand it over: its journal (`journal_from_
 options (the manifest and `session.json`), its chunk count. No replica holds it: its first call
 on each deployment finds the session gone and rebuilds it from the journal (history/
 recovery.py: the DiT's `restore`, one cache update per chunk, and the VAE's replay), as after a
-replica's loss, and the session continues byte-identical.
+replica's loss, and the session continues byte-identical. It carries frame replies of its last
+`sessions.resume.replay_chunks` stored chunks (replays.py): a resume with `resume_from` sends
+the client those it had not acknowledged again, as a parked session's.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from deployments.errors import SessionLost
 from deployments.ingress.parking import ParkedSession, token_digest
 from deployments.ingress.worlds.changes import world_changed
 from deployments.ingress.worlds.keeping import WorldKeeping, world_of_token
+from deployments.ingress.worlds.replays import stored_replies
+from deployments.ingress.worlds.spill import WorldSpill
 from deployments.wire import SessionOptions, owner_tag, routing_key
 from deployments.worlds.errors import BadWorldKey, StoreUnavailable, WorldError, WorldNotFound
 from deployments.worlds.journal_parts import journal_from_world
@@ -50,7 +54,9 @@ async def revive(keeping: WorldKeeping, principal: str, session_id: str, token: 
         raise changed
     if not args.sessions.recovery or world.context is None:
         raise SessionLost("this server does not rebuild sessions (sessions.recovery is off); start it again")
-    journal = journal_from_world(world, int(args.sessions.journal_max_mib * MIB))
+    world_id = world_of_token(token_digest(token))  # a journal over its budget leaves its chunks there
+    journal = journal_from_world(world, int(args.sessions.journal_max_mib * MIB),
+                                 WorldSpill(keeping.worlds, principal, world_id))
     if not journal.recoverable:
         raise SessionLost("this session is larger than sessions.journal_max_mib: it cannot be rebuilt here")
     spec = SessionOptions(session_id=session_id, prompt=m.prompt, image_digest=session["image_digest"],
@@ -59,6 +65,7 @@ async def revive(keeping: WorldKeeping, principal: str, session_id: str, token: 
                           raw_frames=bool(session.get("clip")), owner=owner_tag(principal))
     n = len(world.chunks)
     key = routing_key(session_id, spec.owner)  # no replica holds it: its first calls rebuild it (recovery.py)
+    replies = stored_replies(world, session_id, token, args.sessions.resume.replay_chunks, spec.raw_frames)
     return ParkedSession(spec=spec, journal=journal, image=world.image, key=key, dit_key=key, vae_key=key,
-                         next_chunk=n, sent=n, prompt=journal.prompt_after(n, m.prompt), replies=[],
+                         next_chunk=n, sent=n, prompt=journal.prompt_after(n, m.prompt), replies=replies,
                          token_digest=token_digest(token))

@@ -19,7 +19,9 @@ from deployments.ingress.parking import ParkedSession
 from deployments.ingress.stream import Stream
 from deployments.ingress.worlds.keeping import Opening, WorldKeeping, world_of_token
 from deployments.ingress.worlds.revive import revive
+from deployments.ingress.worlds.spill import WorldSpill
 from deployments.worlds.chunks import ChunkRecord
+from deployments.errors import SessionLost
 from deployments.worlds.errors import WriterFull
 from deployments.worlds.ids import new_world_id
 from protocol.errors import ErrorCode
@@ -37,6 +39,9 @@ class _Kept:
     upto: int = -1  # the last chunk whose reply was built: to hand over
     videos: dict[int, bytes] = field(default_factory=dict)  # chunks not handed yet: their video
     retry: Optional[asyncio.Task] = None  # hands the rest over once the writer's queue has room
+    stream: Optional[weakref.ref] = None  # the stream whose chunks these are (its journal spills to the world)
+    spill: Optional[WorldSpill] = None  # this world, where the journal's chunks over its budget are read back
+    filling: Optional[asyncio.Task] = None  # reads spilled chunks back to hand them to a new world
 
 
 class SessionWorlds:
@@ -90,6 +95,7 @@ class SessionWorlds:
             rec.videos = {i: v for i, v in old.videos.items() if i >= old.next}
             old.next, old.upto = 1 << 30, -1  # hands nothing more
         self._k.handing[rec.world_id] = rec
+        self._spills_to(stream, rec)
         if rec.next <= rec.upto:
             self._later(stream, rec)
 
@@ -105,7 +111,13 @@ class SessionWorlds:
         session = {"session_id": stream.spec.session_id, "image_digest": stream.spec.image_digest,
                    "clip": stream.spec.raw_frames}
         self._k.expect(rec.world_id, Opening(stream.spec, stream.image, stream.journal.context, session))
+        self._spills_to(stream, rec)
         return rec
+
+    def _spills_to(self, stream: Stream, rec: _Kept) -> None:
+        """The stream's journal may let go of the chunks this world confirms (journal_spill.py)."""
+        rec.stream, rec.spill = weakref.ref(stream), WorldSpill(self._k.worlds, self._principal, rec.world_id)
+        stream.journal.spill_to(rec.spill)
 
     def kept(self, stream: Stream, k: int, video: Optional[bytes]) -> None:
         """Chunk k's reply is built: hand the stream's chunks up to k to the writer."""
@@ -133,19 +145,35 @@ class SessionWorlds:
         else:
             self._told = False
 
-    def _hand(self, stream: Stream, rec: _Kept) -> bool:
-        """Hand chunks `rec.next` .. `rec.upto` to the writer; False when its queue was full."""
+    def _hand(self, stream: Stream, rec: _Kept, chunks: Optional[list] = None) -> bool:
+        """Hand chunks `rec.next` .. `rec.upto` to the writer; False when its queue was full.
+        `chunks`: the journal's with spilled ones read back (a fork's or an opened session's new
+        world starts with chunks another world holds: read back first, `_filled`)."""
         j = stream.journal
+        chunks = j.chunks if chunks is None else chunks
         try:
-            while rec.next <= rec.upto and j.recoverable and rec.next < len(j.chunks):
+            while rec.next <= rec.upto and j.recoverable and rec.next < len(chunks):
                 i = rec.next
-                record = ChunkRecord(i, j.chunks[i], j.noises[i], j.steering.get(i), rec.videos.get(i))
+                if chunks[i].latents is None:  # spilled: read back, then handed over (True: no notice)
+                    if rec.filling is None or rec.filling.done():
+                        rec.filling = asyncio.get_running_loop().create_task(self._filled(stream, rec))
+                    return True
+                record = ChunkRecord(i, chunks[i], j.noises[i], j.steering.get(i), rec.videos.get(i))
                 self._k.writer.submit(self._principal, rec.world_id, record, j.chunks[i - 1].y if i else None)
                 rec.videos.pop(i, None)
                 rec.next += 1
         except WriterFull:
             return False
         return True
+
+    async def _filled(self, stream: Stream, rec: _Kept) -> None:
+        try:
+            chunks = await stream.journal.full_chunks()
+        except SessionLost as e:
+            log.warning("world store: a session's spilled chunks could not be read back for its new world: %s", e)
+            return
+        if not self._hand(stream, rec, chunks):
+            self._later(stream, rec)
 
     def _later(self, stream: Stream, rec: _Kept) -> None:
         """Hand the rest over once the queue has room, whether the stream goes on or not."""
