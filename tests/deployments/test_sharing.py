@@ -12,56 +12,10 @@ from media.reassembly import Fmp4Assembler, decode_fragment, split_init
 from protocol import decode_reply
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
-from protocol.messages import ControlRequest, ErrorReply, FrameReply, InferRequest, ShareRequest, UnshareRequest
-from protocol.sharing import Shared, Unshared, WatchRequest, Watching, WorldNotice
+from protocol.messages import ControlRequest, ErrorReply, FrameReply, InferRequest, UnshareRequest
+from protocol.sharing import Unshared, WatchRequest, Watching
 
-WATCH_PATH = "/v1/realtime/world/watch"
-
-
-def watch_url(server) -> str:
-    return server.ws.replace("/v1/realtime/world/camera", WATCH_PATH)
-
-
-class Viewer:
-    """A viewer's socket: `watch`, then frame replies and notices."""
-
-    def __init__(self, ws) -> None:
-        self.ws = ws
-        self.frames: list[FrameReply] = []
-        self.notices: list[WorldNotice] = []
-
-    @classmethod
-    async def open(cls, server, world_id: str, token: str, headers: dict | None = None):
-        ws = await websockets.connect(watch_url(server), max_size=None, additional_headers=headers)
-        await ws.send(encode(WatchRequest(world_id=world_id, watch_token=token)))
-        return cls(ws), decode_reply(await asyncio.wait_for(ws.recv(), 30))
-
-    async def next(self, timeout: float = 60.0):
-        reply = decode_reply(await asyncio.wait_for(self.ws.recv(), timeout))
-        (self.frames if isinstance(reply, FrameReply) else self.notices).append(reply)
-        return reply
-
-    async def frame(self, timeout: float = 60.0) -> FrameReply:
-        while not isinstance(reply := await self.next(timeout), FrameReply):
-            pass
-        return reply
-
-    async def error(self, timeout: float = 60.0) -> ErrorReply:
-        while not isinstance(reply := await self.next(timeout), ErrorReply):
-            assert isinstance(reply, WorldNotice), reply  # no frame: nothing was computed for it
-        return reply
-
-    async def event(self, event: str, timeout: float = 60.0) -> WorldNotice:
-        while not (isinstance(reply := await self.next(timeout), WorldNotice) and reply.event == event):
-            pass
-        return reply
-
-
-async def share(client, sid: str, **fields) -> Shared:
-    await client.send(encode(ShareRequest(session_id=sid, **fields)))
-    reply = await client.recv()
-    assert isinstance(reply, Shared), reply
-    return reply
+from world_viewers import WATCH_PATH, Viewer, share, watch_url
 
 
 def test_share_watch_unshare_same_bytes_in_order(resume_server, resume_connect, example):
@@ -158,7 +112,7 @@ def test_a_viewer_cannot_drive_and_a_foreign_token_is_refused(resume_server, res
                                                                      "prompt_update": "a storm"}):
                 await viewer.ws.send(encode(validated(InferRequest, fields)))
             await viewer.ws.send(encode(ControlRequest(session_id="drv", event_id=1, keys=("w",))))
-            errors = [await viewer.error() for _ in range(3)]
+            errors = [await viewer.error(frames_ok=False) for _ in range(3)]
             await owner.infer("drv", example, 1, first=False)
             mine = await owner.recv()
             theirs = await viewer.frame()

@@ -8,18 +8,16 @@ import asyncio
 
 import numpy as np
 import pytest
-import websockets
 
 from media.reassembly import Fmp4Assembler
-from protocol import decode_reply
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.messages import (AckRequest, ControlRequest, ErrorReply, ForkRequest, Forked, FrameReply, Paused,
-                               ResetOk, ResetRequest, ShareRequest, UnshareRequest)
+                               ResetOk, ResetRequest, UnshareRequest)
 from protocol.requests import SessionStart, drive_request
-from protocol.sharing import Shared, WatchRequest, Watching, WorldNotice
+from protocol.sharing import Shared, Watching
+from world_viewers import Viewer as SharedViewer, share
 
-WATCH_PATH = "/v1/realtime/world/watch"
 OWNER, OTHER = "key-share", "key-share-2"
 STORM = "<b>a storm</b> & <script>x</script>"  # markup: text to the viewers, never interpreted
 API_KEYS_ENV = "LWF_TEST_API_KEYS"  # conftest.py sets it before Ray starts (its API_KEYS)
@@ -42,46 +40,12 @@ def watchx(extra_app, connect_url):
     serve.delete("watchx")
 
 
-def watch_url(server) -> str:
-    return server.ws.replace("/v1/realtime/world/camera", WATCH_PATH)
-
-
-class Viewer:
-    """A viewer's socket: `watch`, then frame replies and notices (as test_sharing.py's)."""
-
-    def __init__(self, ws) -> None:
-        self.ws = ws
-        self.frames: list[FrameReply] = []
-        self.notices: list[WorldNotice] = []
+class Viewer(SharedViewer):
+    """tests/world_viewers.py's viewer, opened with a `Shared` and an API key's name."""
 
     @classmethod
     async def open(cls, server, shared: Shared, k: str | None = OWNER, catch_up: int = 0):
-        ws = await websockets.connect(watch_url(server), max_size=None, additional_headers=key(k))
-        await ws.send(encode(WatchRequest(world_id=shared.world_id, watch_token=shared.watch_token,
-                                          catch_up=catch_up)))
-        return cls(ws), decode_reply(await asyncio.wait_for(ws.recv(), 30))
-
-    async def next(self, timeout: float = 60.0):
-        reply = decode_reply(await asyncio.wait_for(self.ws.recv(), timeout))
-        (self.frames if isinstance(reply, FrameReply) else self.notices).append(reply)
-        return reply
-
-    async def frame(self, timeout: float = 60.0) -> FrameReply:
-        while not isinstance(reply := await self.next(timeout), FrameReply):
-            pass
-        return reply
-
-    async def event(self, event: str, timeout: float = 60.0) -> WorldNotice:
-        while not (isinstance(reply := await self.next(timeout), WorldNotice) and reply.event == event):
-            pass
-        return reply
-
-
-async def share(client, sid: str, **fields) -> Shared:
-    await client.send(encode(ShareRequest(session_id=sid, **fields)))
-    reply = await client.recv()
-    assert isinstance(reply, Shared), reply
-    return reply
+        return await super().open(server, shared.world_id, shared.watch_token, key(k), catch_up)
 
 
 def decoded(videos: list[bytes]) -> np.ndarray:
