@@ -19,6 +19,8 @@ from protocol.messages import ErrorReply, FrameReply, InferRequest, Queued
 
 APP = "roomkill"
 DEPLOYMENT = "WaitingRoom"
+POLL_S = 0.3  # a /healthz started this often while the room is down
+FAST_BACK_S = 5.0  # a room back this soon after the kill may never be seen down
 
 
 def _first(example, sid: str) -> bytes:
@@ -90,17 +92,28 @@ def test_killing_the_waiting_room_keeps_the_waiting_sessions_in_order(extra_app,
             await asyncio.to_thread(replica_killer, APP, DEPLOYMENT, killed)
             t_kill = time.monotonic()
             seen: list[tuple[float, int, str]] = []  # (s after the kill, HTTP code, status)
-            while True:  # /healthz until the room is back (a new replica answering, the two places in it)
+
+            async def poll() -> bool:  # one /healthz; True once the room is back with the two places
                 code, body = await asyncio.to_thread(health)
                 seen.append((round(time.monotonic() - t_kill, 1), code, body["status"]))
+                return body["status"] == "ok" and body["line"] == {"waiting": 2, "max_waiting": 4}
+
+            polls: set[asyncio.Task] = set()
+            back = False
+            while not back:  # a poll every POLL_S, overlapping (one takes seconds under load): the room's
+                polls.add(asyncio.ensure_future(poll()))  # downtime may be shorter than one poll
+                done, polls = await asyncio.wait(polls, timeout=POLL_S)
+                back = any(t.result() for t in done)
                 assert not rb.answers() and not rc.answers(), (rb.answers(), rc.answers())  # they keep waiting
-                if body["status"] == "ok" and body["line"] == {"waiting": 2, "max_waiting": 4}:
-                    break
                 assert time.monotonic() - t_kill < 120, seen
-                await asyncio.sleep(0.5)
+            await asyncio.gather(*polls)
             back_s = time.monotonic() - t_kill
             degraded = [s for s in seen if s[2] == "degraded"]
-            assert degraded and all(s[1] == 200 for s in seen), seen
+            assert all(s[1] == 200 for s in seen), seen
+            # Down, /healthz says degraded; a room back before any poll could see it down passes
+            # (CI: back 1.9 s after the kill, one poll) - test_line_regain.py checks the degraded
+            # answer without Ray, for a room that does not answer.
+            assert degraded or back_s < FAST_BACK_S, seen
             assert _room_replica() != killed
             assert not rb.answers() and not rc.answers()  # they kept waiting: no session_lost, no error
             nb, nc = len(rb.replies), len(rc.replies)
@@ -112,7 +125,8 @@ def test_killing_the_waiting_room_keeps_the_waiting_sessions_in_order(extra_app,
             await b.reset("b")
             assert isinstance((await rc.next((FrameReply, ErrorReply), nc))[0], FrameReply), rc.replies
             print(f"RELIABILITY room killed: back (2 waiting) {back_s:.1f} s after the kill; /healthz "
-                  f"{len(degraded)} of {len(seen)} polls degraded ({degraded[0][0]}-{degraded[-1][0]} s), all 200; "
+                  f"{len(degraded)} of {len(seen)} polls degraded "
+                  f"({f'{degraded[0][0]}-{degraded[-1][0]} s' if degraded else 'back before a poll saw it down'}), all 200; "
                   f"notices while down b={[r.position for r in rb.replies[1:nb] if isinstance(r, Queued)]} "
                   f"c={[r.position for r in rc.replies[1:nc] if isinstance(r, Queued)]}")
             await rc.stop()
