@@ -8,20 +8,13 @@ import asyncio
 import pytest
 
 from deployments.errors import Busy
-from deployments.ingress.sharing.book import Joined, NotShared, WatchRefused, WorldBook, WorldChunk
+from deployments.ingress.sharing.book import Joined, NotShared, WatchRefused, WorldBook
 from deployments.ingress.sharing.feed import Feeds, ViewerQueue
 from deployments.share_args import SharingArgs
 from protocol import decode_reply
 from protocol.messages import FrameReply
 from protocol.sharing import WorldNotice
-
-INIT = b"\x00\x00\x00\x10ftypisom" + b"\x00" * 4 + b"\x00\x00\x00\x08moov"
-
-
-def chunk(k: int, init: bool = False) -> WorldChunk:
-    video = (INIT if init else b"") + b"\x00\x00\x00\x0cmoof" + k.to_bytes(4, "big")
-    return WorldChunk(chunk_id=k, video=video, num_frames=12, resolution=(32, 48), fps=16, mime_type="video/mp4",
-                      digest=f"d{k}")
+from world_book_fakes import INIT, FakeHub, chunk
 
 
 def test_tokens_are_unguessable_bound_to_one_world_and_revoked_by_its_end():
@@ -105,23 +98,6 @@ def test_a_session_resumed_elsewhere_is_shared_only_with_its_init_segment():
     with pytest.raises(NotShared):
         book.share("key:o", "s", "link", "owner", now=0.0, need_init=True)
     assert book.share("key:o", "s", "link", "owner", now=0.0, init=INIT, need_init=True).init == INIT
-
-
-class FakeHub:
-    """`poll.remote(world_id, after, timeout)` answered from a WorldBook, as hub.py does."""
-
-    def __init__(self, book: WorldBook) -> None:
-        self.book = book
-        self.changed = asyncio.Event()
-        self.poll = self
-
-    def remote(self, world_id: str, after: int, timeout_s: float):
-        async def poll():
-            while not (result := self.book.after(world_id, after))[0] and not result[2]:
-                self.changed.clear()
-                await self.changed.wait()
-            return result
-        return poll()
 
 
 def test_a_viewer_that_never_reads_skips_while_twenty_others_get_every_chunk():

@@ -12,7 +12,7 @@ import pytest
 
 from deployments.errors import Busy, SessionLost, TooLarge
 from deployments.ingress.journal import SessionJournal
-from deployments.ingress.sharing.book import WatchRefused, WorldBook, WorldChunk
+from deployments.ingress.sharing.book import WatchRefused, WorldBook
 from deployments.ingress.sharing.fork_asks import ForkAsks
 from deployments.ingress.sharing.fork_source import WorldHead, world_head
 from deployments.ingress.stream import StreamState
@@ -24,31 +24,7 @@ from protocol.codec import validated
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import FrameReply
 from protocol.sharing import WatchRequest, WorldNotice
-
-INIT = b"\x00\x00\x00\x10ftypisom" + b"\x00" * 4 + b"\x00\x00\x00\x08moov"
-
-
-def chunk(k: int, init: bool = False) -> WorldChunk:  # (as test_world_book.py's)
-    video = (INIT if init else b"") + b"\x00\x00\x00\x0cmoof" + k.to_bytes(4, "big")
-    return WorldChunk(chunk_id=k, video=video, num_frames=12, resolution=(32, 48), fps=16, mime_type="video/mp4",
-                      digest=f"d{k}")
-
-
-class FakeHub:
-    """`poll.remote(world_id, after, timeout)` answered from a WorldBook, as hub.py does."""
-
-    def __init__(self, book: WorldBook) -> None:
-        self.book = book
-        self.changed = asyncio.Event()
-        self.poll = self
-
-    def remote(self, world_id: str, after: int, timeout_s: float):
-        async def poll():
-            while not (result := self.book.after(world_id, after))[0] and not result[2]:
-                self.changed.clear()
-                await self.changed.wait()
-            return result
-        return poll()
+from world_book_fakes import INIT, FakeHub, chunk
 
 
 def test_catch_up_starts_a_viewer_at_the_oldest_of_its_last_k_chunks_at_most_hub_chunks():
