@@ -63,7 +63,7 @@
 #
 # Worlds and sharing (issues 55 and 56; tested on the CPU: tests/deployments/test_world_benchmarks.py):
 # WORLD_OPEN=1 and RESTART_DRILL=1 turn the config's world store on in a local folder (`worlds:
-# {enabled: true, backend: local, root: $WORLDS_ROOT}`, default /tmp/lwf-worlds-bench, emptied before
+# {enabled: true, backend: local, root: $WORLDS_ROOT}`, default $TMPDIR/lwf-worlds-bench (/tmp without TMPDIR), emptied before
 # the start; with STORE_WARM=1 its store, $STORE_ROOT). WORLD_OPEN=1: benchmarks/worlds/open_replay.py
 # --open-ended --open $WORLD_OPEN_CHUNKS (default 50): one session of 51 chunks saved after chunk 50,
 # the world opened on a new socket, open -> its first new chunk timed (issue 55's target <= 15 s on
@@ -170,7 +170,7 @@ if [ "${WORLD_OPEN:-0}" = 1 ] || [ "${RESTART_DRILL:-0}" = 1 ]; then  # issue 55
     if [ "${STORE_WARM:-0}" = 1 ]; then
         patch_config worlds '{"worlds": {"enabled": true}}'
     else
-        WORLDS_ROOT=${WORLDS_ROOT:-/tmp/lwf-worlds-bench}
+        WORLDS_ROOT=${WORLDS_ROOT:-${TMPDIR:-/tmp}/lwf-worlds-bench}
         rm -rf "$WORLDS_ROOT"
         patch_config worlds "{\"worlds\": {\"enabled\": true, \"backend\": \"local\", \"root\": \"$WORLDS_ROOT\"}}"
     fi

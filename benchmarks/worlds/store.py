@@ -1,8 +1,8 @@
 """The world store (issue 55): bytes per chunk, write latency, and the time to open a world.
 
-    python -m benchmarks.worlds.store --backend local --root /tmp/worlds --out /tmp/world_store.json
+    python -m benchmarks.worlds.store --backend local --root lwf-bench-worlds --out world_store.json
     python -m benchmarks.worlds.store --backend s3 --endpoint http://127.0.0.1:8333 --bucket worlds \\
-        --out /tmp/world_store_s3.json   # credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+        --out world_store_s3.json   # credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
 
 One world of `--chunks` chunks at `--size` (latent size = size / 8) is written chunk by chunk
 through `Worlds.put_chunk` (what the write-behind writer calls), with the parts a served session
