@@ -49,6 +49,12 @@ def actor_options(r: ReplicaArgs) -> dict[str, Any]:
     return options
 
 
+def coordinator_options(args: AppArgs) -> dict[str, Any]:
+    """`ray_actor_options` of a one-replica coordinator (parking, room, hub): placed like the
+    ingress, `coordinator_cpus` reserved."""
+    return {**actor_options(args.ingress), "num_cpus": args.coordinator_cpus}
+
+
 def replica_options(r: ReplicaArgs) -> dict[str, Any]:
     """Serve deployment options of one ReplicaArgs block."""
     count = {"num_replicas": r.num_replicas} if r.autoscaling is None else {
@@ -117,13 +123,13 @@ def build_app(args: AppArgs) -> Application:
         args.model, args.sessions, vae_capacity, args.prefix_cache.snapshot_mib, store=args.worlds)
     dit = bind_dit(args, {**replica_options(args.dit), "request_router_config": router})  # 1 or N GPUs
     parking = None
-    if args.sessions.resume.grace_s > 0:  # one replica, placed like the ingress (CPU, head node)
-        parking = SessionParking.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(
+    if args.sessions.resume.grace_s > 0:  # one replica, placed like the ingress (CPU, head node): coordinator_cpus
+        parking = SessionParking.options(num_replicas=1, ray_actor_options=coordinator_options(args)).bind(
             vae, dit, args.sessions)
     room = None
     if args.sessions.max_waiting > 0:  # one replica for the application's one line (CPU, head node)
-        room = WaitingRoom.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(args.sessions)
+        room = WaitingRoom.options(num_replicas=1, ray_actor_options=coordinator_options(args)).bind(args.sessions)
     hub = None
     if args.sharing.enabled:  # one replica for the application's shared worlds (CPU, head node)
-        hub = WorldHub.options(num_replicas=1, ray_actor_options=actor_options(args.ingress)).bind(args.sharing)
+        hub = WorldHub.options(num_replicas=1, ray_actor_options=coordinator_options(args)).bind(args.sharing)
     return WorldIngress.options(**replica_options(args.ingress)).bind(text, vae, dit, parking, args, room, hub)

@@ -380,6 +380,11 @@ class AppArgs(_Strict):
     # default stays below it so that an oversized frame up to 16 MiB gets the typed `too_large`.
     max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=1024, le=PROXY_MAX_FRAME_BYTES)
     debug_fields: bool = False  # add replica ids to frame replies (tests, diagnosis)
+    # CPUs each one-replica coordinator reserves in Ray: the session parking, the waiting room and
+    # the world hub (asyncio actors that mostly wait), placed like the ingress (its labels and
+    # resources). Each reserved the ingress's num_cpus before: with the hub, 2 + 2 + 2 more on the
+    # H100 configs (18 of 16 cores, the ingress never scheduled) and 9 of serve_config.gpu.yaml's 8.
+    coordinator_cpus: float = Field(0.1, ge=0)
     # GPUs of one node per DiT replica. 1: DiTDeployment on one device. N > 1: one replica spread
     # over N GPUs with Ulysses sequence parallelism (deployments/replicas/sp_dit.py, docs/PARALLEL.md);
     # N must divide the DiT's head count (40 heads: 2, 4, 5 or 8), and `dit` then gives each
@@ -391,17 +396,23 @@ class AppArgs(_Strict):
     # replaces it (docs/RELIABILITY.md).
     dit_parallel_timeout_s: float = Field(60.0, gt=0)
 
+    def coordinators(self) -> int:
+        """The one-replica coordinators the app runs: the session parking (resumes on), the
+        waiting room (a line) and the world hub (sharing on)."""
+        return (int(self.sessions.resume.grace_s > 0) + int(self.sessions.max_waiting > 0)
+                + int(self.sharing.enabled))
+
     def cpus_at_most(self) -> float:
         """The CPUs the app's replicas reserve in Ray with every deployment at its most replicas
         (an autoscaled DiT / VAE at max_replicas; a sequence-parallel DiT replica's ranks; the
-        session parking, one replica placed like the ingress, when resumes are on). A box with
-        fewer leaves a replica pending: on the H200 a second autoscaled DiT replica never started
-        (4 + 4 + VAE 4 + T5 2 + ingress 2 + parking 2 = 18 of 16 cores)."""
-        parking = self.ingress.num_cpus if self.sessions.resume.grace_s > 0 else 0.0
+        coordinators, `coordinator_cpus` each). A box with fewer leaves a replica pending: on the
+        H200 a second autoscaled DiT replica never started (4 + 4 + VAE 4 + T5 2 + ingress 2 +
+        parking 2 = 18 of 16 cores)."""
         return (self.dit.num_cpus * self.dit.most_replicas * self.dit_parallel
                 + self.vae.num_cpus * self.vae.most_replicas
                 + self.text_encoder.num_cpus * self.text_encoder.most_replicas
-                + self.ingress.num_cpus * self.ingress.most_replicas + parking)
+                + self.ingress.num_cpus * self.ingress.most_replicas
+                + self.coordinator_cpus * self.coordinators())
 
     @model_validator(mode="after")
     def _autoscaling_of_session_hosts_only(self) -> "AppArgs":

@@ -407,10 +407,34 @@ def test_cpus_at_most_counts_every_replica_the_app_can_run():
     args = AppArgs.model_validate({
         "dit": {"num_cpus": 4, "autoscaling": {"min_replicas": 1, "max_replicas": 2}},
         "vae": {"num_cpus": 3, "num_replicas": 2}, "text_encoder": {"num_cpus": 2},
-        "ingress": {"num_cpus": 1, "num_replicas": 2}, "sessions": {"resume": {"grace_s": 30}}})
-    assert args.cpus_at_most() == 4 * 2 + 3 * 2 + 2 + 1 * 2 + 1  # + the parking, placed like the ingress
+        "ingress": {"num_cpus": 1, "num_replicas": 2}, "sessions": {"resume": {"grace_s": 30}},
+        "coordinator_cpus": 0.5})
+    # + the parking, the waiting room and the world hub: coordinator_cpus each
+    assert args.cpus_at_most() == 4 * 2 + 3 * 2 + 2 + 1 * 2 + 3 * 0.5
     no_resume = args.model_copy(update={"sessions": args.sessions.model_copy(update={"resume": ResumeArgs(grace_s=0)})})
-    assert no_resume.cpus_at_most() == args.cpus_at_most() - 1
+    assert no_resume.cpus_at_most() == args.cpus_at_most() - 0.5
+
+
+def most_replicas(d: Deployment) -> int:
+    auto = d._deployment_config.autoscaling_config
+    return auto.max_replicas if auto is not None else d.num_replicas
+
+
+ONE_DEVICE_DIT_CONFIGS = [  # a sequence-parallel DiT's ranks are placement-group bundles, not Serve replicas
+    name for name in ["serve_config.yaml", "serve_config.gpu.yaml", "serve_config.h200.yaml",
+                      *sorted(f"benchmarks/{p.name}" for p in (REPO / "benchmarks").glob("serve_config.*.yaml"))]
+    if app_args(name).dit_parallel == 1]
+
+
+@pytest.mark.parametrize("name", ONE_DEVICE_DIT_CONFIGS)
+def test_cpus_at_most_is_what_the_built_graph_reserves(name):
+    """cpus_at_most against the deployments build_app really binds: a deployment it forgets leaves
+    the box short (the world hub, placed like the ingress with its 2 CPUs, took an H100 config to
+    18 of 16 cores: the ingress was never scheduled and the server never healthy)."""
+    args = app_args(name)
+    deployments = graph({"import_path": IMPORT_PATH, "args": args.model_dump()})
+    reserved = sum(most_replicas(d) * (d.ray_actor_options or {}).get("num_cpus", 1) for d in deployments.values())
+    assert reserved == pytest.approx(args.cpus_at_most()), sorted(deployments)
 
 
 def test_the_h200_fa4_benchmark_is_the_h200_benchmark_with_fa4_attention():
