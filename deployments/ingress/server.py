@@ -132,7 +132,7 @@ class WorldIngress:
                                     c.reserved_for_new_clients)
         self._admission = Admission(self._auth, self._caps, self._metrics, c.trust_forwarded_for,
                                     args.sessions.retry_after_s)  # every socket route's (guards/admission.py)
-        self._viewers = None if hub is None else Viewers(hub, self._auth, self._caps, args, self._limits, self._metrics,
+        self._viewers = None if hub is None else Viewers(hub, self._admission, args, self._limits, self._metrics,
                                                          self._handshake.debug)  # the watch route (sharing/viewer.py)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
         # None: worlds off; in a Serve replica, the retention sweeps (worlds/retention.py) start

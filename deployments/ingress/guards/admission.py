@@ -1,12 +1,15 @@
 """Admission: the steps that let a WebSocket in, one function for every socket route (the camera
-and openpi routes, server.py).
+and openpi routes, server.py; the watch route, sharing/viewer.py), so that a change of them
+reaches every route.
 
 In order: the origin (`Auth.origin_allowed`; refused before the upgrade: HTTP 403), the accept
 (echoing the bearer subprotocol a browser offered), the API key (`Auth.authenticate`; refused
 with an `unauthorized` error, then close 1008 "unauthorized"), the connection caps per address
 and per key (`ConnectionCaps.admit`; refused with a `busy` error carrying `retry_after_s`, then
 close 1013 with the cap's reason). Each refusal is counted (`refuse_connection`, and the error's
-code). An admitted socket holds its place in the caps until `release`.
+code). An admitted socket holds its place in the caps until `release`. `anonymous` (the watch
+route with `sharing.anonymous_viewers`): a socket that presents no key at all is let in without
+one (key id None: its address is its principal); a wrong key is still refused.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Optional
 
 from fastapi import WebSocket
 
-from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
+from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol, presented_key
 from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
 from deployments.metrics import IngressMetrics
 from protocol.codec import encode
@@ -45,7 +48,7 @@ class Admission:
         self._trust_forwarded_for = trust_forwarded_for
         self._retry_after_s = retry_after_s
 
-    async def admit(self, ws: WebSocket) -> Optional[Admitted]:
+    async def admit(self, ws: WebSocket, anonymous: bool = False) -> Optional[Admitted]:
         """The socket accepted and counted in the caps, or None: refused and closed."""
         if not self._auth.origin_allowed(ws):
             self._metrics.refuse_connection("origin")
@@ -54,6 +57,8 @@ class Admission:
         subprotocol = bearer_subprotocol(ws)  # a browser that offered one fails unless it is echoed
         await (ws.accept(subprotocol=subprotocol) if subprotocol else ws.accept())
         accepted, key_id = self._auth.authenticate(ws)
+        if not accepted and anonymous and not presented_key(ws):
+            accepted = True  # no key at all: its address is its principal (share_args.py)
         if not accepted:
             self._metrics.count_error(ErrorCode.UNAUTHORIZED.value)
             self._metrics.refuse_connection("unauthorized")
