@@ -107,7 +107,7 @@ def profile_chunk(step, device: torch.device, path: Path) -> dict:
     kind, busy fraction (kernel time / wall), the per-op table at `path`, per shapes beside it."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.run import profile_report
+    from benchmarks.engine.profiling import profile_report
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=True) as prof:

@@ -248,7 +248,7 @@ FLOORS = {
                                               "releases", "line.seat", "sharing.owner", "sharing.fork_source")},
     # 3: the parts that keep their own per-session records: recovery and branching, prefix reuse,
     # driving, resume
-    **{f"deployments.ingress.{m}": 3 for m in ("history", "prefix", "drive", "resume", "sharing.fork")},
+    **{f"deployments.ingress.{m}": 3 for m in ("history", "prefix", "drive", "resume", "resuming", "sharing.fork")},
     # the sessions kept in the world store (issue 55): a session's world, written behind it; revived by a resume
     "deployments.ingress.worlds": 3,
     # 4: what composes them: the connection, the peers' and the videos' modes, the server

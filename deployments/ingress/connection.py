@@ -34,6 +34,7 @@ from camera import CHUNK_LATENT_FRAMES, parse_size
 from deployments.ingress.guards.client_policy import ClientPolicy
 from deployments.config import AppArgs
 from deployments.ingress.history.branching import Branches
+from deployments.ingress.resuming.claims import Claims
 from deployments.ingress.controls import ChunkCameras, ControlBook
 from deployments.ingress.detached import detach
 from deployments.ingress.drive.binding import Binding, late_bound_step
@@ -53,14 +54,13 @@ from deployments.ingress.history.recovery import Recovery
 from deployments.ingress.releases import Releases
 from deployments.ingress.outbox import Outbox
 from deployments.ingress.replies import Replies
-from deployments.ingress.resume import ClaimsThrottled, ResumeBook
+from deployments.ingress.resume import ResumeBook
 from deployments.ingress.sharing.fork import WatchForks
 from deployments.ingress.sharing.owner import Sharing
 from deployments.ingress.sizes import SizeRule
 from deployments.ingress.stream import Stream, StreamState, image_digest, session_options
 from deployments.ingress.transport import Transport, frame_size, next_message, oversize, session_traits
 from deployments.ingress.worlds import SessionWorlds, WorldKeeping, WorldRequests
-from deployments.ingress.worlds.changes import with_world
 from deployments.ingress.worlds.reopen import Reopening
 from protocol.codec import decode
 from protocol.errors import ErrorCode, ProtocolError
@@ -83,7 +83,8 @@ class Connection:
     It owns: the two lanes; `LaneJobs` (the calls a chunk makes on them, lane_jobs.py);
     `Replies` (frame replies, errors, notices, replies.py) and the `Outbox` they leave through
     in order (outbox.py); `Releases` (the streams the replicas may hold, freed on reset,
-    failure and the socket's end, releases.py); `ResumeBook` (parking and claims, resume.py);
+    failure and the socket's end, releases.py); `ResumeBook` (parking and claims, resume.py)
+    and `Claims` (a frame that claims a parked session, resuming/claims.py);
     `ControlBook` (the keys held, controls.py); `Driving` (its driven session's driver, which
     starts chunks through `_queue_chunk` as an infer does, drive/driving.py). It keeps the
     current stream and the chunks in flight."""
@@ -143,6 +144,8 @@ class Connection:
         self._stream: Optional[Stream] = None
         self._inflight: set[asyncio.Task] = set()  # chunks not yet answered
         self._image = FrameImage(limits)  # the pixels of the frame in hand (image_intake.py)
+        self._claims = Claims(self._resume, self._sharing, self._driving, self._outbox, self._replies, self._log,
+                              lambda: self._stream, partial(setattr, self, "_stream"))  # resume, check
 
     async def run(self) -> None:
         """Handshake, receive loop, cleanup (always)."""
@@ -207,31 +210,9 @@ class Connection:
         except ProtocolError as e:
             self._outbox.reply_now(self._replies.error(e.code, e.message, e.session_id))
             return True, False
-        kind = self._resume.kind(req, self._stream)
-        if kind is not None:
-            try:
-                if kind == "check":
-                    await self._resume.check_parked(req)
-                else:
-                    self._stream, replies, driven = await self._resume.resume(req, self._stream)
-                    self._sharing.resumed(self._stream)  # back in its world, if it has one (sharing/owner.py)
-                    for reply in replies:
-                        self._outbox.reply_now(reply, self._stream if isinstance(reply, FrameReply) else None)
-                    self._driving.stop()  # a driven session it replaced
-                    if driven:  # paused until a control with keys (PROTOCOL.md, drive)
-                        self._driving.start(self._stream)
-            except ReplicaError as e:  # world_changed: with the world to `reopen` (worlds/changes.py)
-                self._outbox.reply_now(with_world(self._replies.error(e.code, e.message, req.session_id,
-                                                                      getattr(e, "retry_after_s", None)), e))
-                return e.code is not ErrorCode.BUSY or isinstance(e, ClaimsThrottled), False
-            except Exception as e:  # noqa: BLE001 - the parking is unreachable: nothing was claimed
-                self._log.warning("resume failed", fields={"session": req.session_id, "error": repr(e)})
-                self._outbox.reply_now(self._replies.error(
-                    ErrorCode.SESSION_LOST, "the server could not resume this session "
-                    f"({type(e).__name__}); send image and prompt to start it again", req.session_id))
-                return False, False
-            if isinstance(req, ResumeRequest):
-                return False, False
+        kind = self._resume.kind(req, self._stream)  # a claim of a parked session (resuming/claims.py)
+        if kind is not None and (outcome := await self._claims.handle(req, kind)) is not None:
+            return outcome
         if isinstance(req, (SaveRequest, OpenRequest)) or getattr(req, "of_world", False):  # an open, a fork of a
             handler = self._watch_forks if isinstance(req, ForkRequest) else self._worlds  # shared world: loaded
             self._stream = await handler.handle(req, self._stream, self._outbox)  # before the next frame is read

@@ -20,11 +20,12 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from camera import parse_size
-from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol
+from deployments.ingress.guards.admission import Admission
+from deployments.ingress.guards.auth import Auth
 from deployments.ingress.peers import CLIP_MODE, PeerTransport
 from deployments.config import AppArgs
 from deployments.ingress.connection import POLICY_VIOLATION, Backends, Connection
-from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
+from deployments.ingress.guards.connection_caps import ConnectionCaps
 from deployments.ingress.detached import running as detached_running
 from deployments.ingress.detached import settle
 from deployments.ingress.health import PathProbe, line_lost
@@ -44,10 +45,8 @@ from deployments.ingress.videos.schema import openapi_extra as video_body_schema
 from deployments.ingress.web import mount_web
 from deployments.ingress.worlds.keeping import open_keeping
 from deployments.ingress.worlds.routes import WorldRoutes
-from protocol.codec import encode
-from protocol.errors import ErrorCode
 from protocol.limits import Limits
-from protocol.messages import CameraServerConfig, ErrorReply
+from protocol.messages import CameraServerConfig
 from deployments.ingress.signposts import CAMERA_ROUTE, answer_wrong_socket, install_signposts
 from deployments.ingress.sizes import SizeRule
 
@@ -56,7 +55,6 @@ WORLDS_ROUTE = "/v1/worlds"
 HEALTH_TIMEOUT_S = 10.0
 LINE_STATS_TIMEOUT_S = 2.0
 REFERENCE_ASPECT = (9, 16)  # the handshake's image_resolution is for a 16:9 image
-TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at a connection cap
 INGRESS_HTTP_HEADROOM = 8  # ongoing requests of an ingress replica kept free of WebSockets (health, HTTP)
 
 
@@ -132,7 +130,9 @@ class WorldIngress:
         self._caps = ConnectionCaps(total, c.max_connections_per_client,
                                     args.auth.max_connections_per_key if self._auth.enabled else None,
                                     c.reserved_for_new_clients)
-        self._viewers = None if hub is None else Viewers(hub, self._auth, self._caps, args, self._limits, self._metrics,
+        self._admission = Admission(self._auth, self._caps, self._metrics, c.trust_forwarded_for,
+                                    args.sessions.retry_after_s)  # every socket route's (guards/admission.py)
+        self._viewers = None if hub is None else Viewers(hub, self._admission, args, self._limits, self._metrics,
                                                          self._handshake.debug)  # the watch route (sharing/viewer.py)
         self._probe = PathProbe(self._backends, HEALTH_TIMEOUT_S)
         # None: worlds off; in a Serve replica, the retention sweeps (worlds/retention.py) start
@@ -168,29 +168,10 @@ class WorldIngress:
         await self._viewers.serve(ws)
 
     async def _socket(self, ws: WebSocket, mode: Optional[str], one_reply: bool) -> None:
-        if not self._auth.origin_allowed(ws):
-            self._metrics.refuse_connection("origin")
-            await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")  # before accept: HTTP 403
+        admitted = await self._admission.admit(ws)  # origin, API key, connection caps (guards/admission.py)
+        if admitted is None:
             return
-        subprotocol = bearer_subprotocol(ws)  # a browser that offered one fails unless it is echoed
-        await (ws.accept(subprotocol=subprotocol) if subprotocol else ws.accept())
-        accepted, key_id = self._auth.authenticate(ws)
-        if not accepted:
-            self._metrics.count_error(ErrorCode.UNAUTHORIZED.value)
-            self._metrics.refuse_connection("unauthorized")
-            await ws.send_bytes(encode(ErrorReply(code=ErrorCode.UNAUTHORIZED, message=UNAUTHORIZED_MESSAGE)))
-            await ws.close(code=POLICY_VIOLATION, reason="unauthorized")
-            return
-        client = client_address(ws, self._args.connection.trust_forwarded_for)
-        refusal = self._caps.admit(client, key_id)
-        if refusal is not None:
-            reason, message = refusal
-            self._metrics.count_error(ErrorCode.BUSY.value)
-            self._metrics.refuse_connection(reason)
-            await ws.send_bytes(encode(ErrorReply(code=ErrorCode.BUSY, message=message,
-                                                  retry_after_s=self._args.sessions.retry_after_s)))
-            await ws.close(code=TRY_AGAIN_LATER, reason=reason)
-            return
+        key_id, client = admitted.key_id, admitted.client
         # Our protocol, or the peers' clip mode (deployments/clip), chosen by the first request
         # or by `?mode=clip|chunk`.
         peer = PeerTransport(ws, self._limits, min(VIDEO_PIPELINE, self._args.sessions.max_pending_chunks),
@@ -199,7 +180,7 @@ class WorldIngress:
             await self._serve(peer, key_id, client, resumable=True)
         finally:
             peer.stop()
-            self._caps.release(client, key_id)
+            self._admission.release(admitted)
 
     async def _serve(self, transport: Transport, key_id: Optional[str], client: Optional[str] = None,
                      resumable: bool = False) -> None:

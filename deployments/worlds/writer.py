@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from deployments.worlds.background import BackgroundTask
 from deployments.worlds.chunks import ChunkRecord
 from deployments.worlds.errors import StoreUnavailable, WorldError, WriterFull
 from deployments.worlds.worlds import Worlds
@@ -55,25 +56,18 @@ class WorldWriter:
         self.on_written = on_written  # told of each chunk once it is in the store (a journal may spill it)
         self._queue: collections.deque[ChunkJob] = collections.deque()
         self._wake = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
+        self._task = BackgroundTask(self._run, "world-writer")  # the loop below (worlds/background.py)
         self.failing = False  # the last write failed (the store is down or refusing)
         self.last_error = ""
         self.written = self.failures = self.refused = 0
         self.write_s: list[float] = []  # each chunk's time from submit to being in the store (recent 1024)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="world-writer")
+        self._task.start()
 
     async def close(self) -> None:
         """Stop the task (what is queued stays queued: `flush` first to write it)."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._task.close()
 
     def submit(self, principal: str, world_id: str, record: ChunkRecord, previous_y: Optional[np.ndarray]) -> None:
         """Queue a chunk (no I/O); WriterFull when `max_queue` chunks wait already."""

@@ -286,3 +286,29 @@ def test_per_key_quotas_answer_busy(strict_server, strict_connect, api_keys, exa
     assert isinstance(s3, ErrorReply) and s3.code is ErrorCode.BUSY and s3.retry_after_s > 0, s3
     assert isinstance(s3_again, FrameReply)  # s1's reset freed one of the key's 2 sessions
     strict_server.wait_held(0)
+
+
+def test_the_camera_and_watch_routes_refuse_a_foreign_origin_and_a_wrong_key_alike(strict_server, api_keys):
+    """Issue 56 item 6: one admission for every socket route (guards/admission.py). On the strict
+    app, a page of another origin gets 403 before the upgrade on the camera and the watch route;
+    a wrong key gets the same `unauthorized` error and close (1008 "unauthorized") on both."""
+    from world_viewers import watch_url
+
+    async def go():
+        statuses, refusals = [], []
+        for url in (strict_server.ws, watch_url(strict_server)):
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await websockets.connect(url, origin="https://evil.example",
+                                         additional_headers={"Authorization": f"Bearer {api_keys[0]}"})
+            statuses.append(refused.value.response.status_code)
+            ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {api_keys[0]}x"})
+            reply = decode_reply(await asyncio.wait_for(ws.recv(), 30))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 30)
+            refusals.append((type(reply), reply.code, reply.message, closed.value.rcvd.code, closed.value.rcvd.reason))
+        return statuses, refusals
+
+    statuses, (camera, watch) = asyncio.run(go())
+    assert statuses == [403, 403]
+    assert camera == watch
+    assert camera[:2] == (ErrorReply, ErrorCode.UNAUTHORIZED) and camera[3:] == (1008, "unauthorized")

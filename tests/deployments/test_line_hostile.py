@@ -7,65 +7,40 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.config import AppArgs, SessionArgs
-from deployments.ingress.connection import Backends, Connection
+from deployments.config import SessionArgs
+from deployments.ingress.connection import Backends
 from deployments.ingress.line.room import WaitingRoom
 from deployments.ingress.parking import SessionParking
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
-from protocol.limits import Limits
-from protocol.messages import (CameraServerConfig, ControlRequest, ErrorReply, FrameReply, InferRequest, Paused,
-                               Queued, ResetRequest, ResumeOk, ResumeRequest)
+from protocol.messages import (ControlRequest, ErrorReply, FrameReply, InferRequest, Paused, ResetRequest, ResumeOk,
+                               ResumeRequest)
 from protocol.requests import SessionStart, drive_request
-from connection_fakes import FakeDeployment, FakeMetrics, ReplicaHandle, ScriptedSocket, SessionReplica
-
-
-class Slots(SessionReplica):
-    """A DiT of `capacity` sessions: a `reserve` beyond them answers `busy`."""
-
-    capacity = 0
-
-    async def call(self, method: str, args: tuple):
-        if method == "reserve":
-            self.refuse = len(self.held) >= self.capacity
-        return await super().call(method, args)
+from connection_fakes import ReplicaHandle
+from line_rig import LineClient, fakes
 
 
 class Rig:
     def __init__(self, **sessions) -> None:
-        self.log: list[str] = []
         self.sessions = SessionArgs(max_waiting=16, resume={"grace_s": 30.0}, **sessions)
-        self.dit = Slots("dit", self.log, 0.0)
-        self.vae = SessionReplica("vae", self.log, 0.0)
+        self.log, self.dit, self.vae, text = fakes()
         self.room = WaitingRoom.func_or_class(self.sessions)
-        text = FakeDeployment("text", self.log, 0.0)
-        for d in (self.dit, self.vae, text):
-            d.shared = True
         parking = SessionParking.func_or_class(self.vae, self.dit, self.sessions)
         self.backends = Backends(text=text, vae=self.vae, dit=self.dit, room=ReplicaHandle(self.room),
                                  parking=ReplicaHandle(parking))
 
     def client(self, address: str) -> "Client":
-        return Client(self, address)
+        return Client(self.backends, self.sessions, address)
 
 
-class Client:
-    def __init__(self, rig: Rig, address: str) -> None:
-        self.ws = ScriptedSocket()
-        conn = Connection(self.ws, rig.backends, AppArgs(sessions=rig.sessions), Limits(),
-                          CameraServerConfig(model="tiny"), FakeMetrics(), client=address, resumable=True)
-        self.run = asyncio.ensure_future(conn.run())
+class Client(LineClient):
+    """A client of the line (line_rig.py): its infers, its answers, its notices."""
 
     def infer(self, example, sid: str, k: int = 0, token: str | None = None) -> None:
         poses, intrinsics = example.chunk(k)
         first = {"image": example.image, "prompt": "p", "num_frames": 57, "queue_token": token} if k == 0 else {}
         self.ws.send(encode(validated(InferRequest, {
             "session_id": sid, **first, "cameras": {"poses": poses, "intrinsics": intrinsics}})))
-
-    async def notice(self, position: int) -> Queued:
-        found = await self.ws.wait_for(lambda sent: [r for r in sent if isinstance(r, Queued)
-                                                     and r.position == position])
-        return found[-1]
 
     async def answers(self, n: int = 1, timeout: float = 10.0) -> list:
         return (await self.ws.wait_for(lambda sent: (lambda got: got if len(got) >= n else [])(
@@ -74,10 +49,6 @@ class Client:
 
     def notices(self, code: ErrorCode) -> list[ErrorReply]:
         return [r for r in self.ws.sent if isinstance(r, ErrorReply) and r.code is code]
-
-    async def leave(self) -> None:
-        self.ws.leave()
-        await asyncio.wait_for(self.run, 30)
 
 
 def test_one_address_holds_two_places_and_another_still_gets_one(example):

@@ -10,16 +10,15 @@ import asyncio
 
 import pytest
 
-from deployments.config import AppArgs, SessionArgs
-from deployments.ingress.connection import Backends, Connection
+from deployments.config import SessionArgs
+from deployments.ingress.connection import Backends
 from deployments.ingress.health import line_lost
 from deployments.ingress.line.book import LineBook
 from deployments.ingress.line.room import TicketOfAnotherRoom, WaitingRoom
 from protocol.codec import encode, validated
 from protocol.errors import ErrorCode
-from protocol.limits import Limits
-from protocol.messages import CameraServerConfig, ErrorReply, FrameReply, InferRequest, Queued
-from connection_fakes import FakeDeployment, FakeMetrics, ScriptedSocket, SessionReplica
+from protocol.messages import ErrorReply, FrameReply, InferRequest
+from line_rig import LineClient, fakes
 
 
 def test_a_rejoined_place_keeps_its_order_ahead_of_newcomers_and_is_never_refused_as_full():
@@ -59,17 +58,6 @@ def test_a_replica_of_the_room_refuses_the_tickets_of_the_one_before_it():
 def test_healthz_calls_a_room_that_did_not_answer_degraded():
     assert line_lost({"error": "the waiting room did not answer"})
     assert not line_lost({"waiting": 0, "max_waiting": 16}) and not line_lost(None)
-
-
-class Slots(SessionReplica):
-    """A DiT of `capacity` sessions: a `reserve` beyond them answers `busy`."""
-
-    capacity = 0
-
-    async def call(self, method: str, args: tuple):
-        if method == "reserve":
-            self.refuse = len(self.held) >= self.capacity
-        return await super().call(method, args)
 
 
 class KillableRoom:
@@ -118,12 +106,10 @@ class KillableRoom:
         self.up.set()
 
 
-class Client:
-    def __init__(self, backends: Backends, sessions: SessionArgs, address: str) -> None:
-        self.ws = ScriptedSocket()
-        conn = Connection(self.ws, backends, AppArgs(sessions=sessions), Limits(), CameraServerConfig(model="tiny"),
-                          FakeMetrics(), client=address, resumable=True)
-        self.run = asyncio.ensure_future(conn.run())
+class Client(LineClient):
+    """A client of the line (line_rig.py): its session's start and its first answer."""
+
+    NOTICE_TIMEOUT_S = 20.0
 
     def start(self, example, sid: str) -> None:
         poses, intrinsics = example.chunk(0)
@@ -134,17 +120,8 @@ class Client:
     def answers(self, sent: list | None = None) -> list:
         return [r for r in (self.ws.sent if sent is None else sent) if isinstance(r, (FrameReply, ErrorReply))]
 
-    async def notice(self, position: int, after: int = 0) -> Queued:
-        found = await self.ws.wait_for(lambda sent: [r for r in sent[after:] if isinstance(r, Queued)
-                                                     and r.position == position], timeout=20.0)
-        return found[-1]
-
     async def answer(self):
         return (await self.ws.wait_for(self.answers, timeout=20.0))[0]
-
-    async def leave(self) -> None:
-        self.ws.leave()
-        await asyncio.wait_for(self.run, 30)
 
 
 def test_sessions_waiting_when_the_room_is_killed_keep_their_order_and_are_admitted(example):
@@ -153,11 +130,8 @@ def test_sessions_waiting_when_the_room_is_killed_keep_their_order_and_are_admit
     while the room is down, takes its place again in the new replica in its old order (the book
     holds the three, 1-2-3), and each starts as a place frees."""
     async def go():
-        log: list[str] = []
         sessions = SessionArgs(max_waiting=4, resume={"grace_s": 30.0})
-        dit, vae, text = Slots("dit", log, 0.0), SessionReplica("vae", log, 0.0), FakeDeployment("text", log, 0.0)
-        for d in (dit, vae, text):
-            d.shared = True
+        _, dit, vae, text = fakes()
         room = KillableRoom(sessions)
         backends = Backends(text=text, vae=vae, dit=dit, room=room)
         clients = [Client(backends, sessions, f"10.0.0.{i}") for i in (1, 2, 3)]
@@ -196,9 +170,8 @@ def test_a_room_that_does_not_come_back_ends_the_wait_with_busy_not_session_lost
     monkeypatch.setattr("deployments.ingress.line.seat.ROOM_LOST_S", 1.5)
 
     async def go():
-        log: list[str] = []
         sessions = SessionArgs(max_waiting=4)
-        dit, vae, text = Slots("dit", log, 0.0), SessionReplica("vae", log, 0.0), FakeDeployment("text", log, 0.0)
+        _, dit, vae, text = fakes(shared=False)
         room = KillableRoom(sessions)
         c = Client(Backends(text=text, vae=vae, dit=dit, room=room), sessions, "10.0.0.1")
         c.start(example, "s")

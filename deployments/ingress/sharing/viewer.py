@@ -1,8 +1,8 @@
 """Viewers: the watch route (`/v1/realtime/world/watch`, PROTOCOL.md "Shared worlds").
 
-A viewer's socket is admitted as the camera route's are (origin, API key when auth is on,
-unless `sharing.anonymous_viewers` lets one without a key watch as its address; connection
-caps), then sends `watch {world_id, watch_token, catch_up}` (the token travels in a message,
+A viewer's socket is admitted by the camera route's code (guards/admission.py: origin, API key
+when auth is on, unless `sharing.anonymous_viewers` lets one without a key watch as its address;
+connection caps), then sends `watch {world_id, watch_token, catch_up}` (the token travels in a message,
 never in the URL) within `FIRST_MESSAGE_S`. The hub admits it (token, audience, limits:
 book.py `join`), it gets `watching`, then the world's frame replies and notices from this
 replica's feed of the world (feed.py). A viewer has no session: what it sends after goes
@@ -26,8 +26,7 @@ from starlette.websockets import WebSocketState
 from deployments.config import AppArgs
 from deployments.errors import ReplicaError
 from deployments.ingress.detached import detach, settle
-from deployments.ingress.guards.auth import UNAUTHORIZED_MESSAGE, Auth, bearer_subprotocol, presented_key
-from deployments.ingress.guards.connection_caps import ConnectionCaps, client_address
+from deployments.ingress.guards.admission import POLICY_VIOLATION, TRY_AGAIN_LATER, Admission
 from deployments.ingress.sharing.book import Joined
 from deployments.ingress.sharing.feed import Feeds, ViewerQueue
 from deployments.ingress.sharing.metrics import WorldMetrics
@@ -43,8 +42,6 @@ from protocol.sharing import WatchRequest, Watching
 FIRST_MESSAGE_S = 10.0
 MAX_REFUSED = 16
 HUB_TIMEOUT_S = 10.0
-POLICY_VIOLATION = 1008
-TRY_AGAIN_LATER = 1013
 NORMAL_CLOSURE = 1000
 
 
@@ -62,13 +59,13 @@ def watch_request(data: Optional[bytes], limits: Limits) -> WatchRequest:
 class Viewers:
     """Serves the watch route of one ingress replica (module doc)."""
 
-    def __init__(self, hub: DeploymentHandle, auth: Auth, caps: ConnectionCaps, args: AppArgs, limits: Limits,
+    def __init__(self, hub: DeploymentHandle, admission: Admission, args: AppArgs, limits: Limits,
                  metrics: IngressMetrics, debug: Optional[dict] = None) -> None:
-        """`debug`: the handshake's debug fields (the ingress replica), sent in `watching`."""
+        """`admission`: the replica's, every socket route's (guards/admission.py); `debug`: the
+        handshake's debug fields (the ingress replica), sent in `watching`."""
         self._hub = hub
         self._debug = debug
-        self._auth = auth
-        self._caps = caps
+        self._admission = admission
         self._args = args
         self._limits = limits
         self._metrics = metrics
@@ -77,32 +74,17 @@ class Viewers:
         self.watching = 0  # viewers on this replica now
 
     async def serve(self, ws: WebSocket) -> None:
-        if not self._auth.origin_allowed(ws):
-            self._metrics.refuse_connection("origin")
-            await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")  # before accept: HTTP 403
+        # origin, API key (or none: sharing.anonymous_viewers), caps: as the camera route (guards/admission.py)
+        admitted = await self._admission.admit(ws, anonymous=self._args.sharing.anonymous_viewers)
+        if admitted is None:
             return
-        subprotocol = bearer_subprotocol(ws)
-        await (ws.accept(subprotocol=subprotocol) if subprotocol else ws.accept())
-        accepted, key_id = self._auth.authenticate(ws)
-        if not accepted and self._args.sharing.anonymous_viewers and not presented_key(ws):
-            accepted = True  # a viewer without a key: its address is its principal (share_args.py)
-        if not accepted:
-            self._metrics.refuse_connection("unauthorized")
-            await self._refuse(ws, ErrorCode.UNAUTHORIZED, UNAUTHORIZED_MESSAGE, POLICY_VIOLATION, "unauthorized")
-            return
-        client = client_address(ws, self._args.connection.trust_forwarded_for)
-        refused = self._caps.admit(client, key_id)
-        if refused is not None:
-            self._metrics.refuse_connection(refused[0])
-            await self._refuse(ws, ErrorCode.BUSY, refused[1], TRY_AGAIN_LATER, refused[0],
-                               self._args.sessions.retry_after_s)
-            return
+        key_id, client = admitted.key_id, admitted.client
         try:
             await self._watch(ws, f"key:{key_id}" if key_id is not None else f"addr:{client}", client)
         except WebSocketDisconnect:
             pass
         finally:
-            self._caps.release(client, key_id)
+            self._admission.release(admitted)
 
     async def _watch(self, ws: WebSocket, principal: str, client: str) -> None:
         try:

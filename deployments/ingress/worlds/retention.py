@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import Callable, Optional
+from typing import Callable
 
+from deployments.worlds.background import BackgroundTask
 from deployments.worlds.errors import WorldError
 from deployments.worlds.worlds import Worlds
 
@@ -29,7 +30,7 @@ class RetentionSweeper:
         self.period_s = period_s
         self._log = log
         self._rand = rand
-        self._task: Optional[asyncio.Task] = None
+        self._task = BackgroundTask(self._run, "world-retention")  # the loop below (worlds/background.py)
         self.sweeps = self.deleted = self.failures = 0
 
     def next_wait_s(self) -> float:
@@ -37,17 +38,10 @@ class RetentionSweeper:
 
     def start(self) -> None:
         """In the event loop (idempotent)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="world-retention")
+        self._task.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._task.close()
 
     async def sweep_once(self) -> list[str]:
         """One sweep, logged as a summary (the store dirs it deleted; none when the store failed)."""
