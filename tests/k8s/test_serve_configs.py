@@ -3,72 +3,19 @@ Ray's own schema, the application's typed args, and the graph that build_app rea
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
 from importlib.util import find_spec
 
 import pydantic
 import pytest
-from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
-from ray.serve.deployment import Application, Deployment
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import AppArgs
-from deployments.resume_args import ResumeArgs
+from serve_graph import APP_NAME, IMPORT_PATH, app_args, builder, graph, the_app, total
 from support import REPO
 
-APP_NAME = "lingbot-world"
-IMPORT_PATH = "deployments.app:build_app"
 DEPLOYMENTS = {"WorldIngress", "DiTDeployment", "VaeDeployment", "TextEncoderDeployment"}
 CPU_CORES = 2  # the machine serve_config.yaml is sized for
-
-
-def the_app(cfg: dict) -> dict:
-    (app,) = cfg["applications"]
-    return app
-
-
-def app_args(name: str) -> AppArgs:
-    """The typed args of the one app of the serve config at `name` (relative to the repository;
-    an overlay resolved on its base: benchmarks/overlay.py)."""
-    from benchmarks.overlay import resolve
-
-    return AppArgs.model_validate(the_app(resolve(REPO / name))["args"])
-
-
-def builder(import_path: str):
-    module_name, attr = import_path.split(":")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-def graph(app_cfg: dict) -> dict[str, Deployment]:
-    """The deployments build_app binds for these args, by name.
-
-    Built the way the Serve controller builds it (args validated against the builder's
-    annotation, then the builder called); the bound graph is walked through the handles each
-    deployment receives in its constructor.
-    """
-    root = call_user_app_builder_with_args_if_necessary(
-        builder(app_cfg["import_path"]), app_cfg["args"]
-    )
-    found: dict[str, Deployment] = {}
-    stack = [root]
-    while stack:
-        # Application._bound_deployment: the one place Ray 2.60 keeps the bound deployment.
-        deployment = stack.pop()._bound_deployment
-        found[deployment.name] = deployment
-        bound = (*deployment.init_args, *deployment.init_kwargs.values())
-        stack += [a for a in bound if isinstance(a, Application)]
-    return found
-
-
-def total(deployments: dict[str, Deployment], resource: str) -> float:
-    """What all replicas ask for together (a replica without num_cpus takes 1 CPU)."""
-    default = 1 if resource == "num_cpus" else 0
-    return sum(
-        d.num_replicas * (d.ray_actor_options or {}).get(resource, default)
-        for d in deployments.values()
-    )
 
 
 # ------------------------------------------------------------------------------- schema
@@ -385,58 +332,6 @@ def test_the_h200_autoscale_benchmark_is_the_fp8_window_one_with_an_autoscaled_d
         assert getattr(auto, block) == getattr(fp8, block), block
 
 
-DEVICE_CORES = 16  # the lent GPU boxes (H100, H200): benchmarks/gpu_serve.sh's serve runs
-
-
-@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "benchmarks").glob("serve_config.*.yaml")))
-def test_every_device_benchmark_config_fits_the_boxs_cores_at_its_most_replicas(name):
-    """Ray reserves each replica's num_cpus: a config asking more than the box has leaves a replica
-    pending (the autoscaled DiT's second replica on the H200, the bench waiting for it in vain)."""
-
-    args = app_args(f"benchmarks/{name}")
-    assert args.cpus_at_most() <= DEVICE_CORES - 1, name  # one core for the proxy, the controller and the bench
-
-
-def test_the_shipped_gpu_config_fits_the_cores_it_names():
-    """serve_config.gpu.yaml's header: one GPU and 8 or more CPU cores."""
-    args = app_args("serve_config.gpu.yaml")
-    assert args.cpus_at_most() <= 8
-
-
-def test_cpus_at_most_counts_every_replica_the_app_can_run():
-    args = AppArgs.model_validate({
-        "dit": {"num_cpus": 4, "autoscaling": {"min_replicas": 1, "max_replicas": 2}},
-        "vae": {"num_cpus": 3, "num_replicas": 2}, "text_encoder": {"num_cpus": 2},
-        "ingress": {"num_cpus": 1, "num_replicas": 2}, "sessions": {"resume": {"grace_s": 30}},
-        "coordinator_cpus": 0.5})
-    # + the parking, the waiting room and the world hub: coordinator_cpus each
-    assert args.cpus_at_most() == 4 * 2 + 3 * 2 + 2 + 1 * 2 + 3 * 0.5
-    no_resume = args.model_copy(update={"sessions": args.sessions.model_copy(update={"resume": ResumeArgs(grace_s=0)})})
-    assert no_resume.cpus_at_most() == args.cpus_at_most() - 0.5
-
-
-def most_replicas(d: Deployment) -> int:
-    auto = d._deployment_config.autoscaling_config
-    return auto.max_replicas if auto is not None else d.num_replicas
-
-
-ONE_DEVICE_DIT_CONFIGS = [  # a sequence-parallel DiT's ranks are placement-group bundles, not Serve replicas
-    name for name in ["serve_config.yaml", "serve_config.gpu.yaml", "serve_config.h200.yaml",
-                      *sorted(f"benchmarks/{p.name}" for p in (REPO / "benchmarks").glob("serve_config.*.yaml"))]
-    if app_args(name).dit_parallel == 1]
-
-
-@pytest.mark.parametrize("name", ONE_DEVICE_DIT_CONFIGS)
-def test_cpus_at_most_is_what_the_built_graph_reserves(name):
-    """cpus_at_most against the deployments build_app really binds: a deployment it forgets leaves
-    the box short (the world hub, placed like the ingress with its 2 CPUs, took an H100 config to
-    18 of 16 cores: the ingress was never scheduled and the server never healthy)."""
-    args = app_args(name)
-    deployments = graph({"import_path": IMPORT_PATH, "args": args.model_dump()})
-    reserved = sum(most_replicas(d) * (d.ray_actor_options or {}).get("num_cpus", 1) for d in deployments.values())
-    assert reserved == pytest.approx(args.cpus_at_most()), sorted(deployments)
-
-
 def test_the_h200_fa4_benchmark_is_the_h200_benchmark_with_fa4_attention():
     """serve_config.h200.fa4.yaml serves the opt-in FA4 attention; all else as serve_config.h200.yaml."""
     from benchmarks.overlay import resolve
@@ -520,45 +415,3 @@ def test_the_h100_fp8_window_fa3_benchmark_is_the_h100_one_with_fa3_attention():
         served = AccelOptions.for_serving(m.device, compile=m.compile, fp8=m.fp8, fp8_attention=m.fp8_attention,
                                           attention=m.attention)
     assert served.attention == "fa3_fp8" and served.qk_bound_scales
-
-
-BENCHMARK_CONFIGS = sorted(p.name for p in (REPO / "benchmarks").glob("serve_config.*.yaml"))
-
-
-@pytest.mark.parametrize("name", BENCHMARK_CONFIGS)
-def test_every_benchmark_config_is_an_overlay_of_a_shipped_one(name):
-    """Issue 45 item 5: a benchmark config names only what differs (benchmarks/overlay.py): its
-    `base:` is a shipped serve config, or a benchmark overlay whose chain ends at one; the
-    resolved config validates like any other."""
-    import yaml
-
-    from benchmarks.overlay import resolve
-
-    path, seen = f"benchmarks/{name}", []
-    while True:
-        doc = yaml.safe_load((REPO / path).read_text())
-        if "base" not in doc:
-            break
-        assert set(doc) <= {"base", "config", "args"} and path not in seen, path
-        seen.append(path)
-        path = doc["base"]
-    assert seen and not path.startswith("benchmarks/"), (name, path)  # a shipped config at the root
-    assert (REPO / path).parent == REPO and path.startswith("serve_config"), path
-    cfg = resolve(REPO / f"benchmarks/{name}")
-    ServeDeploySchema.model_validate(cfg)
-    AppArgs.model_validate(the_app(cfg)["args"])
-
-
-def test_an_overlay_changes_the_config_outside_the_args_through_config(tmp_path):
-    from benchmarks.overlay import resolve
-
-    overlay = tmp_path / "o.yaml"
-    overlay.write_text("base: serve_config.gpu.yaml\nconfig:\n  http_options: {host: 127.0.0.1}\n"
-                       "args:\n  sessions: {max_sessions: 3}\n")
-    cfg, base = resolve(overlay), resolve(REPO / "serve_config.gpu.yaml")
-    assert cfg["http_options"] == {**base["http_options"], "host": "127.0.0.1"}
-    assert the_app(cfg)["args"]["sessions"]["max_sessions"] == 3
-    assert the_app(cfg)["args"]["model"] == the_app(base)["args"]["model"]
-    overlay.write_text("base: serve_config.gpu.yaml\nconfig:\n  applications: []\n")
-    with pytest.raises(ValueError, match="args"):
-        resolve(overlay)
