@@ -9,6 +9,7 @@ from typing import Optional
 
 import pytest
 
+from client.cli import _print_lags
 from client.errors import BadReply
 from client.keydrive import drive_keys
 from protocol.messages import FrameReply
@@ -55,7 +56,7 @@ def test_alone_every_frame_echoes_the_last_control_and_each_key_state_has_its_la
     assert log.control_lags_s == [1.0, 1.0] and len(into.stats) == 3
 
 
-def test_frames_made_by_a_player_are_theirs_not_the_owners_lag_and_do_not_raise():
+def test_frames_made_by_a_player_are_theirs_not_the_owners_lag_and_do_not_raise(capsys):
     """`turns`: a player holds the controls for chunks 1-2 (its event ids 41, 42: above the
     owner's), `crowd` makes chunk 3 (no event_id); the owner's key state 2 (sent before chunk 1)
     is first echoed by its own chunk 4: its lag runs to then, not to the player's frame."""
@@ -66,6 +67,8 @@ def test_frames_made_by_a_player_are_theirs_not_the_owners_lag_and_do_not_raise(
     assert log.players == ["owner", PLAYER, PLAYER, "crowd", "owner"] and log.others_chunks == 3
     assert log.control_lags_s == [1.0, 4.0]  # state 1 on chunk 0; state 2 sent at t=1, echoed at t=5
     assert len(into.video) == 5  # every chunk is the world's video, whoever drove it
+    _print_lags(log)  # what `lwf-client drive` prints
+    assert "3 of 5 chunks were made from other players' input" in capsys.readouterr().out
 
 
 def test_a_wrong_echo_on_the_owners_own_frame_still_raises():
