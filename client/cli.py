@@ -262,6 +262,9 @@ def _print_lags(log: KeyDriveLog) -> None:
     if lags:
         print(f"control lag (control sent -> first frame with its event_id): median "
               f"{1000 * lags[len(lags) // 2]:.0f} ms, max {1000 * lags[-1]:.0f} ms over {len(lags)} key states")
+    if log.others_chunks:
+        print(f"{log.others_chunks} of {len(log.players)} chunks were made from other players' input "
+              "(a shared world): not counted in the control lag")
 
 
 def _keep_partial(args: argparse.Namespace, result: StreamResult, chunks: int, sid: str,

@@ -20,7 +20,10 @@ class SharingArgs(BaseModel):
     owner); in `crowd`, a player silent that long stops voting. With auth on, a viewer presents
     an API key like any client, unless `anonymous_viewers`: then a viewer without a key (none
     presented; a wrong key is still refused) watches `link` shares as its address; `principal`
-    shares never admit it. A `watch`'s `catch_up` gives at most `hub_chunks` chunks."""
+    shares never admit it. A `watch`'s `catch_up` gives at most `hub_chunks` chunks. A viewer's
+    socket sends at most `viewer_messages_per_s` messages a second (`viewer_message_burst` at
+    once): one over it is answered `busy` and not read; one that keeps flooding is closed
+    (sharing/pace.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -34,3 +37,5 @@ class SharingArgs(BaseModel):
     owner_timeout_s: float = Field(20.0, gt=0)
     turn_idle_s: float = Field(15.0, gt=0)
     anonymous_viewers: bool = False
+    viewer_messages_per_s: float = Field(30.0, gt=0)
+    viewer_message_burst: int = Field(60, ge=1)

@@ -311,11 +311,14 @@ class Connection:
             self._outbox.reply_now(self._replies.session_limit(stream, 0))
             return
         cams = self._controls.chunk(stream, req)  # explicit, or from the keys held
-        steer = None if reset else req.prompt_update or self._sharing.steering(stream)  # or its director's
+        director = None if reset or req.prompt_update else self._sharing.steering(stream, take=False)
+        steer = None if reset else req.prompt_update or director  # or its world's director's
         key = self._prefix.key(stream, cams.poses, cams.intrinsics, steer)
         hit = self._prefix.find(stream, key)  # the chunk as stored (prefix/reuse.py), or None
         if self._quota is not None:
             self._quota.take_chunk()
+        if director is not None:
+            self._sharing.steering(stream)  # taken once the chunk is accepted: a refused one leaves it pending
         self._queue_chunk(stream, cams, t0, client_chunk_id=req.client_chunk_id, reset=reset,
                           prompt_update=steer, prefix_key=key, hit=hit)
 

@@ -62,7 +62,7 @@ APP_ARGS = {
 API_KEYS_ENV = "LWF_TEST_API_KEYS"  # set before Ray starts: the replicas inherit it (a secret in production)
 API_KEYS = ("key-auth", "key-chunks", "key-sessions", "key-limits", "key-caps", "key-hostile", "key-hostile-2",
             "key-sizes", "key-memory", "key-peers", "key-admission", "key-videos", "key-videos-2", "key-prefix",
-            "key-prefix-2", "key-share", "key-share-2")
+            "key-prefix-2", "key-share", "key-share-2", "key-steer")
 # a key per test group: quotas and connection caps count per key
 STRICT_PREFIX = "/strict"
 STRICT_ORIGIN = "https://app.example"
@@ -302,6 +302,33 @@ PREFIX_ARGS = {
 def prefix_server(ray_port: int) -> Server:
     """An app (route prefix /prefix) with the prefix store on and API keys ("key-prefix" in the headers)."""
     return _run_app(ray_port, PREFIX_ARGS, "prefix", PREFIX_PREFIX, {"Authorization": "Bearer key-prefix"})
+
+
+QUOTA_PREFIX = "/quota"
+QUOTA_CHUNKS_PER_MINUTE = 8
+QUOTA_ARGS = {
+    # API keys with a chunk quota (one 7.5 s token), without the strict app's 2 s / 7 s socket
+    # timeouts: a socket may wait for the quota. One DiT replica.
+    **APP_ARGS,
+    "dit": {"num_replicas": 1, "num_cpus": 0.1},
+    "auth": {"api_keys_env": API_KEYS_ENV, "chunks_per_minute": QUOTA_CHUNKS_PER_MINUTE},
+}
+
+
+@pytest.fixture(scope="module")
+def quota_server(ray_port: int) -> Iterator[Server]:
+    """An app (route prefix /quota, for one module) whose API keys have a chunk quota
+    (`auth.chunks_per_minute` 8). Deleted afterwards (the 2-core machine)."""
+    from ray import serve
+
+    yield _run_app(ray_port, QUOTA_ARGS, "quota", QUOTA_PREFIX)
+    serve.delete("quota")
+
+
+@pytest.fixture(scope="module")
+def quota_connect(quota_server: Server):
+    """`async with quota_connect(key) as client:` a WebSocket to the quota app with the key."""
+    return lambda key: Connect(quota_server.ws, {"Authorization": f"Bearer {key}"})
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ replicas to the hub (hub.py, the meeting point); the owner's side long-polls the
 read) and keeps the latest snapshot (policy.py `PlayerInputs`). The connection's ControlBook
 asks it per chunk (`chunk_keys`), when the chunk's camera is worked out, so a chunk reads no
 hub on its way: a player's key state reaches the world's next chunk bound after it arrived
-(one hub call from the viewer, one back to the owner's side). Each new snapshot calls
+(one hub call from the viewer, one back to the owner's side). The director's prompt is read per
+chunk too (`steering`), and taken only with a chunk that was accepted: a chunk refused (the
+key's quota) leaves it pending for the next. Each new snapshot calls
 `on_change` (a driven session's driver looks again: a player's keys may wake it).
 
 The world gone (unshared, ended, the hub restarted with an empty book) stops it: the owner's
@@ -49,12 +51,15 @@ class Inbox:
             return owner_keys or (), owner_event, "owner"
         return chunk_keys(self.inputs, owner_keys, owner_event)
 
-    def steering(self) -> Optional[str]:
-        """The director's prompt not taken yet (taken now: the caller's chunk attends to it)."""
+    def steering(self, take: bool = True) -> Optional[str]:
+        """The director's prompt not taken yet; taken now (the caller's chunk attends to it)
+        unless `take` is False: it stays pending until a chunk is accepted with it (a chunk
+        refused by the key's quota leaves it for the next)."""
         inputs = self.inputs
         if inputs is None or inputs.prompt is None or self._prompt_seq is None or inputs.prompt_seq <= self._prompt_seq:
             return None
-        self._prompt_seq = inputs.prompt_seq
+        if take:
+            self._prompt_seq = inputs.prompt_seq
         return inputs.prompt
 
     async def _run(self) -> None:

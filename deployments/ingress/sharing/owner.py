@@ -178,10 +178,11 @@ class Sharing:
         """The players' inputs of the shared session `session_id` (None: not shared here)."""
         return next((i for i in self._inboxes.values() if i.session_id == session_id and not i.task.done()), None)
 
-    def steering(self, stream: Stream) -> Optional[str]:
-        """The director's prompt its next chunk attends to (taken now), if one came."""
+    def steering(self, stream: Stream, take: bool = True) -> Optional[str]:
+        """The director's prompt its next chunk attends to, if one came: taken now, unless
+        `take` is False (read only: the chunk may still be refused; inbox.py)."""
         inbox = self._inboxes.get(stream.key)
-        return None if inbox is None else inbox.steering()
+        return None if inbox is None else inbox.steering(take)
 
     def share(self, req: ShareRequest, stream: Optional[Stream]) -> asyncio.Future[BaseModel]:
         """The reply to `share` (a future: the hub answers it). ProtocolError at once when the

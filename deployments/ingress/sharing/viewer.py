@@ -9,9 +9,11 @@ replica's feed of the world (feed.py). A viewer has no session: what it sends af
 through `Playing` (playing.py): a player's `ask_controls`, `control`, `pass_controls`,
 `prompt` to the hub's policy; anything else (infer, rewind, prompt steering...) is refused
 (`forbidden`, `bad_message` for what does not decode) and changes nothing; beyond
-`MAX_REFUSED` refusals the socket is closed (1008). The world's end sends `ended` and closes
-the socket (1000); the owner's `kick` sends `kicked` and closes it (1008); the socket's end,
-any way, leaves the world and frees its place.
+`MAX_REFUSED` refusals the socket is closed (1008). Its messages are counted first against
+its rate bound (`sharing.viewer_messages_per_s`, pace.py): one over it is answered `busy`
+(`retry_after_s`) and not read; a socket that keeps flooding is closed (1008). The world's
+end sends `ended` and closes the socket (1000); the owner's `kick` sends `kicked` and closes
+it (1008); the socket's end, any way, leaves the world and frees its place.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from deployments.ingress.guards.admission import POLICY_VIOLATION, TRY_AGAIN_LAT
 from deployments.ingress.sharing.book import Joined
 from deployments.ingress.sharing.feed import Feeds, ViewerQueue
 from deployments.ingress.sharing.metrics import WorldMetrics
+from deployments.ingress.sharing.pace import Pace
 from deployments.ingress.sharing.playing import Playing
 from deployments.log import get_log
 from deployments.metrics import IngressMetrics
@@ -129,6 +132,7 @@ class Viewers:
         queue.viewer_id = joined.viewer_id
         playing = Playing(self._hub, world_id, joined.viewer_id, self._limits,
                           lambda e: queue.put_notice(self._error(e.code, e.message, e.session_id)))
+        pace = Pace(self._args.sharing)
         self._feeds.attach(world_id, joined, queue)
         self.watching += 1
         self._world_metrics.viewers.set(self.watching)
@@ -146,6 +150,14 @@ class Viewers:
                 msg = receive.result()
                 if msg["type"] == "websocket.disconnect":
                     return
+                over = pace.take()  # the socket's message rate (pace.py), before the message is read
+                if over is not None:
+                    queue.put_notice(self._error(ErrorCode.BUSY, over.message, None, over.retry_after_s))
+                    if over.close is not None:
+                        await asyncio.sleep(0.1)  # its `busy` goes out first (best effort)
+                        await ws.close(code=POLICY_VIOLATION, reason=over.close)
+                        return
+                    continue
                 playing.handle(msg.get("bytes"))  # a player's request, or a refusal (playing.py)
                 if playing.refused >= MAX_REFUSED:
                     await asyncio.sleep(0.1)  # the last refusal goes out first (best effort)
