@@ -161,9 +161,12 @@ def test_a_crowd_chunk_the_viewers_vote_made_says_your_input(browser, served):
     vid = view["got"][0]["viewer_id"]
     viewer.click("#ask-controls")
     viewer.wait_for_selector("#role[data-role=driving]", timeout=TIMEOUT_MS)  # a voter at once
+    owner.evaluate("document.activeElement.blur()")  # (the Share link's field has the focus: keys typed there)
+    owner.keyboard.down("KeyW")  # the owner's page votes too (its first `control` went at Start): W 2 of 2
     viewer.keyboard.down("KeyW")
     viewer.wait_for_function("Number(document.querySelector('#your-input').dataset.chunks) >= 1", timeout=TIMEOUT_MS)
     viewer.keyboard.up("KeyW")
+    owner.keyboard.up("KeyW")
     voted = [r for r in view["got"] if r.get("type") == "frame" and r.get("player") == "crowd" and r.get("voters")]
     assert voted and all(r["voters"] == [vid] for r in voted)
     owner.click("#reset")

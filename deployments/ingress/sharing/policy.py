@@ -22,6 +22,13 @@ The share's `controls`:
   `idle_s` (a held key is a state: it counts until it goes stale; a player that never sent one,
   or went silent, does not vote). Each key is pressed when more than half of the voters hold
   it; a tie is decided by the owner's vote when the owner voted, else the key is not pressed.
+  A crowd chunk names its `voters` (`crowd_voters`): the players that voted and held a key it
+  pressed (or held none when it pressed none); a player outvoted on every key it held is not
+  named.
+
+The `PlayerInputs` snapshot also carries the players, and (book.py `inputs`) the world's id
+and its viewers' ids: a viewer joining or leaving bumps the version too (`viewers_changed`), so
+the owner's side can tell its socket who watches and plays (inbox.py `on_roles`).
 
 A player keeps only its last key state (a flood of controls replaces one entry). Revoking a
 player, its leaving or its kick removes it everywhere (holder, waiting, director, votes).
