@@ -11,7 +11,9 @@
 //   Make director  `grant` with `director: true` (its `prompt` steers the world)
 //   Revoke         a player: `revoke` (it still watches)
 //   Kick           `kick` (its watch ends; its key cannot watch this world again)
-// and, in `turns`, "Pass the controls" to a player picked (or back to the owner).
+// and, in `turns`, "Pass the controls" to a player picked (or back to the owner). The unasked
+// `players` come on the socket that shared (or shared again): after a resume on a new socket the
+// page shares again (the same world and token), so they follow it there.
 // Viewer ids reach the page as text (`textContent`), never as HTML.
 
 const ROLE_TEXT = { holder: "drives", director: "director", player: "player", viewer: "watching" };
@@ -99,6 +101,16 @@ export function bindPlayers(stream, ui, say) {
     const to = ui.passTo.value;
     ask("pass_controls", to ? { viewer_id: to } : {}, to ? `${to} holds the controls now.` : "You hold the controls again.");
   });
-  stream.addEventListener("state", (e) => { if (e.detail.state !== "streaming" && e.detail.state !== "resuming") show(null); });
+  let was = stream.state;
+  stream.addEventListener("state", (e) => {
+    const state = e.detail.state;
+    if (state !== "streaming" && state !== "resuming") show(null);
+    const shared = stream.shares.shared;
+    if (was === "resuming" && state === "streaming" && shared !== null) { // resumed on a new socket: `players`
+      stream.shares.share({ audience: shared.audience, controls: shared.controls }) // come there once it asks
+        .catch((err) => say(`The players panel stopped following the world (${err.code}): ${err.message}`, "warn"));
+    }
+    was = state;
+  });
   return { show, get shown() { return shown; } };
 }

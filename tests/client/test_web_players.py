@@ -14,7 +14,8 @@ import re
 import msgpack
 
 from protocol.codec import decode, encode
-from protocol.messages import ControlRequest, ErrorReply, ForkRequest, InferRequest, PassControlsRequest, ShareRequest
+from protocol.messages import (ControlRequest, ErrorReply, ForkRequest, InferRequest, PassControlsRequest,
+                               ResumeRequest, ShareRequest)
 from protocol.sharing import Watching
 from web_support import TIMEOUT_MS, browser, chunks_shown  # noqa: F401 (the fixture)
 
@@ -29,7 +30,7 @@ def _owner_page(browser, served):
 
     def route(ws) -> None:
         server = ws.connect_to_server()
-        sock["server"] = server
+        sock["server"], sock["page"] = server, ws
 
         def to_server(message) -> None:
             sock["sent"].append(message)
@@ -145,9 +146,31 @@ def test_the_owners_panel_lists_the_viewer_grants_it_the_controls_and_kicks_it(b
     sent = [r for r in map(decode, own["sent"]) if not isinstance(r, (ControlRequest, InferRequest))]
     assert sent[0].notify_players is True  # the share asks for the unasked `players`
     assert [(r.endpoint, r.viewer_id) for r in sent[1:]] == [("pass_controls", vid), ("kick", vid)]  # a player already
-    told = [r for r in own["got"] if isinstance(r, dict) and r.get("type") == "players"]
-    assert any(r.get("notice") for r in told) and any(not r.get("notice") for r in told)
+    told = [r for r in own["got"] if isinstance(r, dict) and r.get("type") == "players" and r.get("notice")]
+    answers = _until(owner, lambda: [r for r in own["got"] if isinstance(r, dict) and r.get("type") == "players"
+                                     and not r.get("notice")][1:])  # (in order, behind the infers in flight)
+    assert told and answers[0]["viewer_ids"] == [] and answers[0]["holder"] == "owner"  # the kick's
     assert owner.get_attribute("#connection", "data-state") == "streaming"
+    owner.click("#reset")
+    assert owner_errors == [] and viewer_errors == []
+    viewer.close()
+    owner.close()
+
+
+def test_the_owners_panel_follows_its_world_after_a_resume(browser, served):
+    """The owner's socket drops; the page resumes on a new one and shares again (the same world
+    and link): a viewer that joins then is listed on the panel."""
+    owner, owner_errors, own = _owner_page(browser, served)
+    link, world_id, _ = _share(owner, "owner")
+    owner.wait_for_selector("#players-panel:not([hidden])", timeout=TIMEOUT_MS)
+    own["page"].close(code=4000, reason="dropped")
+    own["server"].close()
+    _until(owner, lambda: len([r for r in map(decode, own["sent"]) if isinstance(r, ShareRequest)]) == 2)
+    assert any(isinstance(r, ResumeRequest) for r in map(decode, own["sent"]))  # on the new socket, before it
+    viewer, viewer_errors, view = _viewer_page(browser, link)
+    vid = view["got"][0]["viewer_id"]
+    owner.wait_for_selector(f"#panel-list li[data-viewer='{vid}'][data-role=viewer]", timeout=TIMEOUT_MS)
+    assert owner.input_value("#share-link") == link  # the same world
     owner.click("#reset")
     assert owner_errors == [] and viewer_errors == []
     viewer.close()
