@@ -68,7 +68,9 @@ export function bindPlayers(stream, ui, say) {
       li.append(button("Make director", "director", () => ask("grant", { viewer_id: id, director: true },
                                                              `${id} steers the prompt now.`)));
     }
-    if (player) li.append(button("Revoke", "revoke", () => ask("revoke", { viewer_id: id }, `${id} only watches now.`)));
+    if (player) {
+      li.append(button("Revoke", "revoke", () => ask("revoke", { viewer_id: id }, `${id} only watches now.`)));
+    }
     li.append(button("Kick", "kick", () => ask("kick", { viewer_id: id }, `${id} was removed from the world.`)));
     return li;
   };
@@ -99,7 +101,8 @@ export function bindPlayers(stream, ui, say) {
   };
   ui.passButton.addEventListener("click", () => {
     const to = ui.passTo.value;
-    ask("pass_controls", to ? { viewer_id: to } : {}, to ? `${to} holds the controls now.` : "You hold the controls again.");
+    ask("pass_controls", to ? { viewer_id: to } : {},
+        to ? `${to} holds the controls now.` : "You hold the controls again.");
   });
   let was = stream.state;
   stream.addEventListener("state", (e) => {

@@ -88,7 +88,8 @@ watch.addEventListener("world", (e) => {
   else if (msg.event === "owner_reconnecting") setStatus("The owner's connection dropped: waiting for them to come back…", "warn");
   else if (msg.event === "owner_back") setStatus("The owner is back: watching live.");
   else if (msg.event === "ended") setStatus(`The world ended${msg.reason ? `: ${msg.reason}` : ""}.`, "warn");
-  else if (msg.event === "kicked") setStatus("The world's owner removed you from it: you cannot watch it again.", "warn");
+  else if (msg.event === "kicked") setStatus("The world's owner removed you from it: you cannot watch it again.",
+                                             "warn");
 });
 watch.addEventListener("error", (e) => {
   const { code, message } = e.detail;

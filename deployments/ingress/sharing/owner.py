@@ -64,10 +64,10 @@ def world_chunk(reply: FrameReply) -> WorldChunk:
 
 def players_of(session_id: str, inputs: PlayerInputs, notice: bool = False) -> Players:
     """The owner's `players` message of its world's roles and viewers (the hub's `inputs`)."""
-    return Players(session_id=session_id, world_id=inputs.world_id, controls=inputs.controls,
-                   holder=None if inputs.controls == "crowd" else (inputs.holder or OWNER), players=list(inputs.players),
-                   director=inputs.director, viewers=len(inputs.viewers), viewer_ids=list(inputs.viewers),
-                   version=inputs.version, notice=notice)
+    holder = None if inputs.controls == "crowd" else (inputs.holder or OWNER)
+    return Players(session_id=session_id, world_id=inputs.world_id, controls=inputs.controls, holder=holder,
+                   players=list(inputs.players), director=inputs.director, viewers=len(inputs.viewers),
+                   viewer_ids=list(inputs.viewers), version=inputs.version, notice=notice)
 
 
 def chunk_prompt(stream: Stream, chunk_id: int) -> str:
