@@ -35,6 +35,9 @@ class FrameReply(_Message):
     player: Optional[str] = Field(None, description="in a shared world, whose input made this key-driven chunk: "
                                                     "`owner`, a player's viewer_id, or `crowd` (the players' keys "
                                                     "merged: no event_id)")
+    voters: Optional[list[str]] = Field(None, description="a `crowd` chunk's: the players whose votes made it "
+                                                          "(each voted and held a key the chunk pressed, or held "
+                                                          "none when it pressed none): show them \"your input\"")
     poses: Optional[PosesArray] = Field(None, description="the chunk's poses as the server used them: the 12 "
                                                          "integrated from the keys, or the infer's `cameras.poses`")
     resume_token: Optional[str] = Field(

@@ -104,7 +104,10 @@ class WorldNotice(_Message):
 
 
 class Players(_Message):
-    """The answer to the owner's `grant`, `revoke`, `kick` and `pass_controls`: its world's players now."""
+    """The answer to the owner's `grant`, `revoke`, `kick` and `pass_controls`: its world's players now.
+    With the share's `notify_players`, the owner's socket also gets one unasked (`notice: true`)
+    whenever its world's viewers or roles change (a viewer joins, leaves or asks for the
+    controls; a turn passes...)."""
 
     type: Literal["players"] = "players"
     session_id: str
@@ -113,6 +116,13 @@ class Players(_Message):
     holder: Optional[str] = Field(None, description="`owner` or the player holding the controls (absent in `crowd`)")
     players: list[str] = Field(default_factory=list, description="the players' viewer ids")
     director: Optional[str] = None
+    viewers: Optional[int] = Field(None, ge=0, description="viewers of the world now")
+    viewer_ids: list[str] = Field(default_factory=list, description="every viewer's id, in the order they joined "
+                                                                    "(the players among them)")
+    version: Optional[int] = Field(None, ge=0, description="the world's roles' version: a `players` with a larger "
+                                                           "one is newer (keep the newest)")
+    notice: bool = Field(False, description="true: sent unasked (the world's viewers or roles changed); absent: "
+                                            "the answer to the owner's request")
 
 
 class ShareRequest(_Request):
@@ -127,6 +137,9 @@ class ShareRequest(_Request):
                                                     "per chunk, majority per key)")
     show_prompt: bool = Field(False, description="viewers get the prompt the world attends to, and a `world` notice "
                                                  "`prompt` at each prompt update (default: they never see it)")
+    notify_players: bool = Field(False, description="this socket gets a `players` unasked (`notice: true`) whenever "
+                                                    "the world's viewers or roles change, and one now (default: "
+                                                    "`players` only answers the owner's requests)")
 
 
 class UnshareRequest(_Request):

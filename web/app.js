@@ -1,6 +1,7 @@
 // The page: start-image picker, session form, keyboard/mouse/touch input, status on the video.
 // The HUD, the progress and the figures are hud.js's; the sizes and the next steps after an
-// error sizes.js's (both from the handshake); the touch pads touch.js's; Share share_panel.js's.
+// error sizes.js's (both from the handshake); the touch pads touch.js's; Share share_panel.js's;
+// the players panel (who watches, who plays: Grant, Revoke, Kick...) players_panel.js's.
 // URL query parameters prefill the form: ?prompt=…&size=480*832&seed=7; an API key only from
 // the fragment, #api_key=… (a fragment never reaches a server; stream.js sends the key as the
 // socket's subprotocol, never in a URL). A viewer page's "Fork from here" opens this page at
@@ -14,6 +15,7 @@ import { showModel, showStats } from "./hud.js";
 import { fillSizes, relabelSizes } from "./sizes.js";
 import { bindPads, isTouch } from "./touch.js";
 import { bindShare } from "./share_panel.js";
+import { bindPlayers } from "./players_panel.js";
 import { bindWorlds } from "./worlds.js";
 import { forkOfFragment, forkWorld } from "./fork.js";
 
@@ -129,6 +131,9 @@ ui.form.addEventListener("submit", async (e) => {
 ui.reset.addEventListener("click", () => stream.reset());
 bindShare(stream, { share: $("share"), audience: $("share-audience"), controls: $("share-controls"), panel: $("share-panel"), link: $("share-link"),
                    copy: $("share-copy"), unshare: $("unshare"), note: $("share-note") }, setStatus);
+bindPlayers(stream, { panel: $("players-panel"), viewers: $("panel-viewers"), holder: $("panel-holder"),
+                      director: $("panel-director"), pass: $("panel-pass"), passTo: $("pass-to"),
+                      passButton: $("pass-controls"), list: $("panel-list") }, setStatus);
 ui.undo.addEventListener("click", () => stream.undo());
 // Prompt steering: the next chunk's infer carries prompt_update; the session keeps its scene.
 const steer = () => {

@@ -4,6 +4,7 @@
 // its key states go on the watch socket as `control`s naming the world's id, with the event ids
 // of a KeyControl (camera.js: increasing; a tap held for one chunk, here until the next chunk
 // arrives). The roles come from `watching` and the `world` notices `controls`; `kicked` ends them.
+// `made(chunk)`: this viewer's input made the chunk (its turn's, or a crowd chunk's voter).
 
 import { KeyControl } from "./camera.js";
 
@@ -49,6 +50,13 @@ export class WorldControls extends EventTarget {
     else this.keys.releaseAll(); // nothing held comes back with a later turn
     this.dispatchEvent(new CustomEvent("role", { detail: { role: this.role, controls: this.controls,
                                                            holder: this.holder, players: this.players } }));
+  }
+
+  /** A chunk (watch.js "chunk" detail) this viewer's input made: its own turn's (`player` is its
+   *  viewer_id), or a `crowd` chunk whose `voters` name it (its keys were among those pressed). */
+  made(chunk) {
+    if (this.viewerId === null) return false;
+    return chunk.player === this.viewerId || (chunk.player === "crowd" && (chunk.voters || []).includes(this.viewerId));
   }
 
   /** This viewer's keys drive now. */

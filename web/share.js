@@ -7,6 +7,11 @@
 // The server answers requests in order, so a `share` sent while k infers are in flight is
 // answered after their k replies (frames, or errors): an error reply that comes once those
 // are in is the refusal of the share (or unshare), not of a chunk, and does not stop the stream.
+//
+// The page shares with `notify_players`: the server then sends the world's `players` unasked
+// (`notice: true`) whenever its viewers or roles change; the owner's `grant`, `revoke`, `kick`
+// and `pass_controls` (`players(...)`) are answered `players` too. Each goes to `onPlayers`
+// (players_panel.js shows them).
 
 import { encode } from "./msgpack.js";
 
@@ -19,18 +24,25 @@ export function shareLink(base, worldId, token) {
   return url.toString();
 }
 
-/** The `share` / `unshare` requests of one LiveStream, and their answers. */
+/** The `share` / `unshare` requests (and the owner's players' ones) of one LiveStream, and their answers. */
 export class ShareRequests {
   constructor(stream) {
     this.stream = stream;
     this.pending = []; // {kind, before: infer replies due first, resolve, reject}, in request order
     this.shared = null; // the last `shared` answer of the current session
+    this.onPlayers = () => {}; // (players): an answered or unasked `players` of the session's world
   }
 
   /** Send `share` (`controls`: who drives, `owner` | `turns` | `crowd`: PROTOCOL.md "Players");
    *  resolves with the `shared` answer, rejects with an Error whose `code` is the server's. */
   share({ audience = "link", controls = "owner" } = {}) {
-    return this.send({ endpoint: "share", audience, controls }, "shared");
+    return this.send({ endpoint: "share", audience, controls, notify_players: true }, "shared");
+  }
+
+  /** The owner's request about a viewer of its world (`grant` {viewer_id, director}, `revoke`,
+   *  `kick`, `pass_controls` {viewer_id absent: back to the owner}); resolves with `players`. */
+  players(endpoint, fields = {}) {
+    return this.send({ endpoint, ...fields }, "players");
   }
 
   /** Send `unshare`; resolves with the `unshared` answer (its token opens nothing any more). */
@@ -59,8 +71,15 @@ export class ShareRequests {
 
   /** A reply of the session: true when it answered a pending share or unshare (taken here). */
   take(msg) {
+    if (msg.type === "players" && msg.notice) { this.onPlayers(msg); return true; } // unasked: out of order
     const p = this.pending[0];
     if (p === undefined) return false;
+    if (msg.type === p.kind && msg.type === "players") {
+      this.pending.shift();
+      this.onPlayers(msg);
+      p.resolve(msg);
+      return true;
+    }
     if (msg.type === "shared" || msg.type === "unshared") {
       this.pending.shift();
       this.shared = msg.type === "shared" ? msg : null;

@@ -5,7 +5,8 @@
 // the server asks for one). It shows how many watch, who drives (a `controls` notice: its
 // `holder` and `players`), the owner reconnecting, the end. In a `turns` or `crowd` world,
 // "Ask for the controls" makes this viewer a player; while it may drive, the keyboard drives
-// (controls.js), and the chunks its keys made say "your input". "Fork from here" opens the main
+// (controls.js), and the chunks its keys made say "your input" (in `crowd`: the chunks whose
+// `voters` name it: its held keys were among those the crowd pressed). "Fork from here" opens the main
 // page on a session of one's own, forked from the world's head (fork.js).
 //
 // Everything the server says (names, prompts, reasons) reaches the page as text
@@ -87,6 +88,8 @@ watch.addEventListener("world", (e) => {
   else if (msg.event === "owner_reconnecting") setStatus("The owner's connection dropped: waiting for them to come back…", "warn");
   else if (msg.event === "owner_back") setStatus("The owner is back: watching live.");
   else if (msg.event === "ended") setStatus(`The world ended${msg.reason ? `: ${msg.reason}` : ""}.`, "warn");
+  else if (msg.event === "kicked") setStatus("The world's owner removed you from it: you cannot watch it again.",
+                                             "warn");
 });
 watch.addEventListener("error", (e) => {
   const { code, message } = e.detail;
@@ -139,8 +142,8 @@ watch.addEventListener("error", (e) => { // a refused ask or control (`forbidden
   if (e.detail.code === "forbidden" && controls.role === "watcher") { ui.ask.disabled = false; ui.role.hidden = true; }
 });
 bindKeyboard(controls.keys, () => controls.driving); // keyboard.js: the main page's keys
-watch.addEventListener("chunk", (e) => { // a chunk this viewer's keys made
-  const mine = controls.viewerId !== null && e.detail.player === controls.viewerId;
+watch.addEventListener("chunk", (e) => { // a chunk this viewer's keys made (its turn, or a crowd vote that counted)
+  const mine = controls.made(e.detail);
   ui.mine.hidden = !mine;
   if (mine) ui.mine.dataset.chunks = String(Number(ui.mine.dataset.chunks || 0) + 1);
 });

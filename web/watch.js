@@ -10,7 +10,8 @@
 // does; the token goes in the first message (`watch`), never in a URL. The server answers
 // `watching`, then the world's frame replies (the same fMP4 bytes as its owner's: the first
 // starts with the init segment) and its notices (`world`: `viewers`, `owner_reconnecting`,
-// `owner_back`, `ended`, and whatever other event the server adds, passed on as it comes).
+// `owner_back`, `ended`, and whatever other event the server adds, passed on as it comes; `ended`
+// and `kicked` end the watch: state "ended", no "connection lost" when the socket closes).
 //
 // Playback: the chunks play one after the other ('sequence' mode, player.js), so a late join,
 // a skipped chunk (a slow viewer's socket skips whole chunks) or the owner's Undo plays on
@@ -31,8 +32,9 @@ const TICK_MS = 100;
  * - "state" {state}: "disconnected" | "connecting" | "watching" | "ended"
  * - "watching" the server's `watching` answer {world_id, viewers, controls, next_chunk_id}
  * - "world" a `world` notice {event, viewers, reason, ...}: every event, those of today and later ones
- * - "chunk" {chunkId, chunks, frames, skipped, resolution, player, eventId}: a chunk arrived (`skipped`:
- *   chunks this viewer missed; `player`, `eventId`: whose input made a key-driven chunk, and its event id)
+ * - "chunk" {chunkId, chunks, frames, skipped, resolution, player, eventId, voters}: a chunk arrived
+ *   (`skipped`: chunks this viewer missed; `player`, `eventId`: whose input made a key-driven chunk,
+ *   and its event id; `voters`: a `crowd` chunk's players whose votes made it)
  * - "error" {code, message}: the server's error code (PROTOCOL.md) or "connection" | "player" | "client"
  *
  * Read-only: `state`, `worldId`, `viewers`, `controls`, `chunks`, `frames`, `skipped`, `lastChunkId`.
@@ -153,7 +155,7 @@ export class WorldWatch extends EventTarget {
     if (msg.type === "frame") return this.onFrame(msg);
     if (msg.type === "world") {
       if (typeof msg.viewers === "number") this.viewers = msg.viewers;
-      if (msg.event === "ended") {
+      if (msg.event === "ended" || msg.event === "kicked") { // (kicked: the owner removed this viewer)
         this.ended = msg;
         this.setState("ended");
       }
@@ -185,7 +187,8 @@ export class WorldWatch extends EventTarget {
     this.frames += msg.num_frames;
     this.player.append(msg.video);
     this.emit("chunk", { chunkId: msg.chunk_id, chunks: this.chunks, frames: this.frames, skipped: this.skipped,
-                         resolution: msg.resolution, player: msg.player, eventId: msg.event_id });
+                         resolution: msg.resolution, player: msg.player, eventId: msg.event_id,
+                         voters: Array.isArray(msg.voters) ? msg.voters : [] });
   }
 
   tick() {

@@ -134,7 +134,7 @@ class Connection:
                                 sent_chunks=self._resume.sent_chunks)
         store, fingerprint, prefix_metrics = prefix if prefix is not None else (None, "", None)
         self._sharing = Sharing(backends.hub, args, self._principal, self._log, self._replies.error,  # its worlds
-                                on_input=self._driving.wake)  # players' keys may wake its driver
+                                on_input=self._driving.wake, notice=self._outbox.notice)  # players' keys, `players`
         self._controls.world = self._sharing.inputs_for  # a shared session's keys go through its world's policy
         self._prefix = PrefixReuse(replicas, store, fingerprint, scope_of(args.prefix_cache.scope, key_id, client,
                                                                           self._id),

@@ -44,6 +44,7 @@ class ChunkCameras:
     event_id: Optional[int]  # the key state a key-driven chunk used (None: explicit, or no control yet)
     last_pose: np.ndarray  # float64 [4, 4]: where the next key-driven chunk continues from (poses[-1], widened)
     player: Optional[str] = None  # a shared world's key-driven chunk: whose input (`owner`, a viewer id, `crowd`)
+    voters: Optional[tuple[str, ...]] = None  # a `crowd` chunk: the players whose votes made it (policy.py)
 
 
 class WorldInputs(Protocol):
@@ -51,6 +52,8 @@ class WorldInputs(Protocol):
 
     def chunk_keys(self, owner_keys: Optional[tuple[str, ...]],
                    owner_event: Optional[int]) -> tuple[tuple[str, ...], Optional[int], str]: ...
+
+    def voters(self, pressed: tuple[str, ...]) -> tuple[str, ...]: ...
 
 
 @dataclass(slots=True)
@@ -117,10 +120,11 @@ class ControlBook:
         cursor = self._cursor(stream, chunk_id)
         held = self._session_id == stream.spec.session_id
         keys, event_id = (self._keys, self._event_id) if held else ((), None)
-        player = None
+        player, voters = None, None
         world = self.world(stream.spec.session_id)
         if world is not None:  # a shared world: its policy picks the keys (module doc)
             keys, event_id, player = world.chunk_keys(keys if held else None, event_id)
+            voters = world.voters(keys) if player == "crowd" else None  # (the same snapshot: no await between)
         last = cursor.pose if cursor is not None else _journaled_pose(stream)
         # float32 as sent (to the DiT, in the reply, in the journal); the next chunk continues
         # from that float32 pose, not from the float64 one it was rounded from: so a stream
@@ -129,7 +133,7 @@ class ControlBook:
         poses = key_chunk_poses(last, keys, self._steps).astype(np.float32)
         row = cursor.intrinsics if cursor is not None else _journaled_intrinsics(stream)
         intrinsics = np.tile(row, (CHUNK_VIDEO_FRAMES, 1))
-        return ChunkCameras(poses, intrinsics, event_id, poses[-1].astype(np.float64), player)
+        return ChunkCameras(poses, intrinsics, event_id, poses[-1].astype(np.float64), player, voters)
 
     def commit(self, stream: Stream, cams: ChunkCameras, chunk_id: int) -> None:
         """Chunk `chunk_id` was accepted: the stream's camera continues from it."""
@@ -170,7 +174,8 @@ class ControlBook:
         if isinstance(reply, FrameReply):
             if not isinstance(cams, ChunkCameras):
                 cams = await cams  # bound before the chunk's step: done once its frame exists
-            return reply.model_copy(update={"poses": cams.poses, "event_id": cams.event_id, "player": cams.player})
+            return reply.model_copy(update={"poses": cams.poses, "event_id": cams.event_id, "player": cams.player,
+                                            "voters": None if cams.voters is None else list(cams.voters)})
         return reply
 
 

@@ -1,9 +1,11 @@
-"""The viewer page's "Ask for the controls" and "Fork from here" in headless Chromium against
-the served app (issue 56 item 8). The owner's page shares with `controls: turns`; a viewer page
-asks, the owner passes it the controls (sent on the owner's socket by the test: the page has no
-players panel), and the viewer's keys drive: `control`s on the watch route naming the world,
-the chunks they made marked on both sides. Then "Fork from here" takes the viewer to the main
-page, which forks the world and plays the fork's new chunks as a session of its own.
+"""The viewer page's "Ask for the controls" and "Fork from here", and the owner's players
+panel, in headless Chromium against the served app (issue 56 item 8). The owner's page shares
+with `controls: turns`; a viewer page asks, the owner passes it the controls (sent on the
+owner's socket by the test), and the viewer's keys drive: `control`s on the watch route naming
+the world, the chunks they made marked on both sides. The owner's panel lists the viewer, then
+as a player once it asks; its Grant gives it the controls, its Kick ends its watch. In `crowd`
+the chunks the viewer's vote made say "your input". Then "Fork from here" takes the viewer to
+the main page, which forks the world and plays the fork's new chunks as a session of its own.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import re
 import msgpack
 
 from protocol.codec import decode, encode
-from protocol.messages import ErrorReply, ForkRequest, PassControlsRequest, ShareRequest
+from protocol.messages import (ControlRequest, ErrorReply, ForkRequest, InferRequest, PassControlsRequest,
+                               ResumeRequest, ShareRequest)
 from protocol.sharing import Watching
 from web_support import TIMEOUT_MS, browser, chunks_shown  # noqa: F401 (the fixture)
 
@@ -27,7 +30,7 @@ def _owner_page(browser, served):
 
     def route(ws) -> None:
         server = ws.connect_to_server()
-        sock["server"] = server
+        sock["server"], sock["page"] = server, ws
 
         def to_server(message) -> None:
             sock["sent"].append(message)
@@ -108,6 +111,87 @@ def test_a_viewer_asks_gets_the_controls_and_its_keys_drive_the_world(browser, s
                                   and r.get("player") == viewer_id])  # the owner's frames say whose input made them
     assert {r["event_id"] for r in mine} <= {m["event_id"] for m in controls}
     assert owner.get_attribute("#connection", "data-state") == "streaming"  # the `players` answer stopped nothing
+    owner.click("#reset")
+    assert owner_errors == [] and viewer_errors == []
+    viewer.close()
+    owner.close()
+
+
+def test_the_owners_panel_lists_the_viewer_grants_it_the_controls_and_kicks_it(browser, served):
+    owner, owner_errors, own = _owner_page(browser, served)
+    link, world_id, _ = _share(owner, "turns")
+    owner.wait_for_selector("#players-panel:not([hidden]) #panel-viewers[data-count='0']", timeout=TIMEOUT_MS)
+    assert owner.text_content("#panel-holder") == "you drive" and owner.is_visible("#pass-controls")
+    viewer, viewer_errors, view = _viewer_page(browser, link)
+    vid = view["got"][0]["viewer_id"]
+    row = f"#panel-list li[data-viewer='{vid}']"
+    owner.wait_for_selector(f"{row}[data-role=viewer]", timeout=TIMEOUT_MS)
+    assert owner.get_attribute("#panel-viewers", "data-count") == "1"
+    assert owner.text_content(f"{row} .who") == vid and owner.text_content(f"{row} .role") == "watching"
+    viewer.click("#ask-controls")
+    owner.wait_for_selector(f"{row}[data-role=player]", timeout=TIMEOUT_MS)  # told unasked: it asked
+    assert [owner.text_content(f"{row} button:nth-of-type({i})") for i in (1, 2, 3, 4)] == \
+        ["Grant", "Make director", "Revoke", "Kick"]
+    assert owner.evaluate("[...document.querySelectorAll('#pass-to option')].map(o => o.value)") == ["", vid]
+    owner.click(f"{row} button[data-act=grant]")
+    viewer.wait_for_selector("#role[data-role=driving]", timeout=TIMEOUT_MS)
+    owner.wait_for_selector(f"{row}[data-role=holder]", timeout=TIMEOUT_MS)
+    assert owner.text_content("#panel-holder") == f"{vid} drives" and owner.is_hidden(f"{row} button[data-act=grant]")
+    owner.click(f"{row} button[data-act=kick]")
+    viewer.wait_for_selector("#connection[data-state=ended]", timeout=TIMEOUT_MS)
+    owner.wait_for_selector("#panel-viewers[data-count='0']", timeout=TIMEOUT_MS)
+    assert viewer.text_content("#status").startswith("The world's owner removed you")
+    assert owner.evaluate("document.querySelectorAll('#panel-list li').length") == 0
+
+    sent = [r for r in map(decode, own["sent"]) if not isinstance(r, (ControlRequest, InferRequest))]
+    assert sent[0].notify_players is True  # the share asks for the unasked `players`
+    assert [(r.endpoint, r.viewer_id) for r in sent[1:]] == [("pass_controls", vid), ("kick", vid)]  # a player already
+    told = [r for r in own["got"] if isinstance(r, dict) and r.get("type") == "players" and r.get("notice")]
+    answers = _until(owner, lambda: [r for r in own["got"] if isinstance(r, dict) and r.get("type") == "players"
+                                     and not r.get("notice")][1:])  # (in order, behind the infers in flight)
+    assert told and answers[0]["viewer_ids"] == [] and answers[0]["holder"] == "owner"  # the kick's
+    assert owner.get_attribute("#connection", "data-state") == "streaming"
+    owner.click("#reset")
+    assert owner_errors == [] and viewer_errors == []
+    viewer.close()
+    owner.close()
+
+
+def test_the_owners_panel_follows_its_world_after_a_resume(browser, served):
+    """The owner's socket drops; the page resumes on a new one and shares again (the same world
+    and link): a viewer that joins then is listed on the panel."""
+    owner, owner_errors, own = _owner_page(browser, served)
+    link, world_id, _ = _share(owner, "owner")
+    owner.wait_for_selector("#players-panel:not([hidden])", timeout=TIMEOUT_MS)
+    own["page"].close(code=4000, reason="dropped")
+    own["server"].close()
+    _until(owner, lambda: len([r for r in map(decode, own["sent"]) if isinstance(r, ShareRequest)]) == 2)
+    assert any(isinstance(r, ResumeRequest) for r in map(decode, own["sent"]))  # on the new socket, before it
+    viewer, viewer_errors, view = _viewer_page(browser, link)
+    vid = view["got"][0]["viewer_id"]
+    owner.wait_for_selector(f"#panel-list li[data-viewer='{vid}'][data-role=viewer]", timeout=TIMEOUT_MS)
+    assert owner.input_value("#share-link") == link  # the same world
+    owner.click("#reset")
+    assert owner_errors == [] and viewer_errors == []
+    viewer.close()
+    owner.close()
+
+
+def test_a_crowd_chunk_the_viewers_vote_made_says_your_input(browser, served):
+    owner, owner_errors, own = _owner_page(browser, served)
+    link, world_id, _ = _share(owner, "crowd")
+    viewer, viewer_errors, view = _viewer_page(browser, link)
+    vid = view["got"][0]["viewer_id"]
+    viewer.click("#ask-controls")
+    viewer.wait_for_selector("#role[data-role=driving]", timeout=TIMEOUT_MS)  # a voter at once
+    owner.evaluate("document.activeElement.blur()")  # (the Share link's field has the focus: keys typed there)
+    owner.keyboard.down("KeyW")  # the owner's page votes too (its first `control` went at Start): W 2 of 2
+    viewer.keyboard.down("KeyW")
+    viewer.wait_for_function("Number(document.querySelector('#your-input').dataset.chunks) >= 1", timeout=TIMEOUT_MS)
+    viewer.keyboard.up("KeyW")
+    owner.keyboard.up("KeyW")
+    voted = [r for r in view["got"] if r.get("type") == "frame" and r.get("player") == "crowd" and r.get("voters")]
+    assert voted and all(r["voters"] == [vid] for r in voted)
     owner.click("#reset")
     assert owner_errors == [] and viewer_errors == []
     viewer.close()

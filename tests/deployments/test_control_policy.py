@@ -1,7 +1,8 @@
 """ControlPolicy (deployments/ingress/sharing/policy.py) and the WorldBook's players without Ray:
 turns (ask, pass, the owner passes, an idle holder loses), crowd (majority, tie-break, players
-that sent nothing), grant / revoke / kick, the `controls` notices, the director; a player's
-controls coalesced on their way to the hub (playing.py) (issue 56)."""
+that sent nothing, the voters a crowd chunk names), grant / revoke / kick, the `controls` notices,
+the director; what the owner's side reads of its world's viewers and roles; a player's controls
+coalesced on their way to the hub (playing.py) (issue 56)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,7 @@ import pytest
 
 from deployments.ingress.sharing.book import NoSuchViewer, WorldBook
 from deployments.ingress.sharing.playing import Playing
-from deployments.ingress.sharing.policy import ControlPolicy, Forbidden, chunk_keys, crowd_keys
+from deployments.ingress.sharing.policy import ControlPolicy, Forbidden, chunk_keys, crowd_keys, crowd_voters
 from deployments.share_args import SharingArgs
 from protocol.codec import encode
 from protocol.errors import ErrorCode
@@ -75,6 +76,41 @@ def test_crowd_majority_per_key_tie_goes_by_the_owner_and_silent_players_do_not_
     assert p.tick(now=1.0 + IDLE_S + 0.1)  # b went silent: it stops voting
     assert chunk_keys(p.inputs(), None, None) == (("w",), None, "crowd")
     assert p.revoke("a", now=20.0) and chunk_keys(p.inputs(), ("d",), 4) == (("d",), 4, "owner")
+
+
+def test_a_crowd_chunk_names_the_voters_whose_keys_it_pressed():
+    p = ControlPolicy("crowd", IDLE_S)
+    for viewer in ("a", "b", "c", "d"):
+        p.ask(viewer, now=0.0)
+    p.control("a", ("w",), 1, now=1.0)
+    p.control("b", ("w", "a"), 2, now=1.0)
+    p.control("c", ("s",), 3, now=1.0)  # outvoted: its key is not pressed; d sent nothing: no vote
+    keys, _, player = chunk_keys(p.inputs(), None, None)
+    assert (keys, player) == (("w",), "crowd")
+    assert crowd_voters(p.inputs(), keys) == ("a", "b")  # b's `a` lost, its `w` made the chunk
+    p.control("a", (), 4, now=2.0)
+    p.control("b", (), 5, now=2.0)  # two of three hold nothing: nothing pressed, and that is their vote
+    keys, _, _ = chunk_keys(p.inputs(), None, None)
+    assert keys == () and crowd_voters(p.inputs(), keys) == ("a", "b")
+    assert crowd_voters(turns().inputs(), ("w",)) == ()  # only a crowd chunk has voters
+
+
+def test_the_owners_side_reads_the_viewers_and_a_new_version_when_one_joins_or_leaves():
+    book = WorldBook(SharingArgs(turn_idle_s=IDLE_S))
+    world = book.share("key:o", "s-1", "link", "turns", now=0.0)
+    before = book.inputs("s-1")
+    assert (before.world_id, before.viewers, before.players) == (world.world_id, (), ())
+    a = book.join(world.world_id, world.token, "key:a", "1.1.1.1", now=0.0)
+    b = book.join(world.world_id, world.token, "key:b", "1.1.1.2", now=0.0)
+    joined = book.inputs("s-1")
+    assert joined.viewers == (a.viewer_id, b.viewer_id) and joined.version > before.version
+    assert joined.roles() != before.roles()
+    book.ask(world.world_id, b.viewer_id, now=1.0)
+    asked = book.inputs("s-1")
+    assert asked.players == (b.viewer_id,) and asked.version > joined.version
+    book.leave(world.world_id, a.viewer_id, now=2.0)  # no player: only the viewers change
+    left = book.inputs("s-1")
+    assert left.viewers == (b.viewer_id,) and left.players == (b.viewer_id,) and left.version > asked.version
 
 
 def test_owner_controls_refuse_askers_and_players_controls_but_take_a_director():

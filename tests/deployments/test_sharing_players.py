@@ -2,7 +2,8 @@
 a player in `turns` drives and the owner's and viewers' frames say whose input made them;
 `crowd` merges two players' keys (and the owner's vote); grant / revoke / kick; a viewer's
 infer, control, prompt and rewind refused with nothing changed; a player's keys wake a paused
-driven world; the director's prompt steers (issue 56). The policy itself
+driven world; the director's prompt steers; the owner told its world's viewers and players as
+they change (`notify_players`); a crowd chunk's voters (issue 56). The policy itself
 without Ray: tests/deployments/test_control_policy.py."""
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from camera.keys import KeySteps, key_chunk_poses
 from protocol.codec import encode
 from protocol.errors import ErrorCode
 from protocol.messages import (AckRequest, AskControlsRequest, ControlRequest, ErrorReply, FrameReply, GrantRequest,
-                               KickRequest, PassControlsRequest, Paused, PromptRequest, RevokeRequest, RewindRequest)
+                               KickRequest, PassControlsRequest, Paused, PromptRequest, ResetRequest, RevokeRequest,
+                               RewindRequest)
 from protocol.requests import SessionStart, drive_request, infer_request
 from protocol.sharing import Players, Watching
 from world_viewers import Viewer, share
@@ -60,6 +62,54 @@ async def frame_of(viewer: Viewer, chunk_id: int) -> FrameReply:
 async def owner_says(owner, request) -> object:
     await owner.send(encode(request))
     return await owner.recv()
+
+
+async def told(owner, done) -> Players:
+    """The owner's next unasked `players` that `done` accepts (earlier ones skipped)."""
+    while True:
+        reply = await asyncio.wait_for(owner.recv(), 30)
+        assert isinstance(reply, Players) and reply.notice, reply
+        if done(reply):
+            return reply
+
+
+async def answered(owner, request) -> object:
+    """The answer to the owner's `request` (the unasked `players` read meanwhile skipped)."""
+    await owner.send(encode(request))
+    while isinstance(reply := await owner.recv(), Players) and reply.notice:
+        pass
+    return reply
+
+
+def test_the_owner_is_told_its_worlds_viewers_and_players_as_they_change(resume_server, resume_connect, example):
+    """A share with `notify_players`: the owner's socket gets `players` unasked (`notice`) at
+    once (nobody watches), when a viewer joins (its viewer_id listed), when it asks for the
+    controls (a player), when the owner passes them to it, and when it leaves; the answer to
+    the owner's `pass_controls` is no notice and lists the viewers too."""
+    async def go():
+        async with resume_connect() as owner:
+            await start(owner, "n1", example)
+            shared = await share(owner, "n1", controls="turns", notify_players=True)
+            at_share = await told(owner, lambda p: True)
+            viewer, watching = await Viewer.open(resume_server, shared.world_id, shared.watch_token)
+            joined = await told(owner, lambda p: p.viewers == 1)
+            await viewer.ws.send(encode(AskControlsRequest(session_id=shared.world_id)))
+            asked = await told(owner, lambda p: p.players != [])
+            passed = await answered(owner, PassControlsRequest(session_id="n1", viewer_id=watching.viewer_id))
+            await viewer.ws.close()
+            left = await told(owner, lambda p: p.viewers == 0)
+            await answered(owner, ResetRequest(session_id="n1"))
+        return at_share, shared, watching, joined, asked, passed, left
+
+    at_share, shared, watching, joined, asked, passed, left = asyncio.run(go())
+    vid = watching.viewer_id
+    assert (at_share.world_id, at_share.viewers, at_share.viewer_ids, at_share.players) == (shared.world_id, 0, [], [])
+    assert (at_share.session_id, at_share.controls, at_share.holder) == ("n1", "turns", "owner")
+    assert (joined.viewer_ids, joined.players) == ([vid], []) and joined.version > at_share.version
+    assert (asked.players, asked.holder) == ([vid], "owner")
+    assert isinstance(passed, Players) and not passed.notice
+    assert (passed.holder, passed.players, passed.viewer_ids, passed.viewers) == (vid, [vid], [vid], 1)
+    assert (left.viewer_ids, left.players, left.holder) == ([], [], "owner")  # its leaving took its turn back
 
 
 def test_turns_a_player_drives_and_every_frame_says_whose_input_made_it(resume_server, resume_connect, example):
@@ -123,12 +173,14 @@ def test_crowd_merges_two_players_keys_and_the_owners_vote(resume_server, resume
             await owner.send(encode(ControlRequest(session_id="c1", event_id=2, keys=("a",))))
             voted = await keyed(owner, "c1")
             theirs = await frame_of(players[0][0], voted.chunk_id)
+            vids = {watching.viewer_id for _, watching in players}
             for viewer, _ in players:
                 await viewer.ws.close()
             await owner.reset("c1")
-        return merged, voted, theirs
+        return merged, voted, theirs, vids
 
-    merged, voted, theirs = asyncio.run(go())
+    merged, voted, theirs, vids = asyncio.run(go())
+    assert set(merged.voters) == vids and theirs.voters == voted.voters  # both held W: both votes made them
     assert (merged.player, merged.event_id) == ("crowd", None)
     expected = key_chunk_poses(merged.poses[-1].astype(np.float64), {"w", "a"}, STEPS)
     np.testing.assert_allclose(voted.poses, expected, atol=1e-5)  # the owner's A breaks the tie

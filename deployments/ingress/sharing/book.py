@@ -17,7 +17,7 @@ import hmac
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from deployments.errors import Busy, ReplicaError
@@ -64,6 +64,7 @@ class WorldChunk:
     digest: str  # of `video`: a chunk sent again (a resume's replay) is published once
     event_id: Optional[int] = None  # the event id of the key state that made it (policy.py `chunk_keys`)
     player: Optional[str] = None  # whose input made it: `owner`, a player's viewer id, `crowd`
+    voters: Optional[tuple[str, ...]] = None  # a `crowd` chunk: the players whose votes made it (policy.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +257,7 @@ class WorldBook:
         joins.append(now)
         viewer_id = secrets.token_hex(8)
         world.viewers[viewer_id] = principal
+        world.policy.viewers_changed()  # the owner's side lists the viewers (inbox.py)
         self._views[principal] = self._views.get(principal, 0) + 1
         notices_after = world.seq
         self._notice(world, "viewers")
@@ -287,6 +289,7 @@ class WorldBook:
             return
         if world.policy.revoke(viewer_id, now_s() if now is None else now) and world.ended is None:
             self._controls_notice(world)
+        world.policy.viewers_changed()
         left = self._views.get(principal, 1) - 1
         if left:
             self._views[principal] = left
@@ -354,7 +357,8 @@ class WorldBook:
     def inputs(self, stream_key: str) -> Optional[PlayerInputs]:
         """What the owner's side of the stream's world reads per chunk; None: no world."""
         world = self.live(stream_key)
-        return None if world is None else world.policy.inputs()
+        return None if world is None else replace(world.policy.inputs(), viewers=tuple(world.viewers),
+                                                  world_id=world.world_id)
 
     def _watched(self, world_id: str, viewer_id: str) -> World:
         world = self._worlds.get(world_id)

@@ -44,7 +44,8 @@ MAX_NOTICES = 16
 def frame_of(world_id: str, chunk: WorldChunk, video: Optional[bytes] = None) -> bytes:
     return encode(FrameReply(session_id=world_id, chunk_id=chunk.chunk_id, video=video or chunk.video,
                              num_frames=chunk.num_frames, resolution=chunk.resolution, fps=chunk.fps,
-                             mime_type=chunk.mime_type, event_id=chunk.event_id, player=chunk.player))
+                             mime_type=chunk.mime_type, event_id=chunk.event_id, player=chunk.player,
+                             voters=None if chunk.voters is None else list(chunk.voters)))
 
 
 class ViewerQueue:

@@ -119,6 +119,7 @@ class WorldHub:
         """Admit a viewer: WatchRefused (unauthorized) or Busy (a limit)."""
         joined = self._book.join(world_id, token, principal, address, now_s(), catch_up)
         self._changes.bump(world_id)
+        self._changes.bump(_inputs(world_id))  # the owner's side lists its viewers
         return joined
 
     async def leave(self, world_id: str, viewer_id: str) -> None:
@@ -137,14 +138,13 @@ class WorldHub:
 
     # ---- players (policy.py): the owner's side reads their inputs, the viewers' sides send them ----
 
-    async def owners(self, stream_key: str, owner: str, action: str, viewer_id: Optional[str]) -> tuple:
-        """The owner's grant / direct / revoke / kick / pass: (world_id, controls, holder, players, director)."""
+    async def owners(self, stream_key: str, owner: str, action: str, viewer_id: Optional[str]) -> PlayerInputs:
+        """The owner's grant / direct / revoke / kick / pass: the world's roles and viewers now
+        (book.py `inputs`)."""
         world = self._book.owners(stream_key, owner, action, viewer_id, now_s())
         self._changes.bump(world.world_id)
         self._changes.bump(_inputs(world.world_id))
-        policy = world.policy
-        holder = None if policy.controls == "crowd" else (policy.holder or "owner")
-        return world.world_id, policy.controls, holder, list(policy.players), policy.director
+        return self._book.inputs(stream_key)
 
     async def ask(self, world_id: str, viewer_id: str) -> None:
         self._book.ask(world_id, viewer_id, now_s())

@@ -13,6 +13,10 @@ key's quota) leaves it pending for the next. Each new snapshot calls
 
 The world gone (unshared, ended, the hub restarted with an empty book) stops it: the owner's
 own keys drive again.
+
+A snapshot whose roles (policy.py `PlayerInputs.roles`: the holder, the players, the director,
+the viewers) differ from the last one's calls `on_roles` too: the owner's socket gets an unasked
+`players` (owner.py), so its page lists the viewers and players as they change.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from typing import Optional
 from ray.serve.handle import DeploymentHandle
 
 from deployments.ingress.detached import retrieved, settle
-from deployments.ingress.sharing.policy import PlayerInputs, chunk_keys
+from deployments.ingress.sharing.policy import PlayerInputs, chunk_keys, crowd_voters
 from deployments.log import KeyValueLog
 
 POLL_S = 10.0  # one long poll's timeout at the hub
@@ -35,8 +39,9 @@ class Inbox:
     """One shared session's players' inputs (module doc)."""
 
     def __init__(self, hub: DeploymentHandle, key: str, session_id: str, on_change: Callable[[], None],
-                 log: KeyValueLog) -> None:
+                 log: KeyValueLog, on_roles: Callable[[PlayerInputs], None] = lambda inputs: None) -> None:
         self._hub, self._key, self._on_change, self._log = hub, key, on_change, log
+        self._on_roles = on_roles
         self.session_id = session_id
         self.inputs: Optional[PlayerInputs] = None
         self._prompt_seq: Optional[int] = None  # the director's prompts taken (or there before this inbox)
@@ -50,6 +55,11 @@ class Inbox:
         if self.inputs is None:
             return owner_keys or (), owner_event, "owner"
         return chunk_keys(self.inputs, owner_keys, owner_event)
+
+    def voters(self, pressed: tuple[str, ...]) -> tuple[str, ...]:
+        """The players whose votes made a `crowd` chunk that pressed `pressed` (policy.py
+        `crowd_voters`; read right after `chunk_keys`, from the same snapshot)."""
+        return () if self.inputs is None else crowd_voters(self.inputs, pressed)
 
     def steering(self, take: bool = True) -> Optional[str]:
         """The director's prompt not taken yet; taken now (the caller's chunk attends to it)
@@ -76,5 +86,8 @@ class Inbox:
                 return
             if self._prompt_seq is None:
                 self._prompt_seq = result.prompt_seq
+            told = None if self.inputs is None else self.inputs.roles()
             self.inputs, version = result, result.version
             self._on_change()
+            if result.roles() != told:
+                self._on_roles(result)

@@ -38,6 +38,7 @@ from deployments.ingress.detached import detach, settle
 from deployments.ingress.sharing.book import WorldChunk
 from deployments.ingress.sharing.fork_source import ForkSources, world_head
 from deployments.ingress.sharing.inbox import Inbox
+from deployments.ingress.sharing.policy import OWNER, PlayerInputs
 from deployments.ingress.stream import Stream, StreamState
 from deployments.log import KeyValueLog
 from media.reassembly import split_init
@@ -58,7 +59,15 @@ def world_chunk(reply: FrameReply) -> WorldChunk:
     return WorldChunk(chunk_id=reply.chunk_id, video=reply.video, num_frames=reply.num_frames,
                       resolution=tuple(reply.resolution), fps=reply.fps, mime_type=reply.mime_type,
                       digest=hashlib.blake2b(reply.video, digest_size=16).hexdigest(), event_id=reply.event_id,
-                      player=reply.player)
+                      player=reply.player, voters=None if reply.voters is None else tuple(reply.voters))
+
+
+def players_of(session_id: str, inputs: PlayerInputs, notice: bool = False) -> Players:
+    """The owner's `players` message of its world's roles and viewers (the hub's `inputs`)."""
+    holder = None if inputs.controls == "crowd" else (inputs.holder or OWNER)
+    return Players(session_id=session_id, world_id=inputs.world_id, controls=inputs.controls, holder=holder,
+                   players=list(inputs.players), director=inputs.director, viewers=len(inputs.viewers),
+                   viewer_ids=list(inputs.viewers), version=inputs.version, notice=notice)
 
 
 def chunk_prompt(stream: Stream, chunk_id: int) -> str:
@@ -131,11 +140,15 @@ class Sharing:
     """The worlds one connection owns (module doc). `hub` None: sharing is off (`share` refused)."""
 
     def __init__(self, hub: Optional[DeploymentHandle], args: AppArgs, principal: str, log: KeyValueLog,
-                 error: Callable[..., ErrorReply], on_input: Callable[[], None] = lambda: None) -> None:
+                 error: Callable[..., ErrorReply], on_input: Callable[[], None] = lambda: None,
+                 notice: Callable[[BaseModel], None] = lambda reply: None) -> None:
         """`principal`: the owner's (its API key, else its address); `error(code, message,
         session_id, retry_after_s)`: an error reply (replies.py); `on_input`: the players' inputs
-        changed (the driver looks again)."""
+        changed (the driver looks again); `notice(reply)`: send a reply now, unasked (the
+        `players` of a world whose viewers or roles changed)."""
         self._hub = hub
+        self._notice = notice
+        self._notify: set[str] = set()  # stream keys whose share has `notify_players` (on this socket)
         self._on_input = on_input
         self._inboxes: dict[str, Inbox] = {}  # stream key -> its world's players' inputs
         self._error = error
@@ -284,7 +297,9 @@ class Sharing:
     def _listen(self, stream: Stream) -> None:
         inbox = self._inboxes.get(stream.key)
         if inbox is None or inbox.task.done():
-            self._inboxes[stream.key] = Inbox(self._hub, stream.key, stream.spec.session_id, self._on_input, self._log)
+            sid = stream.spec.session_id
+            self._inboxes[stream.key] = Inbox(self._hub, stream.key, sid, self._on_input, self._log,
+                                              on_roles=lambda inputs: self._roles(stream.key, sid, inputs))
 
     def _head(self, key: str):
         """The head of stream `key` for a fork of its world (fork_source.py): the chunks sent."""
@@ -304,6 +319,7 @@ class Sharing:
         return publisher
 
     def _stop(self, key: str) -> bool:
+        self._notify.discard(key)
         inbox = self._inboxes.pop(key, None)
         if inbox is not None:
             inbox.task.cancel()
@@ -335,8 +351,17 @@ class Sharing:
                 publisher.put(WorldNote("paused"))
         if stream.state is StreamState.OPEN:
             self._listen(stream)
+            (self._notify.add if req.notify_players else self._notify.discard)(stream.key)
+            inbox = self._inboxes[stream.key]
+            if req.notify_players and inbox.inputs is not None:  # (else its first snapshot is told)
+                self._roles(stream.key, req.session_id, inbox.inputs)
         return Shared(session_id=req.session_id, world_id=world_id, watch_url=f"{WATCH_ROUTE}?world={world_id}",
                       watch_token=token, audience=req.audience, controls=req.controls, show_prompt=req.show_prompt)
+
+    def _roles(self, key: str, session_id: str, inputs: PlayerInputs) -> None:
+        """The roles of the stream's world changed (inbox.py): told when its share asked."""
+        if key in self._notify:
+            self._notice(players_of(session_id, inputs, True))
 
     async def _players(self, req: GrantRequest | RevokeRequest | KickRequest | PassControlsRequest,
                        call) -> BaseModel:
@@ -345,9 +370,7 @@ class Sharing:
             return self._error(result.code, result.message, req.session_id, None)
         if not ended or isinstance(result, BaseException):
             return self._error(ErrorCode.BUSY, "the world hub did not answer; try again", req.session_id, 5.0)
-        world_id, controls, holder, players, director = result
-        return Players(session_id=req.session_id, world_id=world_id, controls=controls, holder=holder,
-                       players=players, director=director)
+        return players_of(req.session_id, result)
 
     async def _unshared(self, req: UnshareRequest, call) -> BaseModel:
         ended, result = await settle(call, HUB_TIMEOUT_S)

@@ -22,6 +22,13 @@ The share's `controls`:
   `idle_s` (a held key is a state: it counts until it goes stale; a player that never sent one,
   or went silent, does not vote). Each key is pressed when more than half of the voters hold
   it; a tie is decided by the owner's vote when the owner voted, else the key is not pressed.
+  A crowd chunk names its `voters` (`crowd_voters`): the players that voted and held a key it
+  pressed (or held none when it pressed none); a player outvoted on every key it held is not
+  named.
+
+The `PlayerInputs` snapshot also carries the players, and (book.py `inputs`) the world's id
+and its viewers' ids: a viewer joining or leaving bumps the version too (`viewers_changed`), so
+the owner's side can tell its socket who watches and plays (inbox.py `on_roles`).
 
 A player keeps only its last key state (a flood of controls replaces one entry). Revoking a
 player, its leaving or its kick removes it everywhere (holder, waiting, director, votes).
@@ -60,6 +67,14 @@ class PlayerInputs:
     director: Optional[str] = None
     prompt_seq: int = 0  # the director's prompts so far: the owner's side takes each new one once
     prompt: Optional[str] = None  # the director's last prompt
+    players: tuple[str, ...] = ()  # the world's players, in the order they became players
+    viewers: tuple[str, ...] = ()  # every viewer's id, in the order they joined (book.py `inputs`)
+    world_id: str = ""  # the world's id (book.py `inputs`)
+
+    def roles(self) -> tuple:
+        """What the owner's panel shows (inbox.py tells it when this changes): the mode, the
+        holder, the players, the director and the viewers."""
+        return self.controls, self.holder, self.players, self.director, self.viewers
 
 
 @dataclass
@@ -153,6 +168,10 @@ class ControlPolicy:
         self.prompt_seq, self.prompt = self.prompt_seq + 1, prompt
         self._changed(True)
 
+    def viewers_changed(self) -> None:
+        """A viewer joined or left (book.py): the owner's side reads the viewers too."""
+        self._changed(True)
+
     def tick(self, now: float) -> bool:
         """Time passed: an idle holder loses the controls (turns); a silent player stops voting
         (crowd). True when something changed."""
@@ -175,7 +194,7 @@ class ControlPolicy:
         else:
             states = {}
         return PlayerInputs(self.version, self.controls, self.holder, states, self.director, self.prompt_seq,
-                            self.prompt)
+                            self.prompt, tuple(self.players))
 
     # ---- internals ----
 
@@ -208,6 +227,15 @@ def crowd_keys(owner: Optional[tuple[str, ...]], players: list[tuple[str, ...]])
         if 2 * votes > len(voters) or (2 * votes == len(voters) and votes and owner is not None and key in owner):
             pressed.append(key)
     return tuple(pressed)
+
+
+def crowd_voters(inputs: PlayerInputs, pressed: tuple[str, ...]) -> tuple[str, ...]:
+    """The players whose votes made a `crowd` chunk that pressed `pressed` (a frame's `voters`):
+    those that voted and held a key the chunk pressed, or held none when it pressed none."""
+    if inputs.controls != "crowd":
+        return ()
+    return tuple(v for v, (keys, _) in inputs.states.items()
+                 if set(keys) & set(pressed) or (not keys and not pressed))
 
 
 def chunk_keys(inputs: PlayerInputs, owner_keys: Optional[tuple[str, ...]],
