@@ -318,7 +318,10 @@ export class LiveStream extends EventTarget {
     s.inFlight = Math.max(0, s.inFlight - 1);
     this.shares.inferAnswered();
     s.lastFps = msg.num_frames / ((now - s.sentAt) / 1000); // frames per second of waiting for this chunk
-    if (msg.event_id !== undefined && msg.event_id !== null) {
+    // a shared world's frame made from a player's (or the crowd's) input echoes that player's
+    // event id, not this page's: only the owner's own frames show its keys (PROTOCOL.md "Players")
+    const own = !msg.player || msg.player === "owner";
+    if (own && msg.event_id !== undefined && msg.event_id !== null) {
       s.lastEventId = msg.event_id;
       for (const lag of this.keys.shown(msg.event_id, now)) s.lags.push(lag / 1000);
       if (s.lags.length > 200) s.lags.splice(0, s.lags.length - 200);

@@ -9,6 +9,7 @@ the main page, which forks the world and plays the fork's new chunks as a sessio
 """
 from __future__ import annotations
 
+import itertools
 import re
 
 import msgpack
@@ -111,6 +112,53 @@ def test_a_viewer_asks_gets_the_controls_and_its_keys_drive_the_world(browser, s
                                   and r.get("player") == viewer_id])  # the owner's frames say whose input made them
     assert {r["event_id"] for r in mine} <= {m["event_id"] for m in controls}
     assert owner.get_attribute("#connection", "data-state") == "streaming"  # the `players` answer stopped nothing
+    owner.click("#reset")
+    assert owner_errors == [] and viewer_errors == []
+    viewer.close()
+    owner.close()
+
+
+def test_the_owners_control_lag_counts_only_the_frames_its_own_keys_made(browser, served):
+    """While a viewer holds the controls, the owner's keys make nothing: the frames the viewer's
+    keys made echo the viewer's event ids, which must not be read as the owner's (before, the
+    page took a viewer's id at least its own pending one as its key state shown, and measured a
+    lag for a key that made nothing)."""
+    owner, owner_errors, own = _owner_page(browser, served)
+    link, world_id, _ = _share(owner, "turns")
+    session_id = next(r.session_id for r in map(decode, own["sent"]) if isinstance(r, ShareRequest))
+    viewer, viewer_errors, view = _viewer_page(browser, link)
+    viewer_id = view["got"][0]["viewer_id"]
+    viewer.click("#ask-controls")
+    viewer.wait_for_selector("#role[data-role=waiting]", timeout=TIMEOUT_MS)
+    own["server"].send(encode(PassControlsRequest(session_id=session_id, viewer_id=viewer_id)))
+    viewer.wait_for_selector("#role[data-role=driving]", timeout=TIMEOUT_MS)
+
+    def owner_controls() -> list[ControlRequest]:
+        return [r for r in map(decode, own["sent"]) if isinstance(r, ControlRequest)]
+
+    before = len(owner_controls())
+    owner.evaluate("document.activeElement.blur()")  # (the Share link's field has the focus)
+    owner.keyboard.down("KeyD")  # the owner's control: sent, but the viewer holds the controls
+    owner_ids = _until(owner, lambda: [r.event_id for r in owner_controls()[before:]])
+    keys = itertools.cycle(["KeyW", "KeyA", "KeyS"])
+
+    def viewer_frame_past_the_owners():
+        key = next(keys)  # each press and release is a control of the viewer's: its ids climb
+        viewer.keyboard.down(key)
+        viewer.keyboard.up(key)
+        return [r for r in own["got"] if isinstance(r, dict) and r.get("type") == "frame"
+                and r.get("player") == viewer_id and (r.get("event_id") or 0) >= max(owner_ids)]
+
+    try:
+        _until(owner, viewer_frame_past_the_owners, timeout_s=60)
+    except AssertionError:
+        frames = [(r.get("player"), r.get("event_id")) for r in own["got"] if isinstance(r, dict) and r.get("type") == "frame"]
+        raise AssertionError(f"no frame of the viewer's past the owner's event ids {owner_ids}: {frames}")
+    owner.wait_for_timeout(500)  # the page has handled the frame (its stats follow each frame)
+    # the key state the owner's page says its video shows: its own last, not the viewer's
+    shown = re.search(r"key state (\d+|null)", owner.text_content("#stat-lag") or "")
+    assert shown is None or shown.group(1) == "null" or int(shown.group(1)) < max(owner_ids), shown.group(0)
+    owner.keyboard.up("KeyD")
     owner.click("#reset")
     assert owner_errors == [] and viewer_errors == []
     viewer.close()
